@@ -1,0 +1,8 @@
+"""Typed wrappers over llama_cpp.llama_cpp: the only package that touches ctypes."""
+from .backend import init_backend
+from .batch import Batch
+from .context import Context, ContextConfig, DecodeError
+from .model import Model
+from .sampler import SamplerChain
+
+__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "Model", "SamplerChain", "init_backend"]

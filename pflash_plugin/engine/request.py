@@ -1,0 +1,142 @@
+"""Request state shared by the scheduler, the runner and the server.
+
+A request carries two token lists: `prompt_tokens` is what the client sent (reported as
+`usage.prompt_tokens`); `prefill_tokens` is what the target actually prefills, which PFlash may
+have compressed. Everything the scheduler needs to decide is here, nothing about llama.cpp.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    COMPRESSING = "compressing"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling, mirroring what llama_cpp.server accepts."""
+
+    max_tokens: int = 16
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
+    grammar: str | None = None
+    min_tokens: int = 0
+
+
+@dataclass
+class Timings:
+    """Wall-clock marks (time.perf_counter seconds); the server derives the reported ms."""
+
+    arrival: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    prefill_done: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    last_token: float | None = None
+
+    def as_usage(self) -> dict[str, float]:
+        def ms(a: float | None, b: float | None) -> float:
+            return round((b - a) * 1000.0, 3) if a is not None and b is not None else 0.0
+
+        return {
+            "queue_ms": ms(self.arrival, self.admitted),
+            "prefill_ms": ms(self.admitted, self.prefill_done),
+            "ttft_ms": ms(self.arrival, self.first_token),
+            "decode_ms": ms(self.first_token, self.finished),
+        }
+
+
+@dataclass
+class TokenOutput:
+    """One sampled token as the runner returns it."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+# Events pushed to the request's sink (the server turns them into JSON/SSE).
+@dataclass
+class TextEvent:
+    text: str
+    tokens: list[TokenOutput]
+
+
+@dataclass
+class FinishEvent:
+    reason: str  # "stop" | "length" | "cancelled"
+    usage: dict[str, Any]
+
+
+@dataclass
+class ErrorEvent:
+    status: int
+    message: str
+    type: str = "server_error"
+
+
+Event = TextEvent | FinishEvent | ErrorEvent
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_tokens: list[int]
+    params: SamplingParams
+    sink: Callable[[Event], None] = lambda event: None
+    request_id: int = field(default_factory=lambda: next(_ids))
+    prefill_tokens: list[int] = field(default_factory=list)
+    state: RequestState = RequestState.WAITING
+    slot: int | None = None
+    cached_tokens: int = 0  # prefix reused from the KV cache
+    n_prefilled: int = 0  # prefill tokens already in the KV (cached ones included)
+    output_tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    timings: Timings = field(default_factory=Timings)
+    pflash: dict[str, Any] | None = None  # compression report for usage.timings.pflash
+    compress: bool = False  # set by the server: hand to the compressor before prefill
+    cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.prefill_tokens:
+            self.prefill_tokens = list(self.prompt_tokens)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_prefilled < len(self.prefill_tokens)
+
+    @property
+    def reserve_tokens(self) -> int:
+        """KV positions this request may occupy: its prefill plus every token it may generate."""
+        return len(self.prefill_tokens) + self.params.max_tokens
+
+    def usage(self) -> dict[str, Any]:
+        timings: dict[str, Any] = self.timings.as_usage()
+        timings["cached_tokens"] = self.cached_tokens
+        if self.pflash is not None:
+            timings["pflash"] = self.pflash
+        return {
+            "prompt_tokens": len(self.prompt_tokens),
+            "completion_tokens": len(self.output_tokens),
+            "total_tokens": len(self.prompt_tokens) + len(self.output_tokens),
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "timings": timings,
+        }

@@ -1,0 +1,84 @@
+"""Executes the scheduler's steps on one llama.cpp context (the only engine part with a model)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..llama import Batch, Context, Model, SamplerChain
+from .request import Request, TokenOutput
+from .scheduler import Step
+
+
+class LlamaRunner:
+    """KV operations and batched decode + sampling for the slots of one context."""
+
+    def __init__(self, model: Model, ctx: Context) -> None:
+        self.model, self.ctx = model, ctx
+        self.batch = Batch(ctx.n_batch, 1)
+        self._samplers: dict[int, SamplerChain] = {}
+        self._logprobs: dict[int, int | None] = {}
+
+    # ---- KVOps -----------------------------------------------------------------------------
+    def seq_rm(self, slot: int, start: int) -> None:
+        self.ctx.seq_rm(slot, start, -1)
+
+    def seq_cp(self, src: int, dst: int, n_tokens: int) -> None:
+        self.ctx.seq_cp(src, dst, 0, n_tokens)
+
+    def start_request(self, slot: int, request: Request) -> None:
+        p = request.params
+        self._samplers[slot] = SamplerChain(
+            self.model,
+            temperature=p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            min_p=p.min_p,
+            typical_p=p.typical_p,
+            seed=p.seed,
+            repeat_penalty=p.repeat_penalty,
+            frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty,
+            logit_bias=p.logit_bias,
+            grammar=p.grammar,
+        )
+        self._logprobs[slot] = p.logprobs
+
+    def end_request(self, slot: int) -> None:
+        sampler = self._samplers.pop(slot, None)
+        if sampler is not None:
+            sampler.close()
+        self._logprobs.pop(slot, None)
+
+    # ---- stepping --------------------------------------------------------------------------
+    def execute(self, step: Step) -> dict[int, TokenOutput]:
+        """One llama_decode for the whole step, then one sample per slot that asked for logits.
+
+        Raises DecodeError; the engine decides whom it fails.
+        """
+        batch = self.batch
+        batch.clear()
+        rows: list[tuple[Request, int]] = []
+        for item in step.items:
+            row = batch.add_sequence(item.tokens, item.start_pos, item.request.slot, item.wants_logits)
+            if item.wants_logits:
+                rows.append((item.request, row))
+        self.ctx.decode(batch)
+        outputs: dict[int, TokenOutput] = {}
+        for request, row in rows:
+            top_n = self._logprobs.get(request.slot)
+            logits = self.ctx.logits(row) if top_n is not None else None
+            token = self._samplers[request.slot].sample(self.ctx, row)
+            outputs[request.request_id] = _with_logprobs(token, logits, top_n)
+        return outputs
+
+
+def _with_logprobs(token: int, logits: np.ndarray | None, top_n: int | None) -> TokenOutput:
+    if logits is None or top_n is None:
+        return TokenOutput(token)
+    shifted = logits.astype(np.float64) - logits.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    top: list[tuple[int, float]] = []
+    if top_n > 0:
+        best = np.argpartition(-logprobs, top_n)[:top_n]
+        best = best[np.argsort(-logprobs[best])]
+        top = [(int(t), float(logprobs[t])) for t in best]
+    return TokenOutput(token, float(logprobs[token]), top)

@@ -1,0 +1,140 @@
+"""A llama.cpp context: decode, logits, and the KV memory operations per sequence."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import llama_cpp.llama_cpp as C
+
+from .batch import Batch
+from .model import Model
+
+
+class DecodeError(RuntimeError):
+    """llama_decode failed; `code` is its return value (1: no free KV cells, 2: aborted, <0: error)."""
+
+    def __init__(self, code: int) -> None:
+        reason = {1: "no free KV cells", 2: "aborted"}.get(code, "llama.cpp error")
+        super().__init__(f"llama_decode returned {code} ({reason})")
+        self.code = code
+
+
+@dataclass
+class ContextConfig:
+    n_ctx: int
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_threads: int = 0  # 0: llama.cpp's default
+    n_threads_batch: int = 0
+    kv_unified: bool = True
+    swa_full: bool = True  # whole-context SWA cells: prefix reuse stays exact on iSWA models
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    offload_kqv: bool = True
+    type_k: int | None = None
+    type_v: int | None = None
+    embeddings: bool = False
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+
+
+class Context:
+    def __init__(self, model: Model, config: ContextConfig, eval_callback: Any = None) -> None:
+        params = C.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = config.n_batch
+        params.n_ubatch = min(config.n_ubatch, config.n_batch)
+        params.n_seq_max = config.n_seq_max
+        if config.n_threads > 0:
+            params.n_threads = config.n_threads
+        if config.n_threads_batch > 0:
+            params.n_threads_batch = config.n_threads_batch
+        params.kv_unified = config.kv_unified
+        params.swa_full = config.swa_full
+        if config.flash_attn is not None:
+            params.flash_attn_type = 1 if config.flash_attn else 0
+        params.offload_kqv = config.offload_kqv
+        if config.type_k is not None:
+            params.type_k = config.type_k
+        if config.type_v is not None:
+            params.type_v = config.type_v
+        params.embeddings = config.embeddings
+        params.rope_freq_base = config.rope_freq_base
+        params.rope_freq_scale = config.rope_freq_scale
+        params.no_perf = True
+        # the callback object must outlive the context, or llama.cpp calls freed memory
+        self._eval_callback = eval_callback
+        if eval_callback is not None:
+            params.cb_eval = eval_callback
+            params.cb_eval_user_data = None
+        self.model = model
+        self.config = config
+        self.ptr = C.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise MemoryError(
+                f"llama.cpp could not create a context of {config.n_ctx} tokens "
+                f"for {config.n_seq_max} sequences (out of memory?)"
+            )
+        self.n_ctx: int = C.llama_n_ctx(self.ptr)
+        self.n_batch = config.n_batch
+        self.mem = C.llama_get_memory(self.ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def decode(self, batch: Batch) -> None:
+        if batch.n_tokens > self.n_batch:
+            raise ValueError(f"{batch.n_tokens} tokens exceed n_batch {self.n_batch}")
+        code = C.llama_decode(self.ptr, batch.raw)
+        if code != 0:
+            raise DecodeError(code)
+
+    def logits(self, index: int) -> np.ndarray:
+        """Logits row of batch token `index` (a copy: the next decode overwrites the buffer)."""
+        ptr = C.llama_get_logits_ith(self.ptr, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def embeddings_seq(self, seq_id: int, n_embd: int) -> np.ndarray | None:
+        ptr = C.llama_get_embeddings_seq(self.ptr, seq_id)
+        if not ptr:
+            return None
+        return np.ctypeslib.as_array(ptr, shape=(n_embd,)).copy()
+
+    def embeddings_ith(self, index: int, n_embd: int) -> np.ndarray:
+        ptr = C.llama_get_embeddings_ith(self.ptr, index)
+        return np.ctypeslib.as_array(ptr, shape=(n_embd,)).copy()
+
+    # ---- KV memory -------------------------------------------------------------------------
+    def seq_rm(self, seq_id: int, start: int = 0, end: int = -1) -> None:
+        if not C.llama_memory_seq_rm(self.mem, seq_id, start, end):
+            raise RuntimeError(f"llama.cpp could not remove positions {start}..{end} of sequence {seq_id}")
+
+    def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:
+        C.llama_memory_seq_cp(self.mem, src, dst, start, end)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return C.llama_memory_seq_pos_max(self.mem, seq_id)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return C.llama_memory_seq_pos_min(self.mem, seq_id)
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.mem, True)
+
+    def state_get(self, seq_id: int) -> bytes:
+        size = C.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        return bytes(buf[:n])
+
+    def state_set(self, seq_id: int, data: bytes) -> None:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) == 0:
+            raise RuntimeError(f"llama.cpp could not restore the state of sequence {seq_id}")
