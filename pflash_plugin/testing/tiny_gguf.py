@@ -1,0 +1,209 @@
+"""Tiny random-weight llama GGUF models for fast tests.
+
+Real weights are slow to load and need a download; tests of serving/plumbing only
+need a model that llama.cpp loads, tokenizes any text with (SentencePiece byte
+fallback) and generates deterministically from. Needs the ``gguf`` package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+import numpy as np
+
+# ChatML, the format most chat models use; <|im_start|>/<|im_end|> are CONTROL tokens.
+# Starts with bos_token because llama-cpp-python's Jinja2ChatFormatter never adds BOS
+# itself (it reports added_special=True), while this model says add_bos_token=True.
+CHATML_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_WORDS = (
+    "the of and to a in is you that it he was for on are as with his they I at be this have "
+    "from or one had by word but not what all were we when your can said there use an each "
+    "which she do how their if will up other about out many then them these so some her would "
+    "make like him into time has look two more write go see number no way could people my than "
+    "first water been call who oil its now find long down day did get come made may part over "
+    "new sound take only little work know place year live me back give most very after thing our "
+    "just name good sentence man think say great where help through much before line right too "
+    "mean old any same tell boy follow came want show also around form three small set put end "
+    "does another well large must big even such because turn here why ask went men read need "
+    "land different home us move try kind hand picture again change off play spell air away "
+    "animal house point page letter mother answer found study still learn should world hello "
+    "Hello World The model test token prompt"
+).split()
+
+_SPACE = "\u2581"  # SentencePiece's visible space
+_UNK, _BOS, _EOS = 0, 1, 2
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6  # gguf.TokenType values
+
+
+def tiny_vocab(vocab_extra: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """Return (tokens, scores, token_types) of the byte-fallback SPM vocabulary.
+
+    llama.cpp's SPM tokenizer only merges adjacent pieces whose concatenation is in
+    the vocab, so every prefix of "▁word" and "word" is added to make whole words
+    reachable (the bare form covers text start and words after a newline).
+    """
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [_UNKNOWN, _CONTROL, _CONTROL] + [_BYTE] * 256
+    scores = [0.0] * len(tokens)
+    seen: set[str] = set()
+    pieces = [_SPACE] + [chr(c) for c in range(33, 127)]
+    for word in _WORDS:
+        for form in (_SPACE + word, word):
+            pieces += [form[:i] for i in range(2, len(form) + 1)]
+    for piece in pieces:
+        if piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+            types.append(_NORMAL)
+            scores.append(float(len(piece)))  # higher score merges first: prefer long pieces
+    for special in ("<|im_start|>", "<|im_end|>"):
+        tokens.append(special)
+        types.append(_CONTROL)
+        scores.append(0.0)
+    for i in range(vocab_extra):  # only to change n_vocab (vocabulary-mismatch tests)
+        tokens.append(f"<extra_{i}>")
+        types.append(_NORMAL)
+        scores.append(-1000.0)
+    return tokens, scores, types
+
+
+def write_tiny_llama(
+    path: str | os.PathLike[str],
+    *,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx_train: int = 4096,
+    seed: int = 0,
+    chat_template: str | None = CHATML_TEMPLATE,
+    vocab_extra: int = 0,
+    f16: bool = False,
+    add_space_prefix: bool = False,
+) -> pathlib.Path:
+    """Write a deterministic random-weight llama GGUF to ``path`` and return it.
+
+    ``vocab_extra`` appends dummy tokens so n_vocab differs (vocab-mismatch tests).
+    ``add_space_prefix`` defaults to False (like Gemma) so detokenize(tokenize(s)) == s
+    even without BOS; True mimics Llama-2/Mistral, whose leading " " llama-cpp-python
+    only strips when the first token is BOS.
+    """
+    import gguf  # dev-only dependency
+
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must divide by n_head and n_head by n_head_kv")
+    path = pathlib.Path(path)
+    tokens, scores, types = tiny_vocab(vocab_extra)
+    n_vocab, head_dim = len(tokens), n_embd // n_head
+    rng = np.random.default_rng(seed)
+    wtype = np.float16 if f16 else np.float32
+
+    def rand(*shape: int) -> np.ndarray[Any, Any]:
+        # numpy shape is ggml ne reversed: [rows=out, cols=in] gives ne=[in, out]
+        return (0.02 * rng.standard_normal(shape)).astype(wtype)
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("pflash-tiny-llama")
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32))
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(_BOS)
+    w.add_eos_token_id(_EOS)
+    w.add_unk_token_id(_UNK)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(add_space_prefix)
+    if chat_template:
+        w.add_chat_template(chat_template)
+
+    # Dim 0 of the residual stream is a constant "bias" channel: every embedding has
+    # +0.2 there and output rows of tokens a test should never see generated (unk/bos/
+    # eos, control tokens, bytes other than "\n") read it with weight -2, a logit
+    # penalty of ~-8 against a random spread of ~0.15. Stray bytes >= 0x80 would make
+    # llama-cpp-python emit invalid UTF-8 and overshoot max_tokens; an EOS would end
+    # generations early. So the model always writes plain ASCII up to max_tokens.
+    embd, out = rand(n_vocab, n_embd), rand(n_vocab, n_embd)
+    embd[:, 0], out[:, 0] = 0.2, 0.0
+    banned = [i for i, t in enumerate(types) if t not in (_NORMAL, _BYTE)]
+    banned += [i for i, t in enumerate(types) if t == _BYTE and tokens[i] != "<0x0A>"]
+    out[banned, 0] = -2.0
+
+    ones = np.ones(n_embd, dtype=np.float32)  # norms stay F32 (llama.cpp expects it)
+    w.add_tensor("token_embd.weight", embd)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.attn_q.weight", rand(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_k.weight", rand(n_head_kv * head_dim, n_embd))
+        w.add_tensor(f"blk.{i}.attn_v.weight", rand(n_head_kv * head_dim, n_embd))
+        w.add_tensor(f"blk.{i}.attn_output.weight", rand(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", out)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def tiny_model_path(tmp_dir: str | os.PathLike[str], **kw: Any) -> pathlib.Path:
+    """Write a tiny model into ``tmp_dir`` (e.g. pytest's tmp_path) and return its path."""
+    return write_tiny_llama(pathlib.Path(tmp_dir) / "tiny-llama.gguf", **kw)
+
+
+_CACHE: dict[str, pathlib.Path] = {}
+
+
+def cached_tiny_llama(**kw: Any) -> pathlib.Path:
+    """Return a tiny model for ``kw``, written once per process and then reused.
+
+    Rewritten (atomically) on the first call in each process so a stale file from an
+    older generator version can never be picked up; concurrent writers are safe.
+    """
+    key = hashlib.sha256(
+        json.dumps(sorted(kw.items()), default=str).encode()
+    ).hexdigest()[:16]
+    cached = _CACHE.get(key)
+    if cached is not None and cached.exists():
+        return cached
+    out_dir = pathlib.Path(tempfile.gettempdir()) / "pflash_tiny_models"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"{key}.gguf"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".gguf.tmp")
+    os.close(fd)
+    try:
+        write_tiny_llama(tmp, **kw)
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _CACHE[key] = final
+    return final
