@@ -14,7 +14,7 @@ from .scheduler import Scheduler
 @dataclass
 class EngineConfig:
     n_slots: int = 4
-    max_ctx: int = 2048  # per-request limit: prompt + max_tokens
+    max_ctx: int | None = None  # per-request limit on prompt + max_tokens; None: the model's
     kv_pool_tokens: int | None = None  # None: every slot can hold a full max_ctx request
     page_size: int = 32
     n_batch: int = 512
@@ -45,6 +45,8 @@ def load_engine(model_path: str | os.PathLike, config: EngineConfig, name: str =
         use_mlock=config.use_mlock,
         verbose=config.verbose,
     )
+    if config.max_ctx is None:
+        config.max_ctx = model.n_ctx_train
     if config.max_ctx > model.n_ctx_train:
         raise ValueError(
             f"max_ctx {config.max_ctx} exceeds the model's training context {model.n_ctx_train}"

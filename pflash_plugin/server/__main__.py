@@ -1,0 +1,58 @@
+"""`python -m pflash_plugin.server`: the flags and config file of `python -m llama_cpp.server`, plus ours."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import uvicorn
+from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+
+from ..plugins import load_plugins
+from .app import create_app
+from .settings import ConfigFileSettings, ModelSettings, ServerSettings, Settings
+
+
+def read_config_file(path: str) -> ConfigFileSettings:
+    if not os.path.exists(path):
+        raise ValueError(f"Config file {path} not found!")
+    with open(path, "rb") as f:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            return ConfigFileSettings.model_validate_json(json.dumps(yaml.safe_load(f)))
+        return ConfigFileSettings.model_validate_json(f.read())
+
+
+def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[ModelSettings]]:
+    parser = argparse.ArgumentParser(description="pflash-plugin: concurrent llama.cpp server with PFlash")
+    add_args_from_model(parser, Settings)
+    parser.add_argument("--config_file", type=str, help="Path to a config file to load.")
+    args = parser.parse_args(argv)
+    config_file = os.environ.get("CONFIG_FILE", args.config_file)
+    if config_file:
+        config = read_config_file(config_file)
+        return ServerSettings.model_validate(config.model_dump(exclude={"models"})), config.models
+    return parse_model_from_args(ServerSettings, args), [parse_model_from_args(ModelSettings, args)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        server_settings, model_settings = parse_settings(argv)
+    except Exception as error:
+        print(error, file=sys.stderr)
+        sys.exit(1)
+    load_plugins()
+    app = create_app(server_settings, model_settings)
+    uvicorn.run(
+        app,
+        host=os.getenv("HOST", server_settings.host),
+        port=int(os.getenv("PORT", server_settings.port)),
+        ssl_keyfile=server_settings.ssl_keyfile,
+        ssl_certfile=server_settings.ssl_certfile,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Prometheus metrics for /metrics, on a registry of the app's own (several apps per process in tests)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
+
+
+class Metrics:
+    def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model"]
+        self.requests = Counter("pflash_requests", "Finished requests", labels + ["finish_reason"], registry=self.registry)
+        self.errors = Counter("pflash_errors", "Requests answered with an error", labels + ["status"], registry=self.registry)
+        self.prompt_tokens = Counter("pflash_prompt_tokens", "Prompt tokens (as the client sent them)", labels, registry=self.registry)
+        self.cached_tokens = Counter("pflash_cached_prompt_tokens", "Prompt tokens reused from the prefix cache", labels, registry=self.registry)
+        self.generated_tokens = Counter("pflash_generation_tokens", "Generated tokens", labels, registry=self.registry)
+        self.ttft = Histogram("pflash_time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("pflash_inter_token_latency_seconds", "Mean time between generated tokens, per request", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_EngineCollector(engine_status))
+
+    def finished(self, model: str, reason: str, usage: dict) -> None:
+        timings = usage["timings"]
+        self.requests.labels(model, reason).inc()
+        self.prompt_tokens.labels(model).inc(usage["prompt_tokens"])
+        self.cached_tokens.labels(model).inc(timings["cached_tokens"])
+        self.generated_tokens.labels(model).inc(usage["completion_tokens"])
+        if usage["completion_tokens"]:
+            self.ttft.labels(model).observe(timings["ttft_ms"] / 1000.0)
+        if usage["completion_tokens"] > 1:
+            self.itl.labels(model).observe(timings["decode_ms"] / 1000.0 / (usage["completion_tokens"] - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    """Gauges read from the engines' published status at scrape time."""
+
+    def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
+        self.engine_status = engine_status
+
+    def collect(self):
+        running = GaugeMetricFamily("pflash_requests_running", "Requests in a slot", labels=["model"])
+        waiting = GaugeMetricFamily("pflash_requests_waiting", "Requests queued", labels=["model"])
+        kv = GaugeMetricFamily("pflash_kv_usage_ratio", "Fraction of KV pool pages in use", labels=["model"])
+        for name, status in self.engine_status().items():
+            running.add_metric([name], status["running"])
+            waiting.add_metric([name], status["waiting"])
+            kv.add_metric([name], status["kv_pages_used"] / status["kv_pages_total"])
+        yield from (running, waiting, kv)

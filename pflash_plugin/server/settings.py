@@ -1,0 +1,63 @@
+"""Settings: llama_cpp.server's classes, subclassed with the keys of the concurrent engine and PFlash.
+
+Subclassing keeps every stock flag, environment variable and config-file key working, and lets
+`--config_file` carry our keys per model (the stock classes reject unknown keys).
+"""
+from __future__ import annotations
+
+from typing import List, Literal, Optional
+
+from llama_cpp.server.settings import ModelSettings as StockModelSettings
+from llama_cpp.server.settings import ServerSettings as StockServerSettings
+from pydantic import Field
+
+
+class ModelSettings(StockModelSettings):
+    model: Optional[str] = Field(  # type: ignore[assignment]
+        default=None,
+        description="The path to the model to use for generating completions "
+        "(default: the demo model, when the 'demo' extra is installed).",
+    )
+    max_concurrency: int = Field(default=4, ge=1, le=256, description="Slots decoding together.")
+    kv_pool_tokens: Optional[int] = Field(
+        default=None, ge=1, description="KV cells shared by all slots (default: max_concurrency x max_ctx)."
+    )
+    max_ctx: Optional[int] = Field(
+        default=None, ge=1, description="Per-request limit on prompt + max_tokens (default: n_ctx)."
+    )
+    max_queue: int = Field(default=64, ge=0, description="Requests waiting beyond the slots; more get 429.")
+    kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
+    # PFlash prefill compression
+    pflash: Literal["off", "auto", "always"] = Field(
+        default="off", description="Prefill compression: off, auto (prompts over the threshold), always."
+    )
+    pflash_drafter: Optional[str] = Field(
+        default=None, description="Drafter GGUF (same vocabulary); default: the target stopped early."
+    )
+    pflash_layers: Optional[List[int]] = Field(
+        default=None, description="Scoring layers (default: the first global-attention layer)."
+    )
+    pflash_threshold: int = Field(default=2048, ge=1, description="Prompts over this many tokens are compressed.")
+    pflash_keep_ratio: float = Field(default=0.25, gt=0.0, le=1.0, description="Fraction of the prompt kept.")
+    pflash_curve: Optional[str] = Field(
+        default=None, description="Keep ratio over prompt length, e.g. '4000:0.5 16000:0.2'."
+    )
+    pflash_query_tokens: int = Field(default=8, ge=1, description="Query tokens that score the prompt.")
+    pflash_rope: Literal["post", "pre"] = Field(default="post", description="Score post- or pre-RoPE Q/K.")
+    pflash_segment_min: int = Field(default=16, ge=1, description="Shortest segment (tokens).")
+    pflash_segment_max: int = Field(default=128, ge=1, description="Longest segment (tokens).")
+    draft_residency: Literal["auto", "persistent"] = Field(
+        default="persistent", description="auto: load the drafter per prompt; persistent: keep it."
+    )
+
+
+class ServerSettings(StockServerSettings):
+    pass
+
+
+class Settings(ServerSettings, ModelSettings):
+    pass
+
+
+class ConfigFileSettings(ServerSettings):
+    models: List[ModelSettings] = Field(default=[], description="Model configs")
