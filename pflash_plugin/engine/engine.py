@@ -83,15 +83,24 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop:
-            self._drain_inbox()
-            step = self.scheduler.schedule() if self.scheduler.has_work else Step([])
-            self._publish_status()
-            if not step.items:
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                continue
-            self._run(step)
-            self.steps += 1
+            try:
+                self._iterate()
+            except Exception:  # a bug must cost the requests in flight, never the thread
+                log.exception("engine %s: scheduling failed; failing the requests in flight", self.name)
+                for request in [*self.scheduler.running, *self.scheduler.waiting]:
+                    self.scheduler.fail(request, 500, "internal scheduler error")
+                    self.scheduler.drop_kv(request)
+
+    def _iterate(self) -> None:
+        self._drain_inbox()
+        step = self.scheduler.schedule() if self.scheduler.has_work else Step([])
+        self._publish_status()
+        if not step.items:
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            return
+        self._run(step)
+        self.steps += 1
 
     def _run(self, step: Step) -> None:
         try:

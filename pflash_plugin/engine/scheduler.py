@@ -136,6 +136,8 @@ class Scheduler:
         while self.waiting:
             request = self.waiting[0]
             if not self._try_place(request):
+                if request.state is RequestState.FINISHED:
+                    continue  # refused (bad parameters): the next one may fit
                 return
             self.waiting.popleft()
             request.state = RequestState.RUNNING
@@ -190,8 +192,7 @@ class Scheduler:
                 reuse, src = 0, None  # last resort on an idle server: give up the reuse
             else:
                 return False
-        self._bind(request, dst, src, reuse, needed)
-        return True
+        return self._bind(request, dst, src, reuse, needed)
 
     def _droppable(self, slot: Slot, keep_tokens: int) -> int:
         """Pages of `slot` beyond what it keeps that would become free when released."""
@@ -203,7 +204,8 @@ class Scheduler:
         self.pool.release(slot.pages)
         slot.pages, slot.tokens = [], []
 
-    def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> None:
+    def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> bool:
+        """Give `dst` to the request with `reuse` tokens of prefix in place; False if it was refused."""
         page = self.pool.page_size
         if src is None:
             keep = self.pool.pages_for(reuse)
@@ -222,7 +224,17 @@ class Scheduler:
         dst.request = request
         request.slot = dst.index
         request.cached_tokens = request.n_prefilled = reuse
-        self.kv.start_request(dst.index, request)
+        try:
+            self.kv.start_request(dst.index, request)
+        except ValueError as error:  # e.g. a grammar that does not parse: the client's fault
+            dst.request, request.slot = None, None
+            self._release_slot(dst)
+            self.waiting.remove(request)
+            request.sink(ErrorEvent(400, str(error), "invalid_request_error"))
+            request.state = RequestState.FINISHED
+            request.finish_reason = "error"
+            return False
+        return True
 
     # ---- stepping --------------------------------------------------------------------------
     def schedule(self) -> Step:

@@ -55,6 +55,7 @@ class SamplerChain:
             if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
                 self._add(
                     C.llama_sampler_init_penalties(
+                        model.n_vocab,
                         penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty
                     )
                 )
