@@ -1,0 +1,142 @@
+"""Eval-callback capture of attention Q and K at chosen layers, stopping the graph after them.
+
+llama.cpp calls the callback for every graph node with ask=true ("do you want this node?") and
+again with ask=false once a wanted node's data is ready; returning false then aborts the graph,
+so a drafter never computes the layers after its last scoring layer. Node names are
+"<name>-<layer>"; several nodes share a name (matmul, reshape, RoPE), so the op picks one.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import llama_cpp
+import llama_cpp.llama_cpp as C
+
+_lib_dir = pathlib.Path(os.path.dirname(llama_cpp.__file__)) / "lib"
+_ggml = ctypes.CDLL(str(next(p for p in sorted(_lib_dir.glob("libggml-base.so*")))))
+_ggml.ggml_get_name.restype = ctypes.c_char_p
+_ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
+_ggml.ggml_op_desc.restype = ctypes.c_char_p
+_ggml.ggml_op_desc.argtypes = [ctypes.c_void_p]
+_ggml.ggml_nbytes.restype = ctypes.c_size_t
+_ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
+_ggml.ggml_is_contiguous.restype = ctypes.c_bool
+_ggml.ggml_is_contiguous.argtypes = [ctypes.c_void_p]
+_ggml.ggml_backend_tensor_get.restype = None
+_ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+
+_GGML_TYPE_F32, _GGML_TYPE_F16 = 0, 1
+
+
+class _TensorHead(ctypes.Structure):
+    """The leading fields of struct ggml_tensor (stable across ggml versions)."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", ctypes.c_size_t * 4),
+    ]
+
+
+@dataclass
+class CaptureSpec:
+    layers: list[int]
+    head_dim: int
+    n_head: int
+    n_head_kv: int
+    rope: str = "post"  # "post": the RoPE node's output; "pre": the last Q/K node before RoPE
+
+
+@dataclass
+class Captured:
+    q: dict[int, list[np.ndarray]] = field(default_factory=dict)  # layer -> per-ubatch [n, n_head, head_dim]
+    k: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    nodes_seen: int = 0
+    ubatches_stopped: int = 0  # ubatches whose graph stopped right after the last scoring layer
+    error: str | None = None
+
+    def tensors(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Q and K of every token at `layer`, ubatches concatenated in order."""
+        return np.concatenate(self.q[layer]), np.concatenate(self.k[layer])
+
+
+class QKCapture:
+    """Builds the C callback for a context; `reset` before each decode, read `result` after.
+
+    Works across ubatches: each ubatch's graph runs up to the last scoring layer's K/Q and stops;
+    the layers below it ran fully, so their KV cells are written and the next ubatch attends to
+    them as usual. The scoring layer's own KV is never needed: its K comes from the capture.
+    """
+
+    def __init__(self, spec: CaptureSpec) -> None:
+        if spec.rope not in ("post", "pre"):
+            raise ValueError("rope must be 'post' or 'pre'")
+        self.spec = spec
+        self.last_layer = max(spec.layers)
+        self.result = Captured()
+        self._wanted: dict[str, tuple[str, int]] = {}
+        for layer in spec.layers:
+            for kind in "QK":
+                self._wanted[f"{kind}cur-{layer}"] = (kind, layer)
+                self._wanted[f"{kind}cur_normed-{layer}"] = (kind, layer)
+        self._pre: dict[tuple[str, int], np.ndarray] = {}
+        self._ubatch_done: set[str] = set()
+        self.callback = C.ggml_backend_sched_eval_callback(self._on_node)
+
+    def reset(self) -> None:
+        self.result = Captured()
+        self._pre.clear()
+        self._ubatch_done.clear()
+
+    def _on_node(self, tensor: int, ask: bool, _user: int) -> bool:
+        try:
+            return self._handle(tensor, ask)
+        except Exception as error:  # never unwind through C: record it and stop the graph
+            self.result.error = f"{type(error).__name__}: {error}"
+            return False
+
+    def _handle(self, tensor: int, ask: bool) -> bool:
+        target = self._wanted.get(_ggml.ggml_get_name(tensor).decode())
+        if ask:
+            self.result.nodes_seen += 1
+            return target is not None and self._is_head_tensor(tensor, target[0])
+        if target is None or not self._is_head_tensor(tensor, target[0]):
+            return True
+        kind, layer = target
+        if _ggml.ggml_op_desc(tensor) != b"ROPE":
+            if self.spec.rope == "pre":
+                self._pre[target] = _read(tensor)  # the last one before RoPE wins
+            return True
+        data = _read(tensor) if self.spec.rope == "post" else self._pre.pop(target)
+        (self.result.q if kind == "Q" else self.result.k).setdefault(layer, []).append(data)
+        if layer == self.last_layer:
+            self._ubatch_done.add(kind)
+            if self._ubatch_done == {"Q", "K"}:
+                self._ubatch_done.clear()
+                self.result.ubatches_stopped += 1
+                return False  # nothing after the last scoring layer is needed
+        return True
+
+    def _is_head_tensor(self, tensor: int, kind: str) -> bool:
+        """3-D [head_dim, heads, n_tokens] (not the 2-D matmul output of the same name)."""
+        head = _TensorHead.from_address(tensor)
+        heads = self.spec.n_head if kind == "Q" else self.spec.n_head_kv
+        return head.ne[0] == self.spec.head_dim and head.ne[1] == heads and head.ne[3] == 1
+
+
+def _read(tensor: int) -> np.ndarray:
+    head = _TensorHead.from_address(tensor)
+    if not _ggml.ggml_is_contiguous(tensor):
+        raise ValueError(f"captured tensor {_ggml.ggml_get_name(tensor).decode()} is not contiguous")
+    dtype = {_GGML_TYPE_F32: np.float32, _GGML_TYPE_F16: np.float16}.get(head.type)
+    if dtype is None:
+        raise ValueError(f"captured tensor has unsupported ggml type {head.type}")
+    head_dim, n_head, n_tokens = head.ne[0], head.ne[1], head.ne[2]
+    out = np.empty((n_tokens, n_head, head_dim), dtype=dtype)
+    _ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, _ggml.ggml_nbytes(tensor))
+    return out.astype(np.float32, copy=False)
