@@ -18,8 +18,13 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, runner: Any, name: str = "engine") -> None:
+    def __init__(self, scheduler: Scheduler, runner: Any, name: str = "engine", compressor: Any = None) -> None:
+        """`compressor` (optional) has `submit(job, deliver)`: it runs `job` on its own thread and
+        calls `deliver(result)` with `result.tokens` and `result.report`."""
         self.scheduler, self.runner, self.name = scheduler, runner, name
+        self.compressor = compressor
+        if compressor is not None:
+            scheduler.handoff = self._hand_to_compressor
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
@@ -53,6 +58,12 @@ class Engine:
     def status(self) -> dict:
         with self._status_lock:
             return dict(self._status)
+
+    def _hand_to_compressor(self, request: Request) -> None:
+        def deliver(result: Any) -> None:  # on the compression thread: post back, touch nothing
+            self._post(lambda: self.scheduler.resume(request, result.tokens, result.report))
+
+        self.compressor.submit(request.compression, deliver)
 
     # ---- engine thread ---------------------------------------------------------------------
     def _post(self, fn: Callable[[], None]) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..llama import Context, ContextConfig, Model
 from .engine import Engine
@@ -37,7 +38,13 @@ class EngineConfig:
         return -(-tokens // self.page_size) * self.page_size
 
 
-def load_engine(model_path: str | os.PathLike, config: EngineConfig, name: str = "engine") -> tuple[Model, Engine]:
+def load_engine(
+    model_path: str | os.PathLike,
+    config: EngineConfig,
+    name: str = "engine",
+    compressor: Callable[[Model], Any] | None = None,
+) -> tuple[Model, Engine]:
+    """Load, build and start. `compressor(model)` may return the engine's compression service."""
     model = Model(
         model_path,
         n_gpu_layers=config.n_gpu_layers,
@@ -77,6 +84,6 @@ def load_engine(model_path: str | os.PathLike, config: EngineConfig, name: str =
         piece=model.piece,
         is_eog=model.is_eog,
     )
-    engine = Engine(scheduler, runner, name=name)
+    engine = Engine(scheduler, runner, name=name, compressor=compressor(model) if compressor else None)
     engine.start()
     return model, engine

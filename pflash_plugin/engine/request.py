@@ -112,7 +112,8 @@ class Request:
     finish_reason: str | None = None
     timings: Timings = field(default_factory=Timings)
     pflash: dict[str, Any] | None = None  # compression report for usage.timings.pflash
-    compress: bool = False  # set by the server: hand to the compressor before prefill
+    compression: Any = None  # a pending compression job (opaque here: .cancelled, .progress)
+    prepared: bool = False  # came back from compression: queues ahead of new arrivals
     cancelled: bool = False
 
     def __post_init__(self) -> None:

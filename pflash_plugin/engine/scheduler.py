@@ -86,6 +86,7 @@ class Scheduler:
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
         clock: Callable[[], float] = time.perf_counter,
+        handoff: Callable[[Request], None] | None = None,
     ) -> None:
         self.kv, self.pool = kv, pool
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -94,6 +95,8 @@ class Scheduler:
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.compressing: list[Request] = []
+        self.handoff = handoff  # gives a request to the compression thread
         self._streams: dict[int, TextStream] = {}
         self._pending_tokens: dict[int, list[TokenOutput]] = {}
 
@@ -121,16 +124,43 @@ class Scheduler:
         if len(self.waiting) >= self.max_queue:
             raise AdmissionError(429, "the request queue is full, retry later", "rate_limit_exceeded")
 
-    def add(self, request: Request, front: bool = False) -> None:
+    def add(self, request: Request) -> None:
         request.state = RequestState.WAITING
-        if front:
+        if request.prepared:
             # behind other prepared (compressed) requests, ahead of new arrivals
             index = 0
-            while index < len(self.waiting) and self.waiting[index].pflash is not None:
+            while index < len(self.waiting) and self.waiting[index].prepared:
                 index += 1
             self.waiting.insert(index, request)
         else:
             self.waiting.append(request)
+
+    def _hand_off(self) -> None:
+        """Send waiting requests that asked for compression to the compression thread, unless
+        the prefix cache already holds most of the prompt (measured here: the worker never
+        reads the cache)."""
+        for request in [r for r in self.waiting if r.compression is not None]:
+            _, reuse = self.best_prefix(request.prompt_tokens)
+            if self.handoff is None or reuse * 2 >= len(request.prompt_tokens):
+                reason = f"{reuse} prompt tokens are cached" if self.handoff else "no compressor"
+                request.pflash = {"status": "skipped", "reason": reason, "original_tokens": len(request.prompt_tokens)}
+                request.compression = None
+                continue
+            self.waiting.remove(request)
+            request.state = RequestState.COMPRESSING
+            self.compressing.append(request)
+            self.handoff(request)
+
+    def resume(self, request: Request, tokens: list[int], report: dict) -> None:
+        """A compression came back: queue the (maybe compressed) prompt ahead of new arrivals."""
+        if request.state is not RequestState.COMPRESSING:
+            return  # cancelled meanwhile
+        self.compressing.remove(request)
+        request.compression = None
+        request.prefill_tokens = list(tokens)
+        request.pflash = report
+        request.prepared = True
+        self.add(request)
 
     def _admit(self) -> None:
         while self.waiting:
@@ -238,6 +268,7 @@ class Scheduler:
 
     # ---- stepping --------------------------------------------------------------------------
     def schedule(self) -> Step:
+        self._hand_off()
         self._admit()
         budget = self.max_batch_tokens
         items: list[BatchItem] = []
@@ -298,6 +329,9 @@ class Scheduler:
             return
         if request in self.waiting:
             self.waiting.remove(request)
+        if request in self.compressing:
+            self.compressing.remove(request)
+            request.compression.cancelled.set()  # the worker drops it at its next chunk
         state = request.state
         request.state = RequestState.FINISHED
         request.finish_reason = reason
@@ -343,7 +377,7 @@ class Scheduler:
     # ---- reporting -------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting)  # compressing requests come back via resume
 
     def status(self) -> dict:
         cached = sum(len(s.tokens) for s in self.slots if s.request is None)
@@ -360,6 +394,15 @@ class Scheduler:
             ],
             "running": len(self.running),
             "waiting": len(self.waiting),
+            "compressing": [
+                {
+                    "request_id": r.request_id,
+                    "prompt_tokens": len(r.prompt_tokens),
+                    "drafted_tokens": r.compression.progress,
+                }
+                for r in self.compressing
+            ],
+            "waiting_prepared": sum(1 for r in self.waiting if r.prepared),
             "kv_pages_used": self.pool.used_pages,
             "kv_pages_total": self.pool.n_pages,
             "kv_page_size": self.pool.page_size,

@@ -103,6 +103,7 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
             logit_bias=served.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
         )
         request = EngineRequest(tokens, params)
+        served.plan_compression(request, body.pflash, json_format=bool(grammar))
         rid, echo = new_id("cmpl"), prompt if body.echo else ""
         logprobs = CompletionLogprobs(served.model.piece) if body.logprobs is not None else None
 
@@ -140,6 +141,10 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
         )
         params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
         request = EngineRequest(rendered.tokens, params)
+        served.plan_compression(
+            request, body.pflash, last_user=rendered.last_user, system=rendered.system,
+            has_tools=bool(body.tools or body.functions), json_format=bool(grammar),
+        )
         rid = new_id("chatcmpl")
         all_logprobs: list | None = [] if body.logprobs else None
 

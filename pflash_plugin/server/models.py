@@ -11,8 +11,14 @@ from llama_cpp import llama_chat_format
 from ..engine.embedder import Embedder
 from ..engine.engine import Engine
 from ..engine.loader import EngineConfig, load_engine
+from ..engine.request import Request
 from ..llama import Model
-from .protocol import RequestError
+from ..pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
+from ..pflash.drafter import Drafter, check_vocab, scoring_layers
+from ..pflash.policy import skip_reason
+from ..pflash.query import plan_query
+from ..pflash.selection import KeepCurve
+from .protocol import PflashOverride, RequestError
 from .settings import ModelSettings
 
 log = logging.getLogger(__name__)
@@ -56,7 +62,23 @@ def engine_config(settings: ModelSettings) -> EngineConfig:
 class ChatPrompt:
     tokens: list[int]
     stop: list[str]
-    query_text: str | None  # the final user message (PFlash's query)
+    last_user: str | None  # the final user message: PFlash's query
+    system: str | None  # the system prompt: always kept by PFlash
+
+
+MAX_EXPLICIT_QUERY = 256  # tokens of a request's pflash.query (the drafter context leaves room)
+
+
+def pflash_config(settings: ModelSettings) -> PflashConfig:
+    return PflashConfig(
+        mode=settings.pflash,
+        threshold=settings.pflash_threshold,
+        keep_ratio=settings.pflash_keep_ratio,
+        curve=KeepCurve.parse(settings.pflash_curve) if settings.pflash_curve else None,
+        query_tokens=settings.pflash_query_tokens,
+        segment_min=settings.pflash_segment_min,
+        segment_max=settings.pflash_segment_max,
+    )
 
 
 class ServedModel:
@@ -65,7 +87,12 @@ class ServedModel:
         path = settings.model or demo_model_path()
         self.name = settings.model_alias or (settings.model or os.path.basename(path))
         self.config = engine_config(settings)
-        self.model, self.engine = load_engine(path, self.config, name=self.name)
+        self.pflash = pflash_config(settings)
+        self.compression: CompressionWorker | None = None
+        self.model, self.engine = load_engine(
+            path, self.config, name=self.name,
+            compressor=self._start_compression if settings.pflash != "off" else None,
+        )
         self.embedder = (
             Embedder(self.model, self.config.max_ctx, settings.n_batch, settings.n_threads)
             if settings.embedding
@@ -80,6 +107,68 @@ class ServedModel:
 
     def close(self) -> None:
         self.engine.stop()
+        if self.compression is not None:
+            self.compression.stop()
+
+    # ---- PFlash ----------------------------------------------------------------------------
+    def _start_compression(self, target: Model) -> CompressionWorker:
+        """The drafter (the target itself unless --pflash_drafter) and its thread; refuses, at
+        startup, drafters with another vocabulary and architectures the capture cannot handle."""
+        s = self.settings
+        drafter_path = s.pflash_drafter
+        probe = Model(drafter_path) if drafter_path else target
+        check_vocab(target, probe)
+        layers = scoring_layers(probe, s.pflash_layers)
+        persistent = s.draft_residency == "persistent"
+        assert self.config.max_ctx is not None
+        max_tokens = self.config.max_ctx + MAX_EXPLICIT_QUERY
+
+        def make_drafter() -> Drafter:
+            separate = drafter_path is not None and not persistent
+            model = Model(drafter_path) if separate else probe
+            return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=min(s.n_batch, 512),
+                           n_threads=s.n_threads, owns_model=separate)
+
+        if drafter_path and not persistent:
+            probe.close()  # auto residency: load it per prompt
+        compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
+        self.compression = CompressionWorker(compressor, name=self.name)
+        self.scoring_layers = layers
+        return self.compression
+
+    def plan_compression(
+        self,
+        request: Request,
+        override: PflashOverride | None,
+        *,
+        last_user: str | None = None,
+        system: str | None = None,
+        has_tools: bool = False,
+        json_format: bool = False,
+    ) -> None:
+        """Attach a compression job to the request, or a `skipped` report saying why not."""
+        n = len(request.prompt_tokens)
+        mode = override.mode if override else None
+        reason = skip_reason(self.pflash, n, mode, has_tools, json_format)
+        if reason == "off" and mode is None:
+            return  # PFlash is off and the request did not ask: report nothing
+        if reason is None and self.compression is None:
+            reason = "PFlash is not enabled on this model (start it with --pflash auto)"
+        if reason is not None:
+            request.pflash = {"status": "skipped", "reason": reason, "original_tokens": n}
+            return
+        explicit = None
+        if override and override.query:
+            explicit = self.model.tokenize(override.query, add_special=False)
+            if len(explicit) > MAX_EXPLICIT_QUERY:
+                raise RequestError(400, f"pflash.query is over {MAX_EXPLICIT_QUERY} tokens", param="pflash.query")
+        pieces = [self.model.piece(t) for t in request.prompt_tokens]
+        plan = plan_query(
+            pieces, self.pflash.query_tokens, last_user=last_user, system=system,
+            explicit=explicit, min_head=self.pflash.segment_min,
+        )
+        ratio = self.pflash.ratio_for(n, override.keep_ratio if override else None)
+        request.compression = CompressionJob(request.prompt_tokens, plan, ratio)
 
     # ---- prompts ---------------------------------------------------------------------------
     def _chat_formatter(self) -> Any:
@@ -105,8 +194,11 @@ class ServedModel:
             raise RequestError(400, f"the chat template could not render the messages: {error}", param="messages")
         tokens = self.model.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)
         stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
-        user = [m for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
-        return ChatPrompt(tokens, stop, user[-1]["content"] if user else None)
+        def last(role: str) -> str | None:
+            texts = [m["content"] for m in messages if m.get("role") == role and isinstance(m.get("content"), str)]
+            return texts[-1] if texts else None
+
+        return ChatPrompt(tokens, stop, last("user"), last("system"))
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
         return self.model.tokenize(prompt, add_special=True, parse_special=True)

@@ -1,0 +1,169 @@
+"""PFlash compression of one prompt: draft, score, select. Plus the thread that runs it.
+
+The compression thread owns the drafter context; the engine thread never touches it. Jobs carry
+everything they need (tokens, query plan, keep ratio), so the two threads share no mutable state
+beyond a cancel flag and a progress counter.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .drafter import Cancelled, Drafter, DrafterError
+from .query import QueryPlan
+from .scoring import NonFiniteScores, attention_mass, combine_layers
+from .selection import KeepCurve, Segment, budget_for, fixed_segments, segment_tokens, select
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PflashConfig:
+    mode: str = "off"  # off | auto | always
+    threshold: int = 2048
+    keep_ratio: float = 0.25
+    curve: KeepCurve | None = None
+    query_tokens: int = 8
+    segment_min: int = 16
+    segment_max: int = 128
+
+    def ratio_for(self, n_tokens: int, override: float | None = None) -> float:
+        if override is not None:
+            return override
+        return self.curve.ratio(n_tokens) if self.curve else self.keep_ratio
+
+
+@dataclass
+class CompressionJob:
+    tokens: list[int]
+    plan: QueryPlan
+    keep_ratio: float
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    progress: int = 0  # tokens drafted so far (written by the compression thread)
+
+
+@dataclass
+class CompressionResult:
+    tokens: list[int]  # what the target prefills (the original prompt on skip/fallback)
+    report: dict[str, Any]
+
+
+class Compressor:
+    """Synchronous compression; `drafter()` gives the drafter to use and `release` drops it."""
+
+    def __init__(
+        self,
+        config: PflashConfig,
+        piece: Callable[[int], bytes],
+        drafter: Callable[[], Drafter],
+        persistent: bool,
+    ) -> None:
+        self.config, self.piece = config, piece
+        self._make_drafter, self.persistent = drafter, persistent
+        self._drafter: Drafter | None = drafter() if persistent else None
+
+    def compress(self, job: CompressionJob) -> CompressionResult:
+        tokens, plan = job.tokens, job.plan
+        n = len(tokens)
+        report: dict[str, Any] = {"original_tokens": n, "kept_tokens": n, "keep_ratio": 1.0}
+        budget = budget_for(n, job.keep_ratio)
+        mandatory = [Segment(0, plan.head_end), Segment(min(plan.query_start, n), n)]
+        if sum(len(s) for s in mandatory) > budget:
+            return self._skip(tokens, report, "the query, its suffix and the head exceed the budget")
+        t0 = time.perf_counter()
+        drafter = self._drafter or self._make_drafter()
+        t1 = time.perf_counter()
+        report["drafter_load_ms"] = round((t1 - t0) * 1000.0, 3)
+        try:
+            drafted = drafter.run(
+                tokens + list(plan.extra_query),
+                should_stop=job.cancelled.is_set,
+                progress=lambda done: setattr(job, "progress", done),
+            )
+            masses = [attention_mass(drafted.q[l], drafted.k[l], plan.query_start, plan.query_end) for l in drafted.q]
+            mass = combine_layers(masses)
+        except NonFiniteScores as error:
+            return self._fallback(tokens, report, f"non-finite scores: {error}")
+        except (DrafterError, MemoryError) as error:
+            return self._fallback(tokens, report, str(error))
+        finally:
+            if self.persistent:
+                self._drafter = drafter
+            else:
+                drafter.close()
+        t2 = time.perf_counter()
+        pieces = [self.piece(t).decode("utf-8", errors="replace") for t in tokens]
+        segments = segment_tokens(pieces, self.config.segment_min, self.config.segment_max) or fixed_segments(n, 64)
+        selection = select(np.asarray(mass), segments, budget, mandatory)
+        t3 = time.perf_counter()
+        report.update(
+            layers_run=drafted.layers_run,
+            score_ms=round((t2 - t1) * 1000.0, 3),
+            select_ms=round((t3 - t2) * 1000.0, 3),
+        )
+        if selection is None:
+            return self._skip(tokens, report, "the mandatory spans exceed the budget")
+        kept = [tokens[i] for i in selection.token_indices()]
+        report.update(
+            status="compressed",
+            kept_tokens=len(kept),
+            keep_ratio=round(len(kept) / n, 4),
+            segments_total=selection.segments_total,
+            segments_kept=selection.segments_kept,
+        )
+        return CompressionResult(kept, report)
+
+    @staticmethod
+    def _skip(tokens: list[int], report: dict, reason: str) -> CompressionResult:
+        return CompressionResult(tokens, {**report, "status": "skipped", "reason": reason})
+
+    @staticmethod
+    def _fallback(tokens: list[int], report: dict, reason: str) -> CompressionResult:
+        log.warning("pflash fell back to a full prefill: %s", reason)
+        return CompressionResult(tokens, {**report, "status": "fallback", "reason": reason})
+
+    def close(self) -> None:
+        if self._drafter is not None:
+            self._drafter.close()
+            self._drafter = None
+
+
+class CompressionWorker:
+    """One thread that compresses jobs in arrival order and hands each result to `deliver`."""
+
+    def __init__(self, compressor: Compressor, name: str = "pflash") -> None:
+        self.compressor = compressor
+        self._jobs: queue.SimpleQueue[tuple[CompressionJob, Callable[[CompressionResult], None]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-compress", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: CompressionJob, deliver: Callable[[CompressionResult], None]) -> None:
+        self._jobs.put((job, deliver))
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+        self.compressor.close()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, deliver = item
+            if job.cancelled.is_set():
+                continue
+            try:
+                result = self.compressor.compress(job)
+            except Cancelled:
+                continue
+            except Exception as error:  # a bug in scoring must not kill the thread or the request
+                log.exception("pflash compression failed")
+                result = Compressor._fallback(job.tokens, {"original_tokens": len(job.tokens)}, f"internal error: {error}")
+            deliver(result)

@@ -1,0 +1,153 @@
+"""The drafter: runs a model over a prompt up to its scoring layers and returns their Q and K.
+
+By default the drafter is the target model itself (its weights are shared; only the context is
+the drafter's own), stopped after the scoring layers. A separate GGUF must share the target's
+vocabulary, since scores are per target token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..llama import Batch, Context, ContextConfig, Model
+from ..llama.capture import CaptureSpec, QKCapture
+
+# Architectures with recurrent (state-space) layers: no per-token K to score against.
+RECURRENT_ARCHS = {
+    "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1",
+    "granitehybrid", "nemotron_h", "plamo2", "lfm2", "qwen3next",
+}
+# Sliding-window architectures: layer il is global when il % pattern == pattern - 1.
+SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
+
+
+class DrafterError(RuntimeError):
+    """The drafter cannot score (bad configuration or capture failure)."""
+
+
+class Cancelled(Exception):
+    pass
+
+
+def check_vocab(target: Model, drafter: Model) -> None:
+    """Refuse a drafter whose token ids mean something else than the target's."""
+    same = target.n_vocab == drafter.n_vocab
+    if same:
+        step = max(1, target.n_vocab // 512)
+        same = all(target.piece(t) == drafter.piece(t) for t in range(0, target.n_vocab, step))
+    if not same:
+        raise DrafterError(
+            f"the drafter {drafter.path} ({drafter.n_vocab} tokens) does not share the vocabulary of "
+            f"the target {target.path} ({target.n_vocab} tokens): use a drafter of the same family"
+        )
+
+
+def scoring_layers(model: Model, requested: list[int] | None) -> list[int]:
+    """Requested layers (checked) or the first layer that attends to the whole prompt."""
+    arch = model.architecture
+    if arch in RECURRENT_ARCHS:
+        raise DrafterError(f"architecture {arch} has recurrent layers: PFlash cannot capture attention there")
+    pattern = SWA_PATTERNS.get(arch)
+    if model.n_swa > 0 and pattern is None and not requested:
+        raise DrafterError(
+            f"architecture {arch} uses sliding-window attention with an unknown layer pattern: "
+            "set --pflash_layers to global-attention layers"
+        )
+    if requested:
+        bad = [l for l in requested if not 0 <= l < model.n_layer]
+        if bad:
+            raise DrafterError(f"scoring layers {bad} outside 0..{model.n_layer - 1}")
+        if pattern and model.n_swa > 0:
+            local = [l for l in requested if l % pattern != pattern - 1]
+            if local:
+                raise DrafterError(f"layers {local} of {arch} are sliding-window layers: they do not see the whole prompt")
+        return sorted(set(requested))
+    if pattern and model.n_swa > 0:
+        return [pattern - 1]
+    return [model.n_layer // 3]
+
+
+@dataclass
+class DraftResult:
+    q: dict[int, np.ndarray]  # layer -> [n_tokens, n_head, head_dim]
+    k: dict[int, np.ndarray]
+    layers_run: int
+
+
+class Drafter:
+    """Owns the drafter context; `run` is called from the compression thread only."""
+
+    def __init__(
+        self,
+        model: Model,
+        layers: list[int],
+        max_tokens: int,
+        rope: str = "post",
+        n_batch: int = 512,
+        n_threads: int = 0,
+        owns_model: bool = False,
+    ) -> None:
+        self.model, self.layers, self.max_tokens = model, layers, max_tokens
+        self.owns_model = owns_model
+        self.n_batch = n_batch
+        self.capture = QKCapture(
+            CaptureSpec(layers, model.head_dim(), model.n_head, model.n_head_kv, rope)
+        )
+        # swa_full: with the trimmed SWA cache, a ubatch's first tokens lose part of their window
+        # (measured: K at layer 5 of gemma-3-270m off by 10% after 2 ubatches); full is exact
+        self.ctx = Context(
+            self.model,
+            ContextConfig(
+                n_ctx=self.max_tokens,
+                n_batch=self.n_batch,
+                n_ubatch=self.n_batch,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                swa_full=True,
+                flash_attn=True,
+            ),
+            eval_callback=self.capture.callback,
+        )
+
+    def run(
+        self,
+        tokens: list[int],
+        should_stop: Callable[[], bool] = lambda: False,
+        progress: Callable[[int], None] = lambda done: None,
+    ) -> DraftResult:
+        if len(tokens) > self.max_tokens:
+            raise DrafterError(f"{len(tokens)} tokens exceed the drafter context ({self.max_tokens})")
+        ctx = self.ctx
+        try:
+            ctx.clear()
+            self.capture.reset()
+            batch = Batch(self.n_batch, 1)
+            for start in range(0, len(tokens), self.n_batch):
+                if should_stop():
+                    raise Cancelled()
+                batch.clear()
+                batch.add_sequence(tokens[start : start + self.n_batch], start, 0, False)
+                ctx.decode(batch)
+                if self.capture.result.error:
+                    raise DrafterError(f"capture failed: {self.capture.result.error}")
+                progress(min(start + self.n_batch, len(tokens)))
+            result = self.capture.result
+            missing = [l for l in self.layers if l not in result.q or l not in result.k]
+            if missing:
+                raise DrafterError(
+                    f"the {self.model.architecture} graph exposed no Qcur/Kcur nodes at layers {missing}"
+                )
+            q = {l: np.concatenate(result.q[l]) for l in self.layers}
+            k = {l: np.concatenate(result.k[l]) for l in self.layers}
+            if any(len(q[l]) != len(tokens) or len(k[l]) != len(tokens) for l in self.layers):
+                raise DrafterError("captured Q/K do not cover every prompt token")
+        finally:
+            ctx.clear()
+        return DraftResult(q, k, max(self.layers) + 1)
+
+    def close(self) -> None:
+        self.ctx.close()
+        if self.owns_model:
+            self.model.close()
