@@ -18,6 +18,7 @@ class EngineConfig:
     max_ctx: int | None = None  # per-request limit on prompt + max_tokens; None: the model's
     kv_pool_tokens: int | None = None  # None: every slot can hold a full max_ctx request
     page_size: int = 32
+    prefill_chunk: int = 128  # per-prompt prefill tokens per step while others are active
     n_batch: int = 512
     n_ubatch: int = 512
     max_queue: int = 64
@@ -83,6 +84,7 @@ def load_engine(
         max_queue=config.max_queue,
         piece=model.piece,
         is_eog=model.is_eog,
+        prefill_chunk=config.prefill_chunk,
     )
     engine = Engine(scheduler, runner, name=name, compressor=compressor(model) if compressor else None)
     engine.start()

@@ -87,11 +87,15 @@ class Scheduler:
         is_eog: Callable[[int], bool],
         clock: Callable[[], float] = time.perf_counter,
         handoff: Callable[[Request], None] | None = None,
+        prefill_chunk: int | None = None,
     ) -> None:
+        """`prefill_chunk`: while other requests are active, a prompt prefills at most this many
+        tokens per step, so steps stay short and the others keep their latency."""
         self.kv, self.pool = kv, pool
         self.slots = [Slot(i) for i in range(n_slots)]
         self.max_batch_tokens = max_batch_tokens
         self.max_ctx, self.max_queue = max_ctx, max_queue
+        self.prefill_chunk = prefill_chunk
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -277,10 +281,17 @@ class Scheduler:
                 slot = self.slots[request.slot]
                 items.append(BatchItem(request, [request.output_tokens[-1]], len(slot.tokens), True))
                 budget -= 1
-        for request in self.running:
-            if request.prefilling and budget > 0:
+        # shortest remaining prefill first: a short prompt beside a long one starts at once
+        prefilling = sorted(
+            (r for r in self.running if r.prefilling), key=lambda r: len(r.prefill_tokens) - r.n_prefilled
+        )
+        busy = len(self.running) > 1
+        for request in prefilling:
+            if budget > 0:
                 start = request.n_prefilled
                 n = min(budget, len(request.prefill_tokens) - start)
+                if busy and self.prefill_chunk:
+                    n = min(n, self.prefill_chunk)
                 chunk = request.prefill_tokens[start : start + n]
                 done = start + n == len(request.prefill_tokens)
                 items.append(BatchItem(request, chunk, len(self.slots[request.slot].tokens), done))

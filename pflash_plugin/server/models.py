@@ -42,6 +42,7 @@ def engine_config(settings: ModelSettings) -> EngineConfig:
         max_ctx=settings.max_ctx or settings.n_ctx or None,
         kv_pool_tokens=settings.kv_pool_tokens,
         page_size=settings.kv_page_size,
+        prefill_chunk=settings.prefill_chunk,
         n_batch=settings.n_batch,
         n_ubatch=settings.n_ubatch,
         max_queue=settings.max_queue,

@@ -27,6 +27,9 @@ class ModelSettings(StockModelSettings):
     )
     max_queue: int = Field(default=64, ge=0, description="Requests waiting beyond the slots; more get 429.")
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
+    prefill_chunk: int = Field(
+        default=128, ge=1, description="Prefill tokens per prompt per step while other requests are active."
+    )
     # PFlash prefill compression
     pflash: Literal["off", "auto", "always"] = Field(
         default="off", description="Prefill compression: off, auto (prompts over the threshold), always."
