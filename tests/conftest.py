@@ -12,8 +12,6 @@ import httpx
 import pytest
 import uvicorn
 
-from pflash_plugin.server.app import create_app
-from pflash_plugin.server.settings import ModelSettings, ServerSettings
 from pflash_plugin.testing import cached_tiny_llama
 
 
@@ -73,6 +71,9 @@ class LiveServer:
 
 @contextmanager
 def live_server(models: list[dict], **server_kw) -> Iterator[LiveServer]:
+    from pflash_plugin.server.app import create_app  # here: the pure scheduler tests need no server
+    from pflash_plugin.server.settings import ModelSettings, ServerSettings
+
     settings = [ModelSettings(verbose=False, **m) for m in models]
     app = create_app(ServerSettings(**server_kw), settings)
     server = LiveServer(app, _free_port()).start()

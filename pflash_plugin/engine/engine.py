@@ -31,6 +31,7 @@ class Engine:
         self._status: dict = scheduler.status()
         self._status_lock = threading.Lock()
         self.steps = 0
+        self._aborts = 0  # consecutive aborted decodes
         self._thread = threading.Thread(target=self._loop, name=f"pflash-{name}", daemon=True)
 
     def start(self) -> None:
@@ -123,13 +124,15 @@ class Engine:
             log.exception("engine %s: step failed", self.name)
             self._fail_step(step, 500, f"internal error: {error}")
             return
+        self._aborts = 0
         self.scheduler.update(step, outputs)
 
     def _on_decode_error(self, step: Step, error: DecodeError) -> None:
         if error.code == 1 and self.scheduler.evict_idle():
             return  # nothing was written; retry the same work next step with the caches freed
-        if error.code == 2:
-            return  # aborted before writing: retry
+        if error.code == 2 and self._aborts < 3:
+            self._aborts += 1
+            return  # aborted: nothing of the failed ubatch stays, retry the step
         log.error("engine %s: %s", self.name, error)
         self._fail_step(step, 503 if error.code == 1 else 500, str(error))
 

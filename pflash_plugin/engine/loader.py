@@ -53,6 +53,9 @@ def load_engine(
         use_mlock=config.use_mlock,
         verbose=config.verbose,
     )
+    if config.n_slots > config.n_batch:
+        raise ValueError(f"max_concurrency ({config.n_slots}) cannot exceed n_batch ({config.n_batch}): "
+                         "every decoding slot needs one token of each step")
     if config.max_ctx is None:
         config.max_ctx = model.n_ctx_train
     if config.max_ctx > model.n_ctx_train:

@@ -16,6 +16,7 @@ class LlamaRunner:
         self.batch = Batch(ctx.n_batch, 1)
         self._samplers: dict[int, SamplerChain] = {}
         self._logprobs: dict[int, int | None] = {}
+        self._eog_tokens: list[int] | None = None  # found on first use of min_tokens
 
     # ---- KVOps -----------------------------------------------------------------------------
     def seq_rm(self, slot: int, start: int) -> None:
@@ -64,11 +65,20 @@ class LlamaRunner:
         self.ctx.decode(batch)
         outputs: dict[int, TokenOutput] = {}
         for request, row in rows:
+            if len(request.output_tokens) < request.params.min_tokens:
+                self._suppress_eog(row)
             top_n = self._logprobs.get(request.slot)
             logits = self.ctx.logits(row) if top_n is not None else None
             token = self._samplers[request.slot].sample(self.ctx, row)
             outputs[request.request_id] = _with_logprobs(token, logits, top_n)
         return outputs
+
+
+    def _suppress_eog(self, row: int) -> None:
+        """min_tokens: end-of-generation tokens get -inf before the sampler sees the row."""
+        if self._eog_tokens is None:
+            self._eog_tokens = [t for t in range(self.model.n_vocab) if self.model.is_eog(t)]
+        self.ctx.set_logits(row, self._eog_tokens, float("-inf"))
 
 
 def _with_logprobs(token: int, logits: np.ndarray | None, top_n: int | None) -> TokenOutput:

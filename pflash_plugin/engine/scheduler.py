@@ -125,7 +125,7 @@ class Scheduler:
                 f"{self.pool.n_pages * self.pool.page_size}",
                 "context_length_exceeded",
             )
-        if len(self.waiting) >= self.max_queue:
+        if len(self.waiting) + len(self.compressing) >= self.max_queue:
             raise AdmissionError(429, "the request queue is full, retry later", "rate_limit_exceeded")
 
     def add(self, request: Request) -> None:
@@ -194,44 +194,42 @@ class Scheduler:
         if not idle:
             return False
         tokens = request.prefill_tokens
+
+        def usable(slot: Slot) -> int:
+            return min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
+
         src, reuse = self.best_prefix(tokens)
-        in_place = max(idle, key=lambda s: (min(common_prefix(s.tokens, tokens), len(tokens) - 1), -s.last_used))
-        in_place_len = min(common_prefix(in_place.tokens, tokens), len(tokens) - 1)
-        if src is None or reuse <= in_place_len:
-            dst, src, reuse = in_place, None, in_place_len
-        else:
-            dst = min(idle, key=lambda s: (s.last_used, len(s.tokens)))
-        if src is dst:
-            src = None
+        # in place: the idle slot with the longest prefix; on a tie an empty one (no cache lost)
+        in_place = max(idle, key=lambda s: (usable(s), not s.tokens, -s.last_used))
+        if src is None or reuse <= usable(in_place) or src is in_place:
+            dst, src, reuse = in_place, None, usable(in_place)
+        else:  # copy the prefix from another slot into an empty or least recently used idle one
+            dst = min(idle, key=lambda s: (bool(s.tokens), s.last_used))
         needed = self.pool.pages_for(request.reserve_tokens)
-
-        def new_pages(reuse_len: int) -> int:
-            if reuse_len == 0:
-                return needed
-            if src is None:  # in place: keep whole pages, copy-on-write a shared partial page
-                keep = reuse_len // self.pool.page_size
-                if reuse_len % self.pool.page_size and not self.pool.shared(dst.pages[keep]):
-                    keep += 1
-                return needed - keep
-            return needed - reuse_len // self.pool.page_size
-
-        victims = sorted(
-            (s for s in idle if s is not dst and s is not src and s.pages),
-            key=lambda s: s.last_used,
-        )
-        while new_pages(reuse) > self.pool.free_pages + self._droppable(dst, reuse if src is None else 0):
-            if victims:
-                self._evict(victims.pop(0))
-            elif reuse and not self.running:
-                reuse, src = 0, None  # last resort on an idle server: give up the reuse
-            else:
+        victims = sorted((s for s in idle if s is not dst and s is not src and s.pages), key=lambda s: s.last_used)
+        while True:
+            kept = self._reused_pages(dst, src, reuse)
+            if needed - kept <= self.pool.free_pages + self._droppable(dst, kept if src is None else 0):
+                return self._bind(request, dst, src, reuse, needed)
+            if not victims:
                 return False
-        return self._bind(request, dst, src, reuse, needed)
+            self._evict(victims.pop(0))
 
-    def _droppable(self, slot: Slot, keep_tokens: int) -> int:
-        """Pages of `slot` beyond what it keeps that would become free when released."""
-        keep = self.pool.pages_for(keep_tokens)
-        return sum(1 for p in slot.pages[keep:] if not self.pool.shared(p))
+    def _reused_pages(self, dst: Slot, src: Slot | None, reuse: int) -> int:
+        """Pages `dst` keeps (in place) or shares (from `src`) for a prefix of `reuse` tokens.
+
+        Only whole pages are shared; in place, a partial last page is kept unless another slot
+        shares it (then its new tokens get new cells: copy-on-write)."""
+        if src is not None:
+            return reuse // self.pool.page_size
+        keep = self.pool.pages_for(reuse)
+        if reuse % self.pool.page_size and self.pool.shared(dst.pages[keep - 1]):
+            keep -= 1
+        return keep
+
+    def _droppable(self, slot: Slot, keep_pages: int) -> int:
+        """Pages of `slot` past its first `keep_pages` that would become free when released."""
+        return sum(1 for p in slot.pages[keep_pages:] if not self.pool.shared(p))
 
     def _evict(self, slot: Slot) -> None:
         self.kv.seq_rm(slot.index, 0)
@@ -240,18 +238,15 @@ class Scheduler:
 
     def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> bool:
         """Give `dst` to the request with `reuse` tokens of prefix in place; False if it was refused."""
-        page = self.pool.page_size
+        kept = self._reused_pages(dst, src, reuse)
         if src is None:
-            keep = self.pool.pages_for(reuse)
-            if reuse % page and self.pool.shared(dst.pages[keep - 1]):
-                keep -= 1  # copy-on-write: the partial page gets new cells
-            self.pool.release(dst.pages[keep:])
-            dst.pages = dst.pages[:keep]
+            self.pool.release(dst.pages[kept:])
+            dst.pages = dst.pages[:kept]
             self.kv.seq_rm(dst.index, reuse)
         else:
             self.kv.seq_rm(dst.index, 0)
             self.pool.release(dst.pages)
-            dst.pages = self.pool.share(src.pages[: reuse // page])
+            dst.pages = self.pool.share(src.pages[:kept])
             self.kv.seq_cp(src.index, dst.index, reuse)
         dst.pages += self.pool.allocate(needed - len(dst.pages))
         dst.tokens = list(request.prefill_tokens[:reuse])
@@ -260,9 +255,12 @@ class Scheduler:
         request.cached_tokens = request.n_prefilled = reuse
         try:
             self.kv.start_request(dst.index, request)
-        except ValueError as error:  # e.g. a grammar that does not parse: the client's fault
-            dst.request, request.slot = None, None
+        except Exception as error:
+            dst.request = None
             self._release_slot(dst)
+            if not isinstance(error, ValueError):
+                raise
+            # a ValueError is the client's (a grammar that does not parse): refuse this one only
             self.waiting.remove(request)
             request.sink(ErrorEvent(400, str(error), "invalid_request_error"))
             request.state = RequestState.FINISHED
@@ -304,7 +302,11 @@ class Scheduler:
         for item in step.items:
             request = item.request
             if request.state is not RequestState.RUNNING:
-                continue  # cancelled during the step
+                # finished while the step ran: drop what the step wrote past the slot's tokens
+                slot = self.slots[request.slot]
+                if slot.request is None:
+                    self.kv.seq_rm(slot.index, len(slot.tokens))
+                continue
             self.slots[request.slot].tokens.extend(item.tokens)
             if request.prefilling:
                 request.n_prefilled += len(item.tokens)
@@ -317,10 +319,10 @@ class Scheduler:
         if request.timings.first_token is None:
             request.timings.first_token = now
         request.timings.last_token = now
-        request.output_tokens.append(out.token)
         if self.is_eog(out.token):
             self.finish(request, "stop")
             return
+        request.output_tokens.append(out.token)
         stream = self._streams[request.request_id]
         pending = self._pending_tokens[request.request_id]
         pending.append(out)

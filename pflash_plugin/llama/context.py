@@ -101,6 +101,12 @@ class Context:
         ptr = C.llama_get_logits_ith(self.ptr, index)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
+    def set_logits(self, index: int, tokens: list[int], value: float) -> None:
+        """Overwrite logits of batch row `index` in place (the sampler reads this buffer)."""
+        ptr = C.llama_get_logits_ith(self.ptr, index)
+        for token in tokens:
+            ptr[token] = value
+
     def embeddings_seq(self, seq_id: int, n_embd: int) -> np.ndarray | None:
         ptr = C.llama_get_embeddings_seq(self.ptr, seq_id)
         if not ptr:

@@ -32,11 +32,17 @@ def code(rng: random.Random, n_lines: int) -> list[str]:
 
 
 def needle_prompt(n_words_target: int, depth: float, seed: int, kind: str = "prose") -> tuple[str, str]:
-    """A haystack of about `n_words_target` words with a 4-digit code hidden at `depth` (0..1)."""
+    """A haystack of about `n_words_target` words with a 4-digit code hidden at `depth` (0..1).
+
+    kind: "prose", "code" (Python-like lines), or "multi" (prose with two distractor codes for
+    other doors at other depths: retrieval must pick the vault's)."""
     rng = random.Random(seed)
     code_value = str(rng.randint(1000, 9999))
-    units = prose(rng, n_words_target // 12) if kind == "prose" else code(rng, n_words_target // 4)
+    units = code(rng, n_words_target // 4) if kind == "code" else prose(rng, n_words_target // 12)
+    if kind == "multi":
+        for door, at in (("garden gate", (depth + 0.33) % 1.0), ("tower door", (depth + 0.66) % 1.0)):
+            units.insert(int(len(units) * at), f"The {door} code is {rng.randint(1000, 9999)}.")
     needle = f"The vault access code is {code_value}. Remember it: {code_value}."
     units.insert(int(len(units) * depth), needle)
-    sep = " " if kind == "prose" else "\n"
+    sep = "\n" if kind == "code" else " "
     return sep.join(units) + QUESTION, code_value

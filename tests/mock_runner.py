@@ -1,0 +1,420 @@
+"""A model-free runner that simulates llama.cpp's unified KV cache faithfully enough to check the
+scheduler's accounting.
+
+The KV is a fixed array of `n_ctx` cells; a used cell has a position, the token written there and
+the set of sequence ids (slots) that see it, exactly like llama.cpp's `llama_kv_cells`:
+
+* `seq_cp(src, dst, n)` adds `dst` to every cell of `src` with pos < n (no new cell is used),
+* `seq_rm(slot, start)` removes `slot` from its cells with pos >= start and frees cells left
+  with no sequence,
+* `execute(step)` writes each item's tokens at positions start_pos.. into free cells, raising
+  `DecodeError(1)` before writing anything when there are not enough free cells.
+
+Every step is recorded, and `check_scheduler` verifies after every admission and step that the
+scheduler's view (slot tokens, pages, refcounts) matches the simulated cells and that the page
+accounting never undercounts the cells in use.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from pflash_plugin.engine.kv_pool import PagePool
+from pflash_plugin.engine.request import (
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    Request,
+    SamplingParams,
+    TextEvent,
+    TokenOutput,
+)
+from pflash_plugin.engine.scheduler import Scheduler, Step
+from pflash_plugin.llama import DecodeError
+
+VOCAB = 1000
+EOG = VOCAB  # never produced by the default rule (which works modulo VOCAB)
+
+
+def default_piece(token: int) -> bytes:
+    if token == EOG:
+        return b"<EOS>"
+    return f"<{token}>".encode()
+
+
+def is_eog(token: int) -> bool:
+    return token == EOG
+
+
+@dataclass
+class Cell:
+    pos: int
+    token: int
+    seqs: set[int]
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    request_id: int
+    slot: int
+    tokens: tuple[int, ...]
+    start_pos: int
+    wants_logits: bool
+
+
+@dataclass
+class StepRecord:
+    index: int  # 1-based count of execute calls (failed ones included)
+    items: list[ItemRecord]
+    ok: bool = False
+    error: BaseException | None = None
+
+    def for_request(self, request_id: int) -> ItemRecord | None:
+        return next((i for i in self.items if i.request_id == request_id), None)
+
+
+class MockRunner:
+    """KVOps + execute(step), with a simulated KV and recorded operations."""
+
+    def __init__(
+        self,
+        n_ctx: int,
+        pool: PagePool | None = None,
+        scheduler: Scheduler | None = None,
+        check_every_step: bool = True,
+    ) -> None:
+        self.n_ctx = n_ctx
+        self.cells: list[Cell | None] = [None] * n_ctx
+        self.pool = pool
+        self.scheduler = scheduler
+        self.check_every_step = check_every_step
+        self.scripts: dict[int, list[int]] = {}  # request_id -> tokens to sample, in order
+        self.bad_grammar = "bad"  # start_request raises ValueError for this grammar
+        self.start_error: Callable[[Request], BaseException | None] | None = None
+        self.fail_steps: dict[int, tuple[BaseException, bool]] = {}  # index -> (error, write first)
+        self.hook: Callable[[int, Step], None] | None = None  # runs at the start of execute
+        self.steps: list[StepRecord] = []
+        self.ops: list[tuple] = []  # ("seq_rm", slot, start), ("seq_cp", src, dst, n), ...
+        self.active: dict[int, Request] = {}  # slot -> request between start/end_request
+        self.started: list[int] = []  # request ids passed to start_request, in order
+        self.max_cells_used = 0
+        self.require_active = True  # items must belong to a request between start/end_request
+
+    # ---- simulated KV ----------------------------------------------------------------------
+    @property
+    def cells_used(self) -> int:
+        return sum(1 for c in self.cells if c is not None)
+
+    @property
+    def free_cells(self) -> int:
+        return self.n_ctx - self.cells_used
+
+    def seq_cells(self, seq: int) -> list[Cell]:
+        return sorted((c for c in self.cells if c is not None and seq in c.seqs), key=lambda c: c.pos)
+
+    def seq_tokens(self, seq: int) -> list[int]:
+        return [c.token for c in self.seq_cells(seq)]
+
+    def seq_pos_max(self, seq: int) -> int:
+        return max((c.pos for c in self.cells if c is not None and seq in c.seqs), default=-1)
+
+    def _check_seq_contiguous(self, seq: int) -> None:
+        positions = [c.pos for c in self.seq_cells(seq)]
+        assert positions == list(range(len(positions))), f"seq {seq} positions not 0..n-1: {positions}"
+
+    # ---- KVOps -----------------------------------------------------------------------------
+    def seq_rm(self, slot: int, start: int) -> None:
+        self.ops.append(("seq_rm", slot, start))
+        for i, cell in enumerate(self.cells):
+            if cell is not None and slot in cell.seqs and cell.pos >= start:
+                cell.seqs.discard(slot)
+                if not cell.seqs:
+                    self.cells[i] = None
+
+    def seq_cp(self, src: int, dst: int, n_tokens: int) -> None:
+        self.ops.append(("seq_cp", src, dst, n_tokens))
+        assert src != dst
+        dst_positions = {c.pos for c in self.cells if c is not None and dst in c.seqs}
+        for cell in self.cells:
+            if cell is not None and src in cell.seqs and cell.pos < n_tokens:
+                assert cell.pos not in dst_positions, f"seq_cp would give seq {dst} two cells at pos {cell.pos}"
+                cell.seqs.add(dst)
+
+    def start_request(self, slot: int, request: Request) -> None:
+        self.ops.append(("start", slot, request.request_id))
+        assert slot not in self.active, f"start_request on slot {slot} that is still active"
+        # the slot's KV must hold exactly the reused prefix of the request
+        assert request.slot == slot
+        assert self.seq_tokens(slot) == request.prefill_tokens[: request.cached_tokens], (
+            f"slot {slot} KV {self.seq_tokens(slot)} is not the reused prefix "
+            f"{request.prefill_tokens[: request.cached_tokens]}"
+        )
+        self._check_seq_contiguous(slot)
+        if self.start_error is not None:
+            error = self.start_error(request)
+            if error is not None:
+                raise error
+        if request.params.grammar == self.bad_grammar:
+            raise ValueError("the grammar could not be parsed")
+        self.active[slot] = request
+        self.started.append(request.request_id)
+
+    def end_request(self, slot: int) -> None:
+        self.ops.append(("end", slot))
+        self.active.pop(slot, None)  # tolerated after a start_request that raised, like LlamaRunner
+
+    # ---- stepping --------------------------------------------------------------------------
+    def execute(self, step: Step) -> dict[int, TokenOutput]:
+        index = len(self.steps) + 1
+        record = StepRecord(
+            index,
+            [
+                ItemRecord(i.request.request_id, i.request.slot, tuple(i.tokens), i.start_pos, i.wants_logits)
+                for i in step.items
+            ],
+        )
+        self.steps.append(record)
+        if self.scheduler is not None and self.check_every_step:
+            check_scheduler(self.scheduler, self)  # admission (seq_rm / seq_cp) kept everything right
+        if self.hook is not None:
+            self.hook(index, step)
+        seen: set[int] = set()
+        for item in step.items:
+            slot = item.request.slot
+            assert slot is not None, "item of a request with no slot"
+            assert slot not in seen, f"slot {slot} twice in one step"
+            seen.add(slot)
+            if self.require_active:
+                assert self.active.get(slot) is item.request, f"slot {slot} runs a request it was not started for"
+            assert item.tokens, "empty batch item"
+            assert item.start_pos == self.seq_pos_max(slot) + 1, (
+                f"slot {slot}: item starts at {item.start_pos}, KV ends at {self.seq_pos_max(slot)}"
+            )
+        failure = self.fail_steps.pop(index, None)
+        if failure is not None and not failure[1]:
+            record.error = failure[0]
+            raise failure[0]
+        if self.free_cells < step.n_tokens:
+            record.error = DecodeError(1)
+            raise record.error  # llama.cpp finds the slots of the whole batch before computing
+        for item in step.items:
+            self._write(item.request.slot, item.tokens, item.start_pos)
+        self.max_cells_used = max(self.max_cells_used, self.cells_used)
+        if self.pool is not None:
+            assert self.cells_used <= self.pool.used_pages * self.pool.page_size, (
+                f"page accounting undercounts: {self.cells_used} cells in use, "
+                f"{self.pool.used_pages} pages of {self.pool.page_size}"
+            )
+        if self.scheduler is not None and self.check_every_step:
+            check_pages_cover_cells(self.scheduler, self)
+        if failure is not None:  # failed after writing part of the batch
+            record.error = failure[0]
+            raise failure[0]
+        outputs: dict[int, TokenOutput] = {}
+        for item in step.items:
+            if item.wants_logits:
+                outputs[item.request.request_id] = TokenOutput(self._sample(item))
+        record.ok = True
+        return outputs
+
+    def _write(self, slot: int, tokens: list[int], start: int) -> None:
+        free = (i for i, c in enumerate(self.cells) if c is None)
+        for offset, token in enumerate(tokens):
+            self.cells[next(free)] = Cell(start + offset, token, {slot})
+
+    def _sample(self, item) -> int:
+        script = self.scripts.get(item.request.request_id)
+        if script:
+            return script.pop(0)
+        return (item.tokens[-1] + 1) % VOCAB
+
+    # ---- queries on the record ---------------------------------------------------------------
+    def items_of(self, request_id: int, ok_only: bool = True) -> list[ItemRecord]:
+        return [
+            item
+            for step in self.steps
+            if step.ok or not ok_only
+            for item in step.items
+            if item.request_id == request_id
+        ]
+
+    def ops_of(self, kind: str) -> list[tuple]:
+        return [op for op in self.ops if op[0] == kind]
+
+
+# ---- invariants ------------------------------------------------------------------------------
+def check_pages_cover_cells(sched: Scheduler, runner: MockRunner) -> None:
+    """Every cell in use is covered by a page of every slot that sees it, and no page covers
+    more than page_size distinct cells; hence cells in use <= used_pages * page_size."""
+    pool = sched.pool
+    page = pool.page_size
+    cells_of_page: dict[int, set[int]] = defaultdict(set)
+    for index, cell in enumerate(runner.cells):
+        if cell is None:
+            continue
+        for seq in cell.seqs:
+            slot = sched.slots[seq]
+            k = cell.pos // page
+            assert k < len(slot.pages), (
+                f"slot {seq} has a cell at pos {cell.pos} but only {len(slot.pages)} pages"
+            )
+            cells_of_page[slot.pages[k]].add(index)
+    for p, cells in cells_of_page.items():
+        assert len(cells) <= page, f"page {p} stands for {len(cells)} distinct cells (> {page})"
+    assert runner.cells_used <= pool.used_pages * page, (
+        f"page accounting undercounts: {runner.cells_used} cells, {pool.used_pages} pages of {page}"
+    )
+
+
+def check_scheduler(sched: Scheduler, runner: MockRunner) -> None:
+    """The scheduler's bookkeeping matches the simulated KV, between steps."""
+    pool = sched.pool
+    holders: dict[int, int] = defaultdict(int)
+    for slot in sched.slots:
+        assert len(set(slot.pages)) == len(slot.pages), f"slot {slot.index} holds a page twice"
+        for p in slot.pages:
+            holders[p] += 1
+        # the slot's KV sequence holds exactly slot.tokens at positions 0..n-1
+        cells = runner.seq_cells(slot.index)
+        assert [c.pos for c in cells] == list(range(len(cells))), (
+            f"slot {slot.index} KV positions {[c.pos for c in cells]}"
+        )
+        assert [c.token for c in cells] == slot.tokens, (
+            f"slot {slot.index}: KV holds {[c.token for c in cells]}, scheduler thinks {slot.tokens}"
+        )
+        if slot.request is None:
+            assert len(slot.pages) == pool.pages_for(len(slot.tokens)), (
+                f"idle slot {slot.index}: {len(slot.pages)} pages for {len(slot.tokens)} tokens"
+            )
+        else:
+            request = slot.request
+            assert request.slot == slot.index
+            assert request in sched.running
+            assert len(slot.pages) == pool.pages_for(request.reserve_tokens)
+            assert len(slot.tokens) == request.n_prefilled + max(len(request.output_tokens) - 1, 0)
+    assert pool.used_pages == len(holders), (
+        f"pool says {pool.used_pages} pages used, slots hold {len(holders)}"
+    )
+    for p, n in holders.items():
+        assert pool.shared(p) == (n > 1), f"page {p} held by {n} slots, shared={pool.shared(p)}"
+    for request in sched.running:
+        assert sched.slots[request.slot].request is request
+    check_pages_cover_cells(sched, runner)
+
+
+# ---- helpers for tests -----------------------------------------------------------------------
+class Collector:
+    """A request sink that records events and signals the end (thread safe)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            self.events.append(event)
+        if isinstance(event, (FinishEvent, ErrorEvent)):
+            self.done.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, TextEvent))
+
+    @property
+    def text_tokens(self) -> list[int]:
+        return [t.token for e in self.events if isinstance(e, TextEvent) for t in e.tokens]
+
+    @property
+    def finish(self) -> FinishEvent | None:
+        return next((e for e in self.events if isinstance(e, FinishEvent)), None)
+
+    @property
+    def errors(self) -> list[ErrorEvent]:
+        return [e for e in self.events if isinstance(e, ErrorEvent)]
+
+    @property
+    def terminal(self) -> list[Event]:
+        return [e for e in self.events if isinstance(e, (FinishEvent, ErrorEvent))]
+
+
+def make_request(
+    prompt: list[int],
+    max_tokens: int = 4,
+    stop: list[str] | None = None,
+    grammar: str | None = None,
+    prefill: list[int] | None = None,
+) -> Request:
+    sink = Collector()
+    request = Request(
+        list(prompt),
+        SamplingParams(max_tokens=max_tokens, stop=list(stop or []), grammar=grammar),
+        sink=sink,
+        prefill_tokens=list(prefill) if prefill else [],
+    )
+    return request
+
+
+def sink_of(request: Request) -> Collector:
+    assert isinstance(request.sink, Collector)
+    return request.sink
+
+
+def make_scheduler(
+    n_slots: int = 2,
+    n_pages: int = 16,
+    page_size: int = 4,
+    max_batch_tokens: int = 8,
+    max_ctx: int = 64,
+    max_queue: int = 16,
+    n_ctx: int | None = None,
+    piece: Callable[[int], bytes] = default_piece,
+    check_every_step: bool = True,
+    **scheduler_kw,
+) -> tuple[Scheduler, MockRunner]:
+    """A scheduler over a mock runner whose KV has exactly the pool's cells (unless n_ctx)."""
+    pool = PagePool(n_pages, page_size)
+    runner = MockRunner(n_ctx if n_ctx is not None else n_pages * page_size, pool, check_every_step=check_every_step)
+    ticks = itertools.count(1)
+    sched = Scheduler(
+        runner,
+        pool,
+        n_slots=n_slots,
+        max_batch_tokens=max_batch_tokens,
+        max_ctx=max_ctx,
+        max_queue=max_queue,
+        piece=piece,
+        is_eog=is_eog,
+        clock=lambda: float(next(ticks)),
+        **scheduler_kw,
+    )
+    runner.scheduler = sched
+    return sched, runner
+
+
+def step_once(sched: Scheduler, runner: MockRunner) -> Step:
+    step = sched.schedule()
+    if step.items:
+        outputs = runner.execute(step)
+        sched.update(step, outputs)
+        if runner.check_every_step:
+            check_scheduler(sched, runner)
+    return step
+
+
+def run_until_idle(sched: Scheduler, runner: MockRunner, max_steps: int = 10_000) -> int:
+    steps = 0
+    while sched.has_work:
+        step = step_once(sched, runner)
+        assert step.items, f"stalled: {len(sched.running)} running, {len(sched.waiting)} waiting, no step"
+        steps += 1
+        assert steps < max_steps, "did not finish"
+    return steps
+
+
+def idle_pages(sched: Scheduler) -> int:
+    """Pages the idle caches hold (shared pages counted once): the pool's figure when idle."""
+    return len({p for s in sched.slots if s.request is None for p in s.pages})

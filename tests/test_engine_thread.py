@@ -1,0 +1,311 @@
+"""Engine thread over the mock runner: submissions and cancels from other threads, decode errors,
+scheduler exceptions. Waits are threading.Event with timeouts; nothing sleeps."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pflash_plugin.engine.engine import Engine
+from pflash_plugin.engine.request import FinishEvent, RequestState
+from pflash_plugin.engine.scheduler import AdmissionError
+from pflash_plugin.llama import DecodeError
+
+try:
+    from .mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of
+except ImportError:
+    from mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of  # type: ignore[no-redef]
+
+TIMEOUT = 2.0  # generous upper bound for one request; the mock engine takes milliseconds
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.engines: list[Engine] = []
+
+    def __call__(self, start: bool = True, **kw):
+        sched, runner = make_scheduler(**kw)
+        engine = Engine(sched, runner, name="test")
+        self.engines.append(engine)
+        if start:
+            engine.start()
+        return engine, sched, runner
+
+    def stop(self) -> None:
+        for engine in self.engines:
+            if engine._thread.is_alive():
+                engine.stop()
+                assert not engine._thread.is_alive(), "the engine thread did not stop"
+
+
+@pytest.fixture
+def harness():
+    h = Harness()
+    yield h
+    h.stop()
+
+
+class Gate:
+    """Blocks the engine thread inside execute() at chosen step indices until released."""
+
+    def __init__(self, *indices: int) -> None:
+        self.reached = {i: threading.Event() for i in indices}
+        self.release = {i: threading.Event() for i in indices}
+
+    def __call__(self, index: int, step) -> None:
+        if index in self.reached:
+            self.reached[index].set()
+            assert self.release[index].wait(TIMEOUT), "the test never released the gate"
+
+    def wait(self, index: int) -> None:
+        assert self.reached[index].wait(TIMEOUT), f"the engine never reached step {index}"
+
+    def open(self, index: int) -> None:
+        self.release[index].set()
+
+
+def wait_done(*requests) -> None:
+    for request in requests:
+        assert sink_of(request).done.wait(TIMEOUT), f"request {request.request_id} never finished"
+
+
+def settle(engine: Engine) -> None:
+    """Stop the engine so its scheduler can be inspected from the test thread."""
+    engine.stop()
+    assert not engine._thread.is_alive()
+
+
+def test_requests_from_many_threads_all_finish(harness):
+    engine, sched, runner = harness(n_slots=3, n_pages=64, max_batch_tokens=8, max_ctx=64)
+    requests = [make_request([100 + i, 200 + i, 300 + i], max_tokens=3 + i % 4) for i in range(12)]
+    barrier = threading.Barrier(4)
+
+    def submit(chunk):
+        barrier.wait(TIMEOUT)
+        for request in chunk:
+            engine.submit(request)
+
+    threads = [threading.Thread(target=submit, args=(requests[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    wait_done(*requests)
+    for request in requests:
+        sink = sink_of(request)
+        assert sink.errors == [], sink.errors
+        assert sink.finish.reason == "length"
+        assert len(request.output_tokens) == request.params.max_tokens
+        assert len(sink.terminal) == 1
+    settle(engine)
+    assert not sched.has_work
+    check_scheduler(sched, runner)
+    assert sched.pool.used_pages == idle_pages(sched)
+    assert engine.steps == sum(s.ok for s in runner.steps)
+
+
+def test_submit_rejects_at_once_on_the_calling_thread(harness):
+    engine, sched, runner = harness()
+    with pytest.raises(AdmissionError) as info:
+        engine.submit(make_request([], 4))
+    assert info.value.status == 400
+
+
+def test_cancel_running_request_from_another_thread(harness):
+    engine, sched, runner = harness(n_slots=1, n_pages=32, max_batch_tokens=8, max_ctx=64)
+    gate = Gate(3)
+    runner.hook = gate
+    a = make_request([1, 2, 3], max_tokens=50)
+    engine.submit(a)
+    gate.wait(3)  # a has produced 2 tokens and the third step is in flight
+    canceller = threading.Thread(target=engine.cancel, args=(a,))
+    canceller.start()
+    canceller.join(TIMEOUT)
+    gate.open(3)
+    wait_done(a)
+    sink = sink_of(a)
+    assert sink.finish.reason == "cancelled"
+    assert sink.finish.usage["completion_tokens"] == len(a.output_tokens) == 3
+    assert len(sink.terminal) == 1
+    b = make_request([1, 2, 3, 4], max_tokens=2)  # the freed slot serves the next request
+    engine.submit(b)
+    wait_done(b)
+    assert sink_of(b).finish.reason == "length"
+    assert b.cached_tokens == 3
+    settle(engine)
+    check_scheduler(sched, runner)
+    assert sched.pool.used_pages == idle_pages(sched)
+
+
+def test_cancel_waiting_requests(harness):
+    engine, sched, runner = harness(n_slots=1, n_pages=32, max_batch_tokens=8, max_ctx=64)
+    gate = Gate(2, 3)
+    runner.hook = gate
+    a = make_request([1, 2, 3], max_tokens=6)
+    engine.submit(a)
+    gate.wait(2)
+    queued = make_request([7, 8], max_tokens=3)  # admitted to the queue, then cancelled
+    early = make_request([9, 10], max_tokens=3)  # cancelled before the engine even saw it
+    engine.submit(queued)
+    engine.submit(early)
+    engine.cancel(early)
+    gate.open(2)
+    gate.wait(3)
+    assert queued in sched.waiting  # the engine thread is parked in execute: safe to read
+    engine.cancel(queued)
+    gate.open(3)
+    wait_done(a, queued, early)
+    for request in (queued, early):
+        sink = sink_of(request)
+        assert [type(e) for e in sink.events] == [FinishEvent]
+        assert sink.finish.reason == "cancelled"
+        assert request.request_id not in runner.started
+    assert sink_of(a).finish.reason == "length"
+    settle(engine)
+    assert not sched.waiting
+    check_scheduler(sched, runner)
+
+
+def test_decode_error_no_cells_evicts_idle_caches_and_retries(harness):
+    # the KV has fewer cells than the pool accounts for: only evicting the idle cache makes room
+    engine, sched, runner = harness(n_slots=2, n_pages=8, page_size=4, n_ctx=16, max_batch_tokens=16, max_ctx=32)
+    a = make_request(list(range(1, 9)), max_tokens=4)
+    engine.submit(a)
+    wait_done(a)
+    b = make_request(list(range(50, 58)), max_tokens=4)
+    engine.submit(b)
+    wait_done(b)
+    sink = sink_of(b)
+    assert sink.errors == [], sink.errors
+    assert sink.finish.reason == "length" and len(b.output_tokens) == 4
+    failed = [s for s in runner.steps if not s.ok]
+    assert len(failed) == 1 and isinstance(failed[0].error, DecodeError) and failed[0].error.code == 1
+    retried = runner.steps[failed[0].index]  # the next execute call
+    assert retried.ok and retried.items == failed[0].items, "the same work must be retried"
+    assert ("seq_rm", a.slot, 0) in runner.ops
+    settle(engine)
+    assert sched.slots[a.slot].tokens == []
+    check_scheduler(sched, runner)
+
+
+def test_decode_error_no_cells_without_idle_caches_fails_503_and_serves_on(harness):
+    engine, sched, runner = harness(n_slots=2)
+    runner.fail_steps[1] = (DecodeError(1), False)
+    a = make_request([1, 2, 3], max_tokens=4)
+    engine.submit(a)
+    wait_done(a)
+    assert [e.status for e in sink_of(a).errors] == [503]
+    assert sink_of(a).finish is None
+    b = make_request([4, 5, 6], max_tokens=2)
+    engine.submit(b)
+    wait_done(b)
+    assert sink_of(b).finish.reason == "length"
+
+
+def test_decode_error_fails_only_the_requests_in_the_step(harness):
+    # budget 2: two decoders fill every step, so c's prefill is not in the failing step
+    engine, sched, runner = harness(start=False, n_slots=3, max_batch_tokens=2, max_ctx=32)
+    a = make_request([1], max_tokens=8)
+    b = make_request([2], max_tokens=8)
+    c = make_request([3, 4, 5], max_tokens=3)
+    for request in (a, b, c):
+        sched.add(request)  # before the thread starts: the first steps are deterministic
+    runner.fail_steps[2] = (DecodeError(-1), True)  # fails after writing part of the batch
+    engine.start()
+    wait_done(a, b, c)
+    failed = runner.steps[1]
+    assert not failed.ok and {i.request_id for i in failed.items} == {a.request_id, b.request_id}
+    for request in (a, b):
+        sink = sink_of(request)
+        assert [e.status for e in sink.errors] == [500]
+        assert "-1" in sink.errors[0].message
+        assert sink.finish is None
+        assert request.state is RequestState.FINISHED
+    assert sink_of(c).errors == [] and sink_of(c).finish.reason == "length"
+    d = make_request([1, 6], max_tokens=2)
+    engine.submit(d)
+    wait_done(d)
+    assert sink_of(d).finish.reason == "length"
+    assert d.cached_tokens == 0, "a slot whose KV was in an unknown state must not be reused"
+    settle(engine)
+    check_scheduler(sched, runner)  # the partial writes of the failed step were dropped
+
+
+def test_runner_exception_fails_the_step_and_serves_on(harness):
+    engine, sched, runner = harness()
+    runner.fail_steps[1] = (RuntimeError("sampler exploded"), False)
+    a = make_request([1, 2], max_tokens=3)
+    engine.submit(a)
+    wait_done(a)
+    assert [e.status for e in sink_of(a).errors] == [500]
+    b = make_request([3, 4], max_tokens=3)
+    engine.submit(b)
+    wait_done(b)
+    assert sink_of(b).finish.reason == "length"
+
+
+def test_exception_in_schedule_does_not_kill_the_thread(harness):
+    engine, sched, runner = harness(start=False)
+    schedule = sched.schedule
+    broken = threading.Event()
+
+    def schedule_once_broken():
+        if not broken.is_set():
+            broken.set()
+            raise RuntimeError("scheduler bug")
+        return schedule()
+
+    sched.schedule = schedule_once_broken
+    engine.start()
+    a = make_request([1, 2, 3], max_tokens=3)
+    engine.submit(a)
+    wait_done(a)
+    assert [e.status for e in sink_of(a).errors] == [500]
+    assert engine._thread.is_alive()
+    engine.call(lambda: 1 / 0)  # a failing inbox task must not kill it either
+    b = make_request([4, 5, 6], max_tokens=3)
+    engine.submit(b)
+    wait_done(b)
+    assert sink_of(b).finish.reason == "length"
+    assert engine._thread.is_alive()
+
+
+def test_failing_inbox_task_costs_no_request(harness):
+    engine, sched, runner = harness()
+    gate = Gate(2)
+    runner.hook = gate
+    a = make_request([1, 2, 3], max_tokens=4)
+    engine.submit(a)
+    gate.wait(2)
+    engine.call(lambda: 1 / 0)  # e.g. a compression result that fails to apply
+    gate.open(2)
+    wait_done(a)
+    assert sink_of(a).errors == []
+    assert sink_of(a).finish.reason == "length"
+
+
+def test_status_is_published(harness):
+    engine, sched, runner = harness()
+    a = make_request([1, 2, 3], max_tokens=3)
+    engine.submit(a)
+    wait_done(a)
+    b = make_request([1, 2, 3, 4], max_tokens=1)  # one more iteration publishes a's idle cache
+    engine.submit(b)
+    wait_done(b)
+    status = engine.status()
+    assert status["steps"] >= 4
+    assert status["kv_pages_total"] == sched.pool.n_pages
+
+
+def test_unexpected_start_request_error_does_not_leak_the_slot(harness):
+    engine, sched, runner = harness(n_slots=1)
+    runner.start_error = lambda request: RuntimeError("llama_sampler_init failed") if request.params.seed == 13 else None
+    a = make_request([1, 2, 3], max_tokens=3)
+    a.params.seed = 13
+    engine.submit(a)
+    wait_done(a)
+    assert [e.status for e in sink_of(a).errors] == [500]
+    b = make_request([4, 5, 6], max_tokens=3)
+    engine.submit(b)
+    assert sink_of(b).done.wait(1.0), "the only slot is still bound to the failed request"
+    assert sink_of(b).finish.reason == "length"

@@ -1,0 +1,746 @@
+"""Scheduler driven step by step over a mock runner that simulates llama.cpp's KV cells.
+
+After every admission and every step, `check_scheduler` (tests/mock_runner.py) verifies that each
+slot's KV sequence holds exactly `slot.tokens`, that the page refcounts match the slots holding
+them, and that no page stands for more than page_size distinct cells, so the page accounting
+never undercounts the cells in use. The mock KV has exactly the pool's cells, so an undercount
+also shows up as DecodeError(1).
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestState, TextEvent
+from pflash_plugin.engine.scheduler import AdmissionError, common_prefix
+
+try:
+    from .mock_runner import (
+        EOG,
+        check_scheduler,
+        default_piece,
+        idle_pages,
+        make_request,
+        make_scheduler,
+        run_until_idle,
+        sink_of,
+        step_once,
+    )
+except ImportError:
+    from mock_runner import (  # type: ignore[no-redef]
+        EOG,
+        check_scheduler,
+        default_piece,
+        idle_pages,
+        make_request,
+        make_scheduler,
+        run_until_idle,
+        sink_of,
+        step_once,
+    )
+
+
+def run_alone(sched, runner, prompt, max_tokens=4, **kw):
+    request = make_request(prompt, max_tokens, **kw)
+    sched.check(request)
+    sched.add(request)
+    run_until_idle(sched, runner)
+    return request
+
+
+# ---- check() --------------------------------------------------------------------------------
+def test_check_rejects_empty_prompt():
+    sched, _ = make_scheduler()
+    with pytest.raises(AdmissionError) as info:
+        sched.check(make_request([], 4))
+    assert info.value.status == 400
+    assert info.value.type == "invalid_request_error"
+
+
+def test_check_rejects_prompt_plus_max_tokens_over_max_ctx_naming_both():
+    sched, _ = make_scheduler(n_pages=64, max_ctx=80)
+    sched.check(make_request(list(range(37)), 43))  # exactly max_ctx is fine
+    with pytest.raises(AdmissionError) as info:
+        sched.check(make_request(list(range(37)), 44))
+    error = info.value
+    assert error.status == 400
+    assert error.type == "context_length_exceeded"
+    assert "37" in error.message and "44" in error.message and "80" in error.message
+
+
+def test_check_rejects_request_larger_than_the_pool():
+    sched, _ = make_scheduler(n_pages=4, page_size=4, max_ctx=1000)  # pool holds 16 tokens
+    sched.check(make_request(list(range(10)), 6))  # 16 tokens: fits exactly
+    with pytest.raises(AdmissionError) as info:
+        sched.check(make_request(list(range(10)), 7))
+    assert info.value.status == 400
+    assert "17" in info.value.message and "16" in info.value.message
+
+
+def test_check_rejects_when_the_queue_is_full():
+    sched, _ = make_scheduler(max_queue=2)
+    for _ in range(2):
+        request = make_request([1, 2], 2)
+        sched.check(request)
+        sched.add(request)
+    with pytest.raises(AdmissionError) as info:
+        sched.check(make_request([1, 2], 2))
+    assert info.value.status == 429
+    assert info.value.type == "rate_limit_exceeded"
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+# ---- batching ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_decoding", [1, 3])
+def test_long_prefill_never_stalls_decoding(n_decoding):
+    budget = 8
+    sched, runner = make_scheduler(
+        n_slots=n_decoding + 1, n_pages=64, page_size=4, max_batch_tokens=budget, max_ctx=128
+    )
+    decoders = [make_request([10 * (i + 1), 10 * (i + 1) + 1], max_tokens=60) for i in range(n_decoding)]
+    for request in decoders:
+        sched.add(request)
+    step_once(sched, runner)
+    assert all(len(r.output_tokens) == 1 for r in decoders)
+
+    long = make_request(list(range(100, 130)), max_tokens=2)  # 30 tokens > max_batch_tokens
+    sched.add(long)
+    chunks = []
+    while long.prefilling:
+        produced = [len(r.output_tokens) for r in decoders]
+        step_once(sched, runner)
+        record = runner.steps[-1]
+        for request in decoders:
+            item = record.for_request(request.request_id)
+            assert item is not None, "a running decode was left out of the step"
+            assert len(item.tokens) == 1 and item.wants_logits
+        assert [len(r.output_tokens) for r in decoders] == [n + 1 for n in produced]
+        chunk = record.for_request(long.request_id)
+        assert chunk is not None
+        chunks.append(chunk)
+        if long.prefilling:
+            assert long.output_tokens == []
+            assert sum(len(i.tokens) for i in record.items) == budget, "the chunk must fill the budget"
+
+    size = budget - n_decoding
+    expected = [size] * (30 // size) + ([30 % size] if 30 % size else [])
+    assert [len(c.tokens) for c in chunks] == expected
+    assert [c.start_pos for c in chunks] == [sum(expected[:i]) for i in range(len(expected))]
+    assert [t for c in chunks for t in c.tokens] == long.prompt_tokens
+    assert [c.wants_logits for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert len(long.output_tokens) == 1
+    run_until_idle(sched, runner)
+
+
+def test_chunked_prefill_positions_contiguous_and_first_token_after_last_chunk():
+    sched, runner = make_scheduler(max_batch_tokens=8)
+    request = make_request(list(range(1, 21)), max_tokens=3)
+    sched.add(request)
+    for start, length, last in [(0, 8, False), (8, 8, False), (16, 4, True)]:
+        step_once(sched, runner)
+        (item,) = runner.steps[-1].items
+        assert (item.start_pos, len(item.tokens), item.wants_logits) == (start, length, last)
+        assert list(item.tokens) == request.prompt_tokens[start : start + length]
+        if not last:
+            assert request.output_tokens == []
+            assert request.timings.first_token is None and request.timings.prefill_done is None
+            assert request.prefilling
+    assert len(request.output_tokens) == 1
+    assert request.timings.first_token is not None and request.timings.prefill_done is not None
+    assert not request.prefilling
+    run_until_idle(sched, runner)
+    items = runner.items_of(request.request_id)
+    assert [i.start_pos for i in items] == [0, 8, 16, 20, 21]
+    assert [i.tokens for i in items[3:]] == [(t,) for t in request.output_tokens[:2]]
+    assert sink_of(request).finish.reason == "length"
+
+
+def test_shortest_remaining_prefill_goes_first():
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=8, max_ctx=64)
+    long = make_request(list(range(100, 130)), max_tokens=2)
+    sched.add(long)
+    step_once(sched, runner)  # 8 of 30 prefilled
+    short = make_request([1, 2, 3], max_tokens=2)
+    sched.add(short)
+    step_once(sched, runner)
+    items = runner.steps[-1].items
+    assert [i.request_id for i in items] == [short.request_id, long.request_id]
+    assert (len(items[0].tokens), items[0].wants_logits) == (3, True)
+    assert (items[1].start_pos, len(items[1].tokens)) == (8, 5)
+    assert len(short.output_tokens) == 1
+    run_until_idle(sched, runner)
+
+
+def test_prefill_chunk_caps_a_prompt_only_while_others_are_active():
+    sched, runner = make_scheduler(
+        n_slots=2, n_pages=32, max_batch_tokens=16, max_ctx=64, prefill_chunk=4
+    )
+    alone = make_request(list(range(100, 120)), max_tokens=20)
+    sched.add(alone)
+    step_once(sched, runner)
+    assert [len(i.tokens) for i in runner.steps[-1].items] == [16], "alone, a prompt takes the budget"
+    step_once(sched, runner)
+    other = make_request(list(range(200, 212)), max_tokens=2)
+    sched.add(other)
+    while other.prefilling:
+        step_once(sched, runner)
+        record = runner.steps[-1]
+        assert record.for_request(alone.request_id) is not None
+    chunks = [len(i.tokens) for i in runner.items_of(other.request_id)]
+    assert chunks == [4, 4, 4]
+    run_until_idle(sched, runner)
+
+
+# ---- prefix reuse ----------------------------------------------------------------------------
+P = list(range(10, 20))
+
+
+@pytest.mark.parametrize(
+    "prompt, cached",
+    [
+        (P[:7] + [90, 91, 92], 7),
+        (P, 9),  # identical prompt: the last token must still run
+        (P[:5], 4),  # a prefix of the cache: at most len - 1
+        (P[:1], 0),
+    ],
+)
+def test_prefix_reuse_in_place(prompt, cached):
+    sched, runner = make_scheduler(n_slots=2, max_batch_tokens=16)
+    first = run_alone(sched, runner, P, max_tokens=3)
+    slot = sched.slots[first.slot]
+    assert slot.tokens == P + first.output_tokens[:2]
+    second = make_request(prompt, max_tokens=2)
+    sched.add(second)
+    step_once(sched, runner)
+    assert second.cached_tokens == cached
+    if cached:
+        assert second.slot == first.slot
+        assert ("seq_rm", first.slot, cached) in runner.ops
+    assert runner.ops_of("seq_cp") == []
+    (item,) = runner.items_of(second.request_id)
+    assert item.start_pos == cached
+    assert list(item.tokens) == prompt[cached:]
+    run_until_idle(sched, runner)
+    usage = sink_of(second).finish.usage
+    assert usage["prompt_tokens_details"]["cached_tokens"] == cached
+    assert usage["timings"]["cached_tokens"] == cached
+    assert usage["prompt_tokens"] == len(prompt)
+
+
+def test_prefix_reuse_includes_generated_tokens():
+    sched, runner = make_scheduler(n_slots=2, max_batch_tokens=16)
+    first = run_alone(sched, runner, P, max_tokens=4)
+    follow_up = P + first.output_tokens[:3] + [700, 701]  # a chat turn continuing the answer
+    second = make_request(follow_up, max_tokens=2)
+    sched.add(second)
+    step_once(sched, runner)
+    assert second.cached_tokens == len(P) + 3
+    assert list(runner.items_of(second.request_id)[0].tokens) == [700, 701]
+    run_until_idle(sched, runner)
+
+
+def test_prefix_reuse_skips_the_slot_without_the_prefix():
+    sched, runner = make_scheduler(n_slots=3, max_batch_tokens=16)
+    a = run_alone(sched, runner, [1, 2, 3, 4, 5, 6], max_tokens=2)
+    b = run_alone(sched, runner, P, max_tokens=2)
+    assert a.slot != b.slot
+    c = make_request(P[:8] + [99], max_tokens=2)
+    sched.add(c)
+    step_once(sched, runner)
+    assert (c.slot, c.cached_tokens) == (b.slot, 8)
+    assert sched.slots[a.slot].tokens[:6] == a.prompt_tokens, "an unrelated cache was destroyed"
+
+
+@pytest.mark.parametrize("reuse", [5, 8, 9])
+def test_prefix_reuse_from_busy_slot_through_seq_cp(reuse):
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, page_size=4, max_batch_tokens=16, max_ctx=64)
+    pool = sched.pool
+    a = make_request(P, max_tokens=20)  # 30 tokens: 8 pages
+    sched.add(a)
+    step_once(sched, runner)
+    step_once(sched, runner)
+    assert a.slot == 0 and not a.prefilling
+    used = pool.used_pages
+    b = make_request(P[:reuse] + [500, 501], max_tokens=5)
+    sched.add(b)
+    step_once(sched, runner)
+    assert b.slot == 1 and b.cached_tokens == reuse
+    assert runner.ops_of("seq_cp") == [("seq_cp", 0, 1, reuse)]
+    s0, s1 = sched.slots
+    n_shared = reuse // 4
+    assert s1.pages[:n_shared] == s0.pages[:n_shared]
+    assert all(pool.shared(p) for p in s0.pages[:n_shared])
+    assert not set(s1.pages[n_shared:]) & set(s0.pages), "only whole pages may be shared"
+    assert not any(pool.shared(p) for p in s0.pages[n_shared:])
+    assert pool.used_pages == used + pool.pages_for(b.reserve_tokens) - n_shared
+    item = runner.steps[-1].for_request(b.request_id)
+    assert (item.start_pos, list(item.tokens)) == (reuse, [500, 501])
+    assert runner.steps[-1].for_request(a.request_id) is not None, "the source kept decoding"
+    run_until_idle(sched, runner)
+    assert sink_of(a).finish.reason == sink_of(b).finish.reason == "length"
+    assert pool.used_pages == idle_pages(sched)
+
+
+def test_copy_on_write_of_a_shared_partial_page():
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, page_size=4, max_batch_tokens=16, max_ctx=64)
+    pool = sched.pool
+    a = make_request(P, max_tokens=20)
+    sched.add(a)
+    step_once(sched, runner)
+    step_once(sched, runner)
+    b = make_request(P[:9] + [500, 501], max_tokens=5)
+    sched.add(b)
+    run_until_idle(sched, runner)
+    s0, s1 = sched.slots
+    assert s0.pages[:2] == s1.pages[:2] and all(pool.shared(p) for p in s0.pages[:2])
+
+    # 6 tokens of reuse end inside page 1, which both caches share: it must not be written into
+    c = make_request(P[:6] + [700, 701], max_tokens=2)
+    sched.add(c)
+    step_once(sched, runner)
+    assert c.cached_tokens == 6
+    dst = sched.slots[c.slot]
+    other = sched.slots[1 - c.slot]
+    assert dst.pages[0] == other.pages[0] and pool.shared(other.pages[0])
+    assert other.pages[1] not in dst.pages, "the shared partial page was kept for writing"
+    assert not pool.shared(other.pages[1])
+    assert runner.ops_of("seq_cp") == [("seq_cp", 0, 1, 9)]
+    run_until_idle(sched, runner)
+    assert sink_of(c).finish.reason == "length"
+    assert pool.used_pages == idle_pages(sched)
+
+
+def test_in_place_reuse_keeps_an_unshared_partial_page():
+    sched, runner = make_scheduler(n_slots=1, page_size=4, max_batch_tokens=16)
+    a = run_alone(sched, runner, P, max_tokens=3)
+    before = list(sched.slots[0].pages)
+    b = make_request(P[:6] + [700], max_tokens=2)
+    sched.add(b)
+    step_once(sched, runner)
+    assert b.cached_tokens == 6
+    assert sched.slots[0].pages[:2] == before[:2]
+    assert sched.pool.used_pages == sched.pool.pages_for(b.reserve_tokens)
+    run_until_idle(sched, runner)
+
+
+# ---- pool pressure ---------------------------------------------------------------------------
+def test_full_pool_queues_and_admits_as_pages_free():
+    sched, runner = make_scheduler(n_slots=4, n_pages=6, page_size=4, max_batch_tokens=16, max_ctx=32)
+    requests = [make_request([100 * i + k for k in range(6)], max_tokens=6) for i in range(1, 7)]
+    for request in requests:  # each reserves 12 tokens = 3 pages: two fit at a time
+        sched.check(request)
+        sched.add(request)
+    most = 0
+    while sched.has_work:
+        step = step_once(sched, runner)
+        assert step.items
+        most = max(most, len(sched.running))
+        assert sched.pool.used_pages <= 6
+    assert most == 2
+    assert runner.started == [r.request_id for r in requests], "admission must stay FIFO"
+    for request in requests:
+        sink = sink_of(request)
+        assert sink.errors == []
+        assert sink.finish.reason == "length" and len(request.output_tokens) == 6
+
+
+def _three_caches():
+    sched, runner = make_scheduler(n_slots=3, n_pages=10, page_size=4, max_batch_tokens=16, max_ctx=40)
+    a = run_alone(sched, runner, list(range(1, 9)))
+    b = run_alone(sched, runner, list(range(101, 109)))
+    c = run_alone(sched, runner, list(range(201, 209)))
+    assert (a.slot, b.slot, c.slot) == (0, 1, 2)
+    assert sched.pool.used_pages == 9  # 11 tokens each
+    a2 = run_alone(sched, runner, a.prompt_tokens)  # A is now the most recently used cache
+    assert (a2.slot, a2.cached_tokens) == (0, 7)
+    assert sched.pool.used_pages == 9
+    return sched, runner, a, b, c
+
+
+def test_lru_eviction_spares_the_most_recently_used_cache():
+    sched, runner, a, b, c = _three_caches()
+    d = make_request(c.prompt_tokens + [900, 901, 902, 903], max_tokens=8)  # 5 pages, 2 reused
+    sched.add(d)
+    runner.ops.clear()
+    step_once(sched, runner)
+    assert (d.slot, d.cached_tokens) == (2, 8)
+    assert ("seq_rm", 1, 0) in runner.ops
+    assert sched.slots[1].tokens == [] and sched.slots[1].pages == []
+    assert runner.seq_tokens(1) == []
+    assert sched.slots[0].tokens[:8] == a.prompt_tokens, "the most recently used cache was evicted"
+    assert runner.seq_tokens(0) == sched.slots[0].tokens
+    run_until_idle(sched, runner)
+
+
+def test_lru_eviction_evicts_in_order_until_enough():
+    sched, runner, a, b, c = _three_caches()
+    d = make_request(c.prompt_tokens + [900, 901, 902, 903], max_tokens=20)  # 8 pages, 2 reused
+    sched.add(d)
+    runner.ops.clear()
+    step_once(sched, runner)
+    assert d.slot == 2 and d.cached_tokens == 8
+    evictions = [op for op in runner.ops if op[0] == "seq_rm" and op[2] == 0]
+    assert evictions == [("seq_rm", 1, 0), ("seq_rm", 0, 0)]
+    run_until_idle(sched, runner)
+
+
+def test_reuse_kept_for_a_request_that_needs_the_whole_pool():
+    sched, runner = make_scheduler(n_slots=2, n_pages=6, page_size=4, max_batch_tokens=32, max_ctx=24)
+    run_alone(sched, runner, list(range(1, 13)), max_tokens=4)  # cache: 15 tokens, 4 pages
+    other = run_alone(sched, runner, [300, 301], max_tokens=2)  # a second cache: 1 page
+    # shares 8 tokens with the first cache and needs all 6 pages: the other cache is evicted
+    b = make_request(list(range(1, 9)) + [500] * 8, max_tokens=8)
+    sched.add(b)
+    step_once(sched, runner)
+    assert b.state is RequestState.RUNNING
+    assert b.cached_tokens == 8
+    assert sched.slots[other.slot].tokens == []
+    assert sched.pool.used_pages == 6
+    run_until_idle(sched, runner)
+    assert sink_of(b).finish.reason == "length"
+
+
+# ---- cancel / fail -----------------------------------------------------------------------------
+def test_cancel_waiting_request():
+    sched, runner = make_scheduler(n_slots=1)
+    a = make_request([1, 2, 3], max_tokens=10)
+    b = make_request([4, 5, 6], max_tokens=3)
+    sched.add(a)
+    sched.add(b)
+    step_once(sched, runner)
+    assert b in sched.waiting and b.slot is None
+    used = sched.pool.used_pages
+    sched.finish(b, "cancelled")
+    assert b not in sched.waiting
+    assert (b.state, b.finish_reason) == (RequestState.FINISHED, "cancelled")
+    assert [type(e) for e in sink_of(b).events] == [FinishEvent]
+    assert sink_of(b).finish.reason == "cancelled"
+    assert sink_of(b).finish.usage["completion_tokens"] == 0
+    assert sched.pool.used_pages == used
+    sched.finish(b, "cancelled")  # a second cancel is a no-op
+    assert len(sink_of(b).events) == 1
+    run_until_idle(sched, runner)
+    assert b.request_id not in runner.started
+
+
+def test_cancel_running_request_frees_its_reservation():
+    sched, runner = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_batch_tokens=8)
+    pool = sched.pool
+    a = make_request(list(range(1, 11)), max_tokens=30)  # reserves 40 tokens = 10 pages
+    sched.add(a)
+    for _ in range(3):
+        step_once(sched, runner)
+    assert len(a.output_tokens) == 2 and pool.used_pages == 10
+    sched.finish(a, "cancelled")
+    slot = sched.slots[a.slot]
+    assert slot.request is None and a not in sched.running
+    assert slot.tokens == a.prompt_tokens + a.output_tokens[:1]
+    assert pool.used_pages == pool.pages_for(11) == idle_pages(sched)
+    assert ("end", a.slot) in runner.ops
+    sink = sink_of(a)
+    assert isinstance(sink.events[-1], FinishEvent) and sink.events[-1].reason == "cancelled"
+    assert sink.events[-1].usage["completion_tokens"] == 2
+    assert sink.text == "".join(default_piece(t).decode() for t in a.output_tokens)
+    check_scheduler(sched, runner)
+    # what was written stays a usable prefix cache
+    b = make_request(a.prompt_tokens, max_tokens=2)
+    sched.add(b)
+    step_once(sched, runner)
+    assert (b.slot, b.cached_tokens) == (a.slot, 9)
+    run_until_idle(sched, runner)
+
+
+def test_cancel_during_prefill_keeps_only_the_written_chunks():
+    sched, runner = make_scheduler(n_slots=1, n_pages=16, page_size=4, max_batch_tokens=8)
+    a = make_request(list(range(1, 21)), max_tokens=10)
+    sched.add(a)
+    step_once(sched, runner)
+    sched.finish(a, "cancelled")
+    assert sched.slots[0].tokens == a.prompt_tokens[:8]
+    assert sched.pool.used_pages == 2
+    assert sink_of(a).finish.reason == "cancelled"
+    assert sink_of(a).text == ""
+    check_scheduler(sched, runner)
+    assert not sched.has_work
+
+
+def test_fail_running_request_emits_error_and_frees():
+    sched, runner = make_scheduler()
+    a = make_request([1, 2, 3, 4, 5], max_tokens=20)
+    sched.add(a)
+    step_once(sched, runner)
+    step_once(sched, runner)
+    sched.fail(a, 503, "boom")
+    sink = sink_of(a)
+    assert sink.finish is None, "an error is not followed by a finish"
+    assert [(e.status, e.message) for e in sink.errors] == [(503, "boom")]
+    assert (a.state, a.finish_reason) == (RequestState.FINISHED, "error")
+    assert a not in sched.running and sched.slots[a.slot].request is None
+    assert sched.pool.used_pages == idle_pages(sched) == sched.pool.pages_for(6)
+    check_scheduler(sched, runner)
+
+
+def test_fail_waiting_request():
+    sched, runner = make_scheduler(n_slots=1)
+    a = make_request([1, 2], max_tokens=5)
+    b = make_request([3, 4], max_tokens=5)
+    sched.add(a)
+    sched.add(b)
+    step_once(sched, runner)
+    sched.fail(b, 500, "nope")
+    assert b not in sched.waiting
+    assert [type(e) for e in sink_of(b).events] == [ErrorEvent]
+    run_until_idle(sched, runner)
+    assert b.request_id not in runner.started
+
+
+@pytest.mark.parametrize("cached_prefix", [False, True])
+def test_start_request_value_error_fails_only_that_request(cached_prefix):
+    sched, runner = make_scheduler(n_slots=1, max_batch_tokens=16)
+    if cached_prefix:
+        run_alone(sched, runner, P, max_tokens=2)
+    bad = make_request(P + [1], max_tokens=3, grammar="bad")
+    good = make_request(P + [2], max_tokens=3)
+    sched.add(bad)
+    sched.add(good)
+    step_once(sched, runner)
+    errors = sink_of(bad).errors
+    assert [(e.status, e.type) for e in errors] == [(400, "invalid_request_error")]
+    assert "grammar" in errors[0].message
+    assert sink_of(bad).finish is None
+    assert (bad.state, bad.finish_reason) == (RequestState.FINISHED, "error")
+    assert bad not in sched.waiting and bad not in sched.running
+    assert good.state is RequestState.RUNNING and good.slot == 0
+    assert good.cached_tokens == (len(P) if cached_prefix else 0)
+    run_until_idle(sched, runner)
+    assert sink_of(good).finish.reason == "length"
+    assert sched.pool.used_pages == idle_pages(sched)
+
+
+# ---- stop conditions ---------------------------------------------------------------------------
+PIECES = {10: b"Hello", 11: b" wo", 12: b"rld", 13: b"!", 20: b"a", 21: b"b", 22: b"cX"}
+
+
+def piece(token: int) -> bytes:
+    return PIECES.get(token, default_piece(token))
+
+
+def scripted(tokens, max_tokens=10, stop=None, prompt=(1, 2, 3)):
+    sched, runner = make_scheduler(piece=piece)
+    request = make_request(list(prompt), max_tokens, stop=stop)
+    runner.scripts[request.request_id] = list(tokens)
+    sched.add(request)
+    run_until_idle(sched, runner)
+    return sched, runner, request, sink_of(request)
+
+
+def test_eog_stops_without_emitting_its_text():
+    sched, runner, request, sink = scripted([20, 21, EOG, 22])
+    assert sink.text == "ab"
+    assert "<EOS>" not in sink.text
+    assert sink.finish.reason == "stop"
+    assert request.output_tokens == [20, 21]  # like llama-cpp-python: the EOG is not a completion token
+    assert sink.text_tokens == [20, 21]
+    usage = sink.finish.usage
+    assert usage["prompt_tokens"] == 3
+    assert usage["completion_tokens"] == 2
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert sched.slots[0].tokens == [1, 2, 3, 20, 21], "the EOG token is never decoded"
+
+
+def test_eog_releases_text_held_for_a_stop_prefix():
+    _, _, _, sink = scripted([22, EOG], stop=["XYZ"])
+    assert sink.text == "cX"
+    assert sink.finish.reason == "stop"
+
+
+def test_stop_string_spanning_tokens_cuts_the_text():
+    sched, runner, request, sink = scripted([10, 11, 12, 13], stop=["world"])
+    assert sink.text == "Hello "
+    assert sink.finish.reason == "stop"
+    assert request.output_tokens == [10, 11, 12]
+    assert sink.finish.usage["completion_tokens"] == 3
+    assert [type(e) for e in sink.events][-1] is FinishEvent
+
+
+def test_stop_string_drops_an_incomplete_character_after_it():
+    PIECES[14] = b"rld\xe2\x82"  # the stop completes mid-token, a partial "€" follows
+    try:
+        _, _, request, sink = scripted([10, 11, 14, 13], stop=["world"])
+    finally:
+        del PIECES[14]
+    assert sink.text == "Hello "
+    assert sink.finish.reason == "stop"
+
+
+def test_max_tokens_finishes_with_length_and_flushes_held_text():
+    sched, runner, request, sink = scripted([20, 21, 22, 13], max_tokens=3, stop=["XYZ"])
+    assert sink.finish.reason == "length"
+    assert request.output_tokens == [20, 21, 22]
+    assert sink.text == "abcX"
+    assert sink.text_tokens == [20, 21, 22], "every token is reported with the text it produced"
+    usage = sink.finish.usage
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (3, 3, 6)
+    assert sched.slots[0].tokens == [1, 2, 3, 20, 21]
+
+
+def test_text_events_carry_their_tokens_across_utf8_splits():
+    euro = "€".encode()
+    pieces = {30: euro[:1], 31: euro[1:2], 32: euro[2:], 33: b"!"}
+    sched, runner = make_scheduler(piece=lambda t: pieces.get(t, default_piece(t)))
+    request = make_request([1, 2], max_tokens=4)
+    runner.scripts[request.request_id] = [30, 31, 32, 33]
+    sched.add(request)
+    run_until_idle(sched, runner)
+    texts = [(e.text, [t.token for t in e.tokens]) for e in sink_of(request).events if isinstance(e, TextEvent)]
+    assert texts == [("€", [30, 31, 32]), ("!", [33])]
+
+
+def test_usage_counts_the_client_prompt_not_the_compressed_prefill():
+    sched, runner = make_scheduler()
+    request = make_request(list(range(1, 11)), max_tokens=2, prefill=[1, 2, 9, 10])
+    sched.add(request)
+    run_until_idle(sched, runner)
+    usage = sink_of(request).finish.usage
+    assert usage["prompt_tokens"] == 10
+    assert usage["total_tokens"] == 12
+    assert sched.slots[0].tokens[:4] == [1, 2, 9, 10]
+    assert set(usage["timings"]) >= {"queue_ms", "prefill_ms", "ttft_ms", "decode_ms", "cached_tokens"}
+
+
+# ---- misc -------------------------------------------------------------------------------------
+def test_status_reports_slots_and_pages():
+    sched, runner = make_scheduler(n_slots=3, max_batch_tokens=4)
+    a = run_alone(sched, runner, [1, 2, 3], max_tokens=2)  # idle cache of 4 tokens
+    b = make_request([50, 51], max_tokens=5)
+    c = make_request(list(range(60, 70)), max_tokens=5)
+    sched.add(b)
+    sched.add(c)
+    step_once(sched, runner)
+    status = sched.status()
+    states = {s["request_id"]: s["state"] for s in status["slots"]}
+    assert states[b.request_id] == "decode" and states[c.request_id] == "prefill"
+    assert states[None] == "idle"
+    assert status["running"] == 2 and status["waiting"] == 0
+    assert status["kv_pages_used"] == sched.pool.used_pages
+    assert status["prefix_cache_tokens"] == len(a.prompt_tokens) + 1
+
+
+# ---- random load ------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed, page_size", [(1, 4), (2, 3), (3, 1), (4, 16)])
+def test_random_mixed_load_returns_to_idle(seed, page_size):
+    rng = random.Random(seed)
+    n_pages = 96 // page_size
+    sched, runner = make_scheduler(
+        n_slots=4,
+        n_pages=n_pages,
+        page_size=page_size,
+        max_batch_tokens=rng.choice([4, 8, 16]),
+        max_ctx=48,
+        max_queue=8,
+    )
+    bases = [[rng.randrange(1, 200) for _ in range(24)] for _ in range(4)]
+    requests = []
+    outcome: dict[int, str] = {}
+    target = 250
+    steps = 0
+    while len(requests) < target or sched.has_work:
+        if len(requests) < target and rng.random() < 0.5:
+            prompt = rng.choice(bases)[: rng.randint(0, 24)] + [
+                rng.randrange(200, 400) for _ in range(rng.randint(0, 6))
+            ]
+            request = make_request(
+                prompt or [1],
+                rng.randint(1, 16),
+                stop=["<7>"] if rng.random() < 0.1 else None,
+                grammar="bad" if rng.random() < 0.03 else None,
+            )
+            if rng.random() < 0.1:
+                runner.scripts[request.request_id] = [rng.randrange(50) for _ in range(rng.randint(0, 3))] + [EOG]
+            try:
+                sched.check(request)
+            except AdmissionError as error:
+                assert error.status == 429
+            else:
+                sched.add(request)
+                requests.append(request)
+        live = [r for r in requests if r.state is not RequestState.FINISHED]
+        roll = rng.random()
+        if live and roll < 0.06:
+            victim = rng.choice(live)
+            outcome[victim.request_id] = "cancelled"
+            sched.finish(victim, "cancelled")
+        elif live and roll < 0.08:
+            victim = rng.choice(live)
+            outcome[victim.request_id] = "failed"
+            sched.fail(victim, 500, "random failure")
+        step = step_once(sched, runner)
+        assert step.items or not sched.has_work, "work left but nothing scheduled"
+        steps += 1
+        assert steps < 20_000
+
+    for request in requests:
+        sink = sink_of(request)
+        assert len(sink.terminal) == 1, f"request {request.request_id}: {sink.events}"
+        assert request.state is RequestState.FINISHED
+        expected = outcome.get(request.request_id)
+        if request.params.grammar == "bad" and expected is None:
+            assert sink.errors[0].status == 400
+        elif expected == "failed":
+            assert sink.errors and sink.errors[0].status == 500
+        elif expected == "cancelled":
+            assert sink.finish.reason == "cancelled"
+        else:
+            assert sink.finish.reason in ("stop", "length")
+            if sink.finish.reason == "length":
+                assert len(request.output_tokens) == request.params.max_tokens
+            assert sink.finish.usage["completion_tokens"] == len(request.output_tokens)
+
+    assert not sched.running and not sched.waiting
+    check_scheduler(sched, runner)
+    for slot in sched.slots:
+        assert len(slot.pages) == sched.pool.pages_for(len(slot.tokens))
+    assert sched.pool.used_pages == idle_pages(sched)
+    assert sum(r.cached_tokens for r in requests) > 0, "the load never reused a prefix"
+    assert runner.ops_of("seq_cp"), "the load never copied a prefix between slots"
+    assert sched.evict_idle() >= 0
+    assert sched.pool.used_pages == 0 and runner.cells_used == 0
+
+
+# ---- regressions found in review -----------------------------------------------------------------
+def test_finish_between_schedule_and_update_leaves_no_unaccounted_cells():
+    sched, runner = make_scheduler(n_slots=2, n_pages=8, page_size=4, max_batch_tokens=8)
+    a = make_request(list(range(1, 21)), max_tokens=4)
+    sched.add(a)
+    step = sched.schedule()  # first chunk: 8 tokens, no logits
+    sched.finish(a, "cancelled")  # e.g. a cancel handled while the step is in flight
+    runner.require_active = False  # the real runner decodes a no-logits chunk without a sampler
+    # between execute and update the cells are ahead of the pages: check only once update ran
+    runner.pool, pool, runner.check_every_step = None, runner.pool, False
+    outputs = runner.execute(step)
+    sched.update(step, outputs)
+    runner.pool = pool
+    check_scheduler(sched, runner)
+
+
+def test_new_request_takes_an_empty_slot_before_destroying_a_cache():
+    sched, runner = make_scheduler(n_slots=2, n_pages=16, max_batch_tokens=16)
+    a = run_alone(sched, runner, P, max_tokens=3)
+    assert a.slot == 0
+    b = make_request([300, 301, 302], max_tokens=10)
+    sched.add(b)
+    step_once(sched, runner)
+    assert b.slot == 1
+    sched.fail(b, 500, "llama_decode returned -1")  # what Engine._fail_step does
+    sched.drop_kv(b)
+    assert sched.slots[1].tokens == []
+    c = make_request([400, 401, 402], max_tokens=2)
+    sched.add(c)
+    step_once(sched, runner)
+    assert sched.slots[0].tokens[: len(P)] == P, "A's cache was destroyed while slot 1 was empty"
