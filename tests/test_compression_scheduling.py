@@ -1,0 +1,219 @@
+"""PFlash under concurrent serving: hand-off to the compression thread, resume, cancel, routing."""
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from pflash_plugin.engine.engine import Engine
+from pflash_plugin.engine.request import RequestState
+from pflash_plugin.engine.scheduler import AdmissionError
+from pflash_plugin.llama import Model
+from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
+from pflash_plugin.pflash.drafter import Drafter
+from pflash_plugin.pflash.query import plan_query
+from pflash_plugin.testing import cached_tiny_llama
+
+try:
+    from .mock_runner import check_scheduler, make_request, make_scheduler, run_until_idle, sink_of, step_once
+except ImportError:
+    from mock_runner import check_scheduler, make_request, make_scheduler, run_until_idle, sink_of, step_once  # type: ignore[no-redef]
+
+TIMEOUT = 5.0
+LONG = list(range(1, 41))
+
+
+def job() -> SimpleNamespace:
+    return SimpleNamespace(cancelled=threading.Event(), progress=0)
+
+
+def long_request(prompt=LONG, max_tokens: int = 3):
+    request = make_request(prompt, max_tokens=max_tokens)
+    request.compression = job()
+    return request
+
+
+class FakeCompressor:
+    """The engine's compression service, delivering only when the test says so."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[object, object]] = []
+        self.submitted = threading.Semaphore(0)
+
+    def submit(self, job, deliver) -> None:
+        self.jobs.append((job, deliver))
+        self.submitted.release()
+
+    def deliver(self, index: int, tokens: list[int], report: dict | None = None) -> None:
+        _, deliver = self.jobs[index]
+        deliver(SimpleNamespace(tokens=tokens, report=report or {"status": "compressed", "kept_tokens": len(tokens)}))
+
+
+def test_long_prompt_is_served_compressed_and_reports_the_client_prompt():
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=16)
+    handed = []
+    sched.handoff = handed.append
+    request = long_request()
+    sched.add(request)
+    assert not sched.schedule().items  # handed off, nothing to prefill yet
+    assert handed == [request] and request.state is RequestState.COMPRESSING
+    assert sched.status()["compressing"][0]["prompt_tokens"] == 40
+    sched.resume(request, LONG[:4] + LONG[-6:], {"status": "compressed", "kept_tokens": 10})
+    run_until_idle(sched, runner)
+    usage = sink_of(request).finish.usage
+    assert usage["prompt_tokens"] == 40 and usage["timings"]["pflash"]["kept_tokens"] == 10
+    assert sched.slots[request.slot].tokens[:10] == LONG[:4] + LONG[-6:]  # the compressed prompt was prefilled
+    check_scheduler(sched, runner)
+
+
+def test_prepared_requests_go_ahead_of_new_arrivals_in_arrival_order():
+    sched, runner = make_scheduler(n_slots=1, n_pages=64, max_batch_tokens=16)
+    sched.handoff = lambda r: None
+    first, second = long_request(LONG), long_request([50 + i for i in range(40)])
+    sched.add(first), sched.add(second)
+    sched.schedule()
+    newcomer = make_request([7, 8, 9])
+    sched.add(newcomer)
+    sched.resume(first, LONG[:8], {"status": "compressed"})
+    sched.resume(second, [50, 51, 52], {"status": "compressed"})
+    assert list(sched.waiting)[:3] == [first, second, newcomer]
+
+
+def test_cached_prefix_skips_compression():
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=64)
+    handed = []
+    sched.handoff = handed.append
+    sched.add(make_request(LONG, max_tokens=2))
+    run_until_idle(sched, runner)
+    again = long_request(LONG + [99])
+    sched.add(again)
+    run_until_idle(sched, runner)
+    assert handed == [] and again.pflash["status"] == "skipped" and "cached" in again.pflash["reason"]
+    assert sink_of(again).finish.usage["prompt_tokens_details"]["cached_tokens"] == 40
+
+
+def test_queue_limit_counts_prompts_in_compression():
+    sched, runner = make_scheduler(n_slots=1, max_queue=1)
+    sched.handoff = lambda r: None
+    sched.add(long_request())
+    sched.schedule()
+    with pytest.raises(AdmissionError) as error:
+        sched.check(make_request([1, 2]))
+    assert error.value.status == 429
+
+
+@pytest.fixture
+def engine_with_fake():
+    engines = []
+
+    def build(**kw):
+        sched, runner = make_scheduler(**kw)
+        fake = FakeCompressor()
+        engine = Engine(sched, runner, name="test", compressor=fake)
+        engine.start()
+        engines.append(engine)
+        return engine, sched, fake
+
+    yield build
+    for engine in engines:
+        engine.stop()
+
+
+def test_decoding_chat_keeps_stepping_while_a_prompt_is_scored(engine_with_fake):
+    engine, sched, fake = engine_with_fake(n_slots=2, n_pages=64, max_batch_tokens=16, max_ctx=128)
+    long = long_request()
+    engine.submit(long)
+    assert fake.submitted.acquire(timeout=TIMEOUT)
+    chat = make_request([5, 6, 7], max_tokens=30)
+    engine.submit(chat)
+    assert sink_of(chat).done.wait(TIMEOUT), "the chat did not finish while the drafter scored"
+    assert sink_of(chat).finish.usage["completion_tokens"] == 30
+    assert long.state is RequestState.COMPRESSING and not sink_of(long).events
+    fake.deliver(0, LONG[-8:])
+    assert sink_of(long).done.wait(TIMEOUT)
+    assert sink_of(long).finish.usage["prompt_tokens"] == 40
+
+
+def test_two_long_prompts_arriving_together_are_both_compressed(engine_with_fake):
+    engine, sched, fake = engine_with_fake(n_slots=2, n_pages=64, max_batch_tokens=16, max_ctx=128)
+    a, b = long_request(LONG), long_request([60 + i for i in range(40)])
+    engine.submit(a), engine.submit(b)
+    assert fake.submitted.acquire(timeout=TIMEOUT) and fake.submitted.acquire(timeout=TIMEOUT)
+    assert [j for j, _ in fake.jobs] == [a.compression, b.compression]
+    fake.deliver(1, [60, 61, 62, 99])
+    fake.deliver(0, [1, 2, 3, 40])
+    assert sink_of(a).done.wait(TIMEOUT) and sink_of(b).done.wait(TIMEOUT)
+    assert {a.pflash["status"], b.pflash["status"]} == {"compressed"}
+
+
+def test_cancelled_request_stops_its_compression(engine_with_fake):
+    engine, sched, fake = engine_with_fake(n_slots=1, n_pages=64, max_batch_tokens=16, max_ctx=128)
+    request = long_request()
+    engine.submit(request)
+    assert fake.submitted.acquire(timeout=TIMEOUT)
+    engine.cancel(request)
+    assert sink_of(request).done.wait(TIMEOUT)
+    assert sink_of(request).finish.reason == "cancelled"
+    job_, _ = fake.jobs[0]
+    assert job_.cancelled.is_set()  # the worker stops scoring at its next chunk
+    fake.deliver(0, LONG[:4])  # a late result is dropped, no slot is taken
+    follow = make_request([1, 2, 3], max_tokens=2)
+    engine.submit(follow)
+    assert sink_of(follow).done.wait(TIMEOUT)
+    assert len(sink_of(request).terminal) == 1 and request.slot is None
+
+
+def test_worker_stops_drafting_a_cancelled_job():
+    model = Model(cached_tiny_llama())
+    tokens = model.tokenize("word " * 600)[:600]
+    job_ = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.25)
+
+    class CancelledAfterOneChunk(Drafter):
+        def run(self, toks, should_stop, progress):
+            return super().run(toks, should_stop, lambda done: (progress(done), job_.cancelled.set()))
+
+    compressor = Compressor(PflashConfig(), model.piece, lambda: CancelledAfterOneChunk(model, [0], 1024, n_batch=64), persistent=False)
+    worker = CompressionWorker(compressor)
+    delivered = []
+    done = threading.Event()
+    worker.submit(job_, lambda result: (delivered.append(result), done.set()))
+    follow = CompressionJob(tokens[:100], plan_query([model.piece(t) for t in tokens[:100]], 8), 0.5)
+    worker.submit(follow, lambda result: (delivered.append(result), done.set()))
+    assert done.wait(TIMEOUT)
+    worker.stop()
+    assert job_.progress == 64  # one chunk of 64, then it stopped
+    assert len(delivered) == 1 and delivered[0].report["original_tokens"] == 100  # the thread lives on
+
+
+def test_scored_prompt_waits_for_its_model_even_when_the_queue_is_full():
+    sched, runner = make_scheduler(n_slots=1, max_queue=1)
+    sched.handoff = lambda r: None
+    long = long_request()
+    sched.add(long)
+    sched.schedule()
+    sched.add(make_request([1, 2]))  # the queue is now full for new arrivals
+    sched.resume(long, LONG[:6], {"status": "compressed"})
+    assert long in sched.waiting  # never scored twice, never answered 429 after scoring
+    run_until_idle(sched, runner)
+    assert sink_of(long).finish.reason == "length"
+
+
+def test_routed_long_prompt_is_compressed_by_its_model(tiny_model, tmp_path):
+    from conftest import live_server
+    from pflash_plugin.testing import write_tiny_llama
+
+    other = write_tiny_llama(tmp_path / "b.gguf", seed=9)
+    pflash = {"pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4, "pflash_segment_max": 16}
+    models = [
+        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 1024, "max_concurrency": 1, "n_threads": 1},
+        {"model": str(other), "model_alias": "b", "n_ctx": 1024, "max_concurrency": 1, "max_queue": 1, "n_threads": 1, **pflash},
+    ]
+    prompt = " ".join(f"note {i}: the bridge opens at dawn." for i in range(25)) + " When does it open?"
+    with live_server(models) as server, server.client(timeout=120) as client:
+        short = client.post("/v1/completions", json={"prompt": "hi", "model": "a", "max_tokens": 2}).json()
+        assert "pflash" not in short["usage"]["timings"]
+        reply = client.post("/v1/completions", json={"prompt": prompt, "model": "b", "max_tokens": 4}).json()
+    report = reply["usage"]["timings"]["pflash"]
+    assert reply["model"] == "b" and report["status"] == "compressed"
+    assert reply["usage"]["prompt_tokens"] == report["original_tokens"] > 3 * report["kept_tokens"] * 0.9
