@@ -309,3 +309,40 @@ def test_unexpected_start_request_error_does_not_leak_the_slot(harness):
     engine.submit(b)
     assert sink_of(b).done.wait(1.0), "the only slot is still bound to the failed request"
     assert sink_of(b).finish.reason == "length"
+
+
+def test_a_long_solo_prefill_step_is_preempted_for_a_newcomer(harness):
+    """The runner polls the abort callback like llama.cpp does mid-graph; a newcomer aborts the
+    solo long step, which is rolled back and redone after the newcomer's first token."""
+    engine, sched, runner = harness(start=False, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128, prefill_chunk=4)
+    polls: list = []
+    runner.set_abort = polls.append
+    engine.__init__(sched, runner, name="test")  # wire the abort callback into the runner
+    in_long_step, aborted = threading.Event(), threading.Event()
+    long = make_request(list(range(100, 160)), max_tokens=2)
+    original_execute = runner.execute
+
+    def execute(step):
+        if any(i.request is long and len(i.tokens) == 32 for i in step.items) and not aborted.is_set():
+            in_long_step.set()
+            for _ in range(1000):  # "computing" (up to 1 s) until llama.cpp's abort poll says stop
+                if polls[0]():
+                    aborted.set()
+                    raise DecodeError(2)
+                threading.Event().wait(0.001)
+        return original_execute(step)
+
+    runner.execute = execute
+    engine.start()
+    engine.submit(long)
+    assert in_long_step.wait(TIMEOUT)
+    short = make_request([1, 2, 3], max_tokens=1)
+    engine.submit(short)
+    wait_done(short, long)
+    settle(engine)
+    assert aborted.is_set()
+    first_short = next(r.index for r in runner.steps if r.for_request(short.request_id))
+    long_logits = next(r.index for r in runner.steps if (i := r.for_request(long.request_id)) and i.wants_logits)
+    assert first_short < long_logits  # the newcomer did not wait for the long prefill
+    assert sink_of(long).finish.reason == "length"
+    check_scheduler(sched, runner)

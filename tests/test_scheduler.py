@@ -170,10 +170,14 @@ def test_shortest_remaining_prefill_goes_first():
     sched.add(short)
     step_once(sched, runner)
     items = runner.steps[-1].items
-    assert [i.request_id for i in items] == [short.request_id, long.request_id]
+    # the short prompt finishes its prefill this step; no long chunk rides along to delay it
+    assert [i.request_id for i in items] == [short.request_id]
     assert (len(items[0].tokens), items[0].wants_logits) == (3, True)
-    assert (items[1].start_pos, len(items[1].tokens)) == (8, 5)
     assert len(short.output_tokens) == 1
+    step_once(sched, runner)
+    items = runner.steps[-1].items
+    assert [i.request_id for i in items] == [short.request_id, long.request_id]
+    assert (items[1].start_pos, len(items[1].tokens)) == (8, 7)  # then the long one resumes
     run_until_idle(sched, runner)
 
 

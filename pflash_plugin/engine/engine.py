@@ -32,6 +32,12 @@ class Engine:
         self._status_lock = threading.Lock()
         self.steps = 0
         self._aborts = 0  # consecutive aborted decodes
+        # a step that prefills one long prompt alone is preempted when a message arrives, so a
+        # newcomer does not wait for the whole step (the next step caps that prompt's chunk)
+        self._preemptible = False
+        self._arrival = threading.Event()
+        if hasattr(runner, "set_abort"):
+            runner.set_abort(lambda: self._preemptible and self._arrival.is_set())
         self._thread = threading.Thread(target=self._loop, name=f"pflash-{name}", daemon=True)
 
     def start(self) -> None:
@@ -70,6 +76,7 @@ class Engine:
     def _post(self, fn: Callable[[], None]) -> None:
         self._inbox.put(fn)
         self._wake.set()
+        self._arrival.set()
 
     def _admit_checked(self, request: Request) -> None:
         if request.cancelled:
@@ -104,6 +111,7 @@ class Engine:
                     self.scheduler.drop_kv(request)
 
     def _iterate(self) -> None:
+        self._arrival.clear()
         self._drain_inbox()
         step = self.scheduler.schedule() if self.scheduler.has_work else Step([])
         self._publish_status()
@@ -115,15 +123,21 @@ class Engine:
         self.steps += 1
 
     def _run(self, step: Step) -> None:
+        self._preemptible = self.scheduler.preemptible(step)
         try:
             outputs = self.runner.execute(step)
         except DecodeError as error:
-            self._on_decode_error(step, error)
+            if error.code == 2 and self._preemptible and self._arrival.is_set():
+                self.scheduler.rollback(step)  # preempted for a newcomer: redo with it next step
+            else:
+                self._on_decode_error(step, error)
             return
         except Exception as error:  # sampling or anything else: fail this step's requests only
             log.exception("engine %s: step failed", self.name)
             self._fail_step(step, 500, f"internal error: {error}")
             return
+        finally:
+            self._preemptible = False
         self._aborts = 0
         self.scheduler.update(step, outputs)
 
@@ -132,7 +146,8 @@ class Engine:
             return  # nothing was written; retry the same work next step with the caches freed
         if error.code == 2 and self._aborts < 3:
             self._aborts += 1
-            return  # aborted: nothing of the failed ubatch stays, retry the step
+            self.scheduler.rollback(step)
+            return  # aborted: retry the step
         log.error("engine %s: %s", self.name, error)
         self._fail_step(step, 503 if error.code == 1 else 500, str(error))
 

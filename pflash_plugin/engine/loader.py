@@ -33,42 +33,68 @@ class EngineConfig:
     use_mlock: bool = False
     verbose: bool = False
 
-    @property
-    def pool_tokens(self) -> int:
-        tokens = self.kv_pool_tokens or self.n_slots * self.max_ctx
-        return -(-tokens // self.page_size) * self.page_size
+
+class MemoryReserveError(ValueError):
+    """The KV pool would not leave the drafter's reserve free."""
 
 
-def load_engine(
-    model_path: str | os.PathLike,
-    config: EngineConfig,
-    name: str = "engine",
-    compressor: Callable[[Model], Any] | None = None,
-) -> tuple[Model, Engine]:
-    """Load, build and start. `compressor(model)` may return the engine's compression service."""
-    model = Model(
-        model_path,
-        n_gpu_layers=config.n_gpu_layers,
-        use_mmap=config.use_mmap,
-        use_mlock=config.use_mlock,
-        verbose=config.verbose,
-    )
-    if config.n_slots > config.n_batch:
-        raise ValueError(f"max_concurrency ({config.n_slots}) cannot exceed n_batch ({config.n_batch}): "
-                         "every decoding slot needs one token of each step")
+def pool_tokens(config: EngineConfig, kv_per_token: int, reserve_bytes: int, available: int | None) -> int:
+    """KV pool size in tokens (whole pages). Without a reserve: the configured or automatic size.
+    With one: the automatic size shrinks to what leaves the reserve free, and an explicit size
+    that does not leave it free is refused, saying how many tokens fit."""
+    assert config.max_ctx is not None
+    page = config.page_size
+    wanted = config.kv_pool_tokens or config.n_slots * config.max_ctx
+    if reserve_bytes <= 0 or available is None:
+        return -(-wanted // page) * page
+    fit = max((available - reserve_bytes) // kv_per_token, 0) // page * page
+    mib = reserve_bytes / 2**20
+    if config.kv_pool_tokens and config.kv_pool_tokens > fit:
+        raise MemoryReserveError(
+            f"--kv_pool_tokens {config.kv_pool_tokens} does not leave the PFlash drafter's reserve "
+            f"({mib:.0f} MiB) free: at most {fit} tokens fit in {available / 2**20:.0f} MiB available"
+        )
+    if fit < config.max_ctx:
+        raise MemoryReserveError(
+            f"with the PFlash drafter's reserve ({mib:.0f} MiB) only {fit} KV tokens fit, less than "
+            f"max_ctx ({config.max_ctx}): lower --max_ctx or turn PFlash off"
+        )
+    return min(-(-wanted // page) * page, fit)
+
+
+def load_model(path: str | os.PathLike, config: EngineConfig) -> Model:
+    model = Model(path, n_gpu_layers=config.n_gpu_layers, use_mmap=config.use_mmap,
+                  use_mlock=config.use_mlock, verbose=config.verbose)
     if config.max_ctx is None:
         config.max_ctx = model.n_ctx_train
     if config.max_ctx > model.n_ctx_train:
-        raise ValueError(
-            f"max_ctx {config.max_ctx} exceeds the model's training context {model.n_ctx_train}"
-        )
+        raise ValueError(f"max_ctx {config.max_ctx} exceeds the model's training context {model.n_ctx_train}")
+    if config.n_slots > config.n_batch:
+        raise ValueError(f"max_concurrency ({config.n_slots}) cannot exceed n_batch ({config.n_batch}): "
+                         "every decoding slot needs one token of each step")
+    return model
+
+
+def build_engine(
+    model: Model,
+    config: EngineConfig,
+    name: str = "engine",
+    compressor: Any = None,
+    reserve_bytes: int = 0,
+    available_bytes: int | None = None,
+) -> Engine:
+    """Context sized for the slots (leaving `reserve_bytes` of `available_bytes` free), pool,
+    scheduler, runner; the engine thread is started."""
+    assert config.max_ctx is not None
+    tokens = pool_tokens(config, model.kv_bytes_per_token(), reserve_bytes, available_bytes)
     ctx = Context(
         model,
         ContextConfig(
-            n_ctx=config.pool_tokens,
+            n_ctx=tokens,
             n_batch=config.n_batch,
             n_ubatch=config.n_ubatch,
             n_seq_max=config.n_slots,
+            n_outputs_max=config.n_slots,  # one logits row per slot per step (saves n_batch x n_vocab floats)
             n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch,
             flash_attn=config.flash_attn,
@@ -80,7 +106,7 @@ def load_engine(
     runner = LlamaRunner(model, ctx)
     scheduler = Scheduler(
         runner,
-        PagePool(config.pool_tokens // config.page_size, config.page_size),
+        PagePool(tokens // config.page_size, config.page_size),
         n_slots=config.n_slots,
         max_batch_tokens=config.n_batch,
         max_ctx=config.max_ctx,
@@ -89,6 +115,11 @@ def load_engine(
         is_eog=model.is_eog,
         prefill_chunk=config.prefill_chunk,
     )
-    engine = Engine(scheduler, runner, name=name, compressor=compressor(model) if compressor else None)
+    engine = Engine(scheduler, runner, name=name, compressor=compressor)
     engine.start()
-    return model, engine
+    return engine
+
+
+def load_engine(model_path: str | os.PathLike, config: EngineConfig, name: str = "engine") -> tuple[Model, Engine]:
+    model = load_model(model_path, config)
+    return model, build_engine(model, config, name)

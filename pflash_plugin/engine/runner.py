@@ -49,6 +49,9 @@ class LlamaRunner:
             sampler.close()
         self._logprobs.pop(slot, None)
 
+    def set_abort(self, should_abort) -> None:
+        self.ctx.set_abort(should_abort)
+
     # ---- stepping --------------------------------------------------------------------------
     def execute(self, step: Step) -> dict[int, TokenOutput]:
         """One llama_decode for the whole step, then one sample per slot that asked for logits.

@@ -284,17 +284,31 @@ class Scheduler:
             (r for r in self.running if r.prefilling), key=lambda r: len(r.prefill_tokens) - r.n_prefilled
         )
         busy = len(self.running) > 1
+        cap = self.prefill_chunk if busy and self.prefill_chunk else budget
+        finishing = [r for r in prefilling if len(r.prefill_tokens) - r.n_prefilled <= min(cap, budget)]
+        if finishing:
+            prefilling = finishing  # their first tokens come first: a long chunk would delay them
         for request in prefilling:
             if budget > 0:
                 start = request.n_prefilled
-                n = min(budget, len(request.prefill_tokens) - start)
-                if busy and self.prefill_chunk:
-                    n = min(n, self.prefill_chunk)
+                n = min(budget, cap, len(request.prefill_tokens) - start)
                 chunk = request.prefill_tokens[start : start + n]
                 done = start + n == len(request.prefill_tokens)
                 items.append(BatchItem(request, chunk, len(self.slots[request.slot].tokens), done))
                 budget -= n
         return Step(items)
+
+    def preemptible(self, step: Step) -> bool:
+        """A step worth aborting for a newcomer: one prompt prefilling alone in a chunk bigger
+        than a newcomer would have to wait for (with others active it would be capped)."""
+        return self.prefill_chunk is not None and len(step.items) == 1 and len(step.items[0].tokens) > self.prefill_chunk
+
+    def rollback(self, step: Step) -> None:
+        """A decode was aborted: drop whatever it wrote past each slot's known tokens (earlier
+        ubatches of a multi-ubatch step may have landed) so the step can be redone."""
+        for item in step.items:
+            slot = self.slots[item.request.slot]
+            self.kv.seq_rm(slot.index, len(slot.tokens))
 
     def update(self, step: Step, outputs: dict[int, TokenOutput]) -> None:
         """Apply a successful decode: extend the slots, take the sampled tokens, finish some."""

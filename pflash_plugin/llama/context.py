@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import llama_cpp.llama_cpp as C
@@ -27,6 +27,7 @@ class ContextConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     n_seq_max: int = 1
+    n_outputs_max: int = 0  # logits rows per ubatch (0: n_batch); sizes the output buffers
     n_threads: int = 0  # 0: llama.cpp's default
     n_threads_batch: int = 0
     kv_unified: bool = True
@@ -47,6 +48,7 @@ class Context:
         params.n_batch = config.n_batch
         params.n_ubatch = min(config.n_ubatch, config.n_batch)
         params.n_seq_max = config.n_seq_max
+        params.n_outputs_max = config.n_outputs_max
         if config.n_threads > 0:
             params.n_threads = config.n_threads
         if config.n_threads_batch > 0:
@@ -88,6 +90,12 @@ class Context:
 
     def __del__(self) -> None:
         self.close()
+
+    def set_abort(self, should_abort: Callable[[], bool]) -> None:
+        """llama.cpp polls this while it computes; True aborts the decode (code 2), dropping the
+        ubatch being computed. Kept referenced: llama.cpp holds only the C pointer."""
+        self._abort = C.ggml_abort_callback(lambda _data: bool(should_abort()))
+        C.llama_set_abort_callback(self.ptr, self._abort, None)
 
     def decode(self, batch: Batch) -> None:
         if batch.n_tokens > self.n_batch:

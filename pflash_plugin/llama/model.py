@@ -73,6 +73,10 @@ class Model:
         raw = C.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8") if raw else None
 
+    def kv_bytes_per_token(self) -> int:
+        """f16 K and V of every layer: what one token costs in a full-size (swa_full) KV cache."""
+        return self.n_layer * self.n_head_kv * self.head_dim() * 2 * 2
+
     def head_dim(self) -> int:
         key = self.meta(f"{self.architecture}.attention.key_length")
         return int(key) if key else self.n_embd // self.n_head

@@ -107,6 +107,7 @@ class Drafter:
                 n_threads_batch=n_threads,
                 swa_full=True,
                 flash_attn=True,
+                n_outputs_max=1,  # the drafter reads no logits
             ),
             eval_callback=self.capture.callback,
         )

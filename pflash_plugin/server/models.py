@@ -10,13 +10,14 @@ from llama_cpp import llama_chat_format
 
 from ..engine.embedder import Embedder
 from ..engine.engine import Engine
-from ..engine.loader import EngineConfig, load_engine
+from ..engine.loader import EngineConfig, build_engine, load_model
 from ..engine.request import Request
 from ..llama import Model
 from ..pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import Drafter, check_vocab, scoring_layers
 from ..pflash.policy import skip_reason
 from ..pflash.query import plan_query
+from ..pflash.reserve import available_memory_bytes, drafter_reserve
 from ..pflash.selection import KeepCurve
 from .protocol import PflashOverride, RequestError
 from .settings import ModelSettings
@@ -90,10 +91,19 @@ class ServedModel:
         self.config = engine_config(settings)
         self.pflash = pflash_config(settings)
         self.compression: CompressionWorker | None = None
-        self.model, self.engine = load_engine(
-            path, self.config, name=self.name,
-            compressor=self._start_compression if settings.pflash != "off" else None,
-        )
+        self.model = load_model(path, self.config)
+        reserve, available = 0, None
+        if settings.pflash != "off":
+            self.compression, reserve = self._start_compression(self.model)
+            if settings.n_gpu_layers == 0:
+                available = available_memory_bytes()
+            elif not settings.pflash_unmeasured_reserve:
+                raise ValueError(
+                    "the PFlash drafter's memory reserve is measured on the CPU only: run with "
+                    "--n_gpu_layers 0, or pass --pflash_unmeasured_reserve true to size the GPU "
+                    "KV pool without it"
+                )
+        self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
         self.embedder = (
             Embedder(self.model, self.config.max_ctx, settings.n_batch, settings.n_threads)
             if settings.embedding
@@ -112,9 +122,10 @@ class ServedModel:
             self.compression.stop()
 
     # ---- PFlash ----------------------------------------------------------------------------
-    def _start_compression(self, target: Model) -> CompressionWorker:
-        """The drafter (the target itself unless --pflash_drafter) and its thread; refuses, at
-        startup, drafters with another vocabulary and architectures the capture cannot handle."""
+    def _start_compression(self, target: Model) -> tuple[CompressionWorker, int]:
+        """The drafter (the target itself unless --pflash_drafter), its thread, and the memory
+        it needs up to max_ctx; refuses, at startup, drafters with another vocabulary and
+        architectures the capture cannot handle."""
         s = self.settings
         drafter_path = s.pflash_drafter
         probe = Model(drafter_path) if drafter_path else target
@@ -130,12 +141,12 @@ class ServedModel:
             return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=min(s.n_batch, 512),
                            n_threads=s.n_threads, owns_model=separate)
 
+        reserve = drafter_reserve(probe, layers, min(s.n_batch, 512), drafter_path is not None)
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
-        self.compression = CompressionWorker(compressor, name=self.name)
         self.scoring_layers = layers
-        return self.compression
+        return CompressionWorker(compressor, name=self.name), reserve.bytes_for(max_tokens)
 
     def plan_compression(
         self,

@@ -1,0 +1,100 @@
+"""The drafter's memory reserve: the formula covers measured peaks; the pool leaves it free."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pflash_plugin.engine.loader import EngineConfig, MemoryReserveError, pool_tokens
+
+_MEASURE = r"""
+import json, sys
+from pflash_plugin.llama import Model
+from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
+from pflash_plugin.pflash.drafter import Drafter, scoring_layers
+from pflash_plugin.pflash.query import plan_query
+from pflash_plugin.pflash.reserve import drafter_reserve
+from pflash_plugin.testing.haystack import needle_prompt
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+path, n = sys.argv[1], int(sys.argv[2])
+model = Model(path, use_mmap=False)  # weights resident before the baseline
+tokens = model.tokenize(needle_prompt(n, 0.5, 1)[0])[:n]
+layers = scoring_layers(model, None)
+pieces = [model.piece(t) for t in tokens]
+base = status("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, n_batch=512), persistent=False)
+report = compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)).report
+reserve = drafter_reserve(model, layers, 512, separate_weights=False)
+print(json.dumps({"peak": status("VmHWM:") - base, "formula": reserve.bytes_for(n), "status": report["status"]}))
+"""
+
+
+def measure(model_path, n_tokens: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(model_path), str(n_tokens)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.demo
+def test_reserve_formula_covers_measured_drafter_peaks(demo_model):
+    small, large = measure(demo_model, 1024), measure(demo_model, 4096)
+    assert small["status"] == large["status"] == "compressed"
+    for m in (small, large):
+        assert m["peak"] <= m["formula"], m
+    # per token too: the formula's slope is not below the measured one
+    assert (large["peak"] - small["peak"]) / 3072 <= (large["formula"] - small["formula"]) / 3072
+
+
+def test_reserve_formula_covers_measured_tiny_drafter_peak(tiny_model):
+    m = measure(tiny_model, 2048)
+    assert m["peak"] <= m["formula"], m
+
+
+def config(**kw) -> EngineConfig:
+    return EngineConfig(**{"n_slots": 4, "max_ctx": 1000, "page_size": 10, **kw})
+
+
+def test_pool_without_reserve_is_slots_times_max_ctx_or_explicit():
+    assert pool_tokens(config(), 100, 0, None) == 4000
+    assert pool_tokens(config(kv_pool_tokens=1234), 100, 0, None) == 1240  # whole pages
+
+
+def test_automatic_pool_shrinks_to_leave_the_reserve_free():
+    # 300,000 bytes available, 50,000 reserved, 100 bytes/token: 2,500 tokens fit
+    assert pool_tokens(config(), 100, 50_000, 300_000) == 2500
+
+
+def test_explicit_pool_that_eats_the_reserve_is_refused_with_what_fits():
+    with pytest.raises(MemoryReserveError, match="at most 2500 tokens fit"):
+        pool_tokens(config(kv_pool_tokens=3000), 100, 50_000, 300_000)
+    assert pool_tokens(config(kv_pool_tokens=2000), 100, 50_000, 300_000) == 2000
+
+
+def test_reserve_that_leaves_less_than_max_ctx_is_refused():
+    with pytest.raises(MemoryReserveError, match="less than max_ctx"):
+        pool_tokens(config(), 100, 250_000, 300_000)
+
+
+def test_server_refuses_an_explicit_pool_that_eats_the_reserve(tiny_model):
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.settings import ModelSettings
+
+    with pytest.raises(MemoryReserveError, match="tokens fit"):
+        ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", kv_pool_tokens=10**9, verbose=False))
+
+
+def test_server_refuses_pflash_on_gpu_layers_without_a_measured_reserve(tiny_model):
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.settings import ModelSettings
+
+    with pytest.raises(ValueError, match="measured on the CPU only"):
+        ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", n_gpu_layers=1, verbose=False))
