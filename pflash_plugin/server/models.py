@@ -105,7 +105,7 @@ class ServedModel:
                 )
         self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
         self.embedder = (
-            Embedder(self.model, self.config.max_ctx, settings.n_batch, settings.n_threads)
+            Embedder(self.model, self.config.max_ctx, settings.n_batch, settings.n_threads_batch)
             if settings.embedding
             else None
         )
@@ -139,7 +139,7 @@ class ServedModel:
             separate = drafter_path is not None and not persistent
             model = Model(drafter_path) if separate else probe
             return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=min(s.n_batch, 512),
-                           n_threads=s.n_threads, owns_model=separate)
+                           n_threads=s.n_threads_batch, owns_model=separate)
 
         reserve = drafter_reserve(probe, layers, min(s.n_batch, 512), drafter_path is not None)
         if drafter_path and not persistent:
