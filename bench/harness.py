@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from pflash_plugin.testing.haystack import needle_prompt
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -90,3 +92,15 @@ def machine() -> dict:
         pass
     return {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(), "python": platform.python_version(),
             "load_at_start": os.getloadavg()}
+
+
+def fit_prompt(client: httpx.Client, url: str, n_tokens: int, kind: str, depth: float, seed: int) -> tuple[str, str, int]:
+    """A haystack prompt of about n_tokens tokens (word count scaled by one tokenizer probe)."""
+    words = int(n_tokens * 0.9)
+    for _ in range(3):
+        prompt, code = needle_prompt(words, depth, seed, kind)
+        count = client.post(url + "/extras/tokenize/count", json={"input": prompt}).json()["count"]
+        if abs(count - n_tokens) <= n_tokens * 0.03:
+            break
+        words = int(words * n_tokens / count)
+    return prompt, code, count

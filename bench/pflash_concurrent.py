@@ -22,8 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from harness import REPO, ServerProcess, machine
-from pflash_plugin.testing.haystack import needle_prompt
+from harness import REPO, ServerProcess, fit_prompt, machine
 
 ARMS = {
     "serial-pflash": ["--max_concurrency", "1", "--pflash", "always"],
@@ -36,6 +35,8 @@ CHATS = ["Tell me about rivers.", "Name a color.", "What is a bridge?", "Say hel
 async def long_item(client: httpx.AsyncClient, url: str, prompt: str, code: str) -> dict:
     t0 = time.perf_counter()
     reply = (await client.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0})).json()
+    if "choices" not in reply:
+        raise RuntimeError(f"{url}: {reply}")
     return {"kind": "long", "ok": code in reply["choices"][0]["text"], "ttft_s": reply["usage"]["timings"]["ttft_ms"] / 1000,
             "done_s": time.perf_counter() - t0, "pflash": reply["usage"]["timings"].get("pflash", {}).get("status")}
 
@@ -80,9 +81,12 @@ async def run_workload(url: str, longs: list[tuple[str, str]], chats: list[str],
     }
 
 
-def prompts(n: int, tokens: int, offset: int) -> list[tuple[str, str]]:
+def prompts(url: str, n: int, tokens: int, offset: int) -> list[tuple[str, str]]:
+    """n needle prompts of about `tokens` tokens, prose and code alternating, depths 10-90%."""
     depths = (0.1, 0.3, 0.5, 0.7, 0.9)
-    return [needle_prompt(int(tokens * 0.92), depths[i % len(depths)], seed=offset + i, kind=("prose", "code")[i % 2]) for i in range(n)]
+    with httpx.Client(timeout=60) as client:
+        return [fit_prompt(client, url, tokens, ("prose", "code")[i % 2], depths[i % len(depths)], offset + i)[:2]
+                for i in range(n)]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -92,10 +96,11 @@ def run(args: argparse.Namespace) -> dict:
     try:
         for server in servers.values():
             server.start()
+        url = servers["concurrent-full"].url
         workloads = {
-            "qa8": (prompts(8, args.tokens, 100), [], 4),
-            "mix8": (prompts(4, args.tokens, 200), CHATS, 8),
-            "qa8x8": (prompts(8, args.tokens, 300), [], 8),
+            "qa8": (prompts(url, 8, args.tokens, 100), [], 4),
+            "mix8": (prompts(url, 4, args.tokens, 200), CHATS, 8),
+            "qa8x8": (prompts(url, 8, args.tokens, 300), [], 8),
         }
         idle = {arm: asyncio.run(run_workload(s.url, [], CHATS[:1], 1))["chat_ttft_mean_s"] for arm, s in servers.items()}
         results["idle_chat_ttft_s"] = idle

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from harness import REPO, ServerProcess, machine
-from pflash_plugin.testing.haystack import needle_prompt
+from harness import REPO, ServerProcess, fit_prompt, machine
 
 DEPTHS = (0.1, 0.5, 0.9)
 KINDS = ("prose", "code", "multi")
@@ -35,18 +34,6 @@ def grid(lengths: list[int], quick: bool) -> list[dict]:
                     continue
                 items.append({"tokens": n_tokens, "kind": kind, "depth": depth})
     return items
-
-
-def fit_prompt(client: httpx.Client, url: str, n_tokens: int, kind: str, depth: float, seed: int) -> tuple[str, str, int]:
-    """A haystack prompt of about n_tokens tokens (word count scaled by one tokenizer probe)."""
-    words = int(n_tokens * 0.9)
-    for _ in range(3):
-        prompt, code = needle_prompt(words, depth, seed, kind)
-        count = client.post(url + "/extras/tokenize/count", json={"input": prompt}).json()["count"]
-        if abs(count - n_tokens) <= n_tokens * 0.03:
-            break
-        words = int(words * n_tokens / count)
-    return prompt, code, count
 
 
 def ask(client: httpx.Client, url: str, prompt: str) -> dict:

@@ -34,12 +34,14 @@ class Model:
             raise ValueError(f"llama.cpp could not load the model {self.path}")
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
-        self.n_layer: int = C.llama_model_n_layer(self.ptr)
-        self.n_head: int = C.llama_model_n_head(self.ptr)
-        self.n_head_kv: int = C.llama_model_n_head_kv(self.ptr)
-        self.n_embd: int = C.llama_model_n_embd(self.ptr)
-        self.n_swa: int = C.llama_model_n_swa(self.ptr)
-        self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
+        # a vocab-only load has no hyperparameters (llama.cpp aborts when asked for them)
+        hparams = not vocab_only
+        self.n_layer: int = C.llama_model_n_layer(self.ptr) if hparams else 0
+        self.n_head: int = C.llama_model_n_head(self.ptr) if hparams else 0
+        self.n_head_kv: int = C.llama_model_n_head_kv(self.ptr) if hparams else 0
+        self.n_embd: int = C.llama_model_n_embd(self.ptr) if hparams else 0
+        self.n_swa: int = C.llama_model_n_swa(self.ptr) if hparams else 0
+        self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr) if hparams else 0
         self.bos: int = C.llama_vocab_bos(self.vocab)
         self.eos: int = C.llama_vocab_eos(self.vocab)
         self.add_bos: bool = C.llama_vocab_get_add_bos(self.vocab)
