@@ -170,8 +170,8 @@ def test_worker_stops_drafting_a_cancelled_job():
     job_ = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.25)
 
     class CancelledAfterOneChunk(Drafter):
-        def run(self, toks, should_stop, progress):
-            return super().run(toks, should_stop, lambda done: (progress(done), job_.cancelled.set()))
+        def run(self, toks, should_stop, progress, **kw):
+            return super().run(toks, should_stop, lambda done: (progress(done), job_.cancelled.set()), **kw)
 
     compressor = Compressor(PflashConfig(), model.piece, lambda: CancelledAfterOneChunk(model, [0], 1024, n_batch=64), persistent=False)
     worker = CompressionWorker(compressor)

@@ -93,8 +93,8 @@ def test_scoring_layer_guards():
 class _NaNDrafter(Drafter):
     """Fault injection: a drafter whose capture went non-finite."""
 
-    def run(self, tokens, **kw):
-        result = super().run(tokens, **kw)
+    def run(self, tokens, *args, **kw):
+        result = super().run(tokens, *args, **kw)
         for layer in result.q:
             result.q[layer][-1, 0, 0] = np.nan
         return result
@@ -135,3 +135,23 @@ def test_plan_query_finds_the_last_user_message():
     assert (tail.query_start, tail.query_end) == (11, 15)
     explicit = plan_query(pieces, 4, explicit=[7, 8])
     assert (explicit.query_start, explicit.query_end, explicit.extra_query) == (15, 17, (7, 8))
+
+
+def test_drafter_steps_aside_for_interactive_work_and_redoes_aborted_chunks(deep_model):
+    import threading
+    import time
+
+    tokens = prompt_tokens(deep_model, 400)
+    reference = Drafter(deep_model, [1], 512, n_batch=64).run(tokens)
+    busy = threading.Event()
+
+    def on_progress(done: int) -> None:
+        if done == 128:  # interactive work shows up while chunk 3 starts; it ends 0.3 s later
+            busy.set()
+            threading.Timer(0.3, busy.clear).start()
+
+    t0 = time.monotonic()
+    drafted = Drafter(deep_model, [1], 512, n_batch=64).run(tokens, progress=on_progress, should_yield=busy.is_set)
+    assert time.monotonic() - t0 >= 0.3  # it waited for the interactive work
+    np.testing.assert_array_equal(drafted.k[1], reference.k[1])  # aborted or not, every chunk once
+    np.testing.assert_array_equal(drafted.q[1], reference.q[1])

@@ -224,3 +224,19 @@ def test_tokenize_routes_and_metrics(tiny_server):
                  "pflash_time_to_first_token_seconds_bucket", "pflash_inter_token_latency_seconds_bucket",
                  "pflash_kv_usage_ratio", "pflash_requests_running", "pflash_requests_waiting", "pflash_cached_prompt_tokens_total"):
         assert name in metrics
+
+
+def test_mirostat_min_tokens_and_seeded_sampling(tiny_server):
+    with tiny_server.client() as client:
+        body = {"prompt": "the sea", "max_tokens": 12, "temperature": 0.8, "seed": 3}
+        a = [client.post("/v1/completions", json={**body, "mirostat_mode": mode}).json() for mode in (0, 1, 2)]
+        assert all(r["usage"]["completion_tokens"] >= 1 for r in a)
+        assert len({r["choices"][0]["text"] for r in a}) > 1  # mirostat changes the sampling
+        bad = client.post("/v1/completions", json={**body, "mirostat_mode": 7})
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "mirostat_mode"
+        # min_tokens holds end-of-generation back: a logit bias that forces EOS still yields 3 tokens
+        eos = {"2": 100.0}
+        forced = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10, "logit_bias": eos}).json()
+        held = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10, "logit_bias": eos, "min_tokens": 3}).json()
+    assert forced["usage"]["completion_tokens"] == 0 and forced["choices"][0]["finish_reason"] == "stop"
+    assert held["usage"]["completion_tokens"] == 3

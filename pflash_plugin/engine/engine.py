@@ -23,8 +23,10 @@ class Engine:
         calls `deliver(result)` with `result.tokens` and `result.report`."""
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
+        self._interactive = False  # requests wait for a first token: background work steps aside
         if compressor is not None:
             scheduler.handoff = self._hand_to_compressor
+            compressor.should_yield = lambda: self._interactive
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
@@ -158,7 +160,11 @@ class Engine:
                 self.scheduler.drop_kv(request)
 
     def _publish_status(self) -> None:
-        status = self.scheduler.status()
+        sched = self.scheduler
+        self._interactive = any(r.timings.first_token is None for r in sched.running) or any(
+            r.compression is None for r in sched.waiting
+        )
+        status = sched.status()
         status["steps"] = self.steps
         with self._status_lock:
             self._status = status

@@ -39,6 +39,9 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
     grammar: str | None = None
     min_tokens: int = 0
+    mirostat: int = 0  # 0 off, 1 or 2: mirostat version
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
 
 @dataclass

@@ -40,6 +40,9 @@ class LlamaRunner:
             presence_penalty=p.presence_penalty,
             logit_bias=p.logit_bias,
             grammar=p.grammar,
+            mirostat=p.mirostat,
+            mirostat_tau=p.mirostat_tau,
+            mirostat_eta=p.mirostat_eta,
         )
         self._logprobs[slot] = p.logprobs
 

@@ -93,6 +93,20 @@ class QKCapture:
         self._pre.clear()
         self._ubatch_done.clear()
 
+    def checkpoint(self) -> dict[tuple[str, int], int]:
+        """How many ubatches each capture list holds (to undo an aborted ubatch)."""
+        self._pre.clear()
+        self._ubatch_done.clear()
+        return {(kind, layer): len(chunks) for kind, store in (("q", self.result.q), ("k", self.result.k))
+                for layer, chunks in store.items()}
+
+    def rollback(self, kept: dict[tuple[str, int], int]) -> None:
+        for kind, store in (("q", self.result.q), ("k", self.result.k)):
+            for layer in list(store):
+                del store[layer][kept.get((kind, layer), 0):]
+        self._pre.clear()
+        self._ubatch_done.clear()
+
     def _on_node(self, tensor: int, ask: bool, _user: int) -> bool:
         try:
             return self._handle(tensor, ask)

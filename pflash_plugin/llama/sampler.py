@@ -15,9 +15,8 @@ class GrammarError(ValueError):
 
 
 class SamplerChain:
-    """grammar -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist.
-
-    Temperature <= 0 means greedy. The chain owns its samplers; `close` frees all of them.
+    """grammar -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
+    (or temp -> mirostat v1/v2). Temperature <= 0 means greedy. The chain owns its samplers; `close` frees all of them.
     """
 
     def __init__(
@@ -36,6 +35,9 @@ class SamplerChain:
         penalty_last_n: int = 64,
         logit_bias: Mapping[int, float] | None = None,
         grammar: str | None = None,
+        mirostat: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
     ) -> None:
         params = C.llama_sampler_chain_default_params()
         params.no_perf = True
@@ -62,6 +64,15 @@ class SamplerChain:
             if temperature <= 0:
                 self._add(C.llama_sampler_init_greedy())
                 return
+            seed = seed if seed is not None else random.getrandbits(32)
+            if mirostat in (1, 2):  # mirostat replaces the truncation samplers, as in llama.cpp
+                self._add(C.llama_sampler_init_temp(temperature))
+                self._add(
+                    C.llama_sampler_init_mirostat(model.n_vocab, seed, mirostat_tau, mirostat_eta, 100)
+                    if mirostat == 1
+                    else C.llama_sampler_init_mirostat_v2(seed, mirostat_tau, mirostat_eta)
+                )
+                return
             if top_k > 0:
                 self._add(C.llama_sampler_init_top_k(top_k))
             if typical_p < 1.0:
@@ -71,7 +82,7 @@ class SamplerChain:
             if min_p > 0.0:
                 self._add(C.llama_sampler_init_min_p(min_p, 1))
             self._add(C.llama_sampler_init_temp(temperature))
-            self._add(C.llama_sampler_init_dist(seed if seed is not None else random.getrandbits(32)))
+            self._add(C.llama_sampler_init_dist(seed))
         except BaseException:
             self.close()
             raise

@@ -68,7 +68,7 @@ class Compressor:
         self._make_drafter, self.persistent = drafter, persistent
         self._drafter: Drafter | None = drafter() if persistent else None
 
-    def compress(self, job: CompressionJob) -> CompressionResult:
+    def compress(self, job: CompressionJob, should_yield: Callable[[], bool] = lambda: False) -> CompressionResult:
         tokens, plan = job.tokens, job.plan
         n = len(tokens)
         report: dict[str, Any] = {"original_tokens": n, "kept_tokens": n, "keep_ratio": 1.0}
@@ -85,6 +85,7 @@ class Compressor:
                 tokens + list(plan.extra_query),
                 should_stop=job.cancelled.is_set,
                 progress=lambda done: setattr(job, "progress", done),
+                should_yield=should_yield,
             )
             masses = [attention_mass(drafted.q[l], drafted.k[l], plan.query_start, plan.query_end) for l in drafted.q]
             mass = combine_layers(masses)
@@ -135,10 +136,14 @@ class Compressor:
 
 
 class CompressionWorker:
-    """One thread that compresses jobs in arrival order and hands each result to `deliver`."""
+    """One thread that compresses jobs in arrival order and hands each result to `deliver`.
+
+    `should_yield` (set by the owner, e.g. the engine's "requests wait for a first token") makes
+    the drafter step aside for interactive work."""
 
     def __init__(self, compressor: Compressor, name: str = "pflash") -> None:
         self.compressor = compressor
+        self.should_yield: Callable[[], bool] = lambda: False
         self._jobs: queue.SimpleQueue[tuple[CompressionJob, Callable[[CompressionResult], None]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=f"{name}-compress", daemon=True)
         self._thread.start()
@@ -160,7 +165,7 @@ class CompressionWorker:
             if job.cancelled.is_set():
                 continue
             try:
-                result = self.compressor.compress(job)
+                result = self.compressor.compress(job, self.should_yield)
             except Cancelled:
                 continue
             except Exception as error:  # a bug in scoring must not kill the thread or the request

@@ -6,12 +6,13 @@ vocabulary, since scores are per target token.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ..llama import Batch, Context, ContextConfig, Model
+from ..llama import Batch, Context, ContextConfig, DecodeError, Model
 from ..llama.capture import CaptureSpec, QKCapture
 
 # Architectures with recurrent (state-space) layers: no per-token K to score against.
@@ -21,6 +22,13 @@ RECURRENT_ARCHS = {
 }
 # Sliding-window architectures: layer il is global when il % pattern == pattern - 1.
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
+
+
+MAX_YIELD_S = 2.0  # longest a drafter chunk waits for interactive work (no starvation)
+
+
+def _never() -> bool:
+    return False
 
 
 class DrafterError(RuntimeError):
@@ -95,6 +103,7 @@ class Drafter:
         self.capture = QKCapture(
             CaptureSpec(layers, model.head_dim(), model.n_head, model.n_head_kv, rope)
         )
+        self._abort_if: Callable[[], bool] = _never
         # swa_full: with the trimmed SWA cache, a ubatch's first tokens lose part of their window
         # (measured: K at layer 5 of gemma-3-270m off by 10% after 2 ubatches); full is exact
         self.ctx = Context(
@@ -111,13 +120,18 @@ class Drafter:
             ),
             eval_callback=self.capture.callback,
         )
+        self.ctx.set_abort(lambda: self._abort_if())
 
     def run(
         self,
         tokens: list[int],
         should_stop: Callable[[], bool] = lambda: False,
         progress: Callable[[int], None] = lambda done: None,
+        should_yield: Callable[[], bool] = lambda: False,
     ) -> DraftResult:
+        """Draft `tokens` chunk by chunk. Scoring is background work: while `should_yield()` (the
+        engine has requests waiting for their first token) the drafter pauses between chunks and
+        aborts a chunk in flight, redoing it afterwards, for at most MAX_YIELD_S per chunk."""
         if len(tokens) > self.max_tokens:
             raise DrafterError(f"{len(tokens)} tokens exceed the drafter context ({self.max_tokens})")
         ctx = self.ctx
@@ -126,11 +140,9 @@ class Drafter:
             self.capture.reset()
             batch = Batch(self.n_batch, 1)
             for start in range(0, len(tokens), self.n_batch):
-                if should_stop():
-                    raise Cancelled()
                 batch.clear()
                 batch.add_sequence(tokens[start : start + self.n_batch], start, 0, False)
-                ctx.decode(batch)
+                self._decode_politely(batch, should_stop, should_yield)
                 if self.capture.result.error:
                     raise DrafterError(f"capture failed: {self.capture.result.error}")
                 progress(min(start + self.n_batch, len(tokens)))
@@ -147,6 +159,27 @@ class Drafter:
         finally:
             ctx.clear()
         return DraftResult(q, k, max(self.layers) + 1)
+
+    def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool], should_yield: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + MAX_YIELD_S
+        while True:
+            while should_yield() and time.monotonic() < deadline:
+                if should_stop():
+                    raise Cancelled()
+                time.sleep(0.005)
+            if should_stop():
+                raise Cancelled()
+            kept = self.capture.checkpoint()
+            self._abort_if = lambda: should_yield() and time.monotonic() < deadline
+            try:
+                self.ctx.decode(batch)
+                return
+            except DecodeError as error:
+                if error.code != 2:
+                    raise DrafterError(str(error)) from None
+                self.capture.rollback(kept)  # aborted for interactive work: llama.cpp dropped the chunk
+            finally:
+                self._abort_if = _never
 
     def close(self) -> None:
         self.ctx.close()

@@ -50,7 +50,7 @@ def engine_config(settings: ModelSettings) -> EngineConfig:
         n_threads=settings.n_threads,
         n_threads_batch=settings.n_threads_batch,
         n_gpu_layers=settings.n_gpu_layers,
-        flash_attn=settings.flash_attn or None,
+        flash_attn=settings.flash_attn,
         offload_kqv=settings.offload_kqv,
         type_k=settings.type_k,
         type_v=settings.type_v,

@@ -79,6 +79,9 @@ def sampling_params(
         logprobs=logprobs,
         grammar=grammar,
         min_tokens=body.min_tokens,
+        mirostat=body.mirostat_mode,
+        mirostat_tau=body.mirostat_tau,
+        mirostat_eta=body.mirostat_eta,
     )
 
 

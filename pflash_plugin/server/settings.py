@@ -18,6 +18,9 @@ class ModelSettings(StockModelSettings):
         description="The path to the model to use for generating completions "
         "(default: the demo model, when the 'demo' extra is installed).",
     )
+    flash_attn: Optional[bool] = Field(  # type: ignore[assignment]
+        default=None, description="Use flash attention (default: llama.cpp decides per backend)."
+    )
     max_concurrency: int = Field(default=4, ge=1, le=256, description="Slots decoding together.")
     kv_pool_tokens: Optional[int] = Field(
         default=None, ge=1, description="KV cells shared by all slots (default: max_concurrency x max_ctx)."
