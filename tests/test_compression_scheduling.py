@@ -217,3 +217,23 @@ def test_routed_long_prompt_is_compressed_by_its_model(tiny_model, tmp_path):
     report = reply["usage"]["timings"]["pflash"]
     assert reply["model"] == "b" and report["status"] == "compressed"
     assert reply["usage"]["prompt_tokens"] == report["original_tokens"] > 3 * report["kept_tokens"] * 0.9
+
+
+def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
+    """Decided on the request's own thread: a short chat with pflash 'always' must not wait in the
+    compression queue behind long prompts being scored."""
+    from pflash_plugin.engine.request import Request, SamplingParams
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.protocol import PflashOverride
+    from pflash_plugin.server.settings import ModelSettings
+
+    served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="always", verbose=False, n_threads=1))
+    try:
+        short = Request(served.model.tokenize("Name a color."), SamplingParams())
+        served.plan_compression(short, None)
+        assert short.compression is None and short.pflash["status"] == "skipped"
+        long = Request(served.model.tokenize(" ".join(f"line {i} of notes." for i in range(120))), SamplingParams())
+        served.plan_compression(long, PflashOverride(keep_ratio=0.3))
+        assert long.compression is not None and long.pflash is None
+    finally:
+        served.close()

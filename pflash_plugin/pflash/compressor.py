@@ -18,9 +18,10 @@ import numpy as np
 from .drafter import Cancelled, Drafter, DrafterError
 from .query import QueryPlan
 from .scoring import NonFiniteScores, attention_mass, combine_layers
-from .selection import KeepCurve, Segment, budget_for, fixed_segments, segment_tokens, select
+from .selection import KeepCurve, budget_for, fixed_segments, segment_tokens, select
 
 log = logging.getLogger(__name__)
+MANDATORY_OVER_BUDGET = "the head, the query and its suffix alone exceed the budget"
 
 
 @dataclass
@@ -73,9 +74,8 @@ class Compressor:
         n = len(tokens)
         report: dict[str, Any] = {"original_tokens": n, "kept_tokens": n, "keep_ratio": 1.0}
         budget = budget_for(n, job.keep_ratio)
-        mandatory = [Segment(0, plan.head_end), Segment(min(plan.query_start, n), n)]
-        if sum(len(s) for s in mandatory) > budget:
-            return self._skip(tokens, report, "the query, its suffix and the head exceed the budget")
+        if not plan.fits(n, budget):
+            return self._skip(tokens, report, MANDATORY_OVER_BUDGET)
         t0 = time.perf_counter()
         drafter = self._drafter or self._make_drafter()
         t1 = time.perf_counter()
@@ -101,7 +101,7 @@ class Compressor:
         t2 = time.perf_counter()
         pieces = [self.piece(t).decode("utf-8", errors="replace") for t in tokens]
         segments = segment_tokens(pieces, self.config.segment_min, self.config.segment_max) or fixed_segments(n, 64)
-        selection = select(np.asarray(mass), segments, budget, mandatory)
+        selection = select(np.asarray(mass), segments, budget, plan.mandatory(n))
         t3 = time.perf_counter()
         report.update(
             layers_run=drafted.layers_run,
@@ -109,7 +109,7 @@ class Compressor:
             select_ms=round((t3 - t2) * 1000.0, 3),
         )
         if selection is None:
-            return self._skip(tokens, report, "the mandatory spans exceed the budget")
+            return self._skip(tokens, report, MANDATORY_OVER_BUDGET)
         kept = [tokens[i] for i in selection.token_indices()]
         report.update(
             status="compressed",

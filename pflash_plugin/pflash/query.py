@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .selection import Segment
+
 
 @dataclass(frozen=True)
 class QueryPlan:
@@ -16,6 +18,16 @@ class QueryPlan:
     query_end: int
     head_end: int
     extra_query: tuple[int, ...] = ()  # query tokens appended after the prompt (explicit query)
+
+    def mandatory(self, n_tokens: int) -> list[Segment]:
+        """The spans kept whatever their score: the head, and the query with all after it."""
+        return [Segment(0, min(self.head_end, n_tokens)), Segment(min(self.query_start, n_tokens), n_tokens)]
+
+    def fits(self, n_tokens: int, budget: int) -> bool:
+        """Whether compressing can help: the mandatory spans alone must fit in the budget."""
+        spans = self.mandatory(n_tokens)
+        overlap = max(0, spans[0].end - spans[1].start)
+        return len(spans[0]) + len(spans[1]) - overlap <= budget
 
 
 def locate_text(pieces: list[bytes], text: str, before: int | None = None) -> tuple[int, int] | None:

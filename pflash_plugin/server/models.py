@@ -13,12 +13,12 @@ from ..engine.engine import Engine
 from ..engine.loader import EngineConfig, build_engine, load_model
 from ..engine.request import Request
 from ..llama import Model
-from ..pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
+from ..pflash.compressor import MANDATORY_OVER_BUDGET, CompressionJob, CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import Drafter, check_vocab, scoring_layers
 from ..pflash.policy import skip_reason
 from ..pflash.query import plan_query
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
-from ..pflash.selection import KeepCurve
+from ..pflash.selection import KeepCurve, budget_for
 from .protocol import PflashOverride, RequestError
 from .settings import ModelSettings
 
@@ -180,6 +180,9 @@ class ServedModel:
             explicit=explicit, min_head=self.pflash.segment_min,
         )
         ratio = self.pflash.ratio_for(n, override.keep_ratio if override else None)
+        if not plan.fits(n, budget_for(n, ratio)):  # decided here: no queueing behind long scorings
+            request.pflash = {"status": "skipped", "reason": MANDATORY_OVER_BUDGET, "original_tokens": n}
+            return
         request.compression = CompressionJob(request.prompt_tokens, plan, ratio)
 
     # ---- prompts ---------------------------------------------------------------------------
