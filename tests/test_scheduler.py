@@ -322,7 +322,7 @@ def test_copy_on_write_of_a_shared_partial_page():
 
 def test_in_place_reuse_keeps_an_unshared_partial_page():
     sched, runner = make_scheduler(n_slots=1, page_size=4, max_batch_tokens=16)
-    a = run_alone(sched, runner, P, max_tokens=3)
+    run_alone(sched, runner, P, max_tokens=3)
     before = list(sched.slots[0].pages)
     b = make_request(P[:6] + [700], max_tokens=2)
     sched.add(b)

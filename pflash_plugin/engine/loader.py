@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..llama import Context, ContextConfig, Model
 from .engine import Engine

@@ -4,7 +4,6 @@ from __future__ import annotations
 import ctypes
 import os
 
-import llama_cpp
 import llama_cpp.llama_cpp as C
 
 from .backend import init_backend

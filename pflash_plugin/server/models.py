@@ -9,7 +9,6 @@ from typing import Any
 from llama_cpp import llama_chat_format
 
 from ..engine.embedder import Embedder
-from ..engine.engine import Engine
 from ..engine.loader import EngineConfig, build_engine, load_model
 from ..engine.request import Request
 from ..llama import Model

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 from llama_cpp.server.types import CreateChatCompletionRequest as StockChatRequest
 from llama_cpp.server.types import CreateCompletionRequest as StockCompletionRequest
