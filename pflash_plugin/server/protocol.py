@@ -133,61 +133,36 @@ def chat_logprobs(piece, outputs: list[TokenOutput]) -> list[dict[str, Any]]:
     ]
 
 
+def _envelope(rid: str, obj: str, model: str, choices: list, usage: dict | None = None) -> dict:
+    body = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def _chat_logprobs(logprobs: list | None) -> dict | None:
+    return {"content": logprobs} if logprobs is not None else None
+
+
 def completion_response(rid: str, model: str, text: str, finish: str, usage: dict, logprobs: dict | None) -> dict:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage,
-    }
+    choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+    return _envelope(rid, "text_completion", model, [choice], usage)
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None, logprobs: dict | None) -> dict:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
-    }
+    return _envelope(rid, "text_completion", model, [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}])
 
 
 def chat_response(rid: str, model: str, text: str, finish: str, usage: dict, logprobs: list | None) -> dict:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": {"content": logprobs} if logprobs is not None else None,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": usage,
-    }
+    message = {"role": "assistant", "content": text}
+    choice = {"index": 0, "message": message, "logprobs": _chat_logprobs(logprobs), "finish_reason": finish}
+    return _envelope(rid, "chat.completion", model, [choice], usage)
 
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, logprobs: list | None) -> dict:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "delta": delta,
-                "logprobs": {"content": logprobs} if logprobs is not None else None,
-                "finish_reason": finish,
-            }
-        ],
-    }
+    choice = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(logprobs), "finish_reason": finish}
+    return _envelope(rid, "chat.completion.chunk", model, [choice])
 
 
 def usage_chunk(rid: str, model: str, obj: str, usage: dict) -> dict:
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [], "usage": usage}
+    return _envelope(rid, obj, model, [], usage)
