@@ -226,7 +226,8 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
                 if request.finish_reason is None:
                     served.engine.cancel(request)
 
-        return EventSourceResponse(publish(), ping=5, sep="\n")
+        # comment pings keep the stream alive while a prompt waits or is compressed
+        return EventSourceResponse(publish(), ping=10**9 if server_settings.disable_ping_events else 5, sep="\n")
 
     # ---- the rest --------------------------------------------------------------------------
     @app.post("/v1/embeddings", dependencies=[Depends(authenticate)])
