@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import random
+import time
 
 import httpx
 import pytest
@@ -240,3 +241,21 @@ def test_mirostat_min_tokens_and_seeded_sampling(tiny_server):
         held = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10, "logit_bias": eos, "min_tokens": 3}).json()
     assert forced["usage"]["completion_tokens"] == 0 and forced["choices"][0]["finish_reason"] == "stop"
     assert held["usage"]["completion_tokens"] == 3
+
+
+def test_streams_get_keepalive_comments_while_they_wait(tiny_model):
+    with live_server([{"model": str(tiny_model), "n_ctx": 512, "max_concurrency": 1, "n_threads": 1}], sse_ping_seconds=0.02) as server:
+        with server.client() as client, cf.ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(client.post, "/v1/completions", json={"prompt": "busy", "max_tokens": 480})
+            deadline = time.time() + 10
+            while server.status()["running"] == 0 and time.time() < deadline:
+                time.sleep(0.005)  # until the one slot is taken: the stream below then waits
+            comments_before_data = 0
+            with client.stream("POST", "/v1/completions", json={"prompt": "wait", "max_tokens": 2, "stream": True}) as response:
+                for line in response.iter_lines():
+                    if line.startswith(":"):
+                        comments_before_data += 1
+                    elif line.startswith("data: "):
+                        break
+            assert busy.result().status_code == 200
+    assert comments_before_data >= 1

@@ -227,7 +227,7 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
                     served.engine.cancel(request)
 
         # comment pings keep the stream alive while a prompt waits or is compressed
-        return EventSourceResponse(publish(), ping=10**9 if server_settings.disable_ping_events else 5, sep="\n")
+        return EventSourceResponse(publish(), ping=10**9 if server_settings.disable_ping_events else server_settings.sse_ping_seconds, sep="\n")
 
     # ---- the rest --------------------------------------------------------------------------
     @app.post("/v1/embeddings", dependencies=[Depends(authenticate)])

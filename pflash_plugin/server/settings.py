@@ -61,7 +61,9 @@ class ModelSettings(StockModelSettings):
 
 
 class ServerSettings(StockServerSettings):
-    pass
+    sse_ping_seconds: float = Field(
+        default=5.0, gt=0, description="Seconds between SSE keep-alive comments (while queued or compressed)."
+    )
 
 
 class Settings(ServerSettings, ModelSettings):
