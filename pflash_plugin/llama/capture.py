@@ -16,8 +16,19 @@ import numpy as np
 import llama_cpp
 import llama_cpp.llama_cpp as C
 
-_lib_dir = pathlib.Path(os.path.dirname(llama_cpp.__file__)) / "lib"
-_ggml = ctypes.CDLL(str(next(p for p in sorted(_lib_dir.glob("libggml-base.so*")))))
+def _loaded_ggml_base() -> ctypes.CDLL:
+    """The ggml-base that libllama already uses. The wheel ships libggml-base.so, .so.0 and
+    .so.0.25.3 as separate copies (not symlinks): opening another copy would load a second ggml
+    with its own global state (it crashed the CUDA build with free(): invalid pointer). RTLD_NOLOAD
+    returns the instance already loaded under its SONAME."""
+    try:
+        return ctypes.CDLL("libggml-base.so.0", mode=os.RTLD_NOLOAD)
+    except OSError:  # not loaded under that name (another platform): the same file llama_cpp uses
+        lib_dir = pathlib.Path(os.path.dirname(llama_cpp.__file__)) / "lib"
+        return ctypes.CDLL(str(lib_dir / "libggml-base.so.0"))
+
+
+_ggml = _loaded_ggml_base()
 _ggml.ggml_get_name.restype = ctypes.c_char_p
 _ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
 _ggml.ggml_op_desc.restype = ctypes.c_char_p
