@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from types import SimpleNamespace
 
 from pflash_plugin.engine.loader import EngineConfig, MemoryReserveError, pool_tokens
 
@@ -92,9 +93,16 @@ def test_server_refuses_an_explicit_pool_that_eats_the_reserve(tiny_model):
         ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", kv_pool_tokens=10**9, verbose=False))
 
 
-def test_server_refuses_pflash_on_gpu_layers_without_a_measured_reserve(tiny_model):
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.settings import ModelSettings
+def test_gpu_reserve_adds_the_measured_device_overhead(tiny_model):
+    from pflash_plugin.llama import Model
+    from pflash_plugin.pflash.reserve import GPU_FIXED_BYTES, drafter_reserve
 
-    with pytest.raises(ValueError, match="measured on the CPU only"):
-        ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", n_gpu_layers=1, verbose=False))
+    model = Model(tiny_model)
+    cpu, gpu = drafter_reserve(model, [0], 512, False), drafter_reserve(model, [0], 512, False, gpu=True)
+    assert gpu.fixed_bytes - cpu.fixed_bytes == GPU_FIXED_BYTES and gpu.per_token_bytes == cpu.per_token_bytes
+    # the H200 probe (bench/gpu/probe.py): 12-layer 1024-wide model, peaks at 2K/8K/32K tokens
+    measured = {2048: 230_686_720, 8192: 243_269_632, 32768: 570_425_344}
+    wide = SimpleNamespace(n_layer=12, n_head=16, n_head_kv=4, head_dim=lambda: 64, size_bytes=0,
+                           kv_bytes_per_token=lambda: 12 * 4 * 64 * 2 * 2)
+    reserve = drafter_reserve(wide, [4], 512, False, gpu=True)
+    assert all(peak <= reserve.bytes_for(n) for n, peak in measured.items())

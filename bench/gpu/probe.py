@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,27 +33,25 @@ def load_check(out: Path) -> dict:
     return results
 
 
+def gpu_used_mib() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[0])
+
+
 def gpu_peak(fn) -> tuple[object, int]:
-    """Device-wide used-memory peak while fn runs, sampled every 2 ms (torch.cuda.mem_get_info)."""
-    import torch
-
-    free0, _ = torch.cuda.mem_get_info()
-    low = [free0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            low[0] = min(low[0], torch.cuda.mem_get_info()[0])
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=sample)
-    thread.start()
+    """Device-wide used-memory peak (bytes) while fn runs, sampled by nvidia-smi every 10 ms.
+    Not torch: torch and ggml-cuda abort or segfault when loaded in one process (either order)."""
+    base = gpu_used_mib()
+    sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "10"],
+                               stdout=subprocess.PIPE, text=True)
     try:
         result = fn()
+        time.sleep(0.05)
     finally:
-        done.set()
-        thread.join()
-    return result, free0 - low[0]
+        sampler.terminate()
+    peak = max([base] + [int(line) for line in sampler.stdout.read().split() if line.isdigit()])
+    return result, (peak - base) * 2**20
 
 
 def reserve_check(out: Path) -> list[dict]:

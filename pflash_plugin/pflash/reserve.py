@@ -20,6 +20,9 @@ SCORING_BYTES_PER_TOKEN = 6 * 1024
 # One ubatch's compute buffer and activations: measured intercept 25 MiB at n_batch 512 (49 KiB per
 # ubatch token), rounded up.
 COMPUTE_BYTES_PER_UBATCH_TOKEN = 64 * 1024
+# On a GPU the drafter's context adds device buffers (compute, cuBLAS workspaces): measured on an
+# H200 (bench/gpu/probe.py, 12-layer 1024-wide model) as a 128 MiB intercept, rounded up.
+GPU_FIXED_BYTES = 192 * 2**20
 
 
 @dataclass(frozen=True)
@@ -31,11 +34,11 @@ class Reserve:
         return self.fixed_bytes + self.per_token_bytes * n_tokens
 
 
-def drafter_reserve(model: Model, layers: list[int], n_batch: int, separate_weights: bool) -> Reserve:
+def drafter_reserve(model: Model, layers: list[int], n_batch: int, separate_weights: bool, gpu: bool = False) -> Reserve:
     capture = CAPTURE_COPIES * 4 * len(layers) * (model.n_head + model.n_head_kv) * model.head_dim()
     per_token = model.kv_bytes_per_token() + capture + SCORING_BYTES_PER_TOKEN
     fixed = COMPUTE_BYTES_PER_UBATCH_TOKEN * n_batch + (model.size_bytes if separate_weights else 0)
-    return Reserve(fixed, per_token)
+    return Reserve(fixed + (GPU_FIXED_BYTES if gpu else 0), per_token)
 
 
 def available_memory_bytes() -> int:

@@ -12,6 +12,7 @@ from ..engine.embedder import Embedder
 from ..engine.loader import EngineConfig, build_engine, load_model
 from ..engine.request import Request
 from ..llama import Model
+from ..llama.devices import gpu_free_bytes
 from ..pflash.compressor import MANDATORY_OVER_BUDGET, CompressionJob, CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import Drafter, check_vocab, scoring_layers
 from ..pflash.policy import skip_reason
@@ -94,14 +95,8 @@ class ServedModel:
         reserve, available = 0, None
         if settings.pflash != "off":
             self.compression, reserve = self._start_compression(self.model)
-            if settings.n_gpu_layers == 0:
-                available = available_memory_bytes()
-            elif not settings.pflash_unmeasured_reserve:
-                raise ValueError(
-                    "the PFlash drafter's memory reserve is measured on the CPU only: run with "
-                    "--n_gpu_layers 0, or pass --pflash_unmeasured_reserve true to size the GPU "
-                    "KV pool without it"
-                )
+            gpu_free = gpu_free_bytes(settings.main_gpu) if settings.n_gpu_layers != 0 else None
+            available = gpu_free if gpu_free is not None else available_memory_bytes()
         self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
         self.embedder = (
             Embedder(self.model, self.config.max_ctx, settings.n_batch, settings.n_threads_batch)
@@ -140,7 +135,8 @@ class ServedModel:
             return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=min(s.n_batch, 512),
                            n_threads=s.n_threads_batch, owns_model=separate)
 
-        reserve = drafter_reserve(probe, layers, min(s.n_batch, 512), drafter_path is not None)
+        on_gpu = s.n_gpu_layers != 0 and gpu_free_bytes(s.main_gpu) is not None
+        reserve = drafter_reserve(probe, layers, min(s.n_batch, 512), drafter_path is not None, gpu=on_gpu)
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
