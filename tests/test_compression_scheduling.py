@@ -237,3 +237,25 @@ def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
         assert long.compression is not None and long.pflash is None
     finally:
         served.close()
+
+
+def test_chat_and_explicit_query_requests_are_compressed_over_http(tiny_model):
+    from conftest import live_server
+
+    settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "pflash": "auto",
+                "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4, "pflash_segment_max": 16}
+    notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
+    with live_server([settings]) as server, server.client(timeout=120) as client:
+        chat = client.post("/v1/chat/completions", json={"max_tokens": 3, "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": notes + " When does the bridge open?"}]}).json()
+        tools = client.post("/v1/chat/completions", json={"max_tokens": 3, "messages": [{"role": "user", "content": notes}],
+                                                          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}).json()
+        explicit = client.post("/v1/completions", json={"prompt": notes, "max_tokens": 3,
+                                                         "pflash": {"mode": "always", "keep_ratio": 0.5, "query": "When does it open?"}}).json()
+    report = chat["usage"]["timings"]["pflash"]
+    assert report["status"] == "compressed" and chat["usage"]["prompt_tokens"] == report["original_tokens"]
+    assert tools["usage"]["timings"]["pflash"]["status"] == "skipped"  # tools: only when the request asks
+    assert "tools" in tools["usage"]["timings"]["pflash"]["reason"]
+    e = explicit["usage"]["timings"]["pflash"]
+    assert e["status"] == "compressed" and 0.3 < e["keep_ratio"] <= 0.5

@@ -20,14 +20,17 @@ class QueryPlan:
     extra_query: tuple[int, ...] = ()  # query tokens appended after the prompt (explicit query)
 
     def mandatory(self, n_tokens: int) -> list[Segment]:
-        """The spans kept whatever their score: the head, and the query with all after it."""
-        return [Segment(0, min(self.head_end, n_tokens)), Segment(min(self.query_start, n_tokens), n_tokens)]
+        """The spans kept whatever their score: the head, and the query with all after it (none
+        when the query is appended after the prompt)."""
+        spans = [Segment(0, min(self.head_end, n_tokens)), Segment(min(self.query_start, n_tokens), n_tokens)]
+        return [s for s in spans if len(s)]
 
     def fits(self, n_tokens: int, budget: int) -> bool:
         """Whether compressing can help: the mandatory spans alone must fit in the budget."""
-        spans = self.mandatory(n_tokens)
-        overlap = max(0, spans[0].end - spans[1].start)
-        return len(spans[0]) + len(spans[1]) - overlap <= budget
+        kept = set()
+        for span in self.mandatory(n_tokens):
+            kept.update(range(span.start, span.end))
+        return len(kept) <= budget
 
 
 def locate_text(pieces: list[bytes], text: str, before: int | None = None) -> tuple[int, int] | None:
