@@ -15,10 +15,7 @@ from pflash_plugin.pflash.drafter import Drafter
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
-try:
-    from .mock_runner import check_scheduler, make_request, make_scheduler, run_until_idle, sink_of
-except ImportError:
-    from mock_runner import check_scheduler, make_request, make_scheduler, run_until_idle, sink_of  # type: ignore[no-redef]
+from mock_runner import check_scheduler, make_request, make_scheduler, run_until_idle, sink_of
 
 TIMEOUT = 5.0
 LONG = list(range(1, 41))

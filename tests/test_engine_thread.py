@@ -11,10 +11,7 @@ from pflash_plugin.engine.request import FinishEvent, RequestState
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import DecodeError
 
-try:
-    from .mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of
-except ImportError:
-    from mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of  # type: ignore[no-redef]
+from mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of
 
 TIMEOUT = 2.0  # generous upper bound for one request; the mock engine takes milliseconds
 

@@ -15,20 +15,7 @@ import pytest
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestState, TextEvent
 from pflash_plugin.engine.scheduler import AdmissionError, common_prefix
 
-try:
-    from .mock_runner import (
-        EOG,
-        check_scheduler,
-        default_piece,
-        idle_pages,
-        make_request,
-        make_scheduler,
-        run_until_idle,
-        sink_of,
-        step_once,
-    )
-except ImportError:
-    from mock_runner import (  # type: ignore[no-redef]
+from mock_runner import (
         EOG,
         check_scheduler,
         default_piece,
