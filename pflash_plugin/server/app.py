@@ -114,7 +114,8 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
             return completion_response(rid, served.name, echo + text, finish, usage, logprobs.as_dict() if logprobs else None)
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _serve(http, served, request, body.stream, chunk, final, "text_completion", include_usage, prefix=echo)
+        return await _serve(http, served, request, body.stream, chunk, final, "text_completion", include_usage,
+                            prefix=echo, on_tokens=logprobs.add if logprobs else None)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authenticate)])
     async def create_chat_completion(http: Request, body: ChatCompletionRequest) -> Any:
@@ -190,8 +191,6 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
                         texts.append(event.text)
                         if on_tokens:
                             on_tokens(event.tokens)
-                        elif chunk:  # completion logprobs accumulate through the chunk builder
-                            chunk("", event.tokens, None)
                     elif isinstance(event, FinishEvent):
                         on_finish(event)
                         return final("".join(texts), event.reason, event.usage)

@@ -94,8 +94,8 @@ class ServedModel:
         self.model = load_model(path, self.config)
         reserve, available = 0, None
         if settings.pflash != "off":
-            self.compression, reserve = self._start_compression(self.model)
             gpu_free = gpu_free_bytes(settings.main_gpu) if settings.n_gpu_layers != 0 else None
+            self.compression, reserve = self._start_compression(self.model, on_gpu=gpu_free is not None)
             available = gpu_free if gpu_free is not None else available_memory_bytes()
         self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
         self.embedder = (
@@ -116,7 +116,7 @@ class ServedModel:
             self.compression.stop()
 
     # ---- PFlash ----------------------------------------------------------------------------
-    def _start_compression(self, target: Model) -> tuple[CompressionWorker, int]:
+    def _start_compression(self, target: Model, on_gpu: bool) -> tuple[CompressionWorker, int]:
         """The drafter (the target itself unless --pflash_drafter), its thread, and the memory
         it needs up to max_ctx; refuses, at startup, drafters with another vocabulary and
         architectures the capture cannot handle."""
@@ -128,19 +128,18 @@ class ServedModel:
         persistent = s.draft_residency == "persistent"
         assert self.config.max_ctx is not None
         max_tokens = self.config.max_ctx + MAX_EXPLICIT_QUERY
+        n_batch = min(s.n_batch, 512)
 
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent
             model = Model(drafter_path) if separate else probe
-            return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=min(s.n_batch, 512),
+            return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=n_batch,
                            n_threads=s.n_threads_batch, owns_model=separate)
 
-        on_gpu = s.n_gpu_layers != 0 and gpu_free_bytes(s.main_gpu) is not None
-        reserve = drafter_reserve(probe, layers, min(s.n_batch, 512), drafter_path is not None, gpu=on_gpu)
+        reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=on_gpu)
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
-        self.scoring_layers = layers
         return CompressionWorker(compressor, name=self.name), reserve.bytes_for(max_tokens)
 
     def plan_compression(
