@@ -34,6 +34,7 @@ from .protocol import (
     sampling_params,
     usage_chunk,
 )
+from .security import install_security
 from .settings import ModelSettings, ServerSettings
 
 _bearer = HTTPBearer(auto_error=False)
@@ -50,6 +51,7 @@ def create_app(server_settings: ServerSettings, model_settings: list[ModelSettin
 
     app = FastAPI(title="pflash-plugin: concurrent llama.cpp server", lifespan=lifespan, root_path=server_settings.root_path)
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"])
+    install_security(app, server_settings)
     app.state.models, app.state.metrics = models, metrics
 
     async def authenticate(authorization=Depends(_bearer)) -> None:

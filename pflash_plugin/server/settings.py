@@ -9,7 +9,7 @@ from typing import List, Literal, Optional
 
 from llama_cpp.server.settings import ModelSettings as StockModelSettings
 from llama_cpp.server.settings import ServerSettings as StockServerSettings
-from pydantic import Field
+from pydantic import Field, field_validator
 
 
 class ModelSettings(StockModelSettings):
@@ -61,6 +61,19 @@ class ServerSettings(StockServerSettings):
     sse_ping_seconds: float = Field(
         default=5.0, gt=0, description="Seconds between SSE keep-alive comments (while queued or compressed)."
     )
+    public_routes: List[str] = Field(
+        default=[], description="Paths answered without the API key when api_key is set, e.g. /docs /openapi.json "
+        "(/health always is).",
+    )
+    max_body_bytes: int = Field(default=8 * 2**20, ge=1, description="Largest request body in bytes; larger get 413.")
+
+    @field_validator("public_routes")
+    @classmethod
+    def _paths_start_with_slash(cls, routes: List[str]) -> List[str]:
+        for route in routes:
+            if not route.startswith("/"):
+                raise ValueError(f"public route {route!r} must be a path starting with '/'")
+        return routes
 
 
 class Settings(ServerSettings, ModelSettings):

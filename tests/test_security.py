@@ -1,0 +1,98 @@
+"""API key on every private route, public routes by setting, and the request-body limit (real server)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+from starlette.routing import Route
+
+from conftest import LiveServer, live_server
+
+KEY = "sekret-key"
+LIMIT = 4096  # bytes of body
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_model) -> Iterator[LiveServer]:
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1}
+    with live_server([model], api_key=KEY, public_routes=["/docs"], max_body_bytes=LIMIT) as server:
+        yield server
+
+
+def routes(server: LiveServer) -> list[tuple[str, str]]:
+    """(method, path) of every route the app serves, FastAPI's own (/docs, /openapi.json...) included."""
+    return [(sorted(r.methods - {"HEAD"})[0], r.path) for r in server.app.routes if isinstance(r, Route)]
+
+
+def assert_401(response) -> None:
+    assert response.status_code == 401, (response.request.method, response.request.url, response.status_code)
+    error = response.json()["error"]
+    assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key" and error["message"]
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_every_private_route_needs_the_key(keyed_server):
+    private = [(m, p) for m, p in routes(keyed_server) if p not in ("/health", "/docs")]
+    assert {"/status", "/metrics", "/openapi.json", "/redoc", "/v1/models", "/v1/completions"} <= {p for _, p in private}
+    wrong = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {KEY}x"},
+             {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}, {"x-api-key": KEY}]
+    with keyed_server.client() as client:
+        for method, path in private + [("GET", "/no/such/route")]:
+            for headers in wrong:
+                assert_401(client.request(method, path, headers=headers, json={}))
+        for method, path in private:
+            response = client.request(method, path, headers={"Authorization": f"Bearer {KEY}"}, json={})
+            assert response.status_code != 401 and response.status_code < 500, (method, path, response.status_code)
+            if method == "GET":
+                assert response.status_code == 200, path
+        ok = client.post("/v1/completions", headers={"Authorization": f"bearer {KEY}"}, json={"prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_public_routes_need_no_key(keyed_server):
+    with keyed_server.client() as client:
+        assert client.get("/health").status_code == 200  # always public, though not in public_routes
+        assert client.get("/docs").status_code == 200  # configured public
+        assert_401(client.get("/openapi.json"))  # not configured
+
+
+def test_cors_preflight_passes_and_401_carries_cors_headers(keyed_server):
+    origin = {"Origin": "https://example.org"}
+    with keyed_server.client() as client:
+        preflight = client.options("/v1/completions", headers={**origin, "Access-Control-Request-Method": "POST",
+                                                                 "Access-Control-Request-Headers": "authorization"})
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"]
+        denied = client.get("/status", headers=origin)
+        assert_401(denied)
+        assert denied.headers["access-control-allow-origin"]
+
+
+def test_oversized_body_gets_413_with_and_without_content_length(keyed_server):
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    body = b'{"prompt": "' + b"a" * LIMIT + b'", "max_tokens": 1}'
+
+    def chunked():  # no Content-Length: the server must count
+        for i in range(0, len(body), 1000):
+            yield body[i:i + 1000]
+
+    with keyed_server.client() as client:
+        declared = client.post("/v1/completions", headers=auth, content=body)
+        streamed = client.post("/v1/completions", headers=auth, content=chunked())
+        assert "content-length" not in streamed.request.headers
+        assert streamed.request.headers["transfer-encoding"] == "chunked"
+        for response in (declared, streamed):
+            assert response.status_code == 413
+            error = response.json()["error"]
+            assert error["code"] == "request_too_large" and str(LIMIT) in error["message"]
+        small = b'{"prompt": "' + b"a " * 100 + b'", "max_tokens": 1}'
+        for content in (small, iter([small[:50], small[50:]])):  # under the limit, both ways
+            response = client.post("/v1/completions", headers=auth, content=content)
+            assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 1
+        assert_401(client.post("/v1/completions", content=body))  # the key is checked before the body is read
+
+
+def test_public_routes_setting_is_validated():
+    from pflash_plugin.server.settings import ServerSettings
+
+    with pytest.raises(ValueError, match="must be a path"):
+        ServerSettings(public_routes=["docs"])
