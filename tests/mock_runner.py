@@ -94,6 +94,7 @@ class MockRunner:
         self.scripts: dict[int, list[int]] = {}  # request_id -> tokens to sample, in order
         self.bad_grammar = "bad"  # start_request raises ValueError for this grammar
         self.start_error: Callable[[Request], BaseException | None] | None = None
+        self.sample_error: Callable[[Request], Exception | None] | None = None  # returned in its place
         self.fail_steps: dict[int, tuple[BaseException, bool]] = {}  # index -> (error, write first)
         self.hook: Callable[[int, Step], None] | None = None  # runs at the start of execute
         self.steps: list[StepRecord] = []
@@ -167,7 +168,7 @@ class MockRunner:
         self.active.pop(slot, None)  # tolerated after a start_request that raised, like LlamaRunner
 
     # ---- stepping --------------------------------------------------------------------------
-    def execute(self, step: Step) -> dict[int, TokenOutput]:
+    def execute(self, step: Step) -> dict[int, TokenOutput | Exception]:
         index = len(self.steps) + 1
         record = StepRecord(
             index,
@@ -213,10 +214,11 @@ class MockRunner:
         if failure is not None:  # failed after writing part of the batch
             record.error = failure[0]
             raise failure[0]
-        outputs: dict[int, TokenOutput] = {}
+        outputs: dict[int, TokenOutput | Exception] = {}
         for item in step.items:
             if item.wants_logits:
-                outputs[item.request.request_id] = TokenOutput(self._sample(item))
+                error = self.sample_error(item.request) if self.sample_error else None
+                outputs[item.request.request_id] = error or TokenOutput(self._sample(item))
         record.ok = True
         return outputs
 
@@ -396,12 +398,14 @@ def make_scheduler(
 
 
 def step_once(sched: Scheduler, runner: MockRunner) -> Step:
+    """One engine round without the thread: schedule, execute, update, deliver the events."""
     step = sched.schedule()
     if step.items:
         outputs = runner.execute(step)
         sched.update(step, outputs)
         if runner.check_every_step:
             check_scheduler(sched, runner)
+    sched.emit()
     return step
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from pflash_plugin.engine.engine import Engine
-from pflash_plugin.engine.request import RequestState
+from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
 from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
@@ -54,7 +54,7 @@ def test_long_prompt_is_served_compressed_and_reports_the_client_prompt():
     request = long_request()
     sched.add(request)
     assert not sched.schedule().items  # handed off, nothing to prefill yet
-    assert handed == [request] and request.state is RequestState.COMPRESSING
+    assert handed == [request] and request.status is RequestStatus.COMPRESSING
     assert sched.status()["compressing"][0]["prompt_tokens"] == 40
     sched.resume(request, LONG[:4] + LONG[-6:], {"status": "compressed", "kept_tokens": 10})
     run_until_idle(sched, runner)
@@ -74,7 +74,9 @@ def test_prepared_requests_go_ahead_of_new_arrivals_in_arrival_order():
     sched.add(newcomer)
     sched.resume(first, LONG[:8], {"status": "compressed"})
     sched.resume(second, [50, 51, 52], {"status": "compressed"})
-    assert list(sched.waiting)[:3] == [first, second, newcomer]
+    assert list(sched.prepared) == [first, second] and list(sched.waiting) == [newcomer]
+    run_until_idle(sched, runner)
+    assert runner.started == [first.request_id, second.request_id, newcomer.request_id]
 
 
 def test_cached_prefix_skips_compression():
@@ -126,7 +128,7 @@ def test_decoding_chat_keeps_stepping_while_a_prompt_is_scored(engine_with_fake)
     engine.submit(chat)
     assert sink_of(chat).done.wait(TIMEOUT), "the chat did not finish while the drafter scored"
     assert sink_of(chat).finish.usage["completion_tokens"] == 30
-    assert long.state is RequestState.COMPRESSING and not sink_of(long).events
+    assert long.status is RequestStatus.COMPRESSING and not sink_of(long).events
     fake.deliver(0, LONG[-8:])
     assert sink_of(long).done.wait(TIMEOUT)
     assert sink_of(long).finish.usage["prompt_tokens"] == 40
@@ -191,7 +193,7 @@ def test_scored_prompt_waits_for_its_model_even_when_the_queue_is_full():
     sched.schedule()
     sched.add(make_request([1, 2]))  # the queue is now full for new arrivals
     sched.resume(long, LONG[:6], {"status": "compressed"})
-    assert long in sched.waiting  # never scored twice, never answered 429 after scoring
+    assert long in sched.prepared  # never scored twice, never answered 429 after scoring
     run_until_idle(sched, runner)
     assert sink_of(long).finish.reason == "length"
 

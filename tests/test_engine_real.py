@@ -10,11 +10,11 @@ from pflash_plugin.engine.request import FinishEvent, ErrorEvent, Request, Sampl
 
 
 def run_together(engine, requests: list[Request], timeout: float = 120) -> list[list[int]]:
-    """Queue all requests in one engine-thread task, so they are admitted in the same step."""
+    """Submit all requests in one message, so they are admitted in the same step."""
     done = threading.Semaphore(0)
     for request in requests:
         request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
-    engine.call(lambda: [engine.scheduler.add(r) for r in requests])
+    engine.submit(*requests)
     for _ in requests:
         assert done.acquire(timeout=timeout), "request did not finish"
     return [r.output_tokens for r in requests]
@@ -51,9 +51,9 @@ def test_batched_decode_stays_close_to_alone(demo_model):
         greedy = SamplingParams(max_tokens=16, temperature=0)
         alone = []
         for prompt in prompts:
-            engine.call(engine.scheduler.evict_idle)  # no prefix reuse: each runs from scratch
+            engine.clear_prefix_cache()  # no prefix reuse: each runs from scratch
             alone += run_together(engine, [Request(model.tokenize(prompt), greedy)])
-        engine.call(engine.scheduler.evict_idle)
+        engine.clear_prefix_cache()
         together = run_together(engine, [Request(model.tokenize(p), greedy) for p in prompts])
     finally:
         engine.stop()

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestState, TextEvent
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestStatus, TextEvent
 from pflash_plugin.engine.scheduler import AdmissionError, common_prefix
 
 from mock_runner import (
@@ -99,7 +99,7 @@ def test_long_prefill_never_stalls_decoding(n_decoding):
     long = make_request(list(range(100, 130)), max_tokens=2)  # 30 tokens > max_batch_tokens
     sched.add(long)
     chunks = []
-    while long.prefilling:
+    while long.prefill_left:
         produced = [len(r.output_tokens) for r in decoders]
         step_once(sched, runner)
         record = runner.steps[-1]
@@ -111,7 +111,7 @@ def test_long_prefill_never_stalls_decoding(n_decoding):
         chunk = record.for_request(long.request_id)
         assert chunk is not None
         chunks.append(chunk)
-        if long.prefilling:
+        if long.prefill_left:
             assert long.output_tokens == []
             assert sum(len(i.tokens) for i in record.items) == budget, "the chunk must fill the budget"
 
@@ -137,10 +137,10 @@ def test_chunked_prefill_positions_contiguous_and_first_token_after_last_chunk()
         if not last:
             assert request.output_tokens == []
             assert request.timings.first_token is None and request.timings.prefill_done is None
-            assert request.prefilling
+            assert request.status is RequestStatus.PREFILLING
     assert len(request.output_tokens) == 1
     assert request.timings.first_token is not None and request.timings.prefill_done is not None
-    assert not request.prefilling
+    assert request.status is RequestStatus.DECODING
     run_until_idle(sched, runner)
     items = runner.items_of(request.request_id)
     assert [i.start_pos for i in items] == [0, 8, 16, 20, 21]
@@ -168,6 +168,23 @@ def test_shortest_remaining_prefill_goes_first():
     run_until_idle(sched, runner)
 
 
+@pytest.mark.parametrize("aging", [1, 8])
+def test_aging_lets_a_long_prompt_through_a_steady_stream_of_short_ones(aging):
+    sched, runner = make_scheduler(n_slots=3, n_pages=64, max_batch_tokens=8, max_ctx=64, prefill_chunk=4, aging=aging)
+    long = make_request(list(range(100, 140)), max_tokens=1)
+    sched.add(long)
+    steps = 0
+    while not long.status.finished:
+        # every step a short prompt arrives that can finish its prefill in that step
+        sched.add(make_request([500 + steps % 400, 1], max_tokens=1))
+        step_once(sched, runner)
+        steps += 1
+        assert steps < 200, f"the long prompt starved: {long.n_prefilled} of 40 prefilled"
+    # it waited at most until its age made up for its length, then took a capped chunk a step
+    assert steps <= 40 // aging + 40 // 4 + 2
+    assert sink_of(long).finish.reason == "length"
+
+
 def test_prefill_chunk_caps_a_prompt_only_while_others_are_active():
     sched, runner = make_scheduler(
         n_slots=2, n_pages=32, max_batch_tokens=16, max_ctx=64, prefill_chunk=4
@@ -179,7 +196,7 @@ def test_prefill_chunk_caps_a_prompt_only_while_others_are_active():
     step_once(sched, runner)
     other = make_request(list(range(200, 212)), max_tokens=2)
     sched.add(other)
-    while other.prefilling:
+    while other.prefill_left:
         step_once(sched, runner)
         record = runner.steps[-1]
         assert record.for_request(alone.request_id) is not None
@@ -256,7 +273,7 @@ def test_prefix_reuse_from_busy_slot_through_seq_cp(reuse):
     sched.add(a)
     step_once(sched, runner)
     step_once(sched, runner)
-    assert a.slot == 0 and not a.prefilling
+    assert a.slot == 0 and a.status is RequestStatus.DECODING
     used = pool.used_pages
     b = make_request(P[:reuse] + [500, 501], max_tokens=5)
     sched.add(b)
@@ -389,7 +406,7 @@ def test_reuse_kept_for_a_request_that_needs_the_whole_pool():
     b = make_request(list(range(1, 9)) + [500] * 8, max_tokens=8)
     sched.add(b)
     step_once(sched, runner)
-    assert b.state is RequestState.RUNNING
+    assert b.status.running
     assert b.cached_tokens == 8
     assert sched.slots[other.slot].tokens == []
     assert sched.pool.used_pages == 6
@@ -407,14 +424,16 @@ def test_cancel_waiting_request():
     step_once(sched, runner)
     assert b in sched.waiting and b.slot is None
     used = sched.pool.used_pages
-    sched.finish(b, "cancelled")
+    sched.finish(b, RequestStatus.FINISHED_CANCELLED)
+    sched.emit()
     assert b not in sched.waiting
-    assert (b.state, b.finish_reason) == (RequestState.FINISHED, "cancelled")
+    assert (b.status, b.finish_reason) == (RequestStatus.FINISHED_CANCELLED, "cancelled")
     assert [type(e) for e in sink_of(b).events] == [FinishEvent]
     assert sink_of(b).finish.reason == "cancelled"
     assert sink_of(b).finish.usage["completion_tokens"] == 0
     assert sched.pool.used_pages == used
-    sched.finish(b, "cancelled")  # a second cancel is a no-op
+    sched.finish(b, RequestStatus.FINISHED_CANCELLED)  # a second cancel is a no-op
+    sched.emit()
     assert len(sink_of(b).events) == 1
     run_until_idle(sched, runner)
     assert b.request_id not in runner.started
@@ -428,7 +447,8 @@ def test_cancel_running_request_frees_its_reservation():
     for _ in range(3):
         step_once(sched, runner)
     assert len(a.output_tokens) == 2 and pool.used_pages == 10
-    sched.finish(a, "cancelled")
+    sched.finish(a, RequestStatus.FINISHED_CANCELLED)
+    sched.emit()
     slot = sched.slots[a.slot]
     assert slot.request is None and a not in sched.running
     assert slot.tokens == a.prompt_tokens + a.output_tokens[:1]
@@ -452,7 +472,8 @@ def test_cancel_during_prefill_keeps_only_the_written_chunks():
     a = make_request(list(range(1, 21)), max_tokens=10)
     sched.add(a)
     step_once(sched, runner)
-    sched.finish(a, "cancelled")
+    sched.finish(a, RequestStatus.FINISHED_CANCELLED)
+    sched.emit()
     assert sched.slots[0].tokens == a.prompt_tokens[:8]
     assert sched.pool.used_pages == 2
     assert sink_of(a).finish.reason == "cancelled"
@@ -467,11 +488,13 @@ def test_fail_running_request_emits_error_and_frees():
     sched.add(a)
     step_once(sched, runner)
     step_once(sched, runner)
-    sched.fail(a, 503, "boom")
+    sched.fail(a, RuntimeError("boom"), "testing")
+    sched.emit()
     sink = sink_of(a)
     assert sink.finish is None, "an error is not followed by a finish"
-    assert [(e.status, e.message) for e in sink.errors] == [(503, "boom")]
-    assert (a.state, a.finish_reason) == (RequestState.FINISHED, "error")
+    assert [e.status for e in sink.errors] == [500]
+    assert sink.errors[0].message == f"request {a.request_id}: testing failed: RuntimeError: boom"
+    assert (a.status, a.finish_reason) == (RequestStatus.FINISHED_ERROR, "error")
     assert a not in sched.running and sched.slots[a.slot].request is None
     assert sched.pool.used_pages == idle_pages(sched) == sched.pool.pages_for(6)
     check_scheduler(sched, runner)
@@ -484,7 +507,8 @@ def test_fail_waiting_request():
     sched.add(a)
     sched.add(b)
     step_once(sched, runner)
-    sched.fail(b, 500, "nope")
+    sched.fail(b, RuntimeError("nope"), "testing")
+    sched.emit()
     assert b not in sched.waiting
     assert [type(e) for e in sink_of(b).events] == [ErrorEvent]
     run_until_idle(sched, runner)
@@ -505,9 +529,9 @@ def test_start_request_value_error_fails_only_that_request(cached_prefix):
     assert [(e.status, e.type) for e in errors] == [(400, "invalid_request_error")]
     assert "grammar" in errors[0].message
     assert sink_of(bad).finish is None
-    assert (bad.state, bad.finish_reason) == (RequestState.FINISHED, "error")
+    assert (bad.status, bad.finish_reason) == (RequestStatus.FINISHED_REJECTED, "rejected")
     assert bad not in sched.waiting and bad not in sched.running
-    assert good.state is RequestState.RUNNING and good.slot == 0
+    assert good.status.running and good.slot == 0
     assert good.cached_tokens == (len(P) if cached_prefix else 0)
     run_until_idle(sched, runner)
     assert sink_of(good).finish.reason == "length"
@@ -661,16 +685,16 @@ def test_random_mixed_load_returns_to_idle(seed, page_size):
             else:
                 sched.add(request)
                 requests.append(request)
-        live = [r for r in requests if r.state is not RequestState.FINISHED]
+        live = [r for r in requests if not r.status.finished]
         roll = rng.random()
         if live and roll < 0.06:
             victim = rng.choice(live)
             outcome[victim.request_id] = "cancelled"
-            sched.finish(victim, "cancelled")
+            sched.finish(victim, RequestStatus.FINISHED_CANCELLED)
         elif live and roll < 0.08:
             victim = rng.choice(live)
             outcome[victim.request_id] = "failed"
-            sched.fail(victim, 500, "random failure")
+            sched.fail(victim, RuntimeError("random failure"), "testing")
         step = step_once(sched, runner)
         assert step.items or not sched.has_work, "work left but nothing scheduled"
         steps += 1
@@ -679,7 +703,7 @@ def test_random_mixed_load_returns_to_idle(seed, page_size):
     for request in requests:
         sink = sink_of(request)
         assert len(sink.terminal) == 1, f"request {request.request_id}: {sink.events}"
-        assert request.state is RequestState.FINISHED
+        assert request.status.finished
         expected = outcome.get(request.request_id)
         if request.params.grammar == "bad" and expected is None:
             assert sink.errors[0].status == 400
@@ -700,8 +724,10 @@ def test_random_mixed_load_returns_to_idle(seed, page_size):
     assert sched.pool.used_pages == idle_pages(sched)
     assert sum(r.cached_tokens for r in requests) > 0, "the load never reused a prefix"
     assert runner.ops_of("seq_cp"), "the load never copied a prefix between slots"
-    assert sched.evict_idle() >= 0
+    caches = sum(1 for s in sched.slots if s.tokens)
+    assert caches > 0 and sched.evict_idle() == caches
     assert sched.pool.used_pages == 0 and runner.cells_used == 0
+    assert sched.evict_idle() == 0
 
 
 # ---- regressions found in review -----------------------------------------------------------------
@@ -710,7 +736,7 @@ def test_finish_between_schedule_and_update_leaves_no_unaccounted_cells():
     a = make_request(list(range(1, 21)), max_tokens=4)
     sched.add(a)
     step = sched.schedule()  # first chunk: 8 tokens, no logits
-    sched.finish(a, "cancelled")  # e.g. a cancel handled while the step is in flight
+    sched.finish(a, RequestStatus.FINISHED_CANCELLED)  # e.g. a cancel handled while the step is in flight
     runner.require_active = False  # the real runner decodes a no-logits chunk without a sampler
     # between execute and update the cells are ahead of the pages: check only once update ran
     runner.pool, pool, runner.check_every_step = None, runner.pool, False
@@ -728,8 +754,8 @@ def test_new_request_takes_an_empty_slot_before_destroying_a_cache():
     sched.add(b)
     step_once(sched, runner)
     assert b.slot == 1
-    sched.fail(b, 500, "llama_decode returned -1")  # what Engine._fail_step does
-    sched.drop_kv(b)
+    error = ErrorEvent(500, "llama_decode returned -1")
+    sched.finish(b, RequestStatus.FINISHED_ERROR, error, forget_kv=True)  # what Engine._fail_step does
     assert sched.slots[1].tokens == []
     c = make_request([400, 401, 402], max_tokens=2)
     sched.add(c)

@@ -1,20 +1,65 @@
-"""One scheduler thread per model: owns the llama context, runs steps, serves submissions.
+"""One scheduler thread per model: owns the llama context, runs steps, serves messages.
 
-Other threads talk to it only through `submit` and `cancel`, which post to an inbox; every
-scheduler and KV mutation happens on the engine thread, so none of it needs a lock.
+Other threads talk to it only through typed messages in an inbox (`Submit`, `Cancel`,
+`Compressed`, `ClearCache`, `Shutdown`); every scheduler and KV mutation happens on the engine
+thread, so none of it needs a lock. A failure tied to one request fails that request alone; only
+a failure of llama.cpp itself marks the model failed (`health`).
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..llama import DecodeError
-from .request import ErrorEvent, Request, RequestState
+from .request import ErrorEvent, Request, RequestStatus
 from .scheduler import AdmissionError, Scheduler, Step
 
 log = logging.getLogger(__name__)
+_JOIN_MARGIN_S = 30.0  # shutdown waits this long past the grace for a step in flight to end
+
+
+@dataclass(frozen=True)
+class Submit:
+    requests: tuple[Request, ...]  # admitted together, so they can share their first step
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request: Request
+
+
+@dataclass(frozen=True)
+class Compressed:
+    request: Request
+    tokens: list[int]
+    report: dict
+
+
+@dataclass(frozen=True)
+class ClearCache:
+    """Drop the idle slots' prefix caches (tests and benchmarks that must run from scratch)."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    deadline: float  # time.monotonic(): in-flight requests still running then are cancelled
+
+
+Message = Submit | Cancel | Compressed | ClearCache | Shutdown
+
+
+@dataclass(frozen=True)
+class Health:
+    state: str  # "ok" | "draining" (shutting down) | "failed" (llama.cpp failed) | "stopped"
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
 
 
 class Engine:
@@ -27,15 +72,18 @@ class Engine:
         if compressor is not None:
             scheduler.handoff = self._hand_to_compressor
             compressor.should_yield = lambda: self._interactive
-        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._stop = False
+        self._closing = False  # shutdown() was called: submit refuses
+        self._closing_lock = threading.Lock()  # no Submit lands behind the Shutdown message
+        self._deadline: float | None = None  # engine thread: draining until then
+        self._failure: str | None = None  # llama.cpp failed: why
         self._status: dict = scheduler.status()
         self._status_lock = threading.Lock()
         self.steps = 0
         self._aborts = 0  # consecutive aborted decodes
-        # a step that prefills one long prompt alone is preempted when a message arrives, so a
-        # newcomer does not wait for the whole step (the next step caps that prompt's chunk)
+        # a step that prefills one long prompt alone is preempted when a new request arrives, so
+        # the newcomer does not wait for the whole step (the next step caps that prompt's chunk)
         self._preemptible = False
         self._arrival = threading.Event()
         if hasattr(runner, "set_abort"):
@@ -45,24 +93,48 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        self._stop = True
-        self._wake.set()
-        self._thread.join(timeout=30)
-
     # ---- called from any thread ------------------------------------------------------------
-    def submit(self, request: Request) -> None:
-        """Queue a request; raises AdmissionError at once for what can never be served."""
-        self.scheduler.check(request)  # reads only immutable limits and the queue length
-        self._post(lambda: self._admit_checked(request))
+    def submit(self, *requests: Request) -> None:
+        """Queue requests (together: admitted in the same step when slots allow); raises
+        AdmissionError at once for what can never be served, or while the engine cannot serve."""
+        if self._failure is not None:
+            raise AdmissionError(503, f"the model {self.name} failed: {self._failure}", "service_unavailable")
+        for request in requests:
+            self.scheduler.check(request)  # reads only immutable limits and the queue length
+        with self._closing_lock:
+            if self._closing:
+                raise AdmissionError(503, "the server is shutting down", "service_unavailable")
+            self._post(Submit(requests))
+        self._arrival.set()
 
     def cancel(self, request: Request) -> None:
-        request.cancelled = True
-        self._post(lambda: self.scheduler.finish(request, "cancelled"))
+        """Finish the request as cancelled before the next step; its slot and pages come back."""
+        self._post(Cancel(request))
 
-    def call(self, fn: Callable[[], None]) -> None:
-        """Run `fn` on the engine thread (used by the compressor to hand results back)."""
-        self._post(fn)
+    def clear_prefix_cache(self) -> None:
+        self._post(ClearCache())
+
+    def shutdown(self, grace_s: float) -> None:
+        """Stop admitting (503), let in-flight requests finish for `grace_s` seconds, cancel
+        the rest, then end the engine thread. Blocks until it has ended."""
+        with self._closing_lock:
+            self._closing = True
+            self._post(Shutdown(time.monotonic() + grace_s))
+        if self._thread.is_alive():
+            self._thread.join(timeout=grace_s + _JOIN_MARGIN_S)
+
+    def stop(self) -> None:
+        """Cancel whatever is in flight and end the engine thread."""
+        self.shutdown(0.0)
+
+    def health(self) -> Health:
+        if self._failure is not None:
+            return Health("failed", self._failure)
+        if not self._thread.is_alive():
+            return Health("stopped", "the engine thread is not running")
+        if self._closing:
+            return Health("draining", "the server is shutting down")
+        return Health("ok")
 
     def status(self) -> dict:
         with self._status_lock:
@@ -70,59 +142,89 @@ class Engine:
 
     def _hand_to_compressor(self, request: Request) -> None:
         def deliver(result: Any) -> None:  # on the compression thread: post back, touch nothing
-            self._post(lambda: self.scheduler.resume(request, result.tokens, result.report))
+            self._post(Compressed(request, result.tokens, result.report))
 
         self.compressor.submit(request.compression, deliver)
 
-    # ---- engine thread ---------------------------------------------------------------------
-    def _post(self, fn: Callable[[], None]) -> None:
-        self._inbox.put(fn)
+    def _post(self, message: Message) -> None:
+        self._inbox.put(message)
         self._wake.set()
-        self._arrival.set()
 
-    def _admit_checked(self, request: Request) -> None:
-        if request.cancelled:
-            return
-        try:
-            self.scheduler.check(request)
-        except AdmissionError as error:
-            request.state = RequestState.FINISHED
-            request.sink(ErrorEvent(error.status, error.message, error.type))
-            return
-        self.scheduler.add(request)
+    # ---- engine thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        running = True
+        while running:
+            try:
+                running = self._iterate()
+            except Exception as error:  # a bug must cost the requests in flight, never the thread
+                log.exception("engine %s: scheduling failed; failing the requests in flight", self.name)
+                for request in self.scheduler.live:
+                    self._fail(request, 500, f"internal scheduler error: {error}")
+            self.scheduler.emit()
+        self._publish_status()
+
+    def _iterate(self) -> bool:
+        """One round: messages, then one step. False once a shutdown has drained everything."""
+        self._arrival.clear()
+        self._drain_inbox()
+        self.scheduler.emit()
+        if self._deadline is not None and self._drained():
+            return False
+        step = self.scheduler.schedule() if self.scheduler.has_work and self._failure is None else Step([])
+        self.scheduler.emit()
+        self._publish_status()
+        if not step.items:
+            timeout = 0.5 if self._deadline is None else max(0.0, min(0.5, self._deadline - time.monotonic()))
+            self._wake.wait(timeout)
+            self._wake.clear()
+            return True
+        self._run(step)
+        self.steps += 1
+        return True
+
+    def _drained(self) -> bool:
+        """While shutting down: True once nothing is in flight, cancelling it all at the deadline."""
+        assert self._deadline is not None
+        if self.scheduler.live and time.monotonic() >= self._deadline:
+            for request in self.scheduler.live:
+                self.scheduler.finish(request, RequestStatus.FINISHED_CANCELLED)
+            self.scheduler.emit()
+        return not self.scheduler.live
 
     def _drain_inbox(self) -> None:
         while True:
             try:
-                fn = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            try:
-                fn()
-            except Exception:  # a bad message must not kill the thread
-                log.exception("engine %s: inbox task failed", self.name)
+            if isinstance(message, Submit):
+                for request in message.requests:
+                    self._guarded(request, "admission", self._admit, request)
+            elif isinstance(message, Cancel):
+                self._guarded(message.request, "cancelling", self.scheduler.finish, message.request,
+                              RequestStatus.FINISHED_CANCELLED)
+            elif isinstance(message, Compressed):
+                self._guarded(message.request, "resuming after compression", self.scheduler.resume,
+                              message.request, message.tokens, message.report)
+            elif isinstance(message, ClearCache):
+                self.scheduler.evict_idle()
+            elif isinstance(message, Shutdown):
+                self._deadline = min(message.deadline, self._deadline or message.deadline)
 
-    def _loop(self) -> None:
-        while not self._stop:
-            try:
-                self._iterate()
-            except Exception:  # a bug must cost the requests in flight, never the thread
-                log.exception("engine %s: scheduling failed; failing the requests in flight", self.name)
-                for request in [*self.scheduler.running, *self.scheduler.waiting]:
-                    self.scheduler.fail(request, 500, "internal scheduler error")
-                    self.scheduler.drop_kv(request)
+    def _guarded(self, request: Request, what: str, fn: Callable[..., None], *args: Any) -> None:
+        """Apply one request's message; an exception fails that request alone."""
+        try:
+            fn(*args)
+        except Exception as error:
+            self.scheduler.fail(request, error, what)
 
-    def _iterate(self) -> None:
-        self._arrival.clear()
-        self._drain_inbox()
-        step = self.scheduler.schedule() if self.scheduler.has_work else Step([])
-        self._publish_status()
-        if not step.items:
-            self._wake.wait(timeout=0.5)
-            self._wake.clear()
-            return
-        self._run(step)
-        self.steps += 1
+    def _admit(self, request: Request) -> None:
+        if self._failure is not None or self._deadline is not None:
+            reason = f"the model {self.name} failed: {self._failure}" if self._failure else "the server is shutting down"
+            error = ErrorEvent(503, reason, "service_unavailable")
+            self.scheduler.finish(request, RequestStatus.FINISHED_REJECTED, error)
+        else:
+            self.scheduler.submit(request)
 
     def _run(self, step: Step) -> None:
         self._preemptible = self.scheduler.preemptible(step)
@@ -134,9 +236,9 @@ class Engine:
             else:
                 self._on_decode_error(step, error)
             return
-        except Exception as error:  # sampling or anything else: fail this step's requests only
+        except Exception as error:  # anything else: fail this step's requests only
             log.exception("engine %s: step failed", self.name)
-            self._fail_step(step, 500, f"internal error: {error}")
+            self._fail_step(step, 500, f"the step failed: {type(error).__name__}: {error}")
             return
         finally:
             self._preemptible = False
@@ -151,18 +253,30 @@ class Engine:
             self.scheduler.rollback(step)
             return  # aborted: retry the step
         log.error("engine %s: %s", self.name, error)
-        self._fail_step(step, 503 if error.code == 1 else 500, str(error))
+        if error.code <= -2:  # allocation or compute failure inside llama.cpp: the model is broken
+            self._fail_model(str(error))
+        else:
+            self._fail_step(step, 503 if error.code == 1 else 500, str(error))
 
     def _fail_step(self, step: Step, status: int, message: str) -> None:
         for request in {id(i.request): i.request for i in step.items}.values():
-            if request.state is RequestState.RUNNING:
-                self.scheduler.fail(request, status, message)
-                self.scheduler.drop_kv(request)
+            if request.status.running:
+                self._fail(request, status, message)
+
+    def _fail_model(self, reason: str) -> None:
+        self._failure = reason
+        for request in self.scheduler.live:
+            self._fail(request, 503, f"the model {self.name} failed: {reason}")
+
+    def _fail(self, request: Request, status: int, message: str) -> None:
+        """Fail a request after a step went wrong; its slot's KV is in an unknown state."""
+        error = ErrorEvent(status, f"request {request.request_id}: {message}")
+        self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, error, forget_kv=True)
 
     def _publish_status(self) -> None:
         sched = self.scheduler
         self._interactive = any(r.timings.first_token is None for r in sched.running) or any(
-            r.compression is None for r in sched.waiting
+            r.compression is None for r in [*sched.waiting, *sched.prepared]
         )
         status = sched.status()
         status["steps"] = self.steps

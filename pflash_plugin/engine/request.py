@@ -13,11 +13,32 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-class RequestState(enum.Enum):
-    WAITING = "waiting"
-    COMPRESSING = "compressing"
-    RUNNING = "running"
-    FINISHED = "finished"
+class RequestStatus(enum.Enum):
+    """Where a request is in its one lifecycle (the scheduler alone moves it):
+    WAITING -> [COMPRESSING -> WAITING] -> PREFILLING -> DECODING -> FINISHED_*; any live status
+    can go straight to a FINISHED_* one (cancel, error, refusal)."""
+
+    WAITING = "waiting"  # queued for a slot
+    COMPRESSING = "compressing"  # its prompt is on the compression thread
+    PREFILLING = "prefilling"  # holds a slot, prompt tokens left to prefill
+    DECODING = "decoding"  # holds a slot, generating
+    FINISHED_STOP = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_CANCELLED = "cancelled"
+    FINISHED_ERROR = "error"
+    FINISHED_REJECTED = "rejected"  # refused before it ran (queue full, shutting down, bad input)
+
+    @property
+    def finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+    @property
+    def running(self) -> bool:
+        return self in (RequestStatus.PREFILLING, RequestStatus.DECODING)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.value if self.finished else None
 
 
 @dataclass
@@ -85,7 +106,7 @@ class TextEvent:
 
 @dataclass
 class FinishEvent:
-    reason: str  # "stop" | "length" | "cancelled"
+    reason: str  # "stop" | "length" | "cancelled" (errors and refusals end with an ErrorEvent)
     usage: dict[str, Any]
 
 
@@ -107,25 +128,27 @@ class Request:
     sink: Callable[[Event], None] = lambda event: None
     request_id: int = field(default_factory=lambda: next(_ids))
     prefill_tokens: list[int] = field(default_factory=list)
-    state: RequestState = RequestState.WAITING
+    status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
     cached_tokens: int = 0  # prefix reused from the KV cache
     n_prefilled: int = 0  # prefill tokens already in the KV (cached ones included)
     output_tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
     timings: Timings = field(default_factory=Timings)
     pflash: dict[str, Any] | None = None  # compression report for usage.timings.pflash
-    compression: Any = None  # a pending compression job (opaque here: .cancelled, .progress)
-    prepared: bool = False  # came back from compression: queues ahead of new arrivals
-    cancelled: bool = False
+    compression: Any = None  # the compression job still to run (opaque here: .cancelled, .progress)
 
     def __post_init__(self) -> None:
         if not self.prefill_tokens:
             self.prefill_tokens = list(self.prompt_tokens)
 
     @property
-    def prefilling(self) -> bool:
-        return self.n_prefilled < len(self.prefill_tokens)
+    def finish_reason(self) -> str | None:
+        """None while the request lives; "stop", "length", "cancelled", "error" or "rejected"."""
+        return self.status.finish_reason
+
+    @property
+    def prefill_left(self) -> int:
+        return len(self.prefill_tokens) - self.n_prefilled
 
     @property
     def reserve_tokens(self) -> int:

@@ -56,10 +56,11 @@ class LlamaRunner:
         self.ctx.set_abort(should_abort)
 
     # ---- stepping --------------------------------------------------------------------------
-    def execute(self, step: Step) -> dict[int, TokenOutput]:
+    def execute(self, step: Step) -> dict[int, TokenOutput | Exception]:
         """One llama_decode for the whole step, then one sample per slot that asked for logits.
 
-        Raises DecodeError; the engine decides whom it fails.
+        Raises DecodeError; the engine decides whom it fails. A sampling error belongs to its
+        request alone: it is returned in that request's place.
         """
         batch = self.batch
         batch.clear()
@@ -69,16 +70,21 @@ class LlamaRunner:
             if item.wants_logits:
                 rows.append((item.request, row))
         self.ctx.decode(batch)
-        outputs: dict[int, TokenOutput] = {}
+        outputs: dict[int, TokenOutput | Exception] = {}
         for request, row in rows:
-            if len(request.output_tokens) < request.params.min_tokens:
-                self._suppress_eog(row)
-            top_n = self._logprobs.get(request.slot)
-            logits = self.ctx.logits(row) if top_n is not None else None
-            token = self._samplers[request.slot].sample(self.ctx, row)
-            outputs[request.request_id] = _with_logprobs(token, logits, top_n)
+            try:
+                outputs[request.request_id] = self._sample(request, row)
+            except Exception as error:
+                outputs[request.request_id] = error
         return outputs
 
+    def _sample(self, request: Request, row: int) -> TokenOutput:
+        if len(request.output_tokens) < request.params.min_tokens:
+            self._suppress_eog(row)
+        top_n = self._logprobs.get(request.slot)
+        logits = self.ctx.logits(row) if top_n is not None else None
+        token = self._samplers[request.slot].sample(self.ctx, row)
+        return _with_logprobs(token, logits, top_n)
 
     def _suppress_eog(self, row: int) -> None:
         """min_tokens: end-of-generation tokens get -inf before the sampler sees the row."""

@@ -5,9 +5,14 @@ generating slot and fills the rest of the token budget with prefill chunks, so a
 never stalls decoding. Idle slots keep their KV as a prefix cache; a new request reuses the
 longest cached prefix of any slot (in place, or shared through `seq_cp`), and idle caches are
 evicted least recently used when pages are needed.
+
+Every request moves through one `RequestStatus` lifecycle, and `finish` is the only way out of it.
+The scheduler never calls a sink while it decides: it queues events, and `emit` delivers them, so
+a sink that raises costs its own request and nothing else.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,13 +21,17 @@ from typing import Callable, Protocol
 from .kv_pool import PagePool
 from .request import (
     ErrorEvent,
+    Event,
     FinishEvent,
     Request,
-    RequestState,
+    RequestStatus,
     TextEvent,
     TokenOutput,
 )
 from .text_stream import TextStream
+
+log = logging.getLogger(__name__)
+_ENDED_CLEANLY = (RequestStatus.FINISHED_STOP, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_CANCELLED)
 
 
 class KVOps(Protocol):
@@ -47,6 +56,15 @@ class Slot:
     pages: list[int] = field(default_factory=list)
     request: Request | None = None
     last_used: float = 0.0
+
+
+@dataclass
+class _Live:
+    """What the scheduler keeps for a request while it holds a slot."""
+
+    stream: TextStream
+    pending: list[TokenOutput] = field(default_factory=list)  # sampled, text not yet released
+    starved: int = 0  # steps it was left out of while prefilling (aging)
 
 
 @dataclass
@@ -88,23 +106,32 @@ class Scheduler:
         clock: Callable[[], float] = time.perf_counter,
         handoff: Callable[[Request], None] | None = None,
         prefill_chunk: int | None = None,
+        aging: int = 128,
     ) -> None:
         """`prefill_chunk`: while other requests are active, a prompt prefills at most this many
-        tokens per step, so steps stay short and the others keep their latency."""
+        tokens per step, so steps stay short and the others keep their latency. `aging`: each
+        step a prefilling prompt is left out of counts as this many fewer tokens left, so a
+        long prompt gets through a steady stream of short ones."""
         self.kv, self.pool = kv, pool
         self.slots = [Slot(i) for i in range(n_slots)]
         self.max_batch_tokens = max_batch_tokens
         self.max_ctx, self.max_queue = max_ctx, max_queue
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.aging = prefill_chunk, aging
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] = deque()  # new arrivals, first come first served
+        self.prepared: deque[Request] = deque()  # back from compression: ahead of new arrivals
         self.running: list[Request] = []
         self.compressing: list[Request] = []
         self.handoff = handoff  # gives a request to the compression thread
-        self._streams: dict[int, TextStream] = {}
-        self._pending_tokens: dict[int, list[TokenOutput]] = {}
+        self._live: dict[int, _Live] = {}
+        self._outbox: deque[tuple[Request, Event]] = deque()
 
     # ---- admission -------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        """Requests that wait for a slot (compression included): what max_queue bounds."""
+        return len(self.waiting) + len(self.prepared) + len(self.compressing)
+
     def check(self, request: Request) -> None:
         """Reject what can never be served, before it queues (HTTP 400 / 429)."""
         n_prompt = len(request.prompt_tokens)
@@ -125,19 +152,24 @@ class Scheduler:
                 f"{self.pool.n_pages * self.pool.page_size}",
                 "context_length_exceeded",
             )
-        if len(self.waiting) + len(self.compressing) >= self.max_queue:
+        if self.queued >= self.max_queue:
             raise AdmissionError(429, "the request queue is full, retry later", "rate_limit_exceeded")
 
+    def submit(self, request: Request) -> None:
+        """Admission on the engine thread: requests that a free slot can take are moved into it
+        first, so the queue limit counts only the requests that really wait."""
+        self.admit()
+        try:
+            self.check(request)
+        except AdmissionError as error:
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(error.status, error.message, error.type))
+            return
+        self.add(request)
+        self.admit()
+
     def add(self, request: Request) -> None:
-        request.state = RequestState.WAITING
-        if request.prepared:
-            # behind other prepared (compressed) requests, ahead of new arrivals
-            index = 0
-            while index < len(self.waiting) and self.waiting[index].prepared:
-                index += 1
-            self.waiting.insert(index, request)
-        else:
-            self.waiting.append(request)
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
 
     def _hand_off(self) -> None:
         """Send waiting requests that asked for compression to the compression thread, unless
@@ -151,34 +183,44 @@ class Scheduler:
                 request.compression = None
                 continue
             self.waiting.remove(request)
-            request.state = RequestState.COMPRESSING
+            request.status = RequestStatus.COMPRESSING
             self.compressing.append(request)
             self.handoff(request)
 
     def resume(self, request: Request, tokens: list[int], report: dict) -> None:
         """A compression came back: queue the (maybe compressed) prompt ahead of new arrivals."""
-        if request.state is not RequestState.COMPRESSING:
-            return  # cancelled meanwhile
+        if request.status is not RequestStatus.COMPRESSING:
+            return  # finished meanwhile (cancelled): the late result is dropped
         self.compressing.remove(request)
         request.compression = None
         request.prefill_tokens = list(tokens)
         request.pflash = report
-        request.prepared = True
-        self.add(request)
+        request.status = RequestStatus.WAITING
+        self.prepared.append(request)
 
-    def _admit(self) -> None:
-        while self.waiting:
-            request = self.waiting[0]
-            if not self._try_place(request):
-                if request.state is RequestState.FINISHED:
-                    continue  # refused (bad parameters): the next one may fit
-                return
-            self.waiting.popleft()
-            request.state = RequestState.RUNNING
-            request.timings.admitted = self.clock()
-            self.running.append(request)
-            self._streams[request.request_id] = TextStream(request.params.stop)
-            self._pending_tokens[request.request_id] = []
+    def admit(self) -> None:
+        """Hand off what needs compression, then give free slots to queued requests in order
+        (compressed ones first); stops at the first that does not fit, so admission stays FIFO."""
+        self._hand_off()
+        for queue in (self.prepared, self.waiting):
+            while queue:
+                request = queue[0]
+                if not self._place(request):
+                    return
+                queue.popleft()
+                self._start(request)
+
+    def _start(self, request: Request) -> None:
+        request.status = RequestStatus.PREFILLING
+        request.timings.admitted = self.clock()
+        self.running.append(request)
+        self._live[request.request_id] = _Live(TextStream(request.params.stop))
+        try:
+            self.kv.start_request(request.slot, request)
+        except ValueError as error:  # the client's (a grammar that does not parse): a 400
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(400, str(error), "invalid_request_error"))
+        except Exception as error:
+            self.fail(request, error, "starting")
 
     def best_prefix(self, tokens: list[int]) -> tuple[Slot | None, int]:
         """The slot holding the longest prefix of `tokens` (at most len - 1: one token must run)."""
@@ -189,7 +231,9 @@ class Scheduler:
                 best, best_len = slot, n
         return best, best_len
 
-    def _try_place(self, request: Request) -> bool:
+    def _place(self, request: Request) -> bool:
+        """Bind an idle slot holding the best prefix to the request, evicting idle caches LRU
+        until its pages fit; False (nothing changed but evictions) if they never do."""
         idle = [s for s in self.slots if s.request is None]
         if not idle:
             return False
@@ -210,7 +254,8 @@ class Scheduler:
         while True:
             kept = self._reused_pages(dst, src, reuse)
             if needed - kept <= self.pool.free_pages + self._droppable(dst, kept if src is None else 0):
-                return self._bind(request, dst, src, reuse, needed)
+                self._bind(request, dst, src, reuse, needed)
+                return True
             if not victims:
                 return False
             self._evict(victims.pop(0))
@@ -236,8 +281,8 @@ class Scheduler:
         self.pool.release(slot.pages)
         slot.pages, slot.tokens = [], []
 
-    def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> bool:
-        """Give `dst` to the request with `reuse` tokens of prefix in place; False if it was refused."""
+    def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> None:
+        """Give `dst` to the request with `reuse` tokens of prefix in place."""
         kept = self._reused_pages(dst, src, reuse)
         if src is None:
             self.pool.release(dst.pages[kept:])
@@ -253,50 +298,41 @@ class Scheduler:
         dst.request = request
         request.slot = dst.index
         request.cached_tokens = request.n_prefilled = reuse
-        try:
-            self.kv.start_request(dst.index, request)
-        except Exception as error:
-            dst.request = None
-            self._release_slot(dst)
-            if not isinstance(error, ValueError):
-                raise
-            # a ValueError is the client's (a grammar that does not parse): refuse this one only
-            self.waiting.remove(request)
-            request.sink(ErrorEvent(400, str(error), "invalid_request_error"))
-            request.state = RequestState.FINISHED
-            request.finish_reason = "error"
-            return False
-        return True
 
     # ---- stepping --------------------------------------------------------------------------
     def schedule(self) -> Step:
-        self._hand_off()
-        self._admit()
+        self.admit()
         budget = self.max_batch_tokens
         items: list[BatchItem] = []
         for request in self.running:
-            if not request.prefilling and budget > 0:
+            if request.status is RequestStatus.DECODING and budget > 0:
                 slot = self.slots[request.slot]
                 items.append(BatchItem(request, [request.output_tokens[-1]], len(slot.tokens), True))
                 budget -= 1
-        # shortest remaining prefill first: a short prompt beside a long one starts at once
-        prefilling = sorted(
-            (r for r in self.running if r.prefilling), key=lambda r: len(r.prefill_tokens) - r.n_prefilled
-        )
         busy = len(self.running) > 1
         cap = self.prefill_chunk if busy and self.prefill_chunk else budget
-        finishing = [r for r in prefilling if len(r.prefill_tokens) - r.n_prefilled <= min(cap, budget)]
+        # shortest remaining prefill first (a short prompt beside a long one starts at once),
+        # aged: every step a prompt was left out of counts as `aging` fewer tokens left
+        prefilling = sorted((r for r in self.running if r.status is RequestStatus.PREFILLING), key=self._urgency)
+        finishing = [r for r in prefilling if self._urgency(r) <= min(cap, budget)]
         if finishing:
             prefilling = finishing  # their first tokens come first: a long chunk would delay them
         for request in prefilling:
             if budget > 0:
                 start = request.n_prefilled
-                n = min(budget, cap, len(request.prefill_tokens) - start)
+                n = min(budget, cap, request.prefill_left)
                 chunk = request.prefill_tokens[start : start + n]
                 done = start + n == len(request.prefill_tokens)
                 items.append(BatchItem(request, chunk, len(self.slots[request.slot].tokens), done))
                 budget -= n
+        chosen = {id(item.request) for item in items}
+        for request in self.running:
+            if request.status is RequestStatus.PREFILLING and id(request) not in chosen:
+                self._live[request.request_id].starved += 1
         return Step(items)
+
+    def _urgency(self, request: Request) -> int:
+        return request.prefill_left - self.aging * self._live[request.request_id].starved
 
     def preemptible(self, step: Step) -> bool:
         """A step worth aborting for a newcomer: one prompt prefilling alone in a chunk bigger
@@ -310,101 +346,136 @@ class Scheduler:
             slot = self.slots[item.request.slot]
             self.kv.seq_rm(slot.index, len(slot.tokens))
 
-    def update(self, step: Step, outputs: dict[int, TokenOutput]) -> None:
-        """Apply a successful decode: extend the slots, take the sampled tokens, finish some."""
+    def update(self, step: Step, outputs: dict[int, TokenOutput | Exception]) -> None:
+        """Apply a successful decode: extend the slots, take the sampled tokens, finish some.
+        `outputs` holds an exception for a request whose sampling failed: that request fails."""
         now = self.clock()
         for item in step.items:
             request = item.request
-            if request.state is not RequestState.RUNNING:
+            if not request.status.running:
                 # finished while the step ran: drop what the step wrote past the slot's tokens
                 slot = self.slots[request.slot]
                 if slot.request is None:
                     self.kv.seq_rm(slot.index, len(slot.tokens))
                 continue
-            self.slots[request.slot].tokens.extend(item.tokens)
-            if request.prefilling:
-                request.n_prefilled += len(item.tokens)
-                if not request.prefilling:
-                    request.timings.prefill_done = now
-            if item.wants_logits:
-                self._take_token(request, outputs[request.request_id], now)
+            try:
+                self._apply(item, outputs.get(request.request_id), now)
+            except Exception as error:
+                self.fail(request, error, "taking its token")
+
+    def _apply(self, item: BatchItem, out: TokenOutput | Exception | None, now: float) -> None:
+        request = item.request
+        self.slots[request.slot].tokens.extend(item.tokens)
+        if request.status is RequestStatus.PREFILLING:
+            request.n_prefilled += len(item.tokens)
+            if not request.prefill_left:
+                request.status = RequestStatus.DECODING
+                request.timings.prefill_done = now
+        if not item.wants_logits:
+            return
+        if isinstance(out, Exception):
+            self.fail(request, out, "sampling")
+            return
+        assert out is not None, f"no sampled token for request {request.request_id}"
+        self._take_token(request, out, now)
 
     def _take_token(self, request: Request, out: TokenOutput, now: float) -> None:
         if request.timings.first_token is None:
             request.timings.first_token = now
         request.timings.last_token = now
         if self.is_eog(out.token):
-            self.finish(request, "stop")
+            self.finish(request, RequestStatus.FINISHED_STOP)
             return
         request.output_tokens.append(out.token)
-        stream = self._streams[request.request_id]
-        pending = self._pending_tokens[request.request_id]
-        pending.append(out)
-        text = stream.push(self.piece(out.token))
-        if text or stream.stopped:
-            if text:
-                request.sink(TextEvent(text, pending[:]))
-                pending.clear()
-        if stream.stopped:
-            self.finish(request, "stop")
+        live = self._live[request.request_id]
+        live.pending.append(out)
+        text = live.stream.push(self.piece(out.token))
+        if text:
+            self._emit(request, TextEvent(text, live.pending[:]))
+            live.pending.clear()
+        if live.stream.stopped:
+            self.finish(request, RequestStatus.FINISHED_STOP)
         elif len(request.output_tokens) >= request.params.max_tokens:
-            self.finish(request, "length")
+            self.finish(request, RequestStatus.FINISHED_LENGTH)
 
-    def finish(self, request: Request, reason: str) -> None:
-        """End a request for any reason; its slot keeps the KV as a prefix cache."""
-        if request.state is RequestState.FINISHED:
+    # ---- the end of a request ----------------------------------------------------------------
+    def finish(self, request: Request, status: RequestStatus, error: ErrorEvent | None = None,
+               forget_kv: bool = False) -> None:
+        """The one way a request ends, whatever the reason: it leaves its queue, its compression
+        job is cancelled, its slot is given back (the KV stays as a prefix cache unless
+        `forget_kv`: a failed decode left it unknown), and its last events are queued. Errors
+        and refusals end with `error` alone; the others with a FinishEvent."""
+        assert status.finished and (error is None) == (status in _ENDED_CLEANLY), (status, error)
+        prior = request.status
+        if prior.finished:
             return
-        if request in self.waiting:
-            self.waiting.remove(request)
-        if request in self.compressing:
+        request.status = status
+        request.timings.finished = self.clock()
+        if prior is RequestStatus.WAITING:
+            for queue in (self.waiting, self.prepared):
+                if request in queue:
+                    queue.remove(request)
+        elif prior is RequestStatus.COMPRESSING:
             self.compressing.remove(request)
             request.compression.cancelled.set()  # the worker drops it at its next chunk
-        state = request.state
-        request.state = RequestState.FINISHED
-        request.finish_reason = reason
-        request.timings.finished = self.clock()
-        if state is RequestState.RUNNING:
+        else:
             self.running.remove(request)
-            stream = self._streams.pop(request.request_id)
-            pending = self._pending_tokens.pop(request.request_id)
-            if reason != "stop" or not stream.stopped:
-                tail = stream.flush()
-                if tail and reason != "error":
-                    request.sink(TextEvent(tail, pending))
-            self._release_slot(self.slots[request.slot])
-        if reason != "error":
-            request.sink(FinishEvent(reason, request.usage()))
+            live = self._live.pop(request.request_id)
+            if error is None and not live.stream.stopped:
+                tail = live.stream.flush()
+                if tail:
+                    self._emit(request, TextEvent(tail, live.pending))
+            self._release_slot(self.slots[request.slot], forget_kv)
+        self._emit(request, error or FinishEvent(status.value, request.usage()))
 
-    def fail(self, request: Request, status: int, message: str) -> None:
-        request.sink(ErrorEvent(status, message))
-        self.finish(request, "error")
+    def fail(self, request: Request, error: BaseException, what: str) -> None:
+        """An exception tied to one request fails that request alone (500, naming it)."""
+        log.error("request %s: %s failed", request.request_id, what, exc_info=error)
+        message = f"request {request.request_id}: {what} failed: {type(error).__name__}: {error}"
+        self.finish(request, RequestStatus.FINISHED_ERROR, ErrorEvent(500, message))
 
-    def drop_kv(self, request: Request) -> None:
-        """Forget a slot's KV after a decode error left it in an unknown state."""
-        if request.slot is not None:
-            slot = self.slots[request.slot]
-            if slot.request is None:
-                self._evict(slot)
-
-    def _release_slot(self, slot: Slot) -> None:
+    def _release_slot(self, slot: Slot, forget_kv: bool) -> None:
         self.kv.end_request(slot.index)
         slot.request = None
         slot.last_used = self.clock()
         keep = self.pool.pages_for(len(slot.tokens))
         self.pool.release(slot.pages[keep:])
         slot.pages = slot.pages[:keep]
+        if forget_kv:
+            self._evict(slot)
 
     def evict_idle(self) -> int:
-        """Free every idle cache (after llama.cpp reported no free cells despite our accounting)."""
+        """Free every idle cache (after llama.cpp reported no free cells despite our accounting);
+        returns how many slots had one."""
         idle = [s for s in self.slots if s.request is None and s.pages]
         for slot in idle:
             self._evict(slot)
         return len(idle)
 
+    # ---- output ------------------------------------------------------------------------------
+    def _emit(self, request: Request, event: Event) -> None:
+        self._outbox.append((request, event))
+
+    def emit(self) -> None:
+        """Deliver the queued events: the one place that calls sinks. A sink that raises (its
+        client's event loop is gone) fails its request alone, which then gets nothing more."""
+        while self._outbox:
+            request, event = self._outbox.popleft()
+            try:
+                request.sink(event)
+            except Exception as error:
+                request.sink = _discard
+                self.fail(request, error, "delivering its output")
+
     # ---- reporting -------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)  # compressing requests come back via resume
+        return bool(self.running or self.waiting or self.prepared)  # compressing ones come back via resume
+
+    @property
+    def live(self) -> list[Request]:
+        """Every request not finished: running, queued, compressing."""
+        return [*self.running, *self.prepared, *self.waiting, *self.compressing]
 
     def status(self) -> dict:
         cached = sum(len(s.tokens) for s in self.slots if s.request is None)
@@ -412,7 +483,8 @@ class Scheduler:
             "slots": [
                 {
                     "id": s.index,
-                    "state": "idle" if s.request is None else "prefill" if s.request.prefilling else "decode",
+                    "state": "idle" if s.request is None
+                    else "prefill" if s.request.status is RequestStatus.PREFILLING else "decode",
                     "request_id": s.request.request_id if s.request else None,
                     "kv_tokens": len(s.tokens),
                     "kv_pages": len(s.pages),
@@ -420,7 +492,7 @@ class Scheduler:
                 for s in self.slots
             ],
             "running": len(self.running),
-            "waiting": len(self.waiting),
+            "waiting": len(self.waiting) + len(self.prepared),
             "compressing": [
                 {
                     "request_id": r.request_id,
@@ -429,9 +501,13 @@ class Scheduler:
                 }
                 for r in self.compressing
             ],
-            "waiting_prepared": sum(1 for r in self.waiting if r.prepared),
+            "waiting_prepared": len(self.prepared),
             "kv_pages_used": self.pool.used_pages,
             "kv_pages_total": self.pool.n_pages,
             "kv_page_size": self.pool.page_size,
             "prefix_cache_tokens": cached,
         }
+
+
+def _discard(event: Event) -> None:
+    """The sink of a request whose own sink raised."""

@@ -1,0 +1,288 @@
+"""One request lifecycle on the engine thread (mock runner): isolation of per-request failures,
+the queue limit, cancels, which messages preempt a solo long prefill, health and shutdown."""
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pflash_plugin.engine.engine import Engine
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestStatus, TextEvent
+from pflash_plugin.engine.scheduler import AdmissionError
+from pflash_plugin.llama import DecodeError
+
+from mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of
+
+TIMEOUT = 5.0
+
+
+class FakeCompressor:
+    """Takes compression jobs and delivers only when the test says so."""
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+        self.submitted = threading.Semaphore(0)
+
+    def submit(self, job, deliver) -> None:
+        self.jobs.append((job, deliver))
+        self.submitted.release()
+
+    def deliver(self, index: int, tokens: list[int]) -> None:
+        self.jobs[index][1](SimpleNamespace(tokens=tokens, report={"status": "compressed"}))
+
+
+@pytest.fixture
+def build():
+    engines: list[Engine] = []
+
+    def make(start: bool = True, compressor=None, **kw):
+        sched, runner = make_scheduler(**kw)
+        engine = Engine(sched, runner, name="test", compressor=compressor)
+        engines.append(engine)
+        if start:
+            engine.start()
+        return engine, sched, runner
+
+    yield make
+    for engine in engines:
+        engine.stop()
+        assert not engine._thread.is_alive(), "the engine thread did not stop"
+
+
+def wait_done(*requests) -> None:
+    for request in requests:
+        assert sink_of(request).done.wait(TIMEOUT), f"request {request.request_id} never finished"
+
+
+def compressed_request(prompt: list[int], max_tokens: int = 2):
+    request = make_request(prompt, max_tokens=max_tokens)
+    request.compression = SimpleNamespace(cancelled=threading.Event(), progress=0)
+    return request
+
+
+# ---- isolation ---------------------------------------------------------------------------------
+def test_raising_start_request_on_one_of_four_slots_fails_only_that_request(build):
+    engine, sched, runner = build(start=False, n_slots=4, n_pages=64, max_batch_tokens=16, max_ctx=64)
+    requests = [make_request([10 * i + 1, 10 * i + 2, 10 * i + 3], max_tokens=4) for i in range(4)]
+    bad = requests[2]
+    runner.start_error = lambda r: RuntimeError("llama_sampler_init failed") if r is bad else None
+    engine.submit(*requests)
+    engine.start()
+    wait_done(*requests)
+    errors = sink_of(bad).errors
+    assert [e.status for e in errors] == [500] and sink_of(bad).finish is None
+    assert f"request {bad.request_id}" in errors[0].message and "llama_sampler_init failed" in errors[0].message
+    assert bad.status is RequestStatus.FINISHED_ERROR
+    for request in requests:
+        if request is not bad:
+            assert sink_of(request).errors == [] and sink_of(request).finish.reason == "length"
+    engine.stop()
+    assert sched.pool.used_pages == idle_pages(sched)
+    check_scheduler(sched, runner)
+
+
+def test_raising_sink_fails_only_that_request(build):
+    engine, sched, runner = build(start=False, n_slots=3, n_pages=64, max_batch_tokens=16, max_ctx=64)
+    requests = [make_request([10 * i + 1, 10 * i + 2], max_tokens=6) for i in range(3)]
+    deaf = requests[1]
+    seen = []
+
+    def closed_loop(event) -> None:  # the client's event loop is gone
+        seen.append(event)
+        raise RuntimeError("Event loop is closed")
+
+    deaf.sink = closed_loop
+    engine.submit(*requests)
+    engine.start()
+    wait_done(requests[0], requests[2])
+    for request in (requests[0], requests[2]):
+        assert sink_of(request).errors == [] and sink_of(request).finish.reason == "length"
+        assert len(request.output_tokens) == 6
+    engine.stop()
+    assert deaf.status is RequestStatus.FINISHED_ERROR
+    assert len(seen) == 1, "a sink that raised gets nothing more"
+    assert sched.slots[deaf.slot].request is None and not sched.running
+    assert sched.pool.used_pages == idle_pages(sched)
+    check_scheduler(sched, runner)
+
+
+def test_raising_sampler_fails_only_that_request(build):
+    engine, sched, runner = build(start=False, n_slots=4, n_pages=64, max_batch_tokens=16, max_ctx=64)
+    requests = [make_request([10 * i + 1, 10 * i + 2], max_tokens=5) for i in range(4)]
+    bad = requests[0]
+    runner.sample_error = lambda r: ValueError("grammar rejected every token") if r is bad and r.output_tokens else None
+    engine.submit(*requests)
+    engine.start()
+    wait_done(*requests)
+    assert [e.status for e in sink_of(bad).errors] == [500]
+    assert f"request {bad.request_id}" in sink_of(bad).errors[0].message
+    for request in requests[1:]:
+        assert sink_of(request).finish.reason == "length" and len(request.output_tokens) == 5
+    engine.stop()
+    assert sched.pool.used_pages == idle_pages(sched)
+    check_scheduler(sched, runner)
+
+
+def test_failing_message_handler_costs_only_its_request(build):
+    engine, sched, runner = build(compressor=FakeCompressor(), n_slots=2, n_pages=64, max_batch_tokens=16, max_ctx=128)
+    fake = engine.compressor
+    long = compressed_request(list(range(1, 41)))
+    engine.submit(long)
+    assert fake.submitted.acquire(timeout=TIMEOUT)
+    sched.resume = lambda *a: 1 / 0  # applying this compression result is broken
+    fake.deliver(0, [1, 2, 40])
+    wait_done(long)
+    assert [e.status for e in sink_of(long).errors] == [500]
+    assert "ZeroDivisionError" in sink_of(long).errors[0].message
+    other = make_request([5, 6], max_tokens=3)
+    engine.submit(other)
+    wait_done(other)
+    assert sink_of(other).finish.reason == "length"
+
+
+# ---- queue limit ---------------------------------------------------------------------------------
+def test_a_flood_on_idle_slots_admits_exactly_slots_plus_max_queue(build):
+    engine, sched, runner = build(start=False, n_slots=4, max_queue=6, n_pages=128, max_batch_tokens=16, max_ctx=64)
+    flood = [make_request([i + 1, i + 2], max_tokens=2) for i in range(30)]
+    for request in flood:  # 30 clients at once: all pass the caller-side check, none is admitted yet
+        engine.submit(request)
+    engine.start()
+    wait_done(*flood)
+    served = [r for r in flood if sink_of(r).finish is not None]
+    refused = [r for r in flood if sink_of(r).errors]
+    assert len(served) == 4 + 6
+    assert len(refused) == 20 and {e.status for r in refused for e in sink_of(r).errors} == {429}
+    assert all(r.status is RequestStatus.FINISHED_REJECTED for r in refused)
+
+
+# ---- cancellation --------------------------------------------------------------------------------
+def test_a_cancel_frees_the_pages_before_the_next_step(build):
+    engine, sched, runner = build(n_slots=2, n_pages=64, max_batch_tokens=16, max_ctx=64)
+    a = make_request([1, 2, 3], max_tokens=40)
+    b = make_request([7, 8, 9], max_tokens=40)
+    in_step, release = threading.Event(), threading.Event()
+    seen_next: list = []
+
+    def hook(index, step):
+        if index == 3:
+            in_step.set()
+            assert release.wait(TIMEOUT)
+        elif index == 4:
+            seen_next.append(({i.request.request_id for i in step.items}, sched.pool.used_pages, idle_pages(sched)))
+
+    runner.hook = hook
+    engine.submit(a, b)
+    assert in_step.wait(TIMEOUT)
+    engine.cancel(a)
+    release.set()
+    wait_done(a)
+    assert sink_of(a).finish.reason == "cancelled" and a.status is RequestStatus.FINISHED_CANCELLED
+    deadline = time.monotonic() + TIMEOUT
+    while not seen_next and time.monotonic() < deadline:
+        time.sleep(0.001)
+    items, used, idle = seen_next[0]
+    assert items == {b.request_id}, "the cancelled request ran another step"
+    assert used == idle + sched.pool.pages_for(b.reserve_tokens), "its reservation was not released"
+
+
+# ---- preemption ----------------------------------------------------------------------------------
+def test_only_an_arrival_preempts_a_solo_long_prefill(build):
+    fake = FakeCompressor()
+    engine, sched, runner = build(start=False, compressor=fake, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128, prefill_chunk=4)
+    polls: list = []
+    runner.set_abort = polls.append
+    engine.__init__(sched, runner, name="test", compressor=fake)  # wire the abort callback
+    engine.start()
+    scored = compressed_request(list(range(200, 240)))
+    engine.submit(scored)
+    assert fake.submitted.acquire(timeout=TIMEOUT)
+    long = make_request(list(range(100, 160)), max_tokens=2)
+    newcomer = make_request([1, 2, 3], max_tokens=1)
+    answers: dict[str, bool] = {}
+    original = runner.execute
+
+    def execute(step):
+        if not answers and any(i.request is long and len(i.tokens) == 32 for i in step.items):
+            should_abort = polls[0]
+            answers["start"] = should_abort()
+            fake.deliver(0, [200, 201, 239])  # a compression result arrives
+            answers["compressed"] = should_abort()
+            engine.cancel(scored)  # and a cancel
+            answers["cancel"] = should_abort()
+            engine.submit(newcomer)  # a new request does preempt
+            answers["arrival"] = should_abort()
+            raise DecodeError(2)
+        return original(step)
+
+    runner.execute = execute
+    engine.submit(long)
+    wait_done(long, newcomer, scored)
+    assert answers == {"start": False, "compressed": False, "cancel": False, "arrival": True}
+    assert sink_of(long).finish.reason == "length"
+
+
+# ---- health and shutdown -------------------------------------------------------------------------
+def test_shutdown_finishes_what_it_can_within_the_grace_and_cancels_the_rest(build):
+    fake = FakeCompressor()
+    engine, sched, runner = build(compressor=fake, n_slots=2, n_pages=64, page_size=16, max_batch_tokens=16, max_ctx=1000)
+    runner.hook = lambda index, step: time.sleep(0.005)  # a step takes a few milliseconds
+    short = make_request([1, 2, 3], max_tokens=3)
+    endless = make_request([4, 5, 6], max_tokens=900)  # ~5 s of steps: more than the grace
+    scored = compressed_request(list(range(200, 240)))  # never delivered
+    engine.submit(short, endless, scored)
+    assert fake.submitted.acquire(timeout=TIMEOUT)
+    assert engine.health().ok
+    started = time.monotonic()
+    stopper = threading.Thread(target=engine.shutdown, args=(1.0,))
+    stopper.start()
+    deadline = time.monotonic() + TIMEOUT
+    while engine.health().state != "draining" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with pytest.raises(AdmissionError) as info:
+        engine.submit(make_request([9, 9], max_tokens=2))
+    assert info.value.status == 503
+    stopper.join(TIMEOUT)
+    assert not stopper.is_alive() and not engine._thread.is_alive()
+    assert time.monotonic() - started < 3.0
+    assert sink_of(short).finish.reason == "length"
+    assert sink_of(endless).finish.reason == "cancelled" and 0 < len(endless.output_tokens) < 900
+    assert sink_of(scored).finish.reason == "cancelled" and scored.compression.cancelled.is_set()
+    assert engine.health().state == "stopped" and not engine.health().ok
+    assert not sched.running and sched.pool.used_pages == idle_pages(sched)
+    check_scheduler(sched, runner)
+
+
+def test_shutdown_of_an_idle_engine_returns_at_once(build):
+    engine, sched, runner = build()
+    started = time.monotonic()
+    engine.shutdown(30.0)
+    assert time.monotonic() - started < 1.0 and not engine._thread.is_alive()
+
+
+def test_a_llama_cpp_compute_failure_marks_the_model_failed(build):
+    engine, sched, runner = build(start=False, n_slots=2)
+    runner.fail_steps[2] = (DecodeError(-3), False)
+    a = make_request([1, 2, 3], max_tokens=8)
+    waiting = make_request([4, 5, 6], max_tokens=8)
+    engine.submit(a)
+    engine.start()
+    wait_done(a)
+    health = engine.health()
+    assert not health.ok and health.state == "failed" and "-3" in health.reason
+    assert [e.status for e in sink_of(a).errors] == [503]
+    with pytest.raises(AdmissionError) as info:
+        engine.submit(waiting)
+    assert info.value.status == 503 and "-3" in info.value.message
+    assert engine._thread.is_alive()
+
+
+def test_a_decode_error_of_one_step_does_not_fail_the_model(build):
+    engine, sched, runner = build(n_slots=2)
+    runner.fail_steps[1] = (DecodeError(-1), False)
+    a = make_request([1, 2, 3], max_tokens=3)
+    engine.submit(a)
+    wait_done(a)
+    assert [e.status for e in sink_of(a).errors] == [500]
+    assert engine.health().ok
