@@ -20,6 +20,7 @@ import itertools
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 from pflash_plugin.engine.kv_pool import PagePool
@@ -422,3 +423,26 @@ def run_until_idle(sched: Scheduler, runner: MockRunner, max_steps: int = 10_000
 def idle_pages(sched: Scheduler) -> int:
     """Pages the idle caches hold (shared pages counted once): the pool's figure when idle."""
     return len({p for s in sched.slots if s.request is None for p in s.pages})
+
+
+class FakeCompressor:
+    """The engine's compression service, delivering only when the test says so."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[object, Callable]] = []
+        self.submitted = threading.Semaphore(0)
+
+    def submit(self, job, deliver) -> None:
+        self.jobs.append((job, deliver))
+        self.submitted.release()
+
+    def deliver(self, index: int, tokens: list[int], report: dict | None = None) -> None:
+        _, deliver = self.jobs[index]
+        deliver(SimpleNamespace(tokens=tokens, report=report or {"status": "compressed", "kept_tokens": len(tokens)}))
+
+
+def compressed_request(prompt: list[int], max_tokens: int = 3) -> Request:
+    """A request that asks for compression (its job: a cancel flag and a progress counter)."""
+    request = make_request(prompt, max_tokens=max_tokens)
+    request.compression = SimpleNamespace(cancelled=threading.Event(), progress=0)
+    return request

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,36 +14,22 @@ from pflash_plugin.pflash.drafter import Drafter
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
-from mock_runner import check_scheduler, make_request, make_scheduler, run_until_idle, sink_of
+from mock_runner import (
+    FakeCompressor,
+    check_scheduler,
+    compressed_request,
+    make_request,
+    make_scheduler,
+    run_until_idle,
+    sink_of,
+)
 
 TIMEOUT = 5.0
 LONG = list(range(1, 41))
 
 
-def job() -> SimpleNamespace:
-    return SimpleNamespace(cancelled=threading.Event(), progress=0)
-
-
 def long_request(prompt=LONG, max_tokens: int = 3):
-    request = make_request(prompt, max_tokens=max_tokens)
-    request.compression = job()
-    return request
-
-
-class FakeCompressor:
-    """The engine's compression service, delivering only when the test says so."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[object, object]] = []
-        self.submitted = threading.Semaphore(0)
-
-    def submit(self, job, deliver) -> None:
-        self.jobs.append((job, deliver))
-        self.submitted.release()
-
-    def deliver(self, index: int, tokens: list[int], report: dict | None = None) -> None:
-        _, deliver = self.jobs[index]
-        deliver(SimpleNamespace(tokens=tokens, report=report or {"status": "compressed", "kept_tokens": len(tokens)}))
+    return compressed_request(prompt, max_tokens)
 
 
 def test_long_prompt_is_served_compressed_and_reports_the_client_prompt():
@@ -169,8 +154,8 @@ def test_worker_stops_drafting_a_cancelled_job():
     job_ = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.25)
 
     class CancelledAfterOneChunk(Drafter):
-        def run(self, toks, should_stop, progress, **kw):
-            return super().run(toks, should_stop, lambda done: (progress(done), job_.cancelled.set()), **kw)
+        def run(self, toks, *args, progress, **kw):
+            return super().run(toks, *args, progress=lambda done: (progress(done), job_.cancelled.set()), **kw)
 
     compressor = Compressor(PflashConfig(), model.piece, lambda: CancelledAfterOneChunk(model, [0], 1024, n_batch=64), persistent=False)
     worker = CompressionWorker(compressor)

@@ -4,33 +4,25 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from pflash_plugin.engine.engine import Engine
-from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestStatus, TextEvent
+from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import DecodeError
 
-from mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of
+from mock_runner import (
+    FakeCompressor,
+    check_scheduler,
+    compressed_request,
+    idle_pages,
+    make_request,
+    make_scheduler,
+    sink_of,
+)
 
 TIMEOUT = 5.0
-
-
-class FakeCompressor:
-    """Takes compression jobs and delivers only when the test says so."""
-
-    def __init__(self) -> None:
-        self.jobs: list = []
-        self.submitted = threading.Semaphore(0)
-
-    def submit(self, job, deliver) -> None:
-        self.jobs.append((job, deliver))
-        self.submitted.release()
-
-    def deliver(self, index: int, tokens: list[int]) -> None:
-        self.jobs[index][1](SimpleNamespace(tokens=tokens, report={"status": "compressed"}))
 
 
 @pytest.fixture
@@ -56,73 +48,59 @@ def wait_done(*requests) -> None:
         assert sink_of(request).done.wait(TIMEOUT), f"request {request.request_id} never finished"
 
 
-def compressed_request(prompt: list[int], max_tokens: int = 2):
-    request = make_request(prompt, max_tokens=max_tokens)
-    request.compression = SimpleNamespace(cancelled=threading.Event(), progress=0)
-    return request
-
-
 # ---- isolation ---------------------------------------------------------------------------------
-def test_raising_start_request_on_one_of_four_slots_fails_only_that_request(build):
+def run_four_with_one_fault(build, fault) -> tuple[list, object]:
+    """Four requests on four slots, `fault(bad, runner)` breaking the third; all run to the end."""
     engine, sched, runner = build(start=False, n_slots=4, n_pages=64, max_batch_tokens=16, max_ctx=64)
-    requests = [make_request([10 * i + 1, 10 * i + 2, 10 * i + 3], max_tokens=4) for i in range(4)]
+    requests = [make_request([10 * i + 1, 10 * i + 2, 10 * i + 3], max_tokens=5) for i in range(4)]
     bad = requests[2]
-    runner.start_error = lambda r: RuntimeError("llama_sampler_init failed") if r is bad else None
+    fault(bad, runner)
     engine.submit(*requests)
     engine.start()
-    wait_done(*requests)
-    errors = sink_of(bad).errors
-    assert [e.status for e in errors] == [500] and sink_of(bad).finish is None
-    assert f"request {bad.request_id}" in errors[0].message and "llama_sampler_init failed" in errors[0].message
-    assert bad.status is RequestStatus.FINISHED_ERROR
+    wait_done(*[r for r in requests if r is not bad])
+    engine.stop()
     for request in requests:
         if request is not bad:
             assert sink_of(request).errors == [] and sink_of(request).finish.reason == "length"
-    engine.stop()
-    assert sched.pool.used_pages == idle_pages(sched)
+            assert len(request.output_tokens) == 5
+    assert bad.status is RequestStatus.FINISHED_ERROR
+    assert not sched.running and sched.pool.used_pages == idle_pages(sched)
     check_scheduler(sched, runner)
+    return requests, bad
 
 
-def test_raising_sink_fails_only_that_request(build):
-    engine, sched, runner = build(start=False, n_slots=3, n_pages=64, max_batch_tokens=16, max_ctx=64)
-    requests = [make_request([10 * i + 1, 10 * i + 2], max_tokens=6) for i in range(3)]
-    deaf = requests[1]
-    seen = []
+def test_raising_start_request_on_one_of_four_slots_fails_only_that_request(build):
+    def fault(bad, runner):
+        runner.start_error = lambda r: RuntimeError("llama_sampler_init failed") if r is bad else None
 
-    def closed_loop(event) -> None:  # the client's event loop is gone
-        seen.append(event)
-        raise RuntimeError("Event loop is closed")
-
-    deaf.sink = closed_loop
-    engine.submit(*requests)
-    engine.start()
-    wait_done(requests[0], requests[2])
-    for request in (requests[0], requests[2]):
-        assert sink_of(request).errors == [] and sink_of(request).finish.reason == "length"
-        assert len(request.output_tokens) == 6
-    engine.stop()
-    assert deaf.status is RequestStatus.FINISHED_ERROR
-    assert len(seen) == 1, "a sink that raised gets nothing more"
-    assert sched.slots[deaf.slot].request is None and not sched.running
-    assert sched.pool.used_pages == idle_pages(sched)
-    check_scheduler(sched, runner)
+    _, bad = run_four_with_one_fault(build, fault)
+    errors = sink_of(bad).errors
+    assert [e.status for e in errors] == [500] and sink_of(bad).finish is None
+    assert f"request {bad.request_id}" in errors[0].message and "llama_sampler_init failed" in errors[0].message
 
 
 def test_raising_sampler_fails_only_that_request(build):
-    engine, sched, runner = build(start=False, n_slots=4, n_pages=64, max_batch_tokens=16, max_ctx=64)
-    requests = [make_request([10 * i + 1, 10 * i + 2], max_tokens=5) for i in range(4)]
-    bad = requests[0]
-    runner.sample_error = lambda r: ValueError("grammar rejected every token") if r is bad and r.output_tokens else None
-    engine.submit(*requests)
-    engine.start()
-    wait_done(*requests)
-    assert [e.status for e in sink_of(bad).errors] == [500]
-    assert f"request {bad.request_id}" in sink_of(bad).errors[0].message
-    for request in requests[1:]:
-        assert sink_of(request).finish.reason == "length" and len(request.output_tokens) == 5
-    engine.stop()
-    assert sched.pool.used_pages == idle_pages(sched)
-    check_scheduler(sched, runner)
+    def fault(bad, runner):
+        runner.sample_error = lambda r: ValueError("no token left") if r is bad and r.output_tokens else None
+
+    _, bad = run_four_with_one_fault(build, fault)
+    errors = sink_of(bad).errors
+    assert [e.status for e in errors] == [500] and f"request {bad.request_id}" in errors[0].message
+    assert len(bad.output_tokens) == 1
+
+
+def test_raising_sink_fails_only_that_request(build):
+    seen = []
+
+    def fault(bad, runner):
+        def closed_loop(event) -> None:  # the client's event loop is gone
+            seen.append(event)
+            raise RuntimeError("Event loop is closed")
+
+        bad.sink = closed_loop
+
+    run_four_with_one_fault(build, fault)
+    assert len(seen) == 1, "a sink that raised gets nothing more"
 
 
 def test_failing_message_handler_costs_only_its_request(build):

@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
-from pflash_plugin.engine.request import FinishEvent, ErrorEvent, Request, SamplingParams
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams, TextEvent
+from pflash_plugin.engine.scheduler import AdmissionError
 
 
 def run_together(engine, requests: list[Request], timeout: float = 120) -> list[list[int]]:
@@ -61,3 +62,31 @@ def test_batched_decode_stays_close_to_alone(demo_model):
     assert [a[0] for a in alone] == [t[0] for t in together]
     prefixes = [common_prefix(a, t) for a, t in zip(alone, together)]
     assert sum(prefixes) / len(prefixes) >= 8, prefixes
+
+
+def test_shutdown_cancels_what_runs_and_leaves_the_kv_as_the_pool_says(tiny_model):
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=4096, n_threads=1))
+    first_token, finished = threading.Event(), []
+
+    def sink(event) -> None:
+        if isinstance(event, TextEvent):
+            first_token.set()
+        elif isinstance(event, (FinishEvent, ErrorEvent)):
+            finished.append(event)
+
+    long = Request(model.tokenize("a story that goes on"), SamplingParams(max_tokens=4000, temperature=0, min_tokens=4000), sink=sink)
+    short = Request(model.tokenize("short"), SamplingParams(max_tokens=2, temperature=0))
+    engine.submit(long)
+    assert first_token.wait(60)
+    run_together(engine, [short])  # served beside it
+    engine.shutdown(0.0)
+    assert not engine._thread.is_alive() and engine.health().state == "stopped"
+    assert [e.reason for e in finished] == ["cancelled"] and 0 < len(long.output_tokens) < 4000
+    with pytest.raises(AdmissionError):
+        engine.submit(Request(model.tokenize("late"), SamplingParams(max_tokens=2)))
+    sched, ctx = engine.scheduler, engine.runner.ctx
+    assert not sched.live and all(s.request is None for s in sched.slots)
+    for slot in sched.slots:  # the real KV holds exactly what each idle cache says
+        assert ctx.seq_pos_max(slot.index) == len(slot.tokens) - 1
+        assert len(slot.pages) == sched.pool.pages_for(len(slot.tokens))
+    assert sched.pool.used_pages == sum(len(s.pages) for s in sched.slots)
