@@ -7,11 +7,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pflash_plugin.llama import Model
+from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
 from pflash_plugin.pflash.drafter import Drafter, DrafterError, check_vocab, scoring_layers
 from pflash_plugin.pflash.query import plan_query
-from pflash_plugin.pflash.scoring import attention_mass
 from pflash_plugin.testing import cached_tiny_llama
 
 
@@ -25,46 +24,72 @@ def prompt_tokens(model: Model, n: int) -> list[int]:
     return model.tokenize(text)[:n]
 
 
-def test_post_rope_is_a_rotation_of_pre_rope(deep_model):
+NATIVE = native.load() is not None
+SCORERS = ["numpy", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="ggml_ext not built"))]
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_post_rope_is_a_rotation_of_pre_rope(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 96)
-    post = Drafter(deep_model, [1], 128, "post").run(tokens)
-    pre = Drafter(deep_model, [1], 128, "pre").run(tokens)
+    post = Drafter(deep_model, [1], 128, "post", scorer=scorer)
+    pre = Drafter(deep_model, [1], 128, "pre", scorer=scorer)
+    post.run(tokens, 88), pre.run(tokens, 88)
+    (q_post, k_post), (q_pre, k_pre) = post.scorer.tensors(1), pre.scorer.tensors(1)
     # position 0 is rotated by angle 0; every later position keeps its norm but not its values
-    np.testing.assert_allclose(post.q[1][0], pre.q[1][0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.linalg.norm(post.k[1], axis=-1), np.linalg.norm(pre.k[1], axis=-1), rtol=1e-4)
-    assert not np.allclose(post.q[1][10:], pre.q[1][10:])
-    assert post.q[1].shape == (96, 4, 16) and post.k[1].shape == (96, 2, 16)
+    np.testing.assert_allclose(k_post[0], k_pre[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(k_post, axis=-1), np.linalg.norm(k_pre, axis=-1), rtol=1e-4)
+    np.testing.assert_allclose(np.linalg.norm(q_post, axis=-1), np.linalg.norm(q_pre, axis=-1), rtol=1e-4)
+    assert not np.allclose(k_post[10:], k_pre[10:]) and not np.allclose(q_post, q_pre)
+    assert q_post.shape == (8, 4, 16) and k_post.shape == (88, 2, 16)
 
 
-def test_capture_stops_after_last_scoring_layer_and_matches_full_forward(deep_model):
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_capture_stops_after_last_scoring_layer_and_matches_full_forward(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 200)
-    early = Drafter(deep_model, [1], 256, n_batch=64)  # 4 ubatches
-    late = Drafter(deep_model, [1, 3], 256, n_batch=64)  # runs to the last layer
-    a, b = early.run(tokens), late.run(tokens)
-    assert early.capture.result.ubatches_stopped == 4
-    assert early.capture.result.nodes_seen < late.capture.result.nodes_seen
+    early = Drafter(deep_model, [1], 256, n_batch=64, scorer=scorer)  # 4 ubatches
+    late = Drafter(deep_model, [1, 3], 256, n_batch=64, scorer=scorer)  # runs to the last layer
+    a, b = early.run(tokens, 190), late.run(tokens, 190)
+    assert early.scorer.ubatches_stopped() == 4
     assert (a.layers_run, b.layers_run) == (2, 4)
+    assert a.scorer == ("numpy" if scorer == "numpy" else "native-cpu")
     # stopping each ubatch early leaves the layers below intact: the same K as the full forward
-    np.testing.assert_allclose(a.k[1], b.k[1], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(a.q[1], b.q[1], rtol=1e-5, atol=1e-5)
+    for x, y in zip(early.scorer.tensors(1), late.scorer.tensors(1)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 
 
-def test_scoring_matches_float64_on_captured_tensors(deep_model):
+@pytest.mark.skipif(not NATIVE, reason="ggml_ext not built")
+@pytest.mark.parametrize("rope", ["post", "pre"])
+def test_native_callback_stops_at_the_same_node_and_captures_the_same_qk(deep_model, rope):
+    tokens = prompt_tokens(deep_model, 150)
+    drafters = {kind: Drafter(deep_model, [1, 2], 256, rope, n_batch=64, scorer=kind) for kind in ("numpy", "native")}
+    results = {kind: d.run(tokens, 141, 149) for kind, d in drafters.items()}
+    py, c = drafters["numpy"].scorer, drafters["native"].scorer
+    assert py.capture.result.nodes_seen == c.capture.stats()["nodes_seen"] > 0  # the same node ends each graph
+    assert py.ubatches_stopped() == c.ubatches_stopped() == 3
+    for layer in (1, 2):
+        for x, y in zip(py.tensors(layer), c.tensors(layer)):
+            np.testing.assert_array_equal(x, y)
+    np.testing.assert_allclose(results["native"].mass, results["numpy"].mass, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_scoring_matches_float64_on_captured_tensors(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 80)
-    drafted = Drafter(deep_model, [2], 128).run(tokens)
-    q, k = drafted.q[2].astype(np.float64), drafted.k[2].astype(np.float64)
+    drafter = Drafter(deep_model, [2], 128, scorer=scorer)
     start = 72
+    drafted = drafter.run(tokens, start)
+    q, k = (x.astype(np.float64) for x in drafter.scorer.tensors(2))
     expected = np.zeros(start)
     group = q.shape[1] // k.shape[1]
     for h in range(q.shape[1]):
-        for t in range(start, len(tokens)):
+        for t in range(len(q)):
             logits = [float(q[t, h] @ k[j, h // group]) / math.sqrt(q.shape[2]) for j in range(start)]
             top = max(logits)
             weights = [math.exp(x - top) for x in logits]
             total = sum(weights)
             expected += np.array(weights) / total
-    expected /= q.shape[1] * (len(tokens) - start)
-    np.testing.assert_allclose(attention_mass(drafted.q[2], drafted.k[2], start), expected, rtol=1e-4, atol=1e-7)
+    expected /= q.shape[1] * len(q)
+    np.testing.assert_allclose(drafted.mass, expected, rtol=1e-4, atol=1e-7)
 
 
 def test_vocabulary_mismatch_is_refused(tmp_path):
@@ -91,13 +116,17 @@ def test_scoring_layer_guards():
 
 
 class _NaNDrafter(Drafter):
-    """Fault injection: a drafter whose capture went non-finite."""
+    """Fault injection: a query row of the capture turns NaN before it is scored."""
 
-    def run(self, tokens, *args, **kw):
-        result = super().run(tokens, *args, **kw)
-        for layer in result.q:
-            result.q[layer][-1, 0, 0] = np.nan
-        return result
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, scorer="numpy", **kw)
+        score = self.scorer.mass
+
+        def corrupted():
+            self.scorer.capture.result.q[1][-1][-1, 0, 0] = np.nan
+            return score()
+
+        self.scorer.mass = corrupted
 
 
 def test_non_finite_scores_fall_back_to_full_prefill(deep_model):
@@ -137,21 +166,28 @@ def test_plan_query_finds_the_last_user_message():
     assert (explicit.query_start, explicit.query_end, explicit.extra_query) == (15, 17, (7, 8))
 
 
-def test_drafter_steps_aside_for_interactive_work_and_redoes_aborted_chunks(deep_model):
-    import threading
-    import time
+class _YieldAfter:
+    """should_yield that turns true for calls [first, last): the drafter's pre-decode check is call
+    1, then llama.cpp polls it as its abort callback while a chunk computes."""
 
+    def __init__(self, first: int, last: int) -> None:
+        self.calls, self.first, self.last = 0, first, last
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.first <= self.calls < self.last
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 400)
-    reference = Drafter(deep_model, [1], 512, n_batch=64).run(tokens)
-    busy = threading.Event()
-
-    def on_progress(done: int) -> None:
-        if done == 128:  # interactive work shows up while chunk 3 starts; it ends 0.3 s later
-            busy.set()
-            threading.Timer(0.3, busy.clear).start()
-
-    t0 = time.monotonic()
-    drafted = Drafter(deep_model, [1], 512, n_batch=64).run(tokens, progress=on_progress, should_yield=busy.is_set)
-    assert time.monotonic() - t0 >= 0.3  # it waited for the interactive work
-    np.testing.assert_array_equal(drafted.k[1], reference.k[1])  # aborted or not, every chunk once
-    np.testing.assert_array_equal(drafted.q[1], reference.q[1])
+    reference = Drafter(deep_model, [1], 512, n_batch=64, scorer=scorer)
+    expected = reference.run(tokens, 392)
+    drafter = Drafter(deep_model, [1], 512, n_batch=64, scorer=scorer)
+    yield_now = _YieldAfter(5, 40)  # true while the first chunk computes: llama.cpp aborts it
+    drafted = drafter.run(tokens, 392, should_yield=yield_now)
+    assert drafter.aborted_chunks >= 1 and yield_now.calls > 40
+    # rolled back and redone: the same captures and scores as an undisturbed run
+    for x, y in zip(drafter.scorer.tensors(1), reference.scorer.tensors(1)):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(drafted.mass, expected.mass)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from conftest import live_server
+from pflash_plugin.llama import native
 from pflash_plugin.testing.haystack import needle_prompt
 
 pytestmark = pytest.mark.demo
@@ -33,7 +34,9 @@ def test_passcode_retrieved_with_pflash_and_usage_reported(pflash_server):
     assert usage["prompt_tokens"] == n_prompt == report["original_tokens"]
     assert report["status"] == "compressed" and report["kept_tokens"] <= 0.2 * n_prompt
     assert report["segments_kept"] < report["segments_total"] and report["layers_run"] == 6
-    assert usage["timings"]["ttft_ms"] >= report["score_ms"] > 0  # compression counts in TTFT
+    assert usage["timings"]["ttft_ms"] >= report["draft_ms"] > report["forward_ms"] > 0  # compression counts in TTFT
+    expected_scorer = "native-cpu" if native.load() is not None else "numpy"
+    assert report["scorer"] == expected_scorer == pflash_server.status("demo")["pflash_scorer"]
 
 
 def test_short_chat_decodes_while_a_long_prompt_is_compressed(pflash_server):

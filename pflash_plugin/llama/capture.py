@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +69,7 @@ class Captured:
     q: dict[int, list[np.ndarray]] = field(default_factory=dict)  # layer -> per-ubatch [n, n_head, head_dim]
     k: dict[int, list[np.ndarray]] = field(default_factory=dict)
     nodes_seen: int = 0
+    capture_ms: float = 0.0  # time spent in the callback (every node)
     ubatches_stopped: int = 0  # ubatches whose graph stopped right after the last scoring layer
     error: str | None = None
 
@@ -119,11 +121,14 @@ class QKCapture:
         self._ubatch_done.clear()
 
     def _on_node(self, tensor: int, ask: bool, _user: int) -> bool:
+        start = time.perf_counter()
         try:
             return self._handle(tensor, ask)
         except Exception as error:  # never unwind through C: record it and stop the graph
             self.result.error = f"{type(error).__name__}: {error}"
             return False
+        finally:
+            self.result.capture_ms += (time.perf_counter() - start) * 1000.0
 
     def _handle(self, tensor: int, ask: bool) -> bool:
         target = self._wanted.get(_ggml.ggml_get_name(tensor).decode())

@@ -42,7 +42,8 @@ class ContextConfig:
 
 
 class Context:
-    def __init__(self, model: Model, config: ContextConfig, eval_callback: Any = None) -> None:
+    def __init__(self, model: Model, config: ContextConfig, eval_callback: Any = None,
+                 eval_callback_data: Any = None) -> None:
         params = C.llama_context_default_params()
         params.n_ctx = config.n_ctx
         params.n_batch = config.n_batch
@@ -67,10 +68,10 @@ class Context:
         params.rope_freq_scale = config.rope_freq_scale
         params.no_perf = True
         # the callback object must outlive the context, or llama.cpp calls freed memory
-        self._eval_callback = eval_callback
+        self._eval_callback, self._eval_callback_data = eval_callback, eval_callback_data
         if eval_callback is not None:
             params.cb_eval = eval_callback
-            params.cb_eval_user_data = None
+            params.cb_eval_user_data = eval_callback_data
         self.model = model
         self.config = config
         self.ptr = C.llama_init_from_model(model.ptr, params)

@@ -28,6 +28,7 @@ class Model:
         params.use_mlock = use_mlock
         params.vocab_only = vocab_only
         self.path = os.fspath(path)
+        self.n_gpu_layers = n_gpu_layers  # layers asked on the GPU (0: none; the scorer follows them)
         self.ptr = C.llama_model_load_from_file(self.path.encode(), params)
         if not self.ptr:
             raise ValueError(f"llama.cpp could not load the model {self.path}")

@@ -13,12 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from .drafter import Cancelled, Drafter, DrafterError
 from .query import QueryPlan
-from .scoring import NonFiniteScores, attention_mass, combine_layers
-from .selection import KeepCurve, budget_for, fixed_segments, segment_tokens, select
+from .scoring import NonFiniteScores
+from .selection import KeepCurve, Selection, budget_for, fixed_segments, segment_tokens, select
 
 log = logging.getLogger(__name__)
 MANDATORY_OVER_BUDGET = "the head, the query and its suffix alone exceed the budget"
@@ -33,6 +31,7 @@ class PflashConfig:
     query_tokens: int = 8
     segment_min: int = 16
     segment_max: int = 128
+    select: Callable[..., Selection | None] = select  # select(mass, segments, budget, mandatory)
 
     def ratio_for(self, n_tokens: int, override: float | None = None) -> float:
         if override is not None:
@@ -68,6 +67,8 @@ class Compressor:
         self.config, self.piece = config, piece
         self._make_drafter, self.persistent = drafter, persistent
         self._drafter: Drafter | None = drafter() if persistent else None
+        # native-cpu | native-cuda | native-hip | numpy: known at start for a persistent drafter
+        self.scorer_name: str | None = self._drafter.scorer.name if self._drafter else None
 
     def compress(self, job: CompressionJob, should_yield: Callable[[], bool] = lambda: False) -> CompressionResult:
         tokens, plan = job.tokens, job.plan
@@ -83,12 +84,12 @@ class Compressor:
         try:
             drafted = drafter.run(
                 tokens + list(plan.extra_query),
+                plan.query_start,
+                plan.query_end,
                 should_stop=job.cancelled.is_set,
                 progress=lambda done: setattr(job, "progress", done),
                 should_yield=should_yield,
             )
-            masses = [attention_mass(drafted.q[l], drafted.k[l], plan.query_start, plan.query_end) for l in drafted.q]
-            mass = combine_layers(masses)
         except NonFiniteScores as error:
             return self._fallback(tokens, report, f"non-finite scores: {error}")
         except (DrafterError, MemoryError) as error:
@@ -98,14 +99,17 @@ class Compressor:
                 self._drafter = drafter
             else:
                 drafter.close()
+        self.scorer_name = drafted.scorer
         t2 = time.perf_counter()
         pieces = [self.piece(t).decode("utf-8", errors="replace") for t in tokens]
         segments = segment_tokens(pieces, self.config.segment_min, self.config.segment_max) or fixed_segments(n, 64)
-        selection = select(np.asarray(mass), segments, budget, plan.mandatory(n))
+        selection = self.config.select(drafted.mass, segments, budget, plan.mandatory(n))
         t3 = time.perf_counter()
         report.update(
             layers_run=drafted.layers_run,
-            score_ms=round((t2 - t1) * 1000.0, 3),
+            scorer=drafted.scorer,
+            draft_ms=round((t2 - t1) * 1000.0, 3),  # drafter forward, capture and scoring
+            **drafted.timings,
             select_ms=round((t3 - t2) * 1000.0, 3),
         )
         if selection is None:

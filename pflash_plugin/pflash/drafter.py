@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 
 from ..llama import Batch, Context, ContextConfig, DecodeError, Model
-from ..llama.capture import CaptureSpec, QKCapture
+from ..llama.capture import CaptureSpec
+from .scorer import ScoringError, make_scorer
 
 # Architectures with recurrent (state-space) layers: no per-token K to score against.
 RECURRENT_ARCHS = {
@@ -79,13 +80,14 @@ def scoring_layers(model: Model, requested: list[int] | None) -> list[int]:
 
 @dataclass
 class DraftResult:
-    q: dict[int, np.ndarray]  # layer -> [n_tokens, n_head, head_dim]
-    k: dict[int, np.ndarray]
+    mass: np.ndarray  # float64 [query_start]: attention mass of every token before the query
     layers_run: int
+    scorer: str  # native-cpu | native-cuda | native-hip | numpy
+    timings: dict[str, float]  # forward_ms (drafter decode, capture included), capture_ms, score_ms
 
 
 class Drafter:
-    """Owns the drafter context; `run` is called from the compression thread only."""
+    """Owns the drafter context and its scorer; `run` is called from the compression thread only."""
 
     def __init__(
         self,
@@ -96,14 +98,21 @@ class Drafter:
         n_batch: int = 512,
         n_threads: int = 0,
         owns_model: bool = False,
+        scorer: str = "auto",
+        device: int = 0,
     ) -> None:
+        """`scorer`: auto | native | numpy (scorer.make_scorer). The native scorer keeps captures on
+        the GPU when the model's layers are there (`model.n_gpu_layers`), on GPU `device`."""
         self.model, self.layers, self.max_tokens = model, layers, max_tokens
         self.owns_model = owns_model
         self.n_batch = n_batch
-        self.capture = QKCapture(
-            CaptureSpec(layers, model.head_dim(), model.n_head, model.n_head_kv, rope)
-        )
+        spec = CaptureSpec(layers, model.head_dim(), model.n_head, model.n_head_kv, rope)
+        try:
+            self.scorer = make_scorer(spec, scorer, on_gpu=model.n_gpu_layers != 0, device=device, n_threads=n_threads)
+        except ScoringError as error:
+            raise DrafterError(str(error)) from None
         self._abort_if: Callable[[], bool] = _never
+        self.aborted_chunks = 0  # chunks aborted for interactive work and redone
         # swa_full: with the trimmed SWA cache, a ubatch's first tokens lose part of their window
         # (measured: K at layer 5 of gemma-3-270m off by 10% after 2 ubatches); full is exact
         self.ctx = Context(
@@ -118,47 +127,50 @@ class Drafter:
                 flash_attn=True,
                 n_outputs_max=1,  # the drafter reads no logits
             ),
-            eval_callback=self.capture.callback,
+            eval_callback=self.scorer.callback,
+            eval_callback_data=self.scorer.callback_data,
         )
         self.ctx.set_abort(lambda: self._abort_if())
 
     def run(
         self,
         tokens: list[int],
+        query_start: int,
+        query_end: int | None = None,
         should_stop: Callable[[], bool] = lambda: False,
         progress: Callable[[int], None] = lambda done: None,
         should_yield: Callable[[], bool] = lambda: False,
     ) -> DraftResult:
-        """Draft `tokens` chunk by chunk. Scoring is background work: while `should_yield()` (the
+        """Draft `tokens` chunk by chunk and score keys [0, query_start) by the attention of the
+        queries [query_start, query_end). Scoring is background work: while `should_yield()` (the
         engine has requests waiting for their first token) the drafter pauses between chunks and
         aborts a chunk in flight, redoing it afterwards, for at most MAX_YIELD_S per chunk."""
         if len(tokens) > self.max_tokens:
             raise DrafterError(f"{len(tokens)} tokens exceed the drafter context ({self.max_tokens})")
+        query_end = len(tokens) if query_end is None else query_end
+        if not 1 <= query_start < query_end <= len(tokens):
+            raise DrafterError(f"query [{query_start}, {query_end}) does not fit {len(tokens)} tokens")
         ctx = self.ctx
         try:
             ctx.clear()
-            self.capture.reset()
+            self.scorer.begin(query_start, query_end)
             batch = Batch(self.n_batch, 1)
-            for start in range(0, len(tokens), self.n_batch):
+            forward_start = time.perf_counter()
+            for start in range(0, query_end, self.n_batch):
                 batch.clear()
-                batch.add_sequence(tokens[start : start + self.n_batch], start, 0, False)
+                batch.add_sequence(tokens[start : min(start + self.n_batch, query_end)], start, 0, False)
                 self._decode_politely(batch, should_stop, should_yield)
-                if self.capture.result.error:
-                    raise DrafterError(f"capture failed: {self.capture.result.error}")
+                if self.scorer.error():
+                    raise DrafterError(f"capture failed: {self.scorer.error()}")
                 progress(min(start + self.n_batch, len(tokens)))
-            result = self.capture.result
-            missing = [l for l in self.layers if l not in result.q or l not in result.k]
-            if missing:
-                raise DrafterError(
-                    f"the {self.model.architecture} graph exposed no Qcur/Kcur nodes at layers {missing}"
-                )
-            q = {l: np.concatenate(result.q[l]) for l in self.layers}
-            k = {l: np.concatenate(result.k[l]) for l in self.layers}
-            if any(len(q[l]) != len(tokens) or len(k[l]) != len(tokens) for l in self.layers):
-                raise DrafterError("captured Q/K do not cover every prompt token")
+            forward_ms = (time.perf_counter() - forward_start) * 1000.0
+            mass = self.scorer.mass()
+        except ScoringError as error:
+            raise DrafterError(f"the {self.model.architecture} drafter could not score: {error}") from None
         finally:
             ctx.clear()
-        return DraftResult(q, k, max(self.layers) + 1)
+        return DraftResult(mass, max(self.layers) + 1, self.scorer.name,
+                           {"forward_ms": round(forward_ms, 3), **self.scorer.timings()})
 
     def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool], should_yield: Callable[[], bool]) -> None:
         deadline = time.monotonic() + MAX_YIELD_S
@@ -169,7 +181,7 @@ class Drafter:
                 time.sleep(0.005)
             if should_stop():
                 raise Cancelled()
-            kept = self.capture.checkpoint()
+            self.scorer.checkpoint()
             self._abort_if = lambda: should_yield() and time.monotonic() < deadline
             try:
                 self.ctx.decode(batch)
@@ -177,11 +189,13 @@ class Drafter:
             except DecodeError as error:
                 if error.code != 2:
                     raise DrafterError(str(error)) from None
-                self.capture.rollback(kept)  # aborted for interactive work: llama.cpp dropped the chunk
+                self.scorer.rollback()  # aborted for interactive work: llama.cpp dropped the chunk
+                self.aborted_chunks += 1
             finally:
                 self._abort_if = _never
 
     def close(self) -> None:
         self.ctx.close()
+        self.scorer.close()
         if self.owns_model:
             self.model.close()

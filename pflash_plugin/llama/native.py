@@ -1,0 +1,183 @@
+"""ctypes binding of the native scorer (ggml_ext/, built by `pip install` as pflash_plugin/_pflash_ext*.so).
+
+The library's eval callback replaces the Python one of `capture.py`: it picks the scoring layers'
+Q/K nodes in C, keeps them where they were computed (host or GPU) and returns only one attention
+mass per prompt token. `load()` is None when the library was not built or PFLASH_NATIVE=0.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import numpy as np
+import llama_cpp  # noqa: F401  (loads libggml-base under its SONAME before the extension binds to it)
+import llama_cpp.llama_cpp as C
+
+from .capture import CaptureSpec
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+class NativeError(RuntimeError):
+    """The native scorer failed; `non_finite` when a logit or a mass was NaN/Inf."""
+
+    def __init__(self, message: str, non_finite: bool = False) -> None:
+        super().__init__(message)
+        self.non_finite = non_finite
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("nodes_seen", ctypes.c_int64), ("ubatches_stopped", ctypes.c_int64),
+                ("capture_ms", ctypes.c_double), ("score_ms", ctypes.c_double)]
+
+
+def _library_path() -> Path | None:
+    for suffix in EXTENSION_SUFFIXES:
+        path = _PACKAGE / f"_pflash_ext{suffix}"
+        if path.exists():
+            return path
+    return None
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The native library, or None (not built, or disabled with PFLASH_NATIVE=0)."""
+    path = _library_path()
+    if os.environ.get("PFLASH_NATIVE", "1") == "0" or path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    p, i32, f32p = ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_float)
+    signatures = {
+        "pfx_build_backend": ([], ctypes.c_char_p),
+        "pfx_gpu_count": ([], ctypes.c_int),
+        "pfx_capture_new": ([ctypes.POINTER(i32), i32, i32, i32, i32, ctypes.c_bool, ctypes.c_bool, i32, i32], p),
+        "pfx_capture_free": ([p], None),
+        "pfx_capture_on_gpu": ([p], ctypes.c_bool),
+        "pfx_capture_reset": ([p, i32, i32], ctypes.c_bool),
+        "pfx_capture_checkpoint": ([p], None),
+        "pfx_capture_rollback": ([p], None),
+        "pfx_capture_rows": ([p, i32, ctypes.c_char], ctypes.c_int64),
+        "pfx_capture_error": ([p], ctypes.c_char_p),
+        "pfx_capture_get_stats": ([p, ctypes.POINTER(_Stats)], None),
+        "pfx_capture_score": ([p, f32p], ctypes.c_int),
+        "pfx_capture_read": ([p, i32, ctypes.c_char, f32p], ctypes.c_bool),
+        "pfx_attention_mass": ([f32p, f32p, i32, i32, i32, i32, i32, i32, ctypes.c_bool, i32, f32p], ctypes.c_int),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib
+
+
+def backend_name(on_gpu: bool) -> str | None:
+    """'native-cpu', 'native-cuda' or 'native-hip' for captures kept on that side, None without the library."""
+    lib = load()
+    if lib is None:
+        return None
+    return f"native-{lib.pfx_build_backend().decode()}" if on_gpu else "native-cpu"
+
+
+def gpu_count() -> int:
+    lib = load()
+    return lib.pfx_gpu_count() if lib is not None else 0
+
+
+def _floats(array: np.ndarray):
+    return array.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def _check(status: int, message: str) -> None:
+    if status == 1:
+        raise NativeError("a logit or an attention mass is not finite", non_finite=True)
+    if status != 0:
+        raise NativeError(message or f"native scoring failed ({status})")
+
+
+class NativeCapture:
+    """A capture object for one drafter context: pass `callback` and `callback_data` to Context."""
+
+    def __init__(self, spec: CaptureSpec, use_gpu: bool, device: int = 0, n_threads: int = 0) -> None:
+        lib = load()
+        if lib is None:
+            raise NativeError("the native scorer is not built")
+        self._lib, self.spec = lib, spec
+        layers = (ctypes.c_int32 * len(spec.layers))(*sorted(spec.layers))
+        self._ptr = lib.pfx_capture_new(layers, len(spec.layers), spec.head_dim, spec.n_head, spec.n_head_kv,
+                                        spec.rope == "pre", use_gpu, device, n_threads)
+        if not self._ptr:
+            raise NativeError(f"invalid capture shape {spec}")
+        self.on_gpu: bool = lib.pfx_capture_on_gpu(self._ptr)
+        self.callback = C.ggml_backend_sched_eval_callback(ctypes.cast(lib.pfx_eval_callback, ctypes.c_void_p).value)
+        self.callback_data = ctypes.c_void_p(self._ptr)
+        self.query_start = self.query_end = 0
+
+    @property
+    def backend(self) -> str:
+        name = backend_name(self.on_gpu)
+        assert name is not None
+        return name
+
+    def reset(self, query_start: int, query_end: int) -> None:
+        self.query_start, self.query_end = query_start, query_end
+        if not self._lib.pfx_capture_reset(self._ptr, query_start, query_end):
+            raise NativeError(self.error or "could not allocate the capture")
+
+    def checkpoint(self) -> None:
+        self._lib.pfx_capture_checkpoint(self._ptr)
+
+    def rollback(self) -> None:
+        self._lib.pfx_capture_rollback(self._ptr)
+
+    @property
+    def error(self) -> str | None:
+        return self._lib.pfx_capture_error(self._ptr).decode() or None
+
+    def stats(self) -> dict:
+        out = _Stats()
+        self._lib.pfx_capture_get_stats(self._ptr, ctypes.byref(out))
+        return {name: getattr(out, name) for name, _ in _Stats._fields_}
+
+    def rows(self, index: int, kind: str) -> int:
+        return self._lib.pfx_capture_rows(self._ptr, index, kind.encode())
+
+    def score(self) -> np.ndarray:
+        """Attention mass of keys [0, query_start), max over the scoring layers."""
+        out = np.empty(self.query_start, dtype=np.float32)
+        _check(self._lib.pfx_capture_score(self._ptr, _floats(out)), self.error or "")
+        return out
+
+    def read(self, index: int, kind: str) -> np.ndarray:
+        """Captured K (keys before the query) or Q (the query rows) of scoring-layer `index`."""
+        s = self.spec
+        rows, heads = (self.query_start, s.n_head_kv) if kind == "K" else (self.query_end - self.query_start, s.n_head)
+        out = np.empty((rows, heads, s.head_dim), dtype=np.float32)
+        if not self._lib.pfx_capture_read(self._ptr, index, kind.encode(), _floats(out)):
+            raise NativeError(self.error or f"cannot read {kind} of scoring layer {index}")
+        return out
+
+    def close(self) -> None:
+        if self._ptr:
+            self._lib.pfx_capture_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def attention_mass(q: np.ndarray, k: np.ndarray, query_start: int, query_end: int, use_gpu: bool = False,
+                   n_threads: int = 0) -> np.ndarray:
+    """The native kernel on host arrays q [n, n_head, head_dim] and k [n, n_head_kv, head_dim]."""
+    lib = load()
+    if lib is None:
+        raise NativeError("the native scorer is not built")
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    k = np.ascontiguousarray(k, dtype=np.float32)
+    (n, n_head, head_dim), n_head_kv = q.shape, k.shape[1]
+    out = np.empty(query_start, dtype=np.float32)
+    status = lib.pfx_attention_mass(_floats(q), _floats(k), n, n_head, n_head_kv, head_dim, query_start, query_end,
+                                    use_gpu, n_threads, _floats(out))
+    _check(status, "invalid attention shape")
+    return out

@@ -1,0 +1,73 @@
+"""The native scorer (ggml_ext/) against the numpy reference: random inputs, the demo model's
+captures, non-finite inputs, the GPU-layer setting of a separate drafter."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pflash_plugin.llama import Model, native
+from pflash_plugin.pflash.drafter import Drafter
+from pflash_plugin.pflash.scorer import NumpyScorer, make_scorer
+from pflash_plugin.pflash.scoring import attention_mass
+from pflash_plugin.llama.capture import CaptureSpec
+
+needs_native = pytest.mark.skipif(native.load() is None, reason="ggml_ext not built")
+
+
+def random_qk(seed: int, n: int, n_head: int, n_head_kv: int, head_dim: int):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n, n_head_kv, head_dim)).astype(np.float32)
+    return q, k
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "n,n_head,n_head_kv,head_dim,query_start,query_end",
+    [
+        (23, 4, 2, 8, 17, 23),  # GQA 2
+        (1001, 8, 1, 36, 990, 1001),  # MQA, odd length, head_dim not a multiple of the vector width
+        (517, 6, 3, 20, 500, 509),  # a query that ends before the prompt does (template suffix after it)
+        (2049, 32, 8, 128, 2041, 2049),  # the 8B-class shape, over several key chunks
+        (300, 4, 4, 16, 1, 300),  # one key, 299 query rows (over the 32-row register tile)
+    ],
+)
+def test_native_mass_equals_numpy(n, n_head, n_head_kv, head_dim, query_start, query_end):
+    q, k = random_qk(n + head_dim, n, n_head, n_head_kv, head_dim)
+    expected = attention_mass(q, k, query_start, query_end)
+    got = native.attention_mass(q, k, query_start, query_end, n_threads=2)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-9)
+
+
+@needs_native
+@pytest.mark.parametrize("row,where,value", [(60, "q", np.nan), (10, "k", np.inf), (10, "k", -np.inf), (3, "k", np.nan)])
+def test_native_refuses_non_finite(row, where, value):
+    q, k = random_qk(3, 64, 4, 2, 16)
+    (q if where == "q" else k)[row, 1, 3] = value  # a query row (56..63) or a key row
+    with pytest.raises(native.NativeError) as error:
+        native.attention_mass(q, k, 56, 64)
+    assert error.value.non_finite
+
+
+@needs_native
+def test_auto_scorer_is_native_when_built_and_numpy_when_asked():
+    spec = CaptureSpec([1], 16, 4, 2)
+    assert make_scorer(spec, "auto").name == "native-cpu"
+    assert isinstance(make_scorer(spec, "numpy"), NumpyScorer)
+
+
+@pytest.mark.demo
+@needs_native
+def test_native_equals_numpy_on_demo_model_captures(demo_model):
+    from pflash_plugin.testing.haystack import needle_prompt
+
+    model = Model(demo_model)
+    prompt, _ = needle_prompt(1500, 0.5, seed=5)
+    tokens = model.tokenize(prompt)
+    start = len(tokens) - 8
+    runs = {kind: Drafter(model, [5], len(tokens) + 8, scorer=kind, n_threads=2) for kind in ("numpy", "native")}
+    masses = {kind: drafter.run(tokens, start).mass for kind, drafter in runs.items()}
+    for x, y in zip(runs["numpy"].scorer.tensors(5), runs["native"].scorer.tensors(5)):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_allclose(masses["native"], masses["numpy"], rtol=1e-4, atol=1e-9)
+    assert masses["native"].shape == (start,)
