@@ -1,0 +1,320 @@
+"""A mixed soak against a live server: every kind of request a client sends, good and bad, each
+judged by what came back. Shared by bench/soak.py (the long run on the demo model) and
+tests/test_soak.py (a bounded run on tiny models), so the suite runs the benchmark's workload.
+
+Results per request: ok (a whole answer), rejected (the expected 4xx), abandoned (the client left
+on purpose), and the failures: lost (no answer and no error: a dropped connection, a truncated
+stream), hung (nothing by the deadline), 5xx, stream_error (an error event inside a 200 stream),
+unexpected (another status than the kind expects).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+import httpx
+
+from .haystack import needle_prompt, prose
+
+FAILURES = ("lost", "hung", "5xx", "stream_error", "unexpected")
+
+
+@dataclass(frozen=True)
+class Workload:
+    url: str
+    model: str  # served with PFlash auto and a threshold under `long_words`
+    other_model: str  # a second model: routing, and a real 404 for an unknown name
+    long_words: int  # a prompt over the PFlash threshold and under max_ctx
+    over_long_words: int  # a prompt over max_ctx: 400
+    api_key: str | None = None
+    max_body_bytes: int = 8 * 2**20  # the server's limit: one byte more gets 413
+    max_tokens: int = 8  # of the ordinary requests
+    concurrency: int = 8
+    deadline_s: float = 120.0  # a request not answered by then is hung
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass
+class Reply:
+    status: int | None  # None: no HTTP response
+    complete: bool = False  # JSON with choices, or a stream up to [DONE]
+    abandoned: bool = False  # the client left on purpose
+    stream_error: str | None = None
+    pflash: str | None = None  # usage.timings.pflash.status, when reported
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    index: int
+    kind: str
+    result: str
+    status: int | None
+    seconds: float
+    pflash: str | None = None
+    detail: str = ""
+
+
+# ---- transports ------------------------------------------------------------------------------
+async def post(client: httpx.AsyncClient, path: str, body: dict | None = None, content: bytes | AsyncIterator[bytes] | None = None,
+               headers: dict | None = None, timeout: float | None = None) -> Reply:
+    extra = {"timeout": timeout} if timeout is not None else {}
+    try:
+        if body is not None:
+            r = await client.post(path, json=body, headers=headers, **extra)
+        else:
+            r = await client.post(path, content=content, headers={"Content-Type": "application/json", **(headers or {})}, **extra)
+    except httpx.TransportError as error:
+        return Reply(None, detail=repr(error))
+    if r.status_code != 200:
+        return Reply(r.status_code, detail=r.text[:300])
+    data = r.json()
+    return Reply(200, complete=bool(data.get("choices")), pflash=_pflash_status(data.get("usage")), detail="" if data.get("choices") else r.text[:300])
+
+
+async def stream(client: httpx.AsyncClient, path: str, body: dict, headers: dict, leave_after: int | None = None) -> Reply:
+    """Read an SSE answer to [DONE], or close the connection after `leave_after` data events."""
+    try:
+        async with client.stream("POST", path, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers=headers) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return Reply(r.status_code, detail=r.text[:300])
+            events, pflash = 0, None
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    return Reply(200, complete=True, pflash=pflash)
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Reply(200, stream_error=chunk["error"].get("type") or "error", detail=line[:300])
+                pflash = _pflash_status(chunk.get("usage")) or pflash
+                events += 1
+                if leave_after is not None and events >= leave_after:
+                    return Reply(200, abandoned=True)
+            return Reply(200, detail="stream ended without [DONE]")
+    except httpx.TransportError as error:
+        return Reply(None, detail=repr(error))
+
+
+def _pflash_status(usage: dict | None) -> str | None:
+    return ((usage or {}).get("timings") or {}).get("pflash", {}).get("status")
+
+
+# ---- request kinds ---------------------------------------------------------------------------
+Kind = Callable[[Workload, httpx.AsyncClient, random.Random], Awaitable[Reply]]
+OK, ABANDON, ANY_4XX = "ok", "abandon", frozenset(range(400, 500))
+
+
+def short_prompt(rng: random.Random) -> str:
+    return " ".join(prose(rng, rng.randint(1, 3)))
+
+
+def sampling(w: Workload, rng: random.Random) -> dict:
+    return {"max_tokens": rng.randint(1, w.max_tokens), "temperature": rng.choice([0, 0.7, 1.0]), "seed": rng.randint(0, 999)}
+
+
+def chat_body(w: Workload, rng: random.Random) -> dict:
+    return {"model": w.model, "messages": [{"role": "user", "content": short_prompt(rng)}], **sampling(w, rng)}
+
+
+def completion_body(w: Workload, rng: random.Random, model: str | None = None) -> dict:
+    return {"model": model or w.model, "prompt": short_prompt(rng), **sampling(w, rng)}
+
+
+def long_body(w: Workload, rng: random.Random, pflash: dict | None) -> dict:
+    prompt, _ = needle_prompt(w.long_words, rng.random(), rng.randint(0, 10**6))
+    return {"model": w.model, "prompt": prompt, "max_tokens": 4, "temperature": 0} | ({"pflash": pflash} if pflash else {})
+
+
+async def cancel_early(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Reply:
+    """The client leaves before any response byte (or as the first arrive)."""
+    task = asyncio.ensure_future(stream(client, "/v1/completions", completion_body(w, rng) | {"max_tokens": 64}, w.headers))
+    await asyncio.sleep(rng.uniform(0.0, 0.05))
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return Reply(None, abandoned=True)
+
+
+async def give_up(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Reply:
+    """A non-streamed request whose client times out while the server decodes."""
+    try:
+        r = await client.post("/v1/completions", json=completion_body(w, rng) | {"max_tokens": 128}, headers=w.headers,
+                              timeout=rng.uniform(0.05, 0.5))
+    except httpx.TimeoutException:
+        return Reply(None, abandoned=True)
+    except httpx.TransportError as error:
+        return Reply(None, detail=repr(error))
+    return Reply(r.status_code, complete=r.status_code == 200 and bool(r.json().get("choices")))
+
+
+def wrong_type(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    path, body = rng.choice([
+        ("/v1/completions", {"prompt": 5}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "many"}),
+        ("/v1/completions", {"prompt": "x", "temperature": [1]}),
+        ("/v1/completions", {"prompt": "x", "stop": 3}),
+        ("/v1/completions", {"prompt": "x", "pflash": {"mode": "sometimes"}}),
+        ("/v1/completions", {"prompt": "x", "pflash": {"keep_ratio": 2}}),
+        ("/v1/completions", {"prompt": "x", "logit_bias": {"not-a-token": "high"}}),
+        ("/v1/chat/completions", {"messages": "hello"}),
+        ("/v1/chat/completions", {"messages": [{"role": "nobody", "content": "x"}]}),
+        ("/extras/detokenize", {"tokens": ["a"]}),
+    ])
+    return post(client, path, {"model": w.model, **body}, headers=w.headers)
+
+
+def oversized(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    """One KiB over the limit, with a Content-Length or chunked (then the server must count)."""
+    body = b'{"prompt": "' + b"a" * (w.max_body_bytes + 1024) + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 2**16):
+            yield body[i:i + 2**16]
+
+    return post(client, "/v1/completions", content=body if rng.random() < 0.5 else chunks(), headers=w.headers)
+
+
+def over_long(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    prompt, _ = needle_prompt(w.over_long_words, 0.5, rng.randint(0, 10**6))
+    return post(client, "/v1/completions", {"model": w.model, "prompt": prompt, "max_tokens": 4}, headers=w.headers)
+
+
+# name: (weight, expected, request). Mostly short requests; long ones are few and costly.
+KINDS: dict[str, tuple[int, object, Kind]] = {
+    "completion": (16, OK, lambda w, c, r: post(c, "/v1/completions", completion_body(w, r), headers=w.headers)),
+    "chat": (8, OK, lambda w, c, r: post(c, "/v1/chat/completions", chat_body(w, r), headers=w.headers)),
+    "stream": (14, OK, lambda w, c, r: stream(c, "/v1/completions", completion_body(w, r), w.headers)),
+    "stream_chat": (6, OK, lambda w, c, r: stream(c, "/v1/chat/completions", chat_body(w, r), w.headers)),
+    "long_pflash_off": (2, OK, lambda w, c, r: post(c, "/v1/completions", long_body(w, r, {"mode": "off"}), headers=w.headers)),
+    "long_pflash_auto": (2, OK, lambda w, c, r: post(c, "/v1/completions", long_body(w, r, None), headers=w.headers)),
+    "long_pflash_always": (2, OK, lambda w, c, r: stream(c, "/v1/completions", long_body(w, r, {"mode": "always", "keep_ratio": 0.3}), w.headers)),
+    "other_model": (5, OK, lambda w, c, r: post(c, "/v1/completions", completion_body(w, r, w.other_model), headers=w.headers)),
+    "cancel_mid_stream": (6, ABANDON, lambda w, c, r: stream(c, "/v1/completions", completion_body(w, r) | {"max_tokens": 64}, w.headers, leave_after=2)),
+    "cancel_before_first_byte": (6, ABANDON, cancel_early),
+    "client_gives_up": (5, ABANDON, give_up),
+    "malformed_json": (4, ANY_4XX, lambda w, c, r: post(c, "/v1/completions", content=b'{"prompt": "x", "max_tokens": ', headers=w.headers)),
+    "wrong_type": (6, ANY_4XX, wrong_type),
+    "over_long": (2, frozenset({400}), over_long),
+    "unknown_model": (3, frozenset({404}), lambda w, c, r: post(c, "/v1/completions", completion_body(w, r, "no-such-model"), headers=w.headers)),
+    "no_key": (3, frozenset({401}), lambda w, c, r: post(c, "/v1/completions", completion_body(w, r))),
+    "oversized_body": (2, frozenset({413}), oversized),
+}
+
+
+def plan(n: int, seed: int, api_key: bool = True) -> list[str]:
+    """n request kinds in proportion to their weights: shuffled blocks holding each kind `weight` times."""
+    block = [k for k, (weight, _, _) in KINDS.items() if api_key or k != "no_key" for _ in range(weight)]
+    rng, order = random.Random(seed), []
+    while len(order) < n:
+        rng.shuffle(block)
+        order += block
+    return order[:n]
+
+
+def judge(kind: str, reply: Reply) -> str:
+    expected = KINDS[kind][1]
+    if reply.status is not None and reply.status >= 500:
+        return "5xx"
+    if reply.stream_error:
+        return "stream_error"
+    if reply.abandoned:
+        return "abandoned" if expected == ABANDON else "lost"
+    if reply.status is None:
+        return "lost"
+    if expected in (OK, ABANDON):
+        if reply.status == 200:
+            return "ok" if reply.complete else "lost"
+        return "unexpected"
+    return "rejected" if reply.status in expected else "unexpected"
+
+
+# ---- running ---------------------------------------------------------------------------------
+async def run(w: Workload, kinds: list[str], seed: int, first_index: int = 0) -> list[Outcome]:
+    """Send `kinds` with `w.concurrency` clients at a time; each request on its own connection."""
+    gate = asyncio.Semaphore(w.concurrency)
+
+    async def one(index: int, kind: str) -> Outcome:
+        rng = random.Random(seed * 100_003 + index)
+        async with gate, httpx.AsyncClient(base_url=w.url, timeout=w.deadline_s + 5) as client:
+            t0 = time.perf_counter()
+            try:
+                reply = await asyncio.wait_for(KINDS[kind][2](w, client, rng), w.deadline_s)
+            except asyncio.TimeoutError:
+                reply = None
+            seconds = time.perf_counter() - t0
+        if reply is None:
+            return Outcome(index, kind, "hung", None, seconds)
+        return Outcome(index, kind, judge(kind, reply), reply.status, seconds, reply.pflash, reply.detail)
+
+    return list(await asyncio.gather(*(one(first_index + i, k) for i, k in enumerate(kinds))))
+
+
+def summarize(outcomes: list[Outcome]) -> dict:
+    results = Counter(o.result for o in outcomes)
+    ok = sorted(o.seconds for o in outcomes if o.result == "ok")
+    by_kind: dict[str, Counter] = {}
+    for o in outcomes:
+        by_kind.setdefault(o.kind, Counter())[o.result] += 1
+    return {
+        "requests": len(outcomes),
+        "results": dict(results),
+        "failures": {name: results.get(name, 0) for name in FAILURES},
+        "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+        "pflash_compressed": sum(1 for o in outcomes if o.pflash == "compressed"),
+        "ok_seconds": {"median": statistics.median(ok), "max": ok[-1]} if ok else None,
+        "failed_examples": [o.__dict__ for o in outcomes if o.result in FAILURES][:10],
+    }
+
+
+# ---- the server after the soak ---------------------------------------------------------------
+def idle_problems(status: dict) -> list[str]:
+    """Why one model's /status is not idle: requests left, busy slots, KV pages not held by a cached prefix."""
+    problems = [f"{key}={status[key]}" for key in ("running", "waiting") if status[key]]
+    if status.get("compressing"):
+        problems.append(f"compressing={len(status['compressing'])}")
+    problems += [f"slot {s['id']} {s['state']}" for s in status["slots"] if s["state"] != "idle"]
+    cached_pages = sum(s["kv_pages"] for s in status["slots"])
+    if status["kv_pages_used"] > cached_pages:
+        problems.append(f"kv_pages_used={status['kv_pages_used']} > {cached_pages} held by cached prefixes")
+    return problems
+
+
+async def wait_idle(w: Workload, timeout_s: float = 60.0) -> tuple[float, dict[str, list[str]], dict]:
+    """Seconds until every model is idle (or the timeout), what is still not idle, and the last /status."""
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(base_url=w.url, timeout=10) as client:
+        while True:
+            models = (await client.get("/status", headers=w.headers)).json()["models"]
+            problems = {name: p for name, s in models.items() if (p := idle_problems(s))}
+            if not problems or time.perf_counter() - t0 > timeout_s:
+                return time.perf_counter() - t0, problems, models
+            await asyncio.sleep(0.1)
+
+
+@dataclass
+class SoakReport:
+    summary: dict
+    idle_after_s: float
+    not_idle: dict[str, list[str]]
+    status: dict = field(repr=False)
+
+
+async def soak(w: Workload, n: int, seed: int = 0) -> SoakReport:
+    """The whole soak: `n` planned requests, then the pool must come back to idle."""
+    outcomes = await run(w, plan(n, seed, api_key=w.api_key is not None), seed)
+    idle_s, problems, status = await wait_idle(w)
+    return SoakReport(summarize(outcomes), idle_s, problems, status)
