@@ -21,7 +21,14 @@ def keyed_server(tiny_model) -> Iterator[LiveServer]:
 
 def routes(server: LiveServer) -> list[tuple[str, str]]:
     """(method, path) of every route the app serves, FastAPI's own (/docs, /openapi.json...) included."""
-    return [(sorted(r.methods - {"HEAD"})[0], r.path) for r in server.app.routes if isinstance(r, Route)]
+    def walk(items):  # FastAPI keeps an included router as one entry: its routes are inside
+        for r in items:
+            if isinstance(r, Route):
+                yield r
+            elif hasattr(r, "original_router"):
+                yield from walk(r.original_router.routes)
+
+    return [(sorted(r.methods - {"HEAD"})[0], r.path) for r in walk(server.app.routes)]
 
 
 def assert_401(response) -> None:

@@ -68,7 +68,7 @@ def test_bad_inputs_get_openai_errors(tiny_server):
         message = too_long.json()["error"]["message"]
         assert "600" in message and "512" in message
         invalid = client.post("/v1/completions", json={"prompt": "hi", "top_p": 3})
-        assert invalid.status_code == 422 and invalid.json()["error"]["param"] == "top_p"
+        assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "top_p"
         missing = client.post("/v1/chat/completions", json={"max_tokens": 3})
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
         grammar = client.post("/v1/completions", json={"prompt": "hi", "grammar": "nonsense"})
@@ -234,7 +234,7 @@ def test_mirostat_min_tokens_and_seeded_sampling(tiny_server):
         assert all(r["usage"]["completion_tokens"] >= 1 for r in a)
         assert len({r["choices"][0]["text"] for r in a}) > 1  # mirostat changes the sampling
         bad = client.post("/v1/completions", json={**body, "mirostat_mode": 7})
-        assert bad.status_code == 422 and bad.json()["error"]["param"] == "mirostat_mode"
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "mirostat_mode"
         # min_tokens holds end-of-generation back: a logit bias that forces EOS still yields 3 tokens
         eos = {"2": 100.0}
         forced = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10, "logit_bias": eos}).json()

@@ -9,7 +9,7 @@ import sys
 import uvicorn
 from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
 
-from ..plugins import load_plugins
+from ..plugins import plugin_routers, server_plugins
 from .app import create_app
 from .settings import ConfigFileSettings, ModelSettings, ServerSettings, Settings
 
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as error:
         print(error, file=sys.stderr)
         sys.exit(1)
-    load_plugins()
-    app = create_app(server_settings, model_settings)
+    app = create_app(server_settings, model_settings, extra_routers=plugin_routers(server_plugins()))
     uvicorn.run(
         app,
         host=os.getenv("HOST", server_settings.host),

@@ -8,6 +8,7 @@ from typing import Any
 
 from llama_cpp import llama_chat_format
 
+from .. import plugins
 from ..engine.embedder import Embedder
 from ..engine.loader import EngineConfig, build_engine, load_model
 from ..engine.request import Request
@@ -80,6 +81,7 @@ def pflash_config(settings: ModelSettings) -> PflashConfig:
         query_tokens=settings.pflash_query_tokens,
         segment_min=settings.pflash_segment_min,
         segment_max=settings.pflash_segment_max,
+        select=plugins.selector(settings.pflash_selector),
     )
 
 
@@ -211,6 +213,21 @@ class ServedModel:
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
         return self.model.tokenize(prompt, add_special=True, parse_special=True)
+
+    def tokenize_prompts(self, prompt: str | list) -> list[tuple[list[int], str]]:
+        """An OpenAI `prompt` (text, token ids, or a list of either) as (tokens, text) per prompt."""
+        if isinstance(prompt, str):
+            return [(self.tokenize_prompt(prompt), prompt)]
+        if not prompt or isinstance(prompt[0], int):
+            tokens = self._token_ids(prompt)
+            return [(tokens, self.model.detokenize(tokens) if tokens else "")]
+        return [item for one in prompt for item in self.tokenize_prompts(one)]
+
+    def _token_ids(self, tokens: list[int]) -> list[int]:
+        for token in tokens:
+            if not 0 <= token < self.model.n_vocab:
+                raise RequestError(400, f"prompt token id {token} is outside the vocabulary (0..{self.model.n_vocab - 1})", param="prompt")
+        return list(tokens)
 
     def logit_bias(self, raw: dict[str, float] | None, as_tokens: bool) -> dict[int, float]:
         """OpenAI logit_bias keys are token ids; llama_cpp also accepts text (logit_bias_type=tokens)."""

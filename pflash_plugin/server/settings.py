@@ -52,6 +52,9 @@ class ModelSettings(StockModelSettings):
     pflash_rope: Literal["post", "pre"] = Field(default="post", description="Score post- or pre-RoPE Q/K.")
     pflash_segment_min: int = Field(default=16, ge=1, description="Shortest segment (tokens).")
     pflash_segment_max: int = Field(default=128, ge=1, description="Longest segment (tokens).")
+    pflash_selector: str = Field(
+        default="greedy", description="Segment selector, by its name in the pflash_plugin.selectors entry points."
+    )
     draft_residency: Literal["auto", "persistent"] = Field(
         default="persistent", description="auto: load the drafter per prompt; persistent: keep it."
     )

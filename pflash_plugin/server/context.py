@@ -1,0 +1,50 @@
+"""What the routes need, found on the app they are mounted in (`app.state.pflash`), so the same
+module-level routers serve any number of apps in one process."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+
+from ..engine.request import Request as EngineRequest
+from ..engine.scheduler import AdmissionError
+from .metrics import Metrics
+from .models import ModelRouter, ServedModel
+from .protocol import RequestError
+from .settings import ServerSettings
+
+
+@dataclass
+class ServerContext:
+    settings: ServerSettings
+    models: ModelRouter
+    metrics: Metrics
+
+    @classmethod
+    def build(cls, settings: ServerSettings, models: ModelRouter) -> ServerContext:
+        metrics = Metrics(lambda: {name: m.engine.status() for name, m in models.models.items()})
+        return cls(settings, models, metrics)
+
+    def submit(self, served: ServedModel, request: EngineRequest) -> None:
+        """Queue a request on its model's engine; what can never be served is a RequestError."""
+        try:
+            served.engine.submit(request)
+        except AdmissionError as error:
+            self.metrics.errors.labels(served.name, str(error.status)).inc()
+            raise RequestError(error.status, error.message, error.type, code=error.type) from None
+
+    def close(self) -> None:
+        self.models.close()
+
+
+def attach(app: FastAPI, context: ServerContext) -> None:
+    """Make `context` the one the routers see in `app` (call it before mounting them elsewhere)."""
+    app.state.pflash = context
+    app.state.models, app.state.metrics = context.models, context.metrics
+
+
+def get_context(request: Request) -> ServerContext:
+    try:
+        return request.app.state.pflash
+    except AttributeError:
+        raise RuntimeError("the pflash routers need a context: call pflash_plugin.server.context.attach(app, context)") from None

@@ -1,0 +1,154 @@
+"""The one place where engine events become an HTTP answer: a JSON body or an SSE stream, for one
+choice or n of them, and where a client that leaves cancels what it asked for.
+
+Cancellation owns three cases: a non-streamed request whose client disconnects (watched while it
+decodes), a stream that ends or breaks, and a stream whose client left before the SSE generator
+ever started (the generator's own `finally` would never run, so the response object cancels).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from sse_starlette.sse import EventSourceResponse
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ..engine.request import ErrorEvent, FinishEvent, Request as EngineRequest, TextEvent
+from .context import ServerContext
+from .errors import error_response
+from .models import ServedModel
+from .protocol import error_body
+from .responses import Choice, envelope, merge_usage, new_id
+
+_GONE = object()  # queued when the client of a non-streamed request disconnects
+
+
+@dataclass
+class Generation:
+    """One client request as the engine runs it: engine request i feeds choice i."""
+
+    served: ServedModel
+    requests: list[EngineRequest]
+    choices: list[Choice]
+    object: str  # "text_completion" | "chat.completion"
+    chunk_object: str  # the object of streamed chunks
+    prompt_tokens: int  # the client's prompts, each counted once
+    include_usage: bool = False
+    rid: str = ""
+    done: set[int] = field(default_factory=set)  # choices whose request finished or failed
+
+    def cancel_unfinished(self) -> None:
+        for index, request in enumerate(self.requests):
+            if index not in self.done:
+                self.done.add(index)
+                self.served.engine.cancel(request)
+
+
+async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool) -> Response:
+    """Submit the generation's requests and answer with their output, streamed or whole."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    for index, request in enumerate(gen.requests):
+        request.sink = lambda event, i=index: loop.call_soon_threadsafe(events.put_nowait, (i, event))
+    for submitted, request in enumerate(gen.requests):
+        try:
+            ctx.submit(gen.served, request)
+        except BaseException:
+            gen.done.update(range(submitted, len(gen.requests)))  # never queued: nothing to cancel
+            gen.cancel_unfinished()
+            raise
+    if stream:
+        ping = 10**9 if ctx.settings.disable_ping_events else ctx.settings.sse_ping_seconds
+        # comment pings keep the stream alive while a prompt waits or is compressed
+        return _CancellingStream(_publish(ctx, gen, events), gen, ping=ping, sep="\n")
+    try:
+        return await _collect(http, ctx, gen, events)
+    finally:
+        gen.cancel_unfinished()
+
+
+def _finish(ctx: ServerContext, gen: Generation, index: int, event: FinishEvent | ErrorEvent) -> None:
+    gen.done.add(index)
+    if isinstance(event, FinishEvent):
+        ctx.metrics.finished(gen.served.name, event.reason, event.usage)
+    else:
+        ctx.metrics.errors.labels(gen.served.name, str(event.status)).inc()
+
+
+async def _collect(http: Request, ctx: ServerContext, gen: Generation, events: asyncio.Queue) -> Response | dict:
+    watcher = asyncio.ensure_future(_put_on_disconnect(http, events))
+    usages: dict[int, dict] = {}
+    finals: dict[int, dict] = {}
+    try:
+        while len(usages) < len(gen.requests):
+            index, event = await events.get()
+            if event is _GONE:
+                return Response(status_code=499)
+            choice = gen.choices[index]
+            if isinstance(event, TextEvent):
+                choice.add(event.text, event.tokens)
+            elif isinstance(event, FinishEvent):
+                _finish(ctx, gen, index, event)
+                usages[index], finals[index] = event.usage, choice.final(event.reason)
+            elif isinstance(event, ErrorEvent):
+                _finish(ctx, gen, index, event)
+                return error_response(event.status, event.message, event.type, code=event.type)
+    finally:
+        watcher.cancel()
+    usage = merge_usage([usages[i] for i in sorted(usages)], gen.prompt_tokens)
+    return envelope(gen.rid, gen.object, gen.served.name, [finals[i] for i in sorted(finals)], usage)
+
+
+async def _put_on_disconnect(http: Request, events: asyncio.Queue) -> None:
+    """The body is read: the next ASGI message is the client's disconnect."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+    events.put_nowait((None, _GONE))
+
+
+def _data(body: Any) -> dict:
+    return {"data": json.dumps(body)}
+
+
+async def _publish(ctx: ServerContext, gen: Generation, events: asyncio.Queue) -> AsyncIterator[dict]:
+    model = gen.served.name
+    heads = [h for h in (c.head() for c in gen.choices) if h is not None]
+    for head in heads:
+        yield _data(envelope(gen.rid, gen.chunk_object, model, [head]))
+    usages: dict[int, dict] = {}
+    while len(usages) < len(gen.requests):
+        index, event = await events.get()
+        choice = gen.choices[index]
+        if isinstance(event, TextEvent):
+            yield _data(envelope(gen.rid, gen.chunk_object, model, [choice.chunk(event.text, event.tokens, None)]))
+        elif isinstance(event, FinishEvent):
+            _finish(ctx, gen, index, event)
+            usages[index] = event.usage
+            yield _data(envelope(gen.rid, gen.chunk_object, model, [choice.chunk("", [], event.reason)]))
+        elif isinstance(event, ErrorEvent):
+            _finish(ctx, gen, index, event)
+            yield _data(error_body(event.message, event.type, code=event.type))
+            return
+    if gen.include_usage:
+        usage = merge_usage([usages[i] for i in sorted(usages)], gen.prompt_tokens)
+        yield _data(envelope(new_id("usage"), gen.chunk_object, model, [], usage))
+    yield {"data": "[DONE]"}
+
+
+class _CancellingStream(EventSourceResponse):
+    """An SSE response that cancels its unfinished engine requests when it ends, however it ends:
+    finished, broken, or never started because the client left first."""
+
+    def __init__(self, content: AsyncIterator[dict], gen: Generation, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.gen = gen
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gen.cancel_unfinished()

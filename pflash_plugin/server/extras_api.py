@@ -1,0 +1,69 @@
+"""llama_cpp.server's extras (tokenize, detokenize) and our operations routes (health, status,
+metrics), as module-level routers."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+from llama_cpp.server.types import (
+    DetokenizeInputRequest,
+    DetokenizeInputResponse,
+    TokenizeInputCountResponse,
+    TokenizeInputRequest,
+    TokenizeInputResponse,
+)
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from .context import ServerContext, get_context
+from .errors import OpenAIRoute
+from .protocol import RequestError
+from .responses import ERROR_RESPONSES
+
+extras = APIRouter(route_class=OpenAIRoute, tags=["Extras"], responses=ERROR_RESPONSES)
+operations = APIRouter(route_class=OpenAIRoute, tags=["Operations"], responses=ERROR_RESPONSES)
+
+
+@extras.post("/extras/tokenize", response_model=TokenizeInputResponse)
+async def tokenize(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
+    tokens = await run_in_threadpool(ctx.models.get(body.model).tokenize_prompt, body.input)
+    return TokenizeInputResponse(tokens=tokens)
+
+
+@extras.post("/extras/tokenize/count", response_model=TokenizeInputCountResponse)
+async def count_tokens(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
+    tokens = await run_in_threadpool(ctx.models.get(body.model).tokenize_prompt, body.input)
+    return TokenizeInputCountResponse(count=len(tokens))
+
+
+@extras.post("/extras/detokenize", response_model=DetokenizeInputResponse)
+async def detokenize(body: DetokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
+    served = ctx.models.get(body.model)
+    for token in body.tokens:
+        if not 0 <= token < served.model.n_vocab:
+            raise RequestError(400, f"token id {token} is outside the vocabulary", param="tokens")
+    return DetokenizeInputResponse(text=await run_in_threadpool(served.model.detokenize, body.tokens))
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Status(BaseModel):
+    models: Dict[str, Dict[str, Any]]
+
+
+@operations.get("/health", response_model=Health)
+async def health() -> Any:
+    return Health(status="ok")
+
+
+@operations.get("/status", response_model=Status)
+async def server_status(ctx: ServerContext = Depends(get_context)) -> Any:
+    return Status(models={name: m.engine.status() | {"max_ctx": m.max_ctx} for name, m in ctx.models.models.items()})
+
+
+@operations.get("/metrics", response_class=Response)
+async def prometheus(ctx: ServerContext = Depends(get_context)) -> Response:
+    return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,90 @@
+"""Request bodies -> engine requests: tokenizing, chat template rendering, grammar compilation,
+sampling parameters and PFlash planning. Blocking work: the routes run it in a thread.
+
+`n` samples of one prompt are n engine requests over the same prompt tokens (the prefix cache and
+the KV pool share what they can); sample i of a seeded request uses seed + i, so the samples differ.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from llama_cpp import llama_grammar
+
+from ..engine.request import Request as EngineRequest
+from ..engine.request import SamplingParams
+from .dispatch import Generation
+from .models import ServedModel
+from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, sampling_params
+from .responses import ChatChoice, CompletionChoice, new_id
+
+
+def _samples(params: SamplingParams, n: int) -> list[SamplingParams]:
+    return [dataclasses.replace(params, seed=None if params.seed is None else params.seed + i) for i in range(n)]
+
+
+def _max_tokens(requested: int | None, prompt: list[int], served: ServedModel) -> int:
+    """None or 0 means: until the context ends, as in llama_cpp."""
+    if requested is None or requested <= 0:
+        return max(served.max_ctx - len(prompt), 1)
+    return requested
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
+    if body.suffix:
+        raise RequestError(400, "suffix is not supported", param="suffix")
+    prompts = served.tokenize_prompts(body.prompt)
+    bias = served.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
+    requests: list[EngineRequest] = []
+    choices: list[CompletionChoice] = []
+    for tokens, text in prompts:
+        params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
+                                 logprobs=body.logprobs, grammar=body.grammar, logit_bias=bias)
+        for sample in _samples(params, body.n or 1):
+            request = EngineRequest(tokens, sample)
+            served.plan_compression(request, body.pflash, json_format=bool(body.grammar))
+            requests.append(request)
+            choices.append(CompletionChoice(len(choices), served.model.piece, text if body.echo else "", body.logprobs is not None))
+    return Generation(served, requests, choices, "text_completion", "text_completion",
+                      sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
+
+
+def _chat_grammar(body: ChatCompletionRequest) -> str | None:
+    if not (body.response_format and body.response_format.get("type") == "json_object"):
+        return body.grammar
+    schema = body.response_format.get("schema")
+    try:
+        return llama_grammar.json_schema_to_gbnf(json.dumps(schema)) if schema else llama_grammar.JSON_GBNF
+    except Exception as error:
+        raise RequestError(400, f"response_format schema is not usable: {error}", param="response_format") from None
+
+
+def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
+    if not body.messages:
+        raise RequestError(400, "messages must contain at least one message", param="messages")
+    rendered = served.render_chat([dict(m) for m in body.messages], body.tools, body.tool_choice)
+    grammar = _chat_grammar(body)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_params(
+        body,
+        max_tokens=_max_tokens(body.max_tokens, rendered.tokens, served),
+        logprobs=top,
+        grammar=grammar,
+        logit_bias=served.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
+    )
+    params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
+    requests: list[EngineRequest] = []
+    for sample in _samples(params, body.n or 1):
+        request = EngineRequest(rendered.tokens, sample)
+        served.plan_compression(
+            request, body.pflash, last_user=rendered.last_user, system=rendered.system,
+            has_tools=bool(body.tools or body.functions), json_format=bool(grammar),
+        )
+        requests.append(request)
+    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs)) for i in range(len(requests))]
+    return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",
+                      len(rendered.tokens), _include_usage(body), new_id("chatcmpl"))

@@ -1,0 +1,250 @@
+"""The OpenAI response shapes: typed models (for the OpenAPI schema) and the builders that turn one
+engine request's output into one choice, streamed or whole."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Literal, Optional, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from ..engine.request import TokenOutput
+
+Piece = Callable[[int], bytes]
+
+
+# ---- typed response models -------------------------------------------------------------------
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # timings, pflash report
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: Optional[Dict[str, int]] = None
+    timings: Optional[Dict[str, Any]] = None
+
+
+class CompletionLogprobsModel(BaseModel):
+    tokens: List[str]
+    text_offset: List[int]
+    token_logprobs: List[Optional[float]]
+    top_logprobs: List[Optional[Dict[str, float]]]
+
+
+class CompletionChoiceModel(BaseModel):
+    text: str
+    index: int
+    logprobs: Optional[CompletionLogprobsModel] = None
+    finish_reason: Optional[str] = None
+
+
+class _Response(BaseModel):
+    id: str
+    created: int
+    model: str
+    usage: Optional[Usage] = None
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: List[CompletionChoiceModel]
+
+
+class ChatMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: Optional[str] = None
+
+
+class ChatChoiceModel(BaseModel):
+    index: int
+    message: ChatMessage
+    logprobs: Optional[Dict[str, Any]] = None
+    finish_reason: Optional[str] = None
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: List[ChatChoiceModel]
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: List[float]
+    index: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: List[Embedding]
+    model: str
+    usage: Dict[str, int]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "me"
+    permissions: List[str] = []
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: List[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+# every 4xx is an OpenAI error body (documenting 4XX also keeps FastAPI's 422 out of the schema)
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {"4XX": {"model": ErrorResponse, "description": "An OpenAI error"}}
+STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {"schema": {"type": "string", "title": "SSE chunks, when stream=true, ending with data: [DONE]"}}}},
+}
+
+
+# ---- envelopes ------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def envelope(rid: str, obj: str, model: str, choices: list, usage: dict | None = None) -> dict:
+    body = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def merge_usage(usages: list[dict], prompt_tokens: int) -> dict:
+    """Usage of several choices: each prompt counted once (as OpenAI does), completions summed,
+    cached tokens the most any choice reused; the first choice's timings, every choice's under
+    timings.choices."""
+    if len(usages) == 1:
+        return usages[0]
+    completion = sum(u["completion_tokens"] for u in usages)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": min(prompt_tokens, max(u["prompt_tokens_details"]["cached_tokens"] for u in usages))},
+        "timings": {**usages[0]["timings"], "choices": [u["timings"] for u in usages]},
+    }
+
+
+# ---- logprobs -------------------------------------------------------------------------------
+def _text(piece: Piece, token: int) -> str:
+    return piece(token).decode("utf-8", errors="replace")
+
+
+class CompletionLogprobs:
+    """Accumulates the legacy /v1/completions logprobs object."""
+
+    def __init__(self, piece: Piece) -> None:
+        self.piece = piece
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+        self._offset = 0
+
+    def add(self, outputs: list[TokenOutput]) -> dict[str, Any]:
+        start = len(self.tokens)
+        for out in outputs:
+            text = _text(self.piece, out.token)
+            self.tokens.append(text)
+            self.text_offset.append(self._offset)
+            self._offset += len(text)
+            self.token_logprobs.append(out.logprob)
+            self.top_logprobs.append({_text(self.piece, t): lp for t, lp in out.top_logprobs or []})
+        return self.as_dict(start)
+
+    def as_dict(self, start: int = 0) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens[start:],
+            "text_offset": self.text_offset[start:],
+            "token_logprobs": self.token_logprobs[start:],
+            "top_logprobs": self.top_logprobs[start:],
+        }
+
+
+def chat_logprobs(piece: Piece, outputs: list[TokenOutput]) -> list[dict[str, Any]]:
+    def entry(token: int, logprob: float | None) -> dict[str, Any]:
+        raw = piece(token)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+    return [
+        {**entry(o.token, o.logprob), "top_logprobs": [entry(t, lp) for t, lp in o.top_logprobs or []]}
+        for o in outputs
+    ]
+
+
+# ---- choices --------------------------------------------------------------------------------
+class Choice(Protocol):
+    """One choice of a response, fed the engine output of one request."""
+
+    index: int
+
+    def head(self) -> dict | None:
+        """The choice's first streamed delta, sent before any token (or None)."""
+
+    def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
+        """A streamed delta."""
+
+    def add(self, text: str, outputs: list[TokenOutput]) -> None:
+        """Accumulate output for the whole (non-streamed) choice."""
+
+    def final(self, finish: str) -> dict:
+        """The whole choice."""
+
+
+class CompletionChoice:
+    def __init__(self, index: int, piece: Piece, echo: str, logprobs: bool) -> None:
+        self.index, self.echo = index, echo
+        self.texts: list[str] = [echo]
+        self.logprobs = CompletionLogprobs(piece) if logprobs else None
+
+    def head(self) -> dict | None:
+        return self.chunk(self.echo, [], None) if self.echo else None
+
+    def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
+        logprobs = self.logprobs.add(outputs) if self.logprobs else None
+        return {"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}
+
+    def add(self, text: str, outputs: list[TokenOutput]) -> None:
+        self.texts.append(text)
+        if self.logprobs:
+            self.logprobs.add(outputs)
+
+    def final(self, finish: str) -> dict:
+        logprobs = self.logprobs.as_dict() if self.logprobs else None
+        return {"text": "".join(self.texts), "index": self.index, "logprobs": logprobs, "finish_reason": finish}
+
+
+class ChatChoice:
+    def __init__(self, index: int, piece: Piece, logprobs: bool) -> None:
+        self.index, self.piece = index, piece
+        self.texts: list[str] = []
+        self.logprobs: list | None = [] if logprobs else None
+
+    def head(self) -> dict | None:
+        return {"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+    def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
+        logprobs = {"content": chat_logprobs(self.piece, outputs)} if self.logprobs is not None else None
+        return {"index": self.index, "delta": {"content": text} if text else {}, "logprobs": logprobs, "finish_reason": finish}
+
+    def add(self, text: str, outputs: list[TokenOutput]) -> None:
+        self.texts.append(text)
+        if self.logprobs is not None:
+            self.logprobs.extend(chat_logprobs(self.piece, outputs))
+
+    def final(self, finish: str) -> dict:
+        message = {"role": "assistant", "content": "".join(self.texts)}
+        logprobs = {"content": self.logprobs} if self.logprobs is not None else None
+        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish}
