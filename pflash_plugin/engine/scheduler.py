@@ -314,20 +314,21 @@ class Scheduler:
         # shortest remaining prefill first (a short prompt beside a long one starts at once),
         # aged: every step a prompt was left out of counts as `aging` fewer tokens left
         prefilling = sorted((r for r in self.running if r.status is RequestStatus.PREFILLING), key=self._urgency)
+        # those that finish their prefill now go alone: a long chunk would delay their first token
         finishing = [r for r in prefilling if self._urgency(r) <= min(cap, budget)]
-        if finishing:
-            prefilling = finishing  # their first tokens come first: a long chunk would delay them
+        served: set[int] = set()
+        for request in finishing or prefilling:
+            if budget <= 0:
+                break
+            start = request.n_prefilled
+            n = min(budget, cap, request.prefill_left)
+            done = start + n == len(request.prefill_tokens)
+            chunk = request.prefill_tokens[start : start + n]
+            items.append(BatchItem(request, chunk, len(self.slots[request.slot].tokens), done))
+            budget -= n
+            served.add(request.request_id)
         for request in prefilling:
-            if budget > 0:
-                start = request.n_prefilled
-                n = min(budget, cap, request.prefill_left)
-                chunk = request.prefill_tokens[start : start + n]
-                done = start + n == len(request.prefill_tokens)
-                items.append(BatchItem(request, chunk, len(self.slots[request.slot].tokens), done))
-                budget -= n
-        chosen = {id(item.request) for item in items}
-        for request in self.running:
-            if request.status is RequestStatus.PREFILLING and id(request) not in chosen:
+            if request.request_id not in served:
                 self._live[request.request_id].starved += 1
         return Step(items)
 
