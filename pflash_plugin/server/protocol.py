@@ -55,6 +55,9 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+
+
 def sampling_params(
     body: CompletionRequest | ChatCompletionRequest,
     *,
@@ -66,6 +69,9 @@ def sampling_params(
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
     if body.temperature < 0:
         raise RequestError(400, "temperature must be >= 0", param="temperature")
+    if logprobs is not None and logprobs > MAX_LOGPROBS:  # each token would carry that many alternatives
+        param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
+        raise RequestError(400, f"at most {MAX_LOGPROBS} log probabilities per token", param=param)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=body.temperature,
