@@ -9,7 +9,11 @@ over-long prompts, unknown models, no key, oversized bodies) in two halves; the 
 memory (/proc/PID/status VmRSS) is sampled throughout. Afterwards /status must show every model
 idle (no request, no busy slot, no KV page beyond the cached prefixes).
 
-Usage: python bench/soak.py [--requests 500] [--concurrency 8] [--out bench/results/soak.json]
+Then (--fuzz_examples N, 0 to skip) schemathesis sends up to N generated requests per operation of
+the server's OpenAPI schema to a second server with one tiny model (one model: any generated model
+name reaches it); none may get a 5xx or go unanswered.
+
+Usage: python bench/soak.py [--requests 500] [--concurrency 8] [--fuzz_examples 300] [--out bench/results/soak.json]
 Prints a markdown summary; docs/soak.md quotes a run.
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ from harness import REPO, ServerProcess, demo_model_path
 from serving import code_state, host_info
 
 from pflash_plugin.testing import cached_tiny_llama
+from pflash_plugin.testing.fuzz import fuzz
 from pflash_plugin.testing.soak import FAILURES, Workload, plan, run, summarize, wait_idle
 
 API_KEY = "soak-bench-key"
@@ -106,6 +111,19 @@ async def soak(w: Workload, n: int, seed: int, memory: MemorySampler) -> tuple[l
     return outcomes, wall, {"idle_after_s": round(idle_s, 2), "not_idle": problems}, status
 
 
+def run_fuzz(max_examples: int) -> dict:
+    server = ServerProcess("fuzz", ["--model", str(cached_tiny_llama()), "--model_alias", "tiny", "--n_ctx", "256",
+                                    "--max_concurrency", "2", "--n_threads", "1", "--api_key", API_KEY], ready_paths=("/health",))
+    server.start()
+    try:
+        t0 = time.perf_counter()
+        sent, findings = fuzz(server.url, max_examples, headers={"Authorization": f"Bearer {API_KEY}"}, timeout_s=60)
+        return {"max_examples": max_examples, "sent": sent, "seconds": round(time.perf_counter() - t0, 1),
+                "findings": [f.__dict__ for f in findings]}
+    finally:
+        server.stop()
+
+
 def markdown(result: dict) -> str:
     s, mem, after = result["summary"], result["memory"], result["after"]
     first, second = mem["phases"]
@@ -128,6 +146,10 @@ def markdown(result: dict) -> str:
         f"PFlash compressed {s['pflash_compressed']} prompts. Median ok request {s['ok_seconds']['median']:.2f} s, "
         f"slowest {s['ok_seconds']['max']:.1f} s.",
     ]
+    if result.get("fuzz"):
+        f = result["fuzz"]
+        lines.append(f"\nFuzz: {f['sent']} generated requests (up to {f['max_examples']} per operation) in {f['seconds']} s: "
+                     f"{len(f['findings'])} server errors or unanswered.")
     return "\n".join(lines)
 
 
@@ -139,6 +161,7 @@ def main() -> None:
     parser.add_argument("--pflash_threshold", type=int, default=1024)
     parser.add_argument("--long_words", type=int, default=1200, help="words of a long prompt (~1.3 tokens each)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fuzz_examples", type=int, default=300, help="per operation; 0: no fuzz")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json")
     args = parser.parse_args()
 
@@ -157,8 +180,9 @@ def main() -> None:
                       "status_after": status}
         finally:
             server.stop()
+    result["fuzz"] = run_fuzz(args.fuzz_examples) if args.fuzz_examples else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    args.out.write_text(json.dumps(result, indent=1, default=repr))
     print(markdown(result))
     print(f"\nwritten: {args.out}")
 
