@@ -50,10 +50,11 @@ def wait_done(*requests) -> None:
 
 # ---- isolation ---------------------------------------------------------------------------------
 def run_four_with_one_fault(build, fault) -> tuple[list, object]:
-    """Four requests on four slots, `fault(bad, runner)` breaking the third; all run to the end."""
+    """Five requests on four slots, `fault(bad, runner)` breaking the fifth, which waits for the
+    slot of the first (max_tokens 1) and starts inside a step; all run to the end."""
     engine, sched, runner = build(start=False, n_slots=4, n_pages=64, max_batch_tokens=16, max_ctx=64)
-    requests = [make_request([10 * i + 1, 10 * i + 2, 10 * i + 3], max_tokens=5) for i in range(4)]
-    bad = requests[2]
+    requests = [make_request([10 * i + 1, 10 * i + 2, 10 * i + 3], max_tokens=5 if i else 1) for i in range(5)]
+    bad = requests[4]
     fault(bad, runner)
     engine.submit(*requests)
     engine.start()
@@ -62,8 +63,8 @@ def run_four_with_one_fault(build, fault) -> tuple[list, object]:
     for request in requests:
         if request is not bad:
             assert sink_of(request).errors == [] and sink_of(request).finish.reason == "length"
-            assert len(request.output_tokens) == 5
-    assert bad.status is RequestStatus.FINISHED_ERROR
+            assert len(request.output_tokens) == request.params.max_tokens
+    assert bad.status is RequestStatus.FINISHED_ERROR and bad.slot == requests[0].slot
     assert not sched.running and sched.pool.used_pages == idle_pages(sched)
     check_scheduler(sched, runner)
     return requests, bad
