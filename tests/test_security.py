@@ -103,3 +103,12 @@ def test_public_routes_setting_is_validated():
 
     with pytest.raises(ValueError, match="must be a path"):
         ServerSettings(public_routes=["docs"])
+
+
+def test_public_routes_match_behind_a_root_path(tiny_model):
+    """With root_path (a proxy prefix), /api/health is /health to the routes: public; /api/status is not."""
+    model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1}
+    with live_server([model], api_key=KEY, root_path="/api") as server, server.client() as client:
+        assert client.get("/api/health").status_code == 200
+        assert_401(client.get("/api/status"))
+        assert client.get("/api/status", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
