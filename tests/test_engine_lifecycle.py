@@ -235,6 +235,8 @@ def test_shutdown_finishes_what_it_can_within_the_grace_and_cancels_the_rest(bui
 
 def test_shutdown_of_an_idle_engine_returns_at_once(build):
     engine, sched, runner = build()
+    with pytest.raises(RuntimeError, match="shut it down"):
+        engine.close()  # never free a context a step may be using
     started = time.monotonic()
     engine.shutdown(30.0)
     assert time.monotonic() - started < 1.0 and not engine._thread.is_alive()

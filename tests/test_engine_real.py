@@ -90,3 +90,5 @@ def test_shutdown_cancels_what_runs_and_leaves_the_kv_as_the_pool_says(tiny_mode
         assert ctx.seq_pos_max(slot.index) == len(slot.tokens) - 1
         assert len(slot.pages) == sched.pool.pages_for(len(slot.tokens))
     assert sched.pool.used_pages == sum(len(s.pages) for s in sched.slots)
+    engine.close()
+    assert ctx.ptr is None

@@ -127,6 +127,14 @@ class Engine:
         """Cancel whatever is in flight and end the engine thread."""
         self.shutdown(0.0)
 
+    def close(self) -> None:
+        """Free the runner's llama.cpp context; only once the engine thread has ended (after
+        `shutdown`), so no step can be using it."""
+        if self._thread.is_alive():
+            raise RuntimeError(f"engine {self.name} is still running: shut it down before closing it")
+        if hasattr(self.runner, "close"):
+            self.runner.close()
+
     def health(self) -> Health:
         if self._failure is not None:
             return Health("failed", self._failure)

@@ -55,6 +55,13 @@ class LlamaRunner:
     def set_abort(self, should_abort) -> None:
         self.ctx.set_abort(should_abort)
 
+    def close(self) -> None:
+        """Free the samplers, the batch and the context (the model belongs to whoever loaded it)."""
+        for slot in list(self._samplers):
+            self.end_request(slot)
+        self.batch.close()
+        self.ctx.close()
+
     # ---- stepping --------------------------------------------------------------------------
     def execute(self, step: Step) -> dict[int, TokenOutput | Exception]:
         """One llama_decode for the whole step, then one sample per slot that asked for logits.
