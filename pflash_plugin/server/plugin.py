@@ -14,8 +14,12 @@ from .app import create_app as _create_app
 routers: list[Any] = []  # ours are in the app create_app builds
 
 
+def _as(cls: type, value: Any) -> Any:
+    """`value` (a stock settings object, or ours, or a config file's) as our class `cls`."""
+    fields = {k: v for k, v in value.model_dump(exclude_unset=True).items() if k in cls.model_fields}
+    return cls.model_validate(fields)
+
+
 def create_app(server_settings: Any, model_settings: list[Any]) -> FastAPI:
     """Our app, from settings parsed by the stock server (its classes or ours)."""
-    server = settings.ServerSettings.model_validate(server_settings.model_dump())
-    models = [settings.ModelSettings.model_validate(m.model_dump()) for m in model_settings]
-    return _create_app(server, models)
+    return _create_app(_as(settings.ServerSettings, server_settings), [_as(settings.ModelSettings, m) for m in model_settings])
