@@ -47,6 +47,11 @@ def test_n_samples_of_one_completion_prompt(sdk, tiny_server):
     assert reply.choices[0].text != reply.choices[1].text  # sample i uses seed + i
     assert reply.usage.prompt_tokens == n_prompt  # counted once, as OpenAI does
     assert reply.usage.completion_tokens == 24 and reply.usage.total_tokens == n_prompt + 24
+    chunks = list(sdk.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=1.0, seed=5, n=2,
+                                         stream=True, stream_options={"include_usage": True}))
+    streamed = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)}
+    assert streamed == {0: reply.choices[0].text, 1: reply.choices[1].text}  # same seeds, same samples
+    assert chunks[-1].usage.prompt_tokens == n_prompt and chunks[-1].usage.completion_tokens == 24
     assert tiny_server.wait_idle()["running"] == 0
 
 
