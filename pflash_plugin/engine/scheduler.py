@@ -156,13 +156,17 @@ class Scheduler:
             raise AdmissionError(429, "the request queue is full, retry later", "rate_limit_exceeded")
 
     def submit(self, request: Request) -> None:
-        """Admission on the engine thread: requests that a free slot can take are moved into it
-        first, so the queue limit counts only the requests that really wait."""
+        """Admission on the engine thread: queued requests that a free slot can take are moved
+        into it first, and a request nobody waits ahead of goes straight into a free slot, so the
+        queue limit counts only the requests that really wait (also as other threads see it)."""
         self.admit()
         try:
             self.check(request)
         except AdmissionError as error:
             self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(error.status, error.message, error.type))
+            return
+        if request.compression is None and not self.waiting and not self.prepared and self._place(request):
+            self._start(request)
             return
         self.add(request)
         self.admit()
