@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
 
+from pflash_plugin.engine.engine import Engine
 from pflash_plugin.engine.kv_pool import PagePool
 from pflash_plugin.engine.request import (
     ErrorEvent,
@@ -446,3 +447,28 @@ def compressed_request(prompt: list[int], max_tokens: int = 3) -> Request:
     request = make_request(prompt, max_tokens=max_tokens)
     request.compression = SimpleNamespace(cancelled=threading.Event(), progress=0)
     return request
+
+
+class EngineHarness:
+    """Engines over mock runners for one test; `stop` ends every thread it started."""
+
+    def __init__(self) -> None:
+        self.engines: list[Engine] = []
+
+    def __call__(self, start: bool = True, compressor=None, **kw) -> tuple[Engine, Scheduler, MockRunner]:
+        sched, runner = make_scheduler(**kw)
+        engine = Engine(sched, runner, name="test", compressor=compressor)
+        self.engines.append(engine)
+        if start:
+            engine.start()
+        return engine, sched, runner
+
+    def stop(self) -> None:
+        for engine in self.engines:
+            engine.stop()
+            assert not engine._thread.is_alive(), "the engine thread did not stop"
+
+
+def wait_done(*requests: Request, timeout: float = 5.0) -> None:
+    for request in requests:
+        assert sink_of(request).done.wait(timeout), f"request {request.request_id} never finished"

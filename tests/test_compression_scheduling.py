@@ -5,7 +5,6 @@ import threading
 
 import pytest
 
-from pflash_plugin.engine.engine import Engine
 from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
@@ -15,6 +14,7 @@ from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
 from mock_runner import (
+    EngineHarness,
     FakeCompressor,
     check_scheduler,
     compressed_request,
@@ -89,19 +89,15 @@ def test_queue_limit_counts_prompts_in_compression():
 
 @pytest.fixture
 def engine_with_fake():
-    engines = []
+    harness = EngineHarness()
 
     def build(**kw):
-        sched, runner = make_scheduler(**kw)
         fake = FakeCompressor()
-        engine = Engine(sched, runner, name="test", compressor=fake)
-        engine.start()
-        engines.append(engine)
+        engine, sched, _ = harness(compressor=fake, **kw)
         return engine, sched, fake
 
     yield build
-    for engine in engines:
-        engine.stop()
+    harness.stop()
 
 
 def test_decoding_chat_keeps_stepping_while_a_prompt_is_scored(engine_with_fake):

@@ -7,19 +7,19 @@ import time
 
 import pytest
 
-from pflash_plugin.engine.engine import Engine
 from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import DecodeError
 
 from mock_runner import (
+    EngineHarness,
     FakeCompressor,
     check_scheduler,
     compressed_request,
     idle_pages,
     make_request,
-    make_scheduler,
     sink_of,
+    wait_done,
 )
 
 TIMEOUT = 5.0
@@ -27,25 +27,9 @@ TIMEOUT = 5.0
 
 @pytest.fixture
 def build():
-    engines: list[Engine] = []
-
-    def make(start: bool = True, compressor=None, **kw):
-        sched, runner = make_scheduler(**kw)
-        engine = Engine(sched, runner, name="test", compressor=compressor)
-        engines.append(engine)
-        if start:
-            engine.start()
-        return engine, sched, runner
-
-    yield make
-    for engine in engines:
-        engine.stop()
-        assert not engine._thread.is_alive(), "the engine thread did not stop"
-
-
-def wait_done(*requests) -> None:
-    for request in requests:
-        assert sink_of(request).done.wait(TIMEOUT), f"request {request.request_id} never finished"
+    harness = EngineHarness()
+    yield harness
+    harness.stop()
 
 
 # ---- isolation ---------------------------------------------------------------------------------

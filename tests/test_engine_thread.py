@@ -11,33 +11,14 @@ from pflash_plugin.engine.request import FinishEvent, RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import DecodeError
 
-from mock_runner import check_scheduler, idle_pages, make_request, make_scheduler, sink_of
+from mock_runner import EngineHarness, check_scheduler, idle_pages, make_request, sink_of, wait_done
 
 TIMEOUT = 2.0  # generous upper bound for one request; the mock engine takes milliseconds
 
 
-class Harness:
-    def __init__(self) -> None:
-        self.engines: list[Engine] = []
-
-    def __call__(self, start: bool = True, **kw):
-        sched, runner = make_scheduler(**kw)
-        engine = Engine(sched, runner, name="test")
-        self.engines.append(engine)
-        if start:
-            engine.start()
-        return engine, sched, runner
-
-    def stop(self) -> None:
-        for engine in self.engines:
-            if engine._thread.is_alive():
-                engine.stop()
-                assert not engine._thread.is_alive(), "the engine thread did not stop"
-
-
 @pytest.fixture
 def harness():
-    h = Harness()
+    h = EngineHarness()
     yield h
     h.stop()
 
@@ -59,11 +40,6 @@ class Gate:
 
     def open(self, index: int) -> None:
         self.release[index].set()
-
-
-def wait_done(*requests) -> None:
-    for request in requests:
-        assert sink_of(request).done.wait(TIMEOUT), f"request {request.request_id} never finished"
 
 
 def settle(engine: Engine) -> None:
