@@ -10,7 +10,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "ggml_ext"))
-import build as ggml_ext_build  # noqa: E402
+import pflash_build as ggml_ext_build  # noqa: E402
 
 
 class BuildGgmlExt(build_ext):

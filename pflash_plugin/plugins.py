@@ -15,6 +15,7 @@ stop a server.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from importlib.metadata import entry_points
@@ -62,8 +63,15 @@ def plugin_routers(plugins: dict[str, Any]) -> list[Any]:
     return routers
 
 
+# the project's own entries, usable from a source tree that pip never installed (no entry points)
+BUILTIN = {SELECTOR_GROUP: {"greedy": "pflash_plugin.pflash.selection:select"}}
+
+
 def _named(group: str, name: str, kind: str) -> Callable[..., Any]:
     found = load_group(group)
+    if name not in found and name in BUILTIN.get(group, {}):
+        module, attr = BUILTIN[group][name].split(":")
+        found[name] = getattr(importlib.import_module(module), attr)
     if name not in found:
         raise ValueError(f"no PFlash {kind} named {name!r} is installed (group {group}); installed: {', '.join(sorted(found)) or 'none'}")
     if not callable(found[name]):

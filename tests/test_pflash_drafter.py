@@ -9,7 +9,7 @@ import pytest
 
 from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
-from pflash_plugin.pflash.drafter import Drafter, DrafterError, check_vocab, scoring_layers
+from pflash_plugin.pflash.drafter import Drafter, DrafterError, Neighbours, check_vocab, scoring_layers
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -185,9 +185,26 @@ def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, s
     expected = reference.run(tokens, 392)
     drafter = Drafter(deep_model, [1], 512, n_batch=64, scorer=scorer)
     yield_now = _YieldAfter(5, 40)  # true while the first chunk computes: llama.cpp aborts it
-    drafted = drafter.run(tokens, 392, should_yield=yield_now)
+    drafted = drafter.run(tokens, 392, neighbours=Neighbours(should_yield=yield_now))
     assert drafter.aborted_chunks >= 1 and yield_now.calls > 40
     # rolled back and redone: the same captures and scores as an undisturbed run
     for x, y in zip(drafter.scorer.tensors(1), reference.scorer.tensors(1)):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(drafted.mass, expected.mass)
+
+
+def test_drafter_shares_the_device_with_decoding_slots(deep_model, monkeypatch):
+    """While slots decode: chunks of at most SHARED_CHUNK tokens, each followed by a pause that
+    leaves the device to them for (1 / shared_duty - 1) of the chunk's time; same scores."""
+    import pflash_plugin.pflash.drafter as drafter_module
+
+    tokens = prompt_tokens(deep_model, 1200)
+    alone, shared = [], []
+    solo = Drafter(deep_model, [1], 1300, n_batch=1024, shared_duty=0.25)
+    expected = solo.run(tokens, 1190, progress=alone.append)
+    pauses: list[float] = []
+    monkeypatch.setattr(drafter_module.time, "sleep", pauses.append)
+    got = solo.run(tokens, 1190, progress=shared.append, neighbours=Neighbours(should_share=lambda: True))
+    assert alone == [1024, 1200] and shared == [512, 1024, 1200]
+    assert len(pauses) == 3 and all(p > 0 for p in pauses)  # 3x each chunk's time at duty 0.25
+    np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)

@@ -69,9 +69,11 @@ class Engine:
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
         self._interactive = False  # requests wait for a first token: background work steps aside
+        self._decoding = False  # slots decode: background work shares the device
         if compressor is not None:
             scheduler.handoff = self._hand_to_compressor
             compressor.should_yield = lambda: self._interactive
+            compressor.should_share = lambda: self._decoding
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closing = False  # shutdown() was called: submit refuses
@@ -286,6 +288,7 @@ class Engine:
         self._interactive = any(r.timings.first_token is None for r in sched.running) or any(
             r.compression is None for r in [*sched.waiting, *sched.prepared]
         )
+        self._decoding = any(r.status is RequestStatus.DECODING for r in sched.running)
         status = sched.status()
         status["steps"] = self.steps
         with self._status_lock:

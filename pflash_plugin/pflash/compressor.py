@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .drafter import Cancelled, Drafter, DrafterError
+from .drafter import Cancelled, Drafter, DrafterError, Neighbours
 from .query import QueryPlan
 from .scoring import NonFiniteScores
 from .selection import KeepCurve, Selection, budget_for, fixed_segments, segment_tokens, select
@@ -70,7 +70,7 @@ class Compressor:
         # native-cpu | native-cuda | native-hip | numpy: known at start for a persistent drafter
         self.scorer_name: str | None = self._drafter.scorer.name if self._drafter else None
 
-    def compress(self, job: CompressionJob, should_yield: Callable[[], bool] = lambda: False) -> CompressionResult:
+    def compress(self, job: CompressionJob, neighbours: Neighbours = Neighbours()) -> CompressionResult:
         tokens, plan = job.tokens, job.plan
         n = len(tokens)
         report: dict[str, Any] = {"original_tokens": n, "kept_tokens": n, "keep_ratio": 1.0}
@@ -88,7 +88,7 @@ class Compressor:
                 plan.query_end,
                 should_stop=job.cancelled.is_set,
                 progress=lambda done: setattr(job, "progress", done),
-                should_yield=should_yield,
+                neighbours=neighbours,
             )
         except NonFiniteScores as error:
             return self._fallback(tokens, report, f"non-finite scores: {error}")
@@ -142,13 +142,17 @@ class Compressor:
 class CompressionWorker:
     """One thread that compresses jobs in arrival order and hands each result to `deliver`.
 
-    `should_yield` (set by the owner, e.g. the engine's "requests wait for a first token") makes
-    the drafter step aside for interactive work."""
+    The owner (the engine) sets `should_yield` (requests wait for a first token: the drafter steps
+    aside) and `should_share` (slots are decoding: the drafter paces itself)."""
+
+    STOP_TIMEOUT_S = 60.0
 
     def __init__(self, compressor: Compressor, name: str = "pflash") -> None:
         self.compressor = compressor
         self.should_yield: Callable[[], bool] = lambda: False
+        self.should_share: Callable[[], bool] = lambda: False
         self._jobs: queue.SimpleQueue[tuple[CompressionJob, Callable[[CompressionResult], None]] | None] = queue.SimpleQueue()
+        self._current: CompressionJob | None = None
         self._thread = threading.Thread(target=self._loop, name=f"{name}-compress", daemon=True)
         self._thread.start()
 
@@ -156,11 +160,21 @@ class CompressionWorker:
         self._jobs.put((job, deliver))
 
     def stop(self) -> None:
+        """Cancel the job in flight (the drafter stops between chunks), drop the queued ones, then
+        free the drafter: never while the thread may still be using it."""
         self._jobs.put(None)
-        self._thread.join(timeout=60)
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+        self._thread.join(timeout=self.STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error("the compression thread did not stop within %.0f s: its drafter is left allocated",
+                      self.STOP_TIMEOUT_S)
+            return
         self.compressor.close()
 
     def _loop(self) -> None:
+        neighbours = Neighbours(lambda: self.should_yield(), lambda: self.should_share())
         while True:
             item = self._jobs.get()
             if item is None:
@@ -168,11 +182,14 @@ class CompressionWorker:
             job, deliver = item
             if job.cancelled.is_set():
                 continue
+            self._current = job
             try:
-                result = self.compressor.compress(job, self.should_yield)
+                result = self.compressor.compress(job, neighbours)
             except Cancelled:
                 continue
             except Exception as error:  # a bug in scoring must not kill the thread or the request
                 log.exception("pflash compression failed")
                 result = Compressor._fallback(job.tokens, {"original_tokens": len(job.tokens)}, f"internal error: {error}")
+            finally:
+                self._current = None
             deliver(result)

@@ -26,10 +26,19 @@ SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
 
 
 MAX_YIELD_S = 2.0  # longest a drafter chunk waits for interactive work (no starvation)
+SHARED_CHUNK = 512  # tokens per drafter chunk while slots decode beside it (short device bursts)
 
 
 def _never() -> bool:
     return False
+
+
+@dataclass
+class Neighbours:
+    """What the engine tells background work about the requests it serves."""
+
+    should_yield: Callable[[], bool] = _never  # requests wait for a first token: pause, abort a chunk
+    should_share: Callable[[], bool] = _never  # slots are decoding: short chunks, paced to a duty cycle
 
 
 class DrafterError(RuntimeError):
@@ -100,9 +109,14 @@ class Drafter:
         owns_model: bool = False,
         scorer: str = "auto",
         device: int = 0,
+        shared_duty: float = 1.0,
     ) -> None:
         """`scorer`: auto | native | numpy (scorer.make_scorer). The native scorer keeps captures on
-        the GPU when the model's layers are there (`model.n_gpu_layers`), on GPU `device`."""
+        the GPU when the model's layers are there (`model.n_gpu_layers`), on GPU `device`.
+        `shared_duty`: the share of time the drafter computes while slots decode (it pauses the rest)."""
+        if not 0.0 < shared_duty <= 1.0:
+            raise ValueError(f"shared_duty must be in (0, 1], not {shared_duty}")
+        self.shared_duty = shared_duty
         self.model, self.layers, self.max_tokens = model, layers, max_tokens
         self.owns_model = owns_model
         self.n_batch = n_batch
@@ -137,14 +151,15 @@ class Drafter:
         tokens: list[int],
         query_start: int,
         query_end: int | None = None,
-        should_stop: Callable[[], bool] = lambda: False,
+        should_stop: Callable[[], bool] = _never,
         progress: Callable[[int], None] = lambda done: None,
-        should_yield: Callable[[], bool] = lambda: False,
+        neighbours: Neighbours = Neighbours(),
     ) -> DraftResult:
         """Draft `tokens` chunk by chunk and score keys [0, query_start) by the attention of the
-        queries [query_start, query_end). Scoring is background work: while `should_yield()` (the
-        engine has requests waiting for their first token) the drafter pauses between chunks and
-        aborts a chunk in flight, redoing it afterwards, for at most MAX_YIELD_S per chunk."""
+        queries [query_start, query_end). Scoring is background work: while requests wait for their
+        first token the drafter pauses between chunks and aborts a chunk in flight, redoing it
+        afterwards, for at most MAX_YIELD_S per chunk; while slots decode it drafts short chunks
+        and pauses after each, so that it computes `shared_duty` of the time."""
         if len(tokens) > self.max_tokens:
             raise DrafterError(f"{len(tokens)} tokens exceed the drafter context ({self.max_tokens})")
         query_end = len(tokens) if query_end is None else query_end
@@ -155,14 +170,20 @@ class Drafter:
             ctx.clear()
             self.scorer.begin(query_start, query_end)
             batch = Batch(self.n_batch, 1)
-            forward_start = time.perf_counter()
-            for start in range(0, query_end, self.n_batch):
+            forward_start, start = time.perf_counter(), 0
+            while start < query_end:
+                shared = neighbours.should_share()
+                end = min(start + (min(self.n_batch, SHARED_CHUNK) if shared else self.n_batch), query_end)
                 batch.clear()
-                batch.add_sequence(tokens[start : min(start + self.n_batch, query_end)], start, 0, False)
-                self._decode_politely(batch, should_stop, should_yield)
+                batch.add_sequence(tokens[start:end], start, 0, False)
+                chunk_start = time.perf_counter()
+                self._decode_politely(batch, should_stop, neighbours.should_yield)
                 if self.scorer.error():
                     raise DrafterError(f"capture failed: {self.scorer.error()}")
-                progress(min(start + self.n_batch, len(tokens)))
+                if shared and self.shared_duty < 1.0:
+                    time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.shared_duty - 1.0))
+                start = end
+                progress(min(end, len(tokens)))
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:

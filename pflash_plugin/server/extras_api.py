@@ -61,7 +61,8 @@ async def health() -> Any:
 
 @operations.get("/status", response_model=Status)
 async def server_status(ctx: ServerContext = Depends(get_context)) -> Any:
-    return Status(models={name: m.engine.status() | {"max_ctx": m.max_ctx} for name, m in ctx.models.models.items()})
+    return Status(models={name: m.engine.status() | {"max_ctx": m.max_ctx, "pflash_scorer": m.pflash_scorer}
+                          for name, m in ctx.models.models.items()})
 
 
 @operations.get("/metrics", response_class=Response)

@@ -69,6 +69,7 @@ class ChatPrompt:
     system: str | None  # the system prompt: always kept by PFlash
 
 
+CPU_DRAFT_BATCH, GPU_DRAFT_BATCH = 512, 2048  # drafter ubatch (capped by n_batch)
 MAX_EXPLICIT_QUERY = 256  # tokens of a request's pflash.query (the drafter context leaves room)
 
 
@@ -108,6 +109,11 @@ class ServedModel:
         self._formatter = self._chat_formatter()
 
     @property
+    def pflash_scorer(self) -> str | None:
+        """The scorer in use (native-cpu, native-cuda, native-hip, numpy), once a drafter exists."""
+        return self.compression.compressor.scorer_name if self.compression else None
+
+    @property
     def max_ctx(self) -> int:
         assert self.config.max_ctx is not None
         return self.config.max_ctx
@@ -124,25 +130,34 @@ class ServedModel:
         architectures the capture cannot handle."""
         s = self.settings
         drafter_path = s.pflash_drafter
-        probe = Model(drafter_path) if drafter_path else target
+        # a separate drafter goes where the target is unless told otherwise
+        drafter_gpu_layers = s.n_gpu_layers if s.pflash_drafter_gpu_layers is None else s.pflash_drafter_gpu_layers
+        load_drafter = lambda: Model(drafter_path, n_gpu_layers=drafter_gpu_layers,  # noqa: E731
+                                     use_mmap=s.use_mmap, verbose=s.verbose)
+        probe = load_drafter() if drafter_path else target
         check_vocab(target, probe)
         layers = scoring_layers(probe, s.pflash_layers)
         persistent = s.draft_residency == "persistent"
         assert self.config.max_ctx is not None
         max_tokens = self.config.max_ctx + MAX_EXPLICIT_QUERY
-        n_batch = min(s.n_batch, 512)
+        drafter_on_gpu = on_gpu and probe.n_gpu_layers != 0
+        # a GPU drafts long prompts faster in big ubatches (more attention tiles in flight)
+        n_batch = min(s.n_batch, GPU_DRAFT_BATCH if drafter_on_gpu else CPU_DRAFT_BATCH)
 
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent
-            model = Model(drafter_path) if separate else probe
-            return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=n_batch,
-                           n_threads=s.n_threads_batch, owns_model=separate)
+            model = load_drafter() if separate else probe
+            return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=n_batch, n_threads=s.n_threads_batch,
+                           owns_model=separate, scorer=s.pflash_scorer, device=s.main_gpu,
+                           shared_duty=s.pflash_shared_duty)
 
-        reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=on_gpu)
+        # the reserve is memory of the device the drafter runs on: the pool's only when they match
+        reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=drafter_on_gpu)
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
-        return CompressionWorker(compressor, name=self.name), reserve.bytes_for(max_tokens)
+        pool_reserve = reserve.bytes_for(max_tokens) if drafter_on_gpu == on_gpu else 0
+        return CompressionWorker(compressor, name=self.name), pool_reserve
 
     def plan_compression(
         self,

@@ -55,6 +55,18 @@ class ModelSettings(StockModelSettings):
     pflash_selector: str = Field(
         default="greedy", description="Segment selector, by its name in the pflash_plugin.selectors entry points."
     )
+    pflash_scorer: str = Field(
+        default="auto",
+        description="Token scorer: auto (native when ggml_ext is built, else numpy), native, numpy, or "
+        "another name in the pflash_plugin.scorers entry points.",
+    )
+    pflash_shared_duty: float = Field(
+        default=0.5, gt=0.0, le=1.0,
+        description="While slots decode, the share of time the drafter computes (it pauses the rest; 1: no pause).",
+    )
+    pflash_drafter_gpu_layers: Optional[int] = Field(
+        default=None, description="Layers of --pflash_drafter on the GPU (default: the target's n_gpu_layers)."
+    )
     draft_residency: Literal["auto", "persistent"] = Field(
         default="persistent", description="auto: load the drafter per prompt; persistent: keep it."
     )

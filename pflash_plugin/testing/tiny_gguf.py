@@ -93,10 +93,13 @@ def write_tiny_llama(
     vocab_extra: int = 0,
     f16: bool = False,
     add_space_prefix: bool = False,
+    tiled: bool = False,
 ) -> pathlib.Path:
     """Write a deterministic random-weight llama GGUF to ``path`` and return it.
 
     ``vocab_extra`` appends dummy tokens so n_vocab differs (vocab-mismatch tests).
+    ``tiled`` draws one random array per tensor shape and repeats it in every layer: an 8B-class
+    F16 model then writes in about a minute (for timing; weights repeat across layers).
     ``add_space_prefix`` defaults to False (like Gemma) so detokenize(tokenize(s)) == s
     even without BOS; True mimics Llama-2/Mistral, whose leading " " llama-cpp-python
     only strips when the first token is BOS.
@@ -111,9 +114,16 @@ def write_tiny_llama(
     rng = np.random.default_rng(seed)
     wtype = np.float16 if f16 else np.float32
 
+    drawn: dict[tuple[int, ...], np.ndarray[Any, Any]] = {}
+
     def rand(*shape: int) -> np.ndarray[Any, Any]:
         # numpy shape is ggml ne reversed: [rows=out, cols=in] gives ne=[in, out]
-        return (0.02 * rng.standard_normal(shape)).astype(wtype)
+        if tiled and shape in drawn:
+            return drawn[shape]
+        array = (0.02 * rng.standard_normal(shape)).astype(wtype)
+        if tiled:
+            drawn[shape] = array
+        return array
 
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("pflash-tiny-llama")

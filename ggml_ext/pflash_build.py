@@ -5,7 +5,7 @@ scorer (architectures from -DCMAKE_CUDA_ARCHITECTURES), -DGGML_HIP=on the HIP on
 -DAMDGPU_TARGETS or -DGPU_TARGETS); otherwise CPU only. PFLASH_EXT_BACKEND=cpu|cuda|hip overrides.
 The library links ggml-base by its SONAME, so at run time it binds to the copy libllama loaded.
 
-    python ggml_ext/build.py OUTPUT.so     (setup.py's build_ext calls `build`)
+    python ggml_ext/pflash_build.py OUTPUT.so     (setup.py's build_ext calls `build`)
 """
 from __future__ import annotations
 
@@ -89,6 +89,16 @@ def _hip_arch_flags() -> list[str]:
     return [f"--offload-arch={t}" for t in targets.replace(",", ";").split(";") if t.strip()]
 
 
+def _cuda_lib_dir(nvcc: str) -> Path:
+    """The folder of libcudart_static.a: beside CUDA_HOME, /usr/local/cuda, or nvcc's toolkit."""
+    homes = [os.environ.get("CUDA_HOME"), "/usr/local/cuda", str(Path(nvcc).resolve().parent.parent)]
+    for home in filter(None, homes):
+        for sub in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+            if (Path(home) / sub / "libcudart_static.a").exists():
+                return Path(home) / sub
+    raise FileNotFoundError("libcudart_static.a not found: set CUDA_HOME to the CUDA toolkit")
+
+
 def compile_gpu_object(kind: str, out: Path, extra: list[str] | None = None) -> list[str]:
     """Compiles score_gpu.cu for CUDA or HIP into `out`; returns the link flags it needs."""
     source = str(HERE / GPU_SOURCE)
@@ -96,9 +106,8 @@ def compile_gpu_object(kind: str, out: Path, extra: list[str] | None = None) -> 
         nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
         _run([nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", *_cuda_arch_flags(), *(extra or []),
               "-c", source, "-o", str(out)])
-        cuda_lib = Path(nvcc).resolve().parent.parent / "lib64"
         # static runtime: nothing to find at run time; the driver's primary context is shared with ggml-cuda
-        return [f"-L{cuda_lib}", "-lcudart_static", "-ldl", "-lpthread", "-lrt"]
+        return [f"-L{_cuda_lib_dir(nvcc)}", "-lcudart_static", "-ldl", "-lpthread", "-lrt"]
     hipcc = shutil.which("hipcc") or "/opt/rocm/bin/hipcc"
     env_flags = shlex.split(os.environ.get("PFLASH_HIPCC_FLAGS", ""))
     _run([hipcc, "-O3", "-std=c++17", "-fPIC", *_hip_arch_flags(), *env_flags, *(extra or []),
