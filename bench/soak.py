@@ -38,7 +38,7 @@ from serving import code_state, host_info
 
 from pflash_plugin.testing import cached_tiny_llama
 from pflash_plugin.testing.fuzz import fuzz
-from pflash_plugin.testing.soak import FAILURES, Workload, plan, run, summarize, wait_idle
+from pflash_plugin.testing.soak import FAILURES, Workload, abandoned_tail, plan, run, summarize, wait_idle
 
 API_KEY = "soak-bench-key"
 
@@ -108,7 +108,9 @@ async def soak(w: Workload, n: int, seed: int, memory: MemorySampler) -> tuple[l
     outcomes += await run(w, kinds[half:], seed, first_index=half)
     wall = time.perf_counter() - t0
     idle_s, problems, status = await wait_idle(w)
-    return outcomes, wall, {"idle_after_s": round(idle_s, 2), "not_idle": problems}, status
+    after = {"idle_after_s": round(idle_s, 2), "not_idle": problems}
+    after["abandoned_tail"] = await abandoned_tail(w, 12, seed, max_tokens=2000)
+    return outcomes, wall, after, status
 
 
 def run_fuzz(max_examples: int) -> dict:
@@ -146,6 +148,10 @@ def markdown(result: dict) -> str:
         f"PFlash compressed {s['pflash_compressed']} prompts. Median ok request {s['ok_seconds']['median']:.2f} s, "
         f"slowest {s['ok_seconds']['max']:.1f} s.",
     ]
+    tail = after["abandoned_tail"]
+    lines.append(f"\nThen {tail['requests']} clients that leave early ({tail['results']}) from requests of max_tokens "
+                 f"{tail['max_tokens']}: the pool idle {tail['idle_after_s']} s after the last one left"
+                 + (f", NOT IDLE: {json.dumps(tail['not_idle'])}" if tail["not_idle"] else "") + ".")
     if result.get("fuzz"):
         f = result["fuzz"]
         lines.append(f"\nFuzz: {f['sent']} generated requests (up to {f['max_examples']} per operation) in {f['seconds']} s: "

@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -35,6 +35,7 @@ class Workload:
     api_key: str | None = None
     max_body_bytes: int = 8 * 2**20  # the server's limit: one byte more gets 413
     max_tokens: int = 8  # of the ordinary requests
+    abandoned_max_tokens: int = 128  # of the requests whose client leaves: the decoding a cancel saves
     concurrency: int = 8
     deadline_s: float = 120.0  # a request not answered by then is hung
 
@@ -138,7 +139,7 @@ def long_body(w: Workload, rng: random.Random, pflash: dict | None) -> dict:
 
 async def cancel_early(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Reply:
     """The client leaves before any response byte (or as the first arrive)."""
-    task = asyncio.ensure_future(stream(client, "/v1/completions", completion_body(w, rng) | {"max_tokens": 64}, w.headers))
+    task = asyncio.ensure_future(stream(client, "/v1/completions", completion_body(w, rng) | {"max_tokens": w.abandoned_max_tokens}, w.headers))
     await asyncio.sleep(rng.uniform(0.0, 0.05))
     if task.done():
         return task.result()
@@ -152,7 +153,7 @@ async def cancel_early(w: Workload, client: httpx.AsyncClient, rng: random.Rando
 async def give_up(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Reply:
     """A non-streamed request whose client times out while the server decodes."""
     try:
-        r = await client.post("/v1/completions", json=completion_body(w, rng) | {"max_tokens": 128}, headers=w.headers,
+        r = await client.post("/v1/completions", json=completion_body(w, rng) | {"max_tokens": w.abandoned_max_tokens}, headers=w.headers,
                               timeout=rng.uniform(0.05, 0.5))
     except httpx.TimeoutException:
         return Reply(None, abandoned=True)
@@ -203,7 +204,7 @@ KINDS: dict[str, tuple[int, object, Kind]] = {
     "long_pflash_auto": (2, OK, lambda w, c, r: post(c, "/v1/completions", long_body(w, r, None), headers=w.headers)),
     "long_pflash_always": (2, OK, lambda w, c, r: stream(c, "/v1/completions", long_body(w, r, {"mode": "always", "keep_ratio": 0.3}), w.headers)),
     "other_model": (5, OK, lambda w, c, r: post(c, "/v1/completions", completion_body(w, r, w.other_model), headers=w.headers)),
-    "cancel_mid_stream": (6, ABANDON, lambda w, c, r: stream(c, "/v1/completions", completion_body(w, r) | {"max_tokens": 64}, w.headers, leave_after=2)),
+    "cancel_mid_stream": (6, ABANDON, lambda w, c, r: stream(c, "/v1/completions", completion_body(w, r) | {"max_tokens": w.abandoned_max_tokens}, w.headers, leave_after=2)),
     "cancel_before_first_byte": (6, ABANDON, cancel_early),
     "client_gives_up": (5, ABANDON, give_up),
     "malformed_json": (4, ANY_4XX, lambda w, c, r: post(c, "/v1/completions", content=b'{"prompt": "x", "max_tokens": ', headers=w.headers)),
@@ -303,6 +304,17 @@ async def wait_idle(w: Workload, timeout_s: float = 60.0) -> tuple[float, dict[s
             if not problems or time.perf_counter() - t0 > timeout_s:
                 return time.perf_counter() - t0, problems, models
             await asyncio.sleep(0.1)
+
+
+async def abandoned_tail(w: Workload, n: int, seed: int, max_tokens: int) -> dict:
+    """`n` clients that leave early (time out, cancel before the first byte or mid-stream) from
+    requests of `max_tokens`, and nothing else: the time until the pool is idle after they left
+    says whether the server cancelled them (each would otherwise decode `max_tokens`)."""
+    kinds = [kind for kind, (_, expected, _) in KINDS.items() if expected == ABANDON]
+    outcomes = await run(replace(w, abandoned_max_tokens=max_tokens), [kinds[i % len(kinds)] for i in range(n)], seed, 10**6)
+    idle_s, problems, _ = await wait_idle(w, timeout_s=300.0)
+    return {"requests": n, "max_tokens": max_tokens, "results": dict(Counter(o.result for o in outcomes)),
+            "idle_after_s": round(idle_s, 2), "not_idle": problems}
 
 
 @dataclass
