@@ -48,8 +48,9 @@ class Generation:
                 self.served.engine.cancel(request)
 
 
-async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool) -> Response:
-    """Submit the generation's requests and answer with their output, streamed or whole."""
+async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool) -> Response | dict:
+    """Submit the generation's requests and answer with their output: an SSE response, or the whole
+    body (a dict the route validates against its response model), or an error response."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
