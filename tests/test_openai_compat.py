@@ -76,6 +76,7 @@ def test_n_samples_streamed_chat(sdk, tiny_server):
 @pytest.mark.parametrize("call, param", [
     (lambda sdk: sdk.completions.create(model="tiny", prompt="x", top_p=3), "top_p"),
     (lambda sdk: sdk.completions.create(model="tiny", prompt="x", n=0), "n"),
+    (lambda sdk: sdk.completions.create(model="tiny", prompt=["x"] * 3, n=50), "n"),
     (lambda sdk: sdk.completions.create(model="tiny", prompt=[1, 10**9]), "prompt"),
     (lambda sdk: sdk.completions.create(model="tiny", prompt="x", extra_body={"temperature": "hot"}), "temperature"),
     (lambda sdk: sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], extra_body={"max_tokens": "many"}), "max_tokens"),

@@ -15,7 +15,7 @@ from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from .dispatch import Generation
 from .models import ServedModel
-from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, sampling_params
+from .protocol import MAX_N, ChatCompletionRequest, CompletionRequest, RequestError, sampling_params
 from .responses import ChatChoice, CompletionChoice, new_id
 
 
@@ -38,6 +38,8 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
     if body.suffix:
         raise RequestError(400, "suffix is not supported", param="suffix")
     prompts = served.tokenize_prompts(body.prompt)
+    if len(prompts) * (body.n or 1) > MAX_N:
+        raise RequestError(400, f"{len(prompts)} prompts x n={body.n} is over {MAX_N} choices", param="n")
     bias = served.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
