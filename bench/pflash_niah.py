@@ -3,7 +3,7 @@
 Two servers on the demo model, one with PFlash off and one with PFlash on (the target stopped at
 its first global layer as drafter), each prompt sent to both in turn (A, B interleaved; separate
 servers so neither's prefix cache helps the other). Per prompt: retrieval (the 4-digit code in
-the answer), server-side TTFT, the drafter cost share c = score_ms / full-prefill TTFT, the kept
+the answer), server-side TTFT, the drafter cost share c = draft_ms / full-prefill TTFT, the kept
 ratio r, the speedup and its bound 1 / (r + c).
 
 Usage: python bench/pflash_niah.py [--lengths 4096 8192 16384] [--keep 0.1] [--quick]
@@ -56,11 +56,11 @@ def run(args: argparse.Namespace) -> dict:
                 b = ask(client, pflash.url, prompt)
                 report = b["usage"]["timings"]["pflash"]
                 ttft_full, ttft_pflash = a["usage"]["timings"]["ttft_ms"], b["usage"]["timings"]["ttft_ms"]
-                c = report.get("score_ms", 0.0) / ttft_full
+                c = report.get("draft_ms", 0.0) / ttft_full
                 r = report["kept_tokens"] / report["original_tokens"]
                 row = {**item, "prompt_tokens": count, "code": code,
                        "full_ok": code in a["choices"][0]["text"], "pflash_ok": code in b["choices"][0]["text"],
-                       "full_ttft_ms": ttft_full, "pflash_ttft_ms": ttft_pflash, "score_ms": report.get("score_ms"),
+                       "full_ttft_ms": ttft_full, "pflash_ttft_ms": ttft_pflash, "draft_ms": report.get("draft_ms"),
                        "status": report["status"], "r": round(r, 4), "c": round(c, 4),
                        "speedup": round(ttft_full / ttft_pflash, 3), "bound": round(1 / (r + c), 3)}
                 rows.append(row)

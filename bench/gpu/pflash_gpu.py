@@ -101,26 +101,31 @@ def decode_under_compression(served: ServedModel, long_tokens: int, decoders: in
     runs = [Run(served, prompt(served, 64, 100 + i), "off", max_tokens=4000) for i in range(decoders)]
     for run in runs:
         run.first.wait(60)
+
+    def generated() -> tuple[float, int]:  # the engine's own count, not event arrival times
+        return time.perf_counter(), sum(len(run.request.output_tokens) for run in runs)
+
     time.sleep(1.0)
-    t0 = time.perf_counter()
+    before_start = generated()
     time.sleep(2.0)
-    t1 = time.perf_counter()
+    before_end = generated()
     long = Run(served, prompt(served, long_tokens, 7), "always")
     while not served.engine.status()["compressing"] and not long.first.is_set():
         time.sleep(0.001)
-    t2 = time.perf_counter()
+    during_start = generated()
     while served.engine.status()["compressing"]:
         time.sleep(0.001)
-    t3 = time.perf_counter()
+    during_end = generated()
     long.wait()
     for run in runs:
         served.engine.cancel(run.request)
 
-    def rate(a: float, b: float) -> float:
-        return sum(a <= t < b for run in runs for t in run.token_times) / (b - a)
+    def rate(a: tuple[float, int], b: tuple[float, int]) -> float:
+        return (b[1] - a[1]) / (b[0] - a[0])
 
-    result = {"decoders": decoders, "long_tokens": long_tokens, "before_tok_s": round(rate(t0, t1), 1),
-              "during_tok_s": round(rate(t2, t3), 1), "compression_s": round(t3 - t2, 3),
+    result = {"decoders": decoders, "long_tokens": long_tokens, "before_tok_s": round(rate(before_start, before_end), 1),
+              "during_tok_s": round(rate(during_start, during_end), 1),
+              "compression_s": round(during_end[0] - during_start[0], 3),
               "report": long.usage["timings"]["pflash"]}
     result["ratio"] = round(result["during_tok_s"] / result["before_tok_s"], 3)
     print(json.dumps(result), flush=True)
@@ -135,6 +140,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--arms", nargs="+", default=["self-default", "self-L1", "drafter"])
     parser.add_argument("--concurrency", type=int, default=65536, help="long prompt for the decode test (0: skip)")
+    parser.add_argument("--duties", type=float, nargs="+", default=[1.0, 0.5], help="pflash_shared_duty values")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     n_ctx = max(args.lengths) + 1024
@@ -148,9 +154,11 @@ def main() -> None:
         served.close()
         args.out.write_text(json.dumps(results, indent=1))
     if args.concurrency:
-        served = serve(args.target, args.concurrency + 1024, 5, pflash_drafter=args.drafter)
-        results["decode"] = decode_under_compression(served, args.concurrency)
-        served.close()
+        results["decode"] = []
+        for duty in args.duties:
+            served = serve(args.target, args.concurrency + 1024, 5, pflash_drafter=args.drafter, pflash_shared_duty=duty)
+            results["decode"].append({"shared_duty": duty, **decode_under_compression(served, args.concurrency)})
+            served.close()
     args.out.write_text(json.dumps(results, indent=1))
     for arm in args.arms:
         for n in args.lengths:

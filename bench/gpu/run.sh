@@ -2,7 +2,7 @@
 # On the CUDA machine, from the project root with .gpu/ carried (../shared/gpu/prepare-bundle.sh):
 # builds llama-cpp-python and ggml_ext for CUDA, checks the GPU scorer against numpy, writes the
 # random-weight models once per machine, and runs bench/gpu/pflash_gpu.py with the given arguments.
-#   bash bench/gpu/run.sh [pflash_gpu.py args...]      (results under $OUT)
+#   bash bench/gpu/run.sh --out $OUT/pflash_gpu.json [pflash_gpu.py args...]
 set -euo pipefail
 bash .gpu/on-device.sh
 export PYTHONPATH=/tmp/site:$PWD
@@ -31,5 +31,5 @@ start=$(date +%s)
 write /tmp/models/target-8b.gguf "n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336"
 write /tmp/models/drafter-0.6b.gguf "n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
 echo "models ready in $(( $(date +%s) - start )) s: $(du -sh /tmp/models | cut -f1)"
-python3 bench/gpu/pflash_gpu.py --target /tmp/models/target-8b.gguf --drafter /tmp/models/drafter-0.6b.gguf \
-  --out "${OUT:-/tmp}/pflash_gpu.json" "$@"
+# bench/gpu/pflash_gpu.py imports numpy after llama_cpp: numpy first made the CUDA model load segfault here
+python3 bench/gpu/pflash_gpu.py --target /tmp/models/target-8b.gguf --drafter /tmp/models/drafter-0.6b.gguf "$@"
