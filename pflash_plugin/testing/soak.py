@@ -67,18 +67,24 @@ class Outcome:
 
 # ---- transports ------------------------------------------------------------------------------
 async def post(client: httpx.AsyncClient, path: str, body: dict | None = None, content: bytes | AsyncIterator[bytes] | None = None,
-               headers: dict | None = None, timeout: float | None = None) -> Reply:
-    extra = {"timeout": timeout} if timeout is not None else {}
+               headers: dict | None = None, give_up_after: float | None = None) -> Reply:
+    """A non-streamed request; with `give_up_after` the client leaves after that many seconds."""
+    extra = {"timeout": give_up_after} if give_up_after is not None else {}
     try:
         if body is not None:
             r = await client.post(path, json=body, headers=headers, **extra)
         else:
             r = await client.post(path, content=content, headers={"Content-Type": "application/json", **(headers or {})}, **extra)
+    except httpx.TimeoutException as error:
+        return Reply(None, abandoned=give_up_after is not None, detail=repr(error))
     except httpx.TransportError as error:
         return Reply(None, detail=repr(error))
     if r.status_code != 200:
         return Reply(r.status_code, detail=r.text[:300])
-    data = r.json()
+    try:
+        data = r.json()
+    except ValueError:
+        return Reply(200, detail=f"not JSON: {r.text[:300]}")
     return Reply(200, complete=bool(data.get("choices")), pflash=_pflash_status(data.get("usage")), detail="" if data.get("choices") else r.text[:300])
 
 
@@ -95,7 +101,10 @@ async def stream(client: httpx.AsyncClient, path: str, body: dict, headers: dict
                     continue
                 if line == "data: [DONE]":
                     return Reply(200, complete=True, pflash=pflash)
-                chunk = json.loads(line[6:])
+                try:
+                    chunk = json.loads(line[6:])
+                except ValueError:
+                    return Reply(200, detail=f"not JSON: {line[:300]}")
                 if "error" in chunk:
                     return Reply(200, stream_error=chunk["error"].get("type") or "error", detail=line[:300])
                 pflash = _pflash_status(chunk.get("usage")) or pflash
@@ -150,16 +159,10 @@ async def cancel_early(w: Workload, client: httpx.AsyncClient, rng: random.Rando
         return Reply(None, abandoned=True)
 
 
-async def give_up(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Reply:
+def give_up(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
     """A non-streamed request whose client times out while the server decodes."""
-    try:
-        r = await client.post("/v1/completions", json=completion_body(w, rng) | {"max_tokens": w.abandoned_max_tokens}, headers=w.headers,
-                              timeout=rng.uniform(0.05, 0.5))
-    except httpx.TimeoutException:
-        return Reply(None, abandoned=True)
-    except httpx.TransportError as error:
-        return Reply(None, detail=repr(error))
-    return Reply(r.status_code, complete=r.status_code == 200 and bool(r.json().get("choices")))
+    body = completion_body(w, rng) | {"max_tokens": w.abandoned_max_tokens}
+    return post(client, "/v1/completions", body, headers=w.headers, give_up_after=rng.uniform(0.05, 0.5))
 
 
 def wrong_type(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
