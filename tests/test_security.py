@@ -63,6 +63,15 @@ def test_public_routes_need_no_key(keyed_server):
         assert_401(client.get("/openapi.json"))  # not configured
 
 
+def test_each_route_can_be_made_public(tiny_model):
+    public = ["/status", "/metrics", "/docs", "/redoc", "/openapi.json", "/v1/models"]
+    model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1}
+    with live_server([model], api_key=KEY, public_routes=public) as server, server.client() as client:
+        for path in public:
+            assert client.get(path).status_code == 200, path
+        assert_401(client.post("/extras/tokenize", json={"input": "hi"}))  # the rest stay private
+
+
 def test_cors_preflight_passes_and_401_carries_cors_headers(keyed_server):
     origin = {"Origin": "https://example.org"}
     with keyed_server.client() as client:
