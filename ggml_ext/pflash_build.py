@@ -63,14 +63,17 @@ def _run(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True)
 
 
-def _native_flag(cxx: str) -> list[str]:
-    """-march=native where the compiler takes it (llama.cpp builds natively from source too)."""
+def _accepted(cxx: str, flag: str) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         probe = Path(tmp) / "probe.cpp"
         probe.write_text("int main() { return 0; }\n")
-        ok = subprocess.run([cxx, "-march=native", "-c", str(probe), "-o", str(Path(tmp) / "p.o")],
-                            capture_output=True).returncode == 0
-    return ["-march=native"] if ok else []
+        return subprocess.run([cxx, flag, str(probe), "-o", str(Path(tmp) / "p")], capture_output=True).returncode == 0
+
+
+def _cpu_flags(cxx: str) -> list[str]:
+    """-march=native (llama.cpp builds natively from source too) and OpenMP (ggml-cpu's runtime),
+    where the compiler takes them."""
+    return [flag for flag in ("-march=native", "-fopenmp") if _accepted(cxx, flag)]
 
 
 def _cuda_arch_flags() -> list[str]:
@@ -121,7 +124,8 @@ def build(output: Path) -> str:
     kind = backend()
     include, lib = ggml_paths()
     cxx = os.environ.get("CXX", "g++")
-    flags = ["-std=c++17", "-O3", "-fPIC", "-Wall", *_native_flag(cxx), f"-I{include}", f"-I{HERE}"]
+    cpu_flags = _cpu_flags(cxx)
+    flags = ["-std=c++17", "-O3", "-fPIC", "-Wall", *cpu_flags, f"-I{include}", f"-I{HERE}"]
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         objects, link = [], []
@@ -137,7 +141,7 @@ def build(output: Path) -> str:
         # ggml-base by SONAME: the copy libllama already loaded is the one bound at run time
         rpaths = ["-Wl,-rpath,$ORIGIN/../llama_cpp/lib", f"-Wl,-rpath,{lib}"]
         _run([cxx, "-shared", "-o", str(output), *objects, f"-L{lib}", "-l:libggml-base.so.0", *rpaths, *link,
-              "-pthread"])
+              "-pthread", *[f for f in cpu_flags if f == "-fopenmp"]])
     return kind
 
 

@@ -49,9 +49,14 @@ inline v8f exp8(v8f x) {
     return p * scale;
 }
 
-// Runs fn(item) for item in [0, n_items) on n_threads threads (the caller's included).
+// Runs fn(item) for item in [0, n_items) on n_threads threads (the caller's included). With OpenMP
+// (the runtime ggml-cpu already loaded) its pool is reused: starting threads per call cost ~0.1 ms.
 template <typename Fn>
 void parallel_for(int n_items, int n_threads, Fn fn) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(n_threads, n_items))
+    for (int item = 0; item < n_items; ++item) fn(item);
+#else
     std::atomic<int> next{0};
     auto worker = [&] {
         for (int item; (item = next.fetch_add(1)) < n_items;) fn(item);
@@ -60,6 +65,7 @@ void parallel_for(int n_items, int n_threads, Fn fn) {
     for (int t = 1; t < std::min(n_threads, n_items); ++t) threads.emplace_back(worker);
     worker();
     for (auto & th : threads) th.join();
+#endif
 }
 
 constexpr int TILE_KEYS = 3;    // keys per register tile
@@ -84,7 +90,7 @@ void tile(const Problem & p, const float * qt, int v0, const float * const * k_r
         v8f qv[NV];
         for (int v = 0; v < NV; ++v) qv[v] = load8(qx + v * LANES);
         for (int jj = 0; jj < TILE_KEYS; ++jj) {
-            const float kv = jj < nk ? k_rows[jj][x] : 0.0f;
+            const float kv = k_rows[jj][x];
             for (int v = 0; v < NV; ++v) acc[jj][v] += qv[v] * kv;
         }
     }
@@ -98,6 +104,7 @@ void logits_chunk(const Problem & p, const float * q, const float * k, int g, in
     const int d = s.head_dim;
     const float scale = 1.0f / std::sqrt((float)d);
     std::vector<float> qt((size_t)d * p.key_stride(), 0.0f);  // [x][row], scaled; padding rows stay 0
+    const std::vector<float> zeros(d, 0.0f);
     for (int r = 0; r < p.rows_per_kv; ++r) {
         const int h = g * p.group + r / s.n_query, t = r % s.n_query;
         const float * src = q + ((size_t)t * s.n_head + h) * d;
@@ -106,7 +113,8 @@ void logits_chunk(const Problem & p, const float * q, const float * k, int g, in
     for (int j0 = k0; j0 < k1; j0 += TILE_KEYS) {
         const int nk = std::min(TILE_KEYS, k1 - j0);
         const float * k_rows[TILE_KEYS];
-        for (int jj = 0; jj < nk; ++jj) k_rows[jj] = k + ((size_t)(j0 + jj) * s.n_head_kv + g) * d;
+        for (int jj = 0; jj < TILE_KEYS; ++jj)  // past the last key: a zero row (no branch in the tile)
+            k_rows[jj] = jj < nk ? k + ((size_t)(j0 + jj) * s.n_head_kv + g) * d : zeros.data();
         float * out = logits + (size_t)j0 * p.key_stride();
         for (int v0 = 0; v0 < p.row_vecs; v0 += MAX_VECS) {
             switch (std::min(MAX_VECS, p.row_vecs - v0)) {

@@ -71,3 +71,49 @@ def test_native_equals_numpy_on_demo_model_captures(demo_model):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_allclose(masses["native"], masses["numpy"], rtol=1e-4, atol=1e-9)
     assert masses["native"].shape == (start,)
+
+
+@pytest.mark.parametrize("setting,expected", [(None, 0), (7, 7)])
+def test_separate_drafter_gpu_layers_reach_the_loaded_model(tiny_model, setting, expected):
+    """pflash_drafter_gpu_layers (default: the target's n_gpu_layers) is what the drafter loads with."""
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.testing import cached_tiny_llama
+
+    drafter_path = cached_tiny_llama(seed=11)  # same vocabulary, other weights
+    served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", verbose=False,
+                                       pflash_drafter=str(drafter_path), pflash_drafter_gpu_layers=setting))
+    try:
+        drafter = served.compression.compressor._drafter
+        assert drafter.model.path == str(drafter_path) and drafter.model.n_gpu_layers == expected
+        assert served.pflash_scorer == ("native-cpu" if native.load() is not None else "numpy")
+    finally:
+        served.close()
+
+
+def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(tiny_model):
+    """CompressionWorker.stop cancels the scoring under way (the drafter stops between chunks) and
+    closes the drafter only once the thread is done with it."""
+    import threading
+
+    from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
+    from pflash_plugin.pflash.query import plan_query
+
+    model = Model(tiny_model)
+    tokens = (model.tokenize(" ".join(f"fact {i} about the river." for i in range(400))) * 4)[:1900]
+    started, delivered = threading.Event(), []
+
+    class Slow(Drafter):
+        def _decode_politely(self, batch, should_stop, should_yield):
+            started.set()
+            threading.Event().wait(0.05)  # a slow chunk
+            super()._decode_politely(batch, should_stop, should_yield)
+
+    compressor = Compressor(PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, n_batch=64), persistent=True)
+    worker = CompressionWorker(compressor)
+    job = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.2)
+    worker.submit(job, delivered.append)
+    assert started.wait(10)
+    worker.stop()
+    assert job.cancelled.is_set() and not delivered  # cancelled mid-way: 30 chunks would take 1.5 s
+    assert compressor._drafter is None and not worker._thread.is_alive()
