@@ -143,11 +143,16 @@ quadratic (prefilling 10% of the prompt costs less than 10%).
 
 Where the remaining time goes: the forward to the scoring layer costs more than those layers' share of
 a full prefill. The target stopped after 2 of 32 layers drafts 64K tokens in 1.30 s where 2/32 of its
-full prefill is 0.43 s (about 7 ms per 512-token ubatch over the layers' own cost); the 0.6B drafter's
-10 layers take 1.44 s. That overhead does not shrink with 2048-token ubatches (below), so it is not a
-per-ubatch fixed cost; what is left to profile (nsys) is the graph stopped by the eval callback
-(synchronisations, subgraph launches). Beyond it, 5-8x at 64-128K needs a drafter whose attention
-over the whole prompt is cheaper than dense flash attention (the reference uses block-sparse kernels).
+full prefill is 0.43 s; at 128K, 3.61 s against 1.42 s. That excess grows 2.5-4x from 64K to 128K
+(quadratic), is about the same for the 0.6B drafter and for the target stopped after 11 layers
+(3.12 s against 11/32 x 6.88 = 2.37 s), and does not shrink with 2048-token ubatches (below). The
+prime suspect, not yet profiled: llama.cpp builds each ubatch's KQ mask on the host, n_kv x n_ubatch
+F16 values (64 MB per ubatch at 64K) copied to the GPU, O(N^2) bytes per prompt whatever the number of
+layers run: a few percent of a full prefill, most of a 2-layer draft. Confirming it (nsys) and
+building the mask on the device (a llama.cpp patch) is the next step; beyond that, 5-8x needs a
+drafter whose attention over the whole prompt is cheaper than dense flash attention (the reference
+uses block-sparse kernels).
+
 **Drafter ubatch.** A second run drafted with 2048-token ubatches: slower, so the drafter keeps 512.
 
 {ubatch}
