@@ -20,11 +20,11 @@ def test_soak_loses_nothing_and_returns_the_pool_to_idle(tiny_model, tmp_path):
     with live_server(models, api_key="soak-key", max_body_bytes=2**16) as server:
         workload = Workload(server.url, "a", "b", long_words=200, over_long_words=400, api_key="soak-key",
                             max_body_bytes=2**16, max_tokens=8, concurrency=8, deadline_s=60)
-        report = asyncio.run(soak(workload, n=600, seed=1))
+        report = asyncio.run(soak(workload, n=1000, seed=1))
     summary = report.summary
     assert summary["failures"] == dict.fromkeys(FAILURES, 0), summary["failed_examples"]
     assert report.not_idle == {}, report.status
     # every kind ran, and each got what it expects (PFlash really compressed the long prompts)
     assert all(summary["by_kind"][kind].keys() <= {"ok", "rejected", "abandoned"} for kind in summary["by_kind"])
-    assert len(summary["by_kind"]) == 17 and summary["pflash_compressed"] >= 20
-    assert summary["results"]["ok"] >= 300 and summary["results"]["rejected"] >= 100
+    assert len(summary["by_kind"]) == 17 and summary["pflash_compressed"] >= 35
+    assert summary["results"]["ok"] >= 500 and summary["results"]["rejected"] >= 170
