@@ -68,7 +68,11 @@ void parallel_for(int n_items, int n_threads, Fn fn) {
 #endif
 }
 
-constexpr int TILE_KEYS = 3;    // keys per register tile
+#ifdef __AVX512F__
+constexpr int TILE_KEYS = 6;    // keys per register tile: 24 accumulators of 32 vector registers
+#else
+constexpr int TILE_KEYS = 3;    // keys per register tile: 12 accumulators of 16 vector registers
+#endif
 constexpr int MAX_VECS = 4;     // row vectors per register tile (32 rows)
 
 struct Problem {
