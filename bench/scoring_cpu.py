@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from pflash_plugin.llama import Model, native
-from pflash_plugin.pflash.drafter import Drafter
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter
 from pflash_plugin.pflash.scoring import attention_mass
 from pflash_plugin.testing.haystack import needle_prompt
 
@@ -45,7 +45,7 @@ def kernel_rows(model: Model, lengths: list[int], reps: int, threads: int) -> li
     for n in lengths:
         prompt, _ = needle_prompt(n, 0.5, seed=n)
         tokens = model.tokenize(prompt)[:n]
-        drafter = Drafter(model, [5], n + 16, scorer="numpy", n_threads=threads)
+        drafter = Drafter(model, [5], n + 16, DraftOptions(scorer="numpy", n_threads=threads))
         drafter.run(tokens, n - QUERY)
         q, k = drafter.scorer._full(5)
         drafter.close()
@@ -71,7 +71,7 @@ def kernel_rows(model: Model, lengths: list[int], reps: int, threads: int) -> li
 def pipeline_rows(model: Model, n: int, reps: int, threads: int) -> list[dict]:
     prompt, _ = needle_prompt(n, 0.5, seed=n + 1)
     tokens = model.tokenize(prompt)[:n]
-    drafters = {kind: Drafter(model, [5], n + 16, scorer=kind, n_threads=threads) for kind in ("numpy", "native")}
+    drafters = {kind: Drafter(model, [5], n + 16, DraftOptions(scorer=kind, n_threads=threads)) for kind in ("numpy", "native")}
     runs: dict[str, list[dict]] = {kind: [] for kind in drafters}
     for _ in range(reps):
         for kind, drafter in drafters.items():

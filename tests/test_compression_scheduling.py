@@ -9,7 +9,7 @@ from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
 from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
-from pflash_plugin.pflash.drafter import Drafter
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -153,7 +153,7 @@ def test_worker_stops_drafting_a_cancelled_job():
         def run(self, toks, *args, progress, **kw):
             return super().run(toks, *args, progress=lambda done: (progress(done), job_.cancelled.set()), **kw)
 
-    compressor = Compressor(PflashConfig(), model.piece, lambda: CancelledAfterOneChunk(model, [0], 1024, n_batch=64), persistent=False)
+    compressor = Compressor(PflashConfig(), model.piece, lambda: CancelledAfterOneChunk(model, [0], 1024, DraftOptions(n_batch=64)), persistent=False)
     worker = CompressionWorker(compressor)
     delivered = []
     done = threading.Event()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pflash_plugin.llama import Model, native
-from pflash_plugin.pflash.drafter import Drafter
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter
 from pflash_plugin.pflash.scorer import NumpyScorer, make_scorer
 from pflash_plugin.pflash.scoring import attention_mass
 from pflash_plugin.llama.capture import CaptureSpec
@@ -65,7 +65,7 @@ def test_native_equals_numpy_on_demo_model_captures(demo_model):
     prompt, _ = needle_prompt(1500, 0.5, seed=5)
     tokens = model.tokenize(prompt)
     start = len(tokens) - 8
-    runs = {kind: Drafter(model, [5], len(tokens) + 8, scorer=kind, n_threads=2) for kind in ("numpy", "native")}
+    runs = {kind: Drafter(model, [5], len(tokens) + 8, DraftOptions(scorer=kind, n_threads=2)) for kind in ("numpy", "native")}
     masses = {kind: drafter.run(tokens, start).mass for kind, drafter in runs.items()}
     for x, y in zip(runs["numpy"].scorer.tensors(5), runs["native"].scorer.tensors(5)):
         np.testing.assert_array_equal(x, y)
@@ -109,7 +109,7 @@ def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(ti
             threading.Event().wait(0.05)  # a slow chunk
             super()._decode_politely(batch, should_stop, should_yield)
 
-    compressor = Compressor(PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, n_batch=64), persistent=True)
+    compressor = Compressor(PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True)
     worker = CompressionWorker(compressor)
     job = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.2)
     worker.submit(job, delivered.append)

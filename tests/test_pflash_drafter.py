@@ -9,7 +9,7 @@ import pytest
 
 from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
-from pflash_plugin.pflash.drafter import Drafter, DrafterError, Neighbours, check_vocab, scoring_layers
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter, DrafterError, Neighbours, check_vocab, scoring_layers
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -31,8 +31,8 @@ SCORERS = ["numpy", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, 
 @pytest.mark.parametrize("scorer", SCORERS)
 def test_post_rope_is_a_rotation_of_pre_rope(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 96)
-    post = Drafter(deep_model, [1], 128, "post", scorer=scorer)
-    pre = Drafter(deep_model, [1], 128, "pre", scorer=scorer)
+    post = Drafter(deep_model, [1], 128, DraftOptions("post", scorer=scorer))
+    pre = Drafter(deep_model, [1], 128, DraftOptions("pre", scorer=scorer))
     post.run(tokens, 88), pre.run(tokens, 88)
     (q_post, k_post), (q_pre, k_pre) = post.scorer.tensors(1), pre.scorer.tensors(1)
     # position 0 is rotated by angle 0; every later position keeps its norm but not its values
@@ -46,8 +46,8 @@ def test_post_rope_is_a_rotation_of_pre_rope(deep_model, scorer):
 @pytest.mark.parametrize("scorer", SCORERS)
 def test_capture_stops_after_last_scoring_layer_and_matches_full_forward(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 200)
-    early = Drafter(deep_model, [1], 256, n_batch=64, scorer=scorer)  # 4 ubatches
-    late = Drafter(deep_model, [1, 3], 256, n_batch=64, scorer=scorer)  # runs to the last layer
+    early = Drafter(deep_model, [1], 256, DraftOptions(n_batch=64, scorer=scorer))  # 4 ubatches
+    late = Drafter(deep_model, [1, 3], 256, DraftOptions(n_batch=64, scorer=scorer))  # runs to the last layer
     a, b = early.run(tokens, 190), late.run(tokens, 190)
     assert early.scorer.ubatches_stopped() == 4
     assert (a.layers_run, b.layers_run) == (2, 4)
@@ -61,7 +61,7 @@ def test_capture_stops_after_last_scoring_layer_and_matches_full_forward(deep_mo
 @pytest.mark.parametrize("rope", ["post", "pre"])
 def test_native_callback_stops_at_the_same_node_and_captures_the_same_qk(deep_model, rope):
     tokens = prompt_tokens(deep_model, 150)
-    drafters = {kind: Drafter(deep_model, [1, 2], 256, rope, n_batch=64, scorer=kind) for kind in ("numpy", "native")}
+    drafters = {kind: Drafter(deep_model, [1, 2], 256, DraftOptions(rope, n_batch=64, scorer=kind)) for kind in ("numpy", "native")}
     results = {kind: d.run(tokens, 141, 149) for kind, d in drafters.items()}
     py, c = drafters["numpy"].scorer, drafters["native"].scorer
     assert py.capture.result.nodes_seen == c.capture.stats()["nodes_seen"] > 0  # the same node ends each graph
@@ -75,7 +75,7 @@ def test_native_callback_stops_at_the_same_node_and_captures_the_same_qk(deep_mo
 @pytest.mark.parametrize("scorer", SCORERS)
 def test_scoring_matches_float64_on_captured_tensors(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 80)
-    drafter = Drafter(deep_model, [2], 128, scorer=scorer)
+    drafter = Drafter(deep_model, [2], 128, DraftOptions(scorer=scorer))
     start = 72
     drafted = drafter.run(tokens, start)
     q, k = (x.astype(np.float64) for x in drafter.scorer.tensors(2))
@@ -119,7 +119,7 @@ class _NaNDrafter(Drafter):
     """Fault injection: a query row of the capture turns NaN before it is scored."""
 
     def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, scorer="numpy", **kw)
+        super().__init__(*args, DraftOptions(scorer="numpy"), **kw)
         score = self.scorer.mass
 
         def corrupted():
@@ -181,9 +181,9 @@ class _YieldAfter:
 @pytest.mark.parametrize("scorer", SCORERS)
 def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, scorer):
     tokens = prompt_tokens(deep_model, 400)
-    reference = Drafter(deep_model, [1], 512, n_batch=64, scorer=scorer)
+    reference = Drafter(deep_model, [1], 512, DraftOptions(n_batch=64, scorer=scorer))
     expected = reference.run(tokens, 392)
-    drafter = Drafter(deep_model, [1], 512, n_batch=64, scorer=scorer)
+    drafter = Drafter(deep_model, [1], 512, DraftOptions(n_batch=64, scorer=scorer))
     yield_now = _YieldAfter(5, 40)  # true while the first chunk computes: llama.cpp aborts it
     drafted = drafter.run(tokens, 392, neighbours=Neighbours(should_yield=yield_now))
     assert drafter.aborted_chunks >= 1 and yield_now.calls > 40
@@ -200,7 +200,7 @@ def test_drafter_shares_the_device_with_decoding_slots(deep_model, monkeypatch):
 
     tokens = prompt_tokens(deep_model, 1200)
     alone, shared = [], []
-    solo = Drafter(deep_model, [1], 1300, n_batch=1024, shared_duty=0.25)
+    solo = Drafter(deep_model, [1], 1300, DraftOptions(n_batch=1024, shared_duty=0.25))
     expected = solo.run(tokens, 1190, progress=alone.append)
     pauses: list[float] = []
     monkeypatch.setattr(drafter_module.time, "sleep", pauses.append)

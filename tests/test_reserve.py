@@ -14,7 +14,7 @@ _MEASURE = r"""
 import json, sys
 from pflash_plugin.llama import Model
 from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
-from pflash_plugin.pflash.drafter import Drafter, scoring_layers
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter, scoring_layers
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.pflash.reserve import drafter_reserve
 from pflash_plugin.testing.haystack import needle_prompt
@@ -31,7 +31,7 @@ layers = scoring_layers(model, None)
 pieces = [model.piece(t) for t in tokens]
 base = status("VmRSS:")
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
-compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, n_batch=512), persistent=False)
+compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, DraftOptions(n_batch=512)), persistent=False)
 report = compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)).report
 reserve = drafter_reserve(model, layers, 512, separate_weights=False)
 print(json.dumps({"peak": status("VmHWM:") - base, "formula": reserve.bytes_for(n), "status": report["status"]}))

@@ -57,7 +57,7 @@ def gpu_peak(fn) -> tuple[object, int]:
 def reserve_check(out: Path) -> list[dict]:
     from pflash_plugin.llama import Model
     from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
-    from pflash_plugin.pflash.drafter import Drafter, scoring_layers
+    from pflash_plugin.pflash.drafter import DraftOptions, Drafter, scoring_layers
     from pflash_plugin.pflash.query import plan_query
     from pflash_plugin.pflash.reserve import drafter_reserve
     path = out / "medium.gguf"
@@ -72,7 +72,7 @@ def reserve_check(out: Path) -> list[dict]:
     for n in (2048, 8192, 32768):
         tokens = (model.tokenize("the river and the bridge. " * (n // 4)) * 2)[:n]
         pieces = [model.piece(t) for t in tokens]
-        compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, n_batch=512), persistent=False)
+        compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, DraftOptions(n_batch=512)), persistent=False)
         t0 = time.perf_counter()
         result, peak = gpu_peak(lambda: compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)))
         formula = drafter_reserve(model, layers, 512, separate_weights=False).bytes_for(n)

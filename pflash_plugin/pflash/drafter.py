@@ -41,6 +41,16 @@ class Neighbours:
     should_share: Callable[[], bool] = _never  # slots are decoding: short chunks, paced to a duty cycle
 
 
+@dataclass(frozen=True)
+class DraftOptions:
+    rope: str = "post"  # score post- or pre-RoPE Q/K
+    n_batch: int = 512  # tokens per drafter chunk (and ubatch)
+    n_threads: int = 0  # CPU threads (0: llama.cpp's default)
+    scorer: str = "auto"  # auto | native | numpy | a pflash_plugin.scorers entry point (scorer.make_scorer)
+    device: int = 0  # GPU of the native scorer's captures, when the model's layers are on a GPU
+    shared_duty: float = 1.0  # share of time the drafter computes while slots decode (it pauses the rest)
+
+
 class DrafterError(RuntimeError):
     """The drafter cannot score (bad configuration or capture failure)."""
 
@@ -98,31 +108,18 @@ class DraftResult:
 class Drafter:
     """Owns the drafter context and its scorer; `run` is called from the compression thread only."""
 
-    def __init__(
-        self,
-        model: Model,
-        layers: list[int],
-        max_tokens: int,
-        rope: str = "post",
-        n_batch: int = 512,
-        n_threads: int = 0,
-        owns_model: bool = False,
-        scorer: str = "auto",
-        device: int = 0,
-        shared_duty: float = 1.0,
-    ) -> None:
-        """`scorer`: auto | native | numpy (scorer.make_scorer). The native scorer keeps captures on
-        the GPU when the model's layers are there (`model.n_gpu_layers`), on GPU `device`.
-        `shared_duty`: the share of time the drafter computes while slots decode (it pauses the rest)."""
-        if not 0.0 < shared_duty <= 1.0:
-            raise ValueError(f"shared_duty must be in (0, 1], not {shared_duty}")
-        self.shared_duty = shared_duty
+    def __init__(self, model: Model, layers: list[int], max_tokens: int, options: DraftOptions = DraftOptions(),
+                 owns_model: bool = False) -> None:
+        if not 0.0 < options.shared_duty <= 1.0:
+            raise ValueError(f"shared_duty must be in (0, 1], not {options.shared_duty}")
         self.model, self.layers, self.max_tokens = model, layers, max_tokens
         self.owns_model = owns_model
-        self.n_batch = n_batch
-        spec = CaptureSpec(layers, model.head_dim(), model.n_head, model.n_head_kv, rope)
+        self.n_batch, self.shared_duty = options.n_batch, options.shared_duty
+        n_threads = options.n_threads
+        spec = CaptureSpec(layers, model.head_dim(), model.n_head, model.n_head_kv, options.rope)
         try:
-            self.scorer = make_scorer(spec, scorer, on_gpu=model.n_gpu_layers != 0, device=device, n_threads=n_threads)
+            self.scorer = make_scorer(spec, options.scorer, on_gpu=model.n_gpu_layers != 0, device=options.device,
+                                      n_threads=n_threads)
         except ScoringError as error:
             raise DrafterError(str(error)) from None
         self._abort_if: Callable[[], bool] = _never

@@ -15,7 +15,7 @@ from ..engine.request import Request
 from ..llama import Model
 from ..llama.devices import gpu_free_bytes
 from ..pflash.compressor import MANDATORY_OVER_BUDGET, CompressionJob, CompressionWorker, Compressor, PflashConfig
-from ..pflash.drafter import Drafter, check_vocab, scoring_layers
+from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
 from ..pflash.policy import skip_reason
 from ..pflash.query import plan_query
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
@@ -144,12 +144,13 @@ class ServedModel:
         drafter_on_gpu = on_gpu and probe.n_gpu_layers != 0
         n_batch = min(s.n_batch, DRAFT_BATCH)
 
+        options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
+                               s.pflash_shared_duty)
+
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent
             model = load_drafter() if separate else probe
-            return Drafter(model, layers, max_tokens, s.pflash_rope, n_batch=n_batch, n_threads=s.n_threads_batch,
-                           owns_model=separate, scorer=s.pflash_scorer, device=s.main_gpu,
-                           shared_duty=s.pflash_shared_duty)
+            return Drafter(model, layers, max_tokens, options, owns_model=separate)
 
         # the reserve is memory of the device the drafter runs on: the pool's only when they match
         reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=drafter_on_gpu)
