@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pflash_plugin.engine.request import RequestStatus
+from pflash_plugin.engine.request import FinishEvent, RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import DecodeError
 
@@ -148,6 +148,23 @@ def test_a_cancel_frees_the_pages_before_the_next_step(build):
     items, used, idle = seen_next[0]
     assert items == {b.request_id}, "the cancelled request ran another step"
     assert used == idle + sched.pool.pages_for(b.reserve_tokens), "its reservation was not released"
+
+
+def test_the_status_a_finished_client_reads_no_longer_holds_its_request(build):
+    engine, sched, runner = build(n_slots=2)
+    request = make_request([1, 2, 3], max_tokens=3)
+    collector, seen = request.sink, []
+
+    def sink(event) -> None:  # what /status says the moment the answer is complete
+        if isinstance(event, FinishEvent):
+            seen.append(engine.status())
+        collector(event)
+
+    request.sink = sink
+    engine.submit(request)
+    assert collector.done.wait(TIMEOUT)
+    assert seen[0]["running"] == seen[0]["waiting"] == 0
+    assert all(slot["request_id"] is None for slot in seen[0]["slots"])
 
 
 # ---- preemption ----------------------------------------------------------------------------------

@@ -170,19 +170,18 @@ class Engine:
                 log.exception("engine %s: scheduling failed; failing the requests in flight", self.name)
                 for request in self.scheduler.live:
                     self._fail(request, 500, f"internal scheduler error: {error}")
+                self._publish_status()
             self.scheduler.emit()
-        self._publish_status()
 
     def _iterate(self) -> bool:
         """One round: messages, then one step. False once a shutdown has drained everything."""
         self._arrival.clear()
         self._drain_inbox()
-        self.scheduler.emit()
         if self._deadline is not None and self._drained():
             return False
         step = self.scheduler.schedule() if self.scheduler.has_work and self._failure is None else Step([])
+        self._publish_status()  # before the events go out: a client that got its answer sees it
         self.scheduler.emit()
-        self._publish_status()
         if not step.items:
             timeout = 0.5 if self._deadline is None else max(0.0, min(0.5, self._deadline - time.monotonic()))
             self._wake.wait(timeout)
@@ -190,6 +189,7 @@ class Engine:
             return True
         self._run(step)
         self.steps += 1
+        self._publish_status()
         return True
 
     def _drained(self) -> bool:
@@ -198,8 +198,10 @@ class Engine:
         if self.scheduler.live and time.monotonic() >= self._deadline:
             for request in self.scheduler.live:
                 self.scheduler.finish(request, RequestStatus.FINISHED_CANCELLED)
-            self.scheduler.emit()
-        return not self.scheduler.live
+        if self.scheduler.live:
+            return False
+        self._publish_status()
+        return True
 
     def _drain_inbox(self) -> None:
         while True:
