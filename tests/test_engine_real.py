@@ -5,9 +5,11 @@ import threading
 
 import pytest
 
+from pflash_plugin.engine.embedder import Embedder
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams, TextEvent
 from pflash_plugin.engine.scheduler import AdmissionError
+from pflash_plugin.llama import Model
 
 
 def run_together(engine, requests: list[Request], timeout: float = 120) -> list[list[int]]:
@@ -92,3 +94,12 @@ def test_shutdown_cancels_what_runs_and_leaves_the_kv_as_the_pool_says(tiny_mode
     assert sched.pool.used_pages == sum(len(s.pages) for s in sched.slots)
     engine.close()
     assert ctx.ptr is None
+
+
+def test_embedder_embeds_then_frees_its_context(tiny_model):
+    model = Model(tiny_model)
+    embedder = Embedder(model, 64, 64, n_threads=1)
+    vector = embedder.embed(model.tokenize("hello there"))
+    assert len(vector) == model.n_embd and abs(sum(v * v for v in vector) - 1.0) < 1e-4
+    embedder.close()
+    assert embedder.ctx.ptr is None and embedder.batch.raw is None

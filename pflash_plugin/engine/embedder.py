@@ -40,3 +40,9 @@ class Embedder:
                 vector = np.mean([self.ctx.embeddings_ith(i, self.model.n_embd) for i in range(len(tokens))], axis=0)
         norm = float(np.linalg.norm(vector))
         return (vector / norm if norm > 0 else vector).tolist()
+
+    def close(self) -> None:
+        """Free the batch and the context (before the model), once no embedding runs."""
+        with self._lock:
+            self.batch.close()
+            self.ctx.close()
