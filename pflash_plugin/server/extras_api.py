@@ -2,10 +2,10 @@
 metrics), as module-level routers."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from llama_cpp.server.types import (
     DetokenizeInputRequest,
     DetokenizeInputResponse,
@@ -47,15 +47,22 @@ async def detokenize(body: DetokenizeInputRequest, ctx: ServerContext = Depends(
 
 
 class Health(BaseModel):
-    status: str
+    status: str  # "ok", or the first unhealthy engine's state: "failed", "draining", "stopped"
+    reason: Optional[str] = None
 
 
 class Status(BaseModel):
     models: Dict[str, Dict[str, Any]]
 
 
-@operations.get("/health", response_model=Health)
-async def health() -> Any:
+@operations.get("/health", response_model=Health, response_model_exclude_none=True, responses={503: {"model": Health}})
+async def health(ctx: ServerContext = Depends(get_context)) -> Any:
+    """200 while every model serves; 503 naming one that does not (llama.cpp failed, shutting down)."""
+    for name, served in ctx.models.models.items():
+        state = served.engine.health()
+        if not state.ok:
+            body = Health(status=state.state, reason=f"model {name}: {state.reason}")
+            return JSONResponse(body.model_dump(), status_code=503)
     return Health(status="ok")
 
 

@@ -71,6 +71,7 @@ class ChatPrompt:
 
 # drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
 DRAFT_BATCH = 512
+SHUTDOWN_GRACE_S = 5.0  # at shutdown, requests in flight get this long to finish, then are cancelled
 MAX_EXPLICIT_QUERY = 256  # tokens of a request's pflash.query (the drafter context leaves room)
 
 
@@ -120,9 +121,13 @@ class ServedModel:
         return self.config.max_ctx
 
     def close(self) -> None:
-        self.engine.stop()
+        """Stop admitting and drain the engine, stop the compression thread, free the contexts."""
+        self.engine.shutdown(SHUTDOWN_GRACE_S)
         if self.compression is not None:
             self.compression.stop()
+        self.engine.close()
+        if self.embedder is not None:
+            self.embedder.close()
 
     # ---- PFlash ----------------------------------------------------------------------------
     def _start_compression(self, target: Model, on_gpu: bool) -> tuple[CompressionWorker, int]:
