@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,6 +295,15 @@ class ModelRouter:
                 param="model",
                 code="model_not_found",
             ) from None
+
+    def drain(self, grace_s: float) -> None:
+        """Every engine stops admitting (503) and drains within `grace_s`, all at once."""
+        threads = [threading.Thread(target=served.engine.shutdown, args=(grace_s,), name=f"drain-{name}")
+                   for name, served in self.models.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def close(self) -> None:
         for served in self.models.values():

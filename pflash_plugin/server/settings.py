@@ -73,6 +73,11 @@ class ModelSettings(StockModelSettings):
 
 
 class ServerSettings(StockServerSettings):
+    shutdown_grace_s: float = Field(
+        default=10.0, ge=0.0,
+        description="On SIGTERM/SIGINT: new requests get 503 at once; requests in flight get this long to "
+        "finish, then are cancelled, before the compression threads stop and the models are freed.",
+    )
     sse_ping_seconds: float = Field(
         default=5.0, gt=0, description="Seconds between SSE keep-alive comments (while queued or compressed)."
     )
