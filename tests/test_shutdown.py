@@ -70,14 +70,14 @@ def stream(url: str, max_tokens: int, out: dict) -> None:
 def test_sigterm_drains_finishes_or_cancels_then_exits(server):
     proc, url, log = server
     short, long = {}, {}
-    threads = [threading.Thread(target=stream, args=(url, 6, short)),
+    threads = [threading.Thread(target=stream, args=(url, 60, short)),
                threading.Thread(target=stream, args=(url, 4000, long))]  # cannot finish in the grace
     for thread in threads:
         thread.start()
     deadline = time.time() + 30
-    while long.get("tokens", 0) < 3 and time.time() < deadline:
+    while (long.get("tokens", 0) < 3 or not short.get("tokens")) and time.time() < deadline:
         time.sleep(0.02)
-    assert long.get("tokens", 0) >= 3, "the long stream never started"
+    assert long.get("tokens", 0) >= 3 and short.get("tokens"), "the streams never started"
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
