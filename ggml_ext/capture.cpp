@@ -86,6 +86,12 @@ struct pfx_capture {
 
     int heads(Kind kind) const { return kind == Q ? n_head : n_head_kv; }
 
+    // Floats kept per scoring layer: K of the keys before the query, Q of the query rows.
+    size_t store_floats(Kind kind) const {
+        const int64_t rows = kind == K ? query_start : query_end - query_start;
+        return (size_t)rows * heads(kind) * head_dim;
+    }
+
     // Index of the scoring layer whose Q/K this node is, or -1.
     int match(const ggml_tensor * t, Kind & kind) const {
         int layer;
@@ -214,10 +220,8 @@ bool pfx_capture_reset(pfx_capture * cap, int32_t query_start, int32_t query_end
     for (int kind = 0; kind < 2; ++kind) {
         std::fill(cap->rows[kind].begin(), cap->rows[kind].end(), 0);
         std::fill(cap->saved[kind].begin(), cap->saved[kind].end(), 0);
-        const size_t n = kind == K ? (size_t)query_start * cap->n_head_kv * cap->head_dim
-                                   : (size_t)(query_end - query_start) * cap->n_head * cap->head_dim;
         for (auto & store : cap->stores[kind])
-            if (!store.reserve(n, cap->error)) return false;
+            if (!store.reserve(cap->store_floats((Kind)kind), cap->error)) return false;
     }
     return true;
 }
@@ -246,11 +250,6 @@ bool pfx_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
     const bool go_on = cap->on_ready(t, kind, i) && cap->error.empty();
     cap->stats.capture_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return go_on;
-}
-
-int64_t pfx_capture_rows(const pfx_capture * cap, int32_t i, char kind) {
-    if (i < 0 || i >= (int)cap->layers.size() || (kind != 'Q' && kind != 'K')) return -1;
-    return cap->rows[kind == 'Q' ? Q : K][i];
 }
 
 const char * pfx_capture_error(const pfx_capture * cap) { return cap->error.c_str(); }
@@ -285,8 +284,7 @@ int pfx_capture_score(pfx_capture * cap, float * out) {
 bool pfx_capture_read(pfx_capture * cap, int32_t i, char kind, float * out) {
     if (i < 0 || i >= (int)cap->layers.size() || (kind != 'Q' && kind != 'K')) return false;
     const Kind k = kind == 'Q' ? Q : K;
-    const size_t n = k == K ? (size_t)cap->query_start * cap->n_head_kv * cap->head_dim
-                            : (size_t)(cap->query_end - cap->query_start) * cap->n_head * cap->head_dim;
+    const size_t n = cap->store_floats(k);
 #ifdef PFX_GPU
     if (cap->on_gpu) return pfx_gpu_read(out, cap->stores[k][i].data(), n, cap->device, cap->error);
 #endif

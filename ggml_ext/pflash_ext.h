@@ -44,8 +44,6 @@ void pfx_capture_checkpoint(pfx_capture * cap);
 void pfx_capture_rollback(pfx_capture * cap);
 // The eval callback (ggml_backend_sched_eval_callback); user_data is the capture.
 bool pfx_eval_callback(struct ggml_tensor * t, bool ask, void * user_data);
-// Tokens captured so far for scoring layer index `i` (kind 'Q' or 'K'), or -1.
-int64_t pfx_capture_rows(const pfx_capture * cap, int32_t i, char kind);
 // The first error (empty string when none); once set, the callback stops every graph.
 const char * pfx_capture_error(const pfx_capture * cap);
 void pfx_capture_get_stats(const pfx_capture * cap, pfx_stats * out);

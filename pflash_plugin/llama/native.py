@@ -59,7 +59,6 @@ def load() -> ctypes.CDLL | None:
         "pfx_capture_reset": ([p, i32, i32], ctypes.c_bool),
         "pfx_capture_checkpoint": ([p], None),
         "pfx_capture_rollback": ([p], None),
-        "pfx_capture_rows": ([p, i32, ctypes.c_char], ctypes.c_int64),
         "pfx_capture_error": ([p], ctypes.c_char_p),
         "pfx_capture_get_stats": ([p, ctypes.POINTER(_Stats)], None),
         "pfx_capture_score": ([p, f32p], ctypes.c_int),
@@ -139,9 +138,6 @@ class NativeCapture:
         out = _Stats()
         self._lib.pfx_capture_get_stats(self._ptr, ctypes.byref(out))
         return {name: getattr(out, name) for name, _ in _Stats._fields_}
-
-    def rows(self, index: int, kind: str) -> int:
-        return self._lib.pfx_capture_rows(self._ptr, index, kind.encode())
 
     def score(self) -> np.ndarray:
         """Attention mass of keys [0, query_start), max over the scoring layers."""

@@ -160,8 +160,9 @@ class CompressionWorker:
         self._jobs.put((job, deliver))
 
     def stop(self) -> None:
-        """Cancel the job in flight (the drafter stops between chunks), drop the queued ones, then
-        free the drafter: never while the thread may still be using it."""
+        """Cancel the job in flight (the drafter stops between chunks), end the thread once the
+        queued jobs are done (the engine cancels them at shutdown), then free the drafter: never
+        while the thread may still be using it."""
         self._jobs.put(None)
         current = self._current
         if current is not None:

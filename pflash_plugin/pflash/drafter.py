@@ -180,7 +180,7 @@ class Drafter:
                 if shared and self.shared_duty < 1.0:
                     time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.shared_duty - 1.0))
                 start = end
-                progress(min(end, len(tokens)))
+                progress(end)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:
