@@ -63,8 +63,12 @@ def plugin_routers(plugins: dict[str, Any]) -> list[Any]:
     return routers
 
 
-# the project's own entries, usable from a source tree that pip never installed (no entry points)
-BUILTIN = {SELECTOR_GROUP: {"greedy": "pflash_plugin.pflash.selection:select"}}
+# The project's own entries (also registered as entry points), for a source tree that pip never
+# installed (no entry points there, e.g. on the GPU machine).
+BUILTIN = {
+    SELECTOR_GROUP: {"greedy": "pflash_plugin.pflash.selection:select"},
+    SCORER_GROUP: {name: f"pflash_plugin.pflash.scorer:{name}_scorer" for name in ("auto", "native", "numpy")},
+}
 
 
 def _named(group: str, name: str, kind: str) -> Callable[..., Any]:

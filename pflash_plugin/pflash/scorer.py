@@ -11,9 +11,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .. import plugins
 from ..llama import native
 from ..llama.capture import CaptureSpec, QKCapture
 from .scoring import NonFiniteScores, attention_mass, combine_layers
+
 
 class ScoringError(RuntimeError):
     """The scorer cannot give a mass (capture incomplete, device error)."""
@@ -161,19 +163,12 @@ def numpy_scorer(spec: CaptureSpec, on_gpu: bool = False, device: int = 0, n_thr
     return NumpyScorer(spec)
 
 
-BUILTIN_SCORERS = {"auto": auto_scorer, "native": native_scorer, "numpy": numpy_scorer}
-
-
 def make_scorer(spec: CaptureSpec, choice: str = "auto", on_gpu: bool = False, device: int = 0,
                 n_threads: int = 0) -> Scorer:
-    """A built-in scorer, or a factory of that name in the `pflash_plugin.scorers` entry points
-    (called as factory(spec, on_gpu=, device=, n_threads=) and returning a `Scorer`)."""
-    factory = BUILTIN_SCORERS.get(choice)
-    if factory is None:
-        from .. import plugins  # a third-party scorer: look it up only when one is asked for
-
-        try:
-            factory = plugins.scorer(choice)
-        except ValueError as error:
-            raise ScoringError(str(error)) from None
+    """The scorer factory of that name in the `pflash_plugin.scorers` group (the built-ins above, or a
+    plugin's), called as factory(spec, on_gpu=, device=, n_threads=) and returning a `Scorer`."""
+    try:
+        factory = plugins.scorer(choice)
+    except ValueError as error:
+        raise ScoringError(str(error)) from None
     return factory(spec, on_gpu=on_gpu, device=device, n_threads=n_threads)
