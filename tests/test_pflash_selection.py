@@ -3,6 +3,8 @@ the budget on the highest-scoring segments; segmentation must tile the prompt.""
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,8 @@ from pflash_plugin.pflash.selection import (
     KeepCurve,
     Segment,
     Selection,
+    TokenBoundaries,
+    boundary_flags,
     budget_for,
     fixed_segments,
     segment_tokens,
@@ -314,6 +318,118 @@ def test_fixed_segments() -> None:
         fixed_segments(10, 0)
     with pytest.raises(ValueError, match="n_tokens"):
         fixed_segments(-1, 4)
+
+
+# ---------------------------------------------------------------- same output as a token-by-token reference
+
+
+def runs(mask: np.ndarray) -> list[Segment]:
+    """Maximal runs of True, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return [Segment(int(a), int(b)) for a, b in zip(edges[0::2], edges[1::2])]
+
+
+def reference_segment_tokens(pieces: list[str], min_len: int, max_len: int) -> list[Segment]:
+    """The per-token loop the vectorised segmentation replaced."""
+    segments, start = [], 0
+    for i, piece in enumerate(pieces):
+        length = i + 1 - start
+        if length >= max_len or (length >= min_len and ("\n" in piece or piece.rstrip().endswith((".", "!", "?", ";")))):
+            segments.append(Segment(start, i + 1))
+            start = i + 1
+    if start < len(pieces):
+        tail = Segment(start, len(pieces))
+        if len(tail) < min_len and segments and tail.end - segments[-1].start <= max_len:
+            tail = Segment(segments.pop().start, tail.end)
+        segments.append(tail)
+    return segments
+
+
+def reference_select(mass, segments, budget, mandatory, score) -> Selection | None:
+    """The per-token selection the vectorised one replaced: same prefix sums, same greedy order."""
+    n = segments[-1].end
+    covered = np.zeros(n, dtype=bool)
+    for span in mandatory:
+        covered[span.start : span.end] = True
+    if covered.sum() > budget:
+        return None
+    prefix = [0.0, *accumulate(float(x) for x in list(mass) + [0.0] * (n - len(mass)))]
+    parts = candidate_parts(segments, covered)
+
+    def rank(p: Segment) -> tuple[float, int]:
+        value = prefix[p.end] - prefix[p.start]
+        return (-(value / len(p) if score == "density" else value), p.start)
+
+    remaining, chosen, kept = budget - int(covered.sum()), [], covered.copy()
+    for part in sorted(parts, key=rank):
+        if len(part) <= remaining:
+            chosen.append(part)
+            remaining -= len(part)
+            kept[part.start : part.end] = True
+    return Selection(runs(kept), int(kept.sum()), len(parts) + len(mandatory), len(chosen) + len(mandatory))
+
+
+def tied_case(seed: int):
+    """A longer prompt with few distinct mass values (many ties) and mandatory head and tail."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(200, 3000))
+    pieces = [str(p) for p in rng.choice(["a", " b", ".", "\n", "c!", " d"], size=n, p=[0.4, 0.4, 0.08, 0.04, 0.04, 0.04])]
+    min_len = int(rng.integers(1, 24))
+    segments = segment_tokens(pieces, min_len, int(rng.integers(min_len, 96)))
+    mass = (rng.integers(0, 4, size=n - int(rng.integers(0, 10))) / 8).astype(np.float32)
+    head, query = int(rng.integers(1, 40)), int(rng.integers(1, n // 2))
+    mandatory = [Segment(0, head), Segment(n - query, n), Segment(n // 3, n // 3 + int(rng.integers(1, 50)))]
+    budget = int(rng.integers(1, n))
+    return segments, mandatory, mass, budget, "sum" if seed % 2 else "density"
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_select_matches_reference_on_random_cases(seed: int) -> None:
+    _, segments, mandatory, mass, budget, score = random_case(seed)
+    assert select(mass, segments, budget, mandatory, score=score) == reference_select(mass, segments, budget, mandatory, score)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_select_matches_reference_with_ties_and_boundary_segments(seed: int) -> None:
+    segments, mandatory, mass, budget, score = tied_case(seed)
+    assert select(mass, segments, budget, mandatory, score=score) == reference_select(mass, segments, budget, mandatory, score)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_segment_tokens_matches_reference(seed: int) -> None:
+    rng = np.random.default_rng(1000 + seed)
+    vocabulary = ["the", " cat", ".", " sat", "\n", "!", "?", ";", ",", " on", "mat. ", "\n\n", "x.)", "a;  "]
+    pieces = [vocabulary[i] for i in rng.integers(0, len(vocabulary), size=int(rng.integers(0, 1500)))]
+    min_len = int(rng.integers(1, 40))
+    max_len = int(rng.integers(min_len, 130))
+    assert segment_tokens(pieces, min_len, max_len) == reference_segment_tokens(pieces, min_len, max_len)
+
+
+def test_token_boundaries_test_each_token_once_and_match_its_piece() -> None:
+    # partial UTF-8 decodes to U+FFFD, as the pieces of a split character do
+    vocabulary = [b"a", b" end.", b"\n", b"\xe2", b"\x80\xa6", b" x?  ", b"", b"; ", b"b,"]
+    asked: list[int] = []
+
+    def piece(token: int) -> bytes:
+        asked.append(token)
+        return vocabulary[token]
+
+    boundaries = TokenBoundaries(piece)
+    rng = np.random.default_rng(0)
+    for size in (0, 50, 500, 3000):
+        tokens = rng.integers(0, len(vocabulary) - 3 if size < 500 else len(vocabulary), size=size).tolist()
+        expected = boundary_flags([vocabulary[t].decode("utf-8", errors="replace") for t in tokens])
+        assert boundaries(tokens).tolist() == expected.tolist()
+    assert sorted(asked) == list(range(len(vocabulary)))  # every token once, the late ones too
+    with pytest.raises(ValueError, match="negative"):
+        boundaries([1, -1])
+
+
+def test_take_gives_the_kept_tokens_in_order() -> None:
+    tokens = [100 + i for i in range(20)]
+    selection = select([0.0] * 8 + [1.0] * 4, fixed_segments(20, 4), budget=10, mandatory=spans((0, 2), (18, 20)))
+    assert selection is not None
+    assert selection.take(tokens) == [tokens[i] for i in selection.token_indices()] == [100, 101, 102, 103, 108, 109, 110, 111, 118, 119]
 
 
 # ---------------------------------------------------------------- keep curve and budget

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .drafter import Cancelled, Drafter, DrafterError, Neighbours
 from .query import QueryPlan
 from .scoring import NonFiniteScores
-from .selection import KeepCurve, Selection, budget_for, fixed_segments, segment_tokens, select
+from .selection import KeepCurve, Selection, TokenBoundaries, budget_for, segment_at_boundaries, select
 
 log = logging.getLogger(__name__)
 MANDATORY_OVER_BUDGET = "the head, the query and its suffix alone exceed the budget"
@@ -65,6 +65,7 @@ class Compressor:
         persistent: bool,
     ) -> None:
         self.config, self.piece = config, piece
+        self._boundaries = TokenBoundaries(piece)  # used on the compression thread only
         self._make_drafter, self.persistent = drafter, persistent
         self._drafter: Drafter | None = drafter() if persistent else None
         # native-cpu | native-cuda | native-hip | numpy: known at start for a persistent drafter
@@ -101,8 +102,7 @@ class Compressor:
                 drafter.close()
         self.scorer_name = drafted.scorer
         t2 = time.perf_counter()
-        pieces = [self.piece(t).decode("utf-8", errors="replace") for t in tokens]
-        segments = segment_tokens(pieces, self.config.segment_min, self.config.segment_max) or fixed_segments(n, 64)
+        segments = segment_at_boundaries(self._boundaries(tokens), self.config.segment_min, self.config.segment_max)
         selection = self.config.select(drafted.mass, segments, budget, plan.mandatory(n))
         t3 = time.perf_counter()
         report.update(
@@ -114,7 +114,7 @@ class Compressor:
         )
         if selection is None:
             return self._skip(tokens, report, MANDATORY_OVER_BUDGET)
-        kept = [tokens[i] for i in selection.token_indices()]
+        kept = selection.take(tokens)
         report.update(
             status="compressed",
             kept_tokens=len(kept),

@@ -11,15 +11,21 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
 
 __all__ = [
     "KeepCurve",
     "Segment",
     "Selection",
+    "TokenBoundaries",
+    "boundary_flags",
     "budget_for",
     "fixed_segments",
+    "segment_at_boundaries",
     "segment_tokens",
     "select",
 ]
@@ -42,29 +48,78 @@ def _is_boundary(piece: str) -> bool:
     return "\n" in piece or piece.rstrip().endswith(_SENTENCE_ENDS)
 
 
-def segment_tokens(pieces: list[str], min_len: int = 16, max_len: int = 128) -> list[Segment]:
-    """Cut tokens into segments ending at line breaks or sentence ends.
+def boundary_flags(pieces: Sequence[str]) -> np.ndarray:
+    """Whether each piece ends a line or a sentence (where a segment may close)."""
+    return np.fromiter(map(_is_boundary, pieces), dtype=bool, count=len(pieces))
 
-    ``pieces[i]`` is the text of token i. A segment closes at the first
-    boundary once it has ``min_len`` tokens and is force-cut at ``max_len``,
-    so segments are neither too fine to score meaningfully nor so coarse that
-    one keep/drop decision costs a large part of the budget.
+
+class TokenBoundaries:
+    """Boundary flags by token id, each token's piece tested once.
+
+    The flag depends on the token id alone and the vocabulary never changes, while a 128K prompt
+    has only some thousands of distinct tokens: decoding every token's piece in Python cost more
+    than the rest of the selection together. Not thread-safe: one per compression thread.
+    """
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self._piece = piece
+        self._known = np.zeros(0, dtype=bool)
+        self._flags = np.zeros(0, dtype=bool)
+
+    def __call__(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.fromiter(tokens, dtype=np.int64, count=len(tokens))
+        if ids.size == 0:
+            return np.zeros(0, dtype=bool)
+        if ids.min() < 0:
+            raise ValueError(f"negative token id {int(ids.min())}")
+        top = int(ids.max()) + 1
+        if top > self._known.size:
+            grow = top - self._known.size
+            self._known = np.concatenate([self._known, np.zeros(grow, dtype=bool)])
+            self._flags = np.concatenate([self._flags, np.zeros(grow, dtype=bool)])
+        present = np.zeros(top, dtype=bool)
+        present[ids] = True
+        new = np.flatnonzero(present & ~self._known[:top])
+        pieces = (self._piece(t).decode("utf-8", errors="replace") for t in new.tolist())
+        self._flags[new] = np.fromiter(map(_is_boundary, pieces), dtype=bool, count=new.size)
+        self._known[new] = True
+        return self._flags[ids]
+
+
+def segment_tokens(pieces: list[str], min_len: int = 16, max_len: int = 128) -> list[Segment]:
+    """Cut tokens into segments ending at line breaks or sentence ends; ``pieces[i]`` is the
+    text of token i (see ``segment_at_boundaries``)."""
+    return segment_at_boundaries(boundary_flags(pieces), min_len, max_len)
+
+
+def segment_at_boundaries(boundary: np.ndarray, min_len: int = 16, max_len: int = 128) -> list[Segment]:
+    """Cut tokens into segments, closing after the tokens flagged in ``boundary``.
+
+    A segment closes at the first boundary once it has ``min_len`` tokens and is force-cut at
+    ``max_len``, so segments are neither too fine to score meaningfully nor so coarse that one
+    keep/drop decision costs a large part of the budget. A short tail joins the segment before
+    it where that stays within ``max_len``. One step per segment, not per token.
     """
     if not 1 <= min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
-    segments: list[Segment] = []
+    n = len(boundary)
+    positions = np.flatnonzero(boundary).tolist()
+    next_at = bisect.bisect_left
+    ends: list[int] = []
     start = 0
-    for i, piece in enumerate(pieces):
-        length = i + 1 - start
-        if length >= max_len or (length >= min_len and _is_boundary(piece)):
-            segments.append(Segment(start, i + 1))
-            start = i + 1
-    if start < len(pieces):
-        tail = Segment(start, len(pieces))
-        if len(tail) < min_len and segments and tail.end - segments[-1].start <= max_len:
-            tail = Segment(segments.pop().start, tail.end)
-        segments.append(tail)
-    return segments
+    while True:
+        earliest = start + min_len - 1
+        k = next_at(positions, earliest)
+        close = min(positions[k] if k < len(positions) else n, start + max_len - 1)
+        if close >= n:
+            break
+        ends.append(close + 1)
+        start = close + 1
+    if start < n:
+        if n - start < min_len and ends and n - (ends[-2] if len(ends) > 1 else 0) <= max_len:
+            ends.pop()
+        ends.append(n)
+    return list(map(Segment, [0, *ends[:-1]], ends))
 
 
 def fixed_segments(n_tokens: int, chunk: int) -> list[Segment]:
@@ -155,7 +210,11 @@ class Selection:
 
     def token_indices(self) -> list[int]:
         """Indices of the kept tokens in source order, i.e. what gets prefilled."""
-        return [i for segment in self.kept for i in range(segment.start, segment.end)]
+        return list(chain.from_iterable(range(segment.start, segment.end) for segment in self.kept))
+
+    def take(self, tokens: Sequence[int]) -> list[int]:
+        """The kept ``tokens`` in source order (slices, not one Python step per token)."""
+        return list(chain.from_iterable(tokens[segment.start : segment.end] for segment in self.kept))
 
 
 def _merge(ranges: list[Segment]) -> list[Segment]:
@@ -170,23 +229,52 @@ def _merge(ranges: list[Segment]) -> list[Segment]:
     return merged
 
 
-def _uncovered(segment: Segment, covered: list[Segment]) -> list[Segment]:
-    """Parts of ``segment`` outside the merged, sorted ranges ``covered``."""
-    parts: list[Segment] = []
-    position = segment.start
-    for span in covered:
-        if span.end <= position:
-            continue
-        if span.start >= segment.end:
-            break
-        if span.start > position:
-            parts.append(Segment(position, span.start))
-        position = max(position, span.end)
-        if position >= segment.end:
-            break
-    if position < segment.end:
-        parts.append(Segment(position, segment.end))
-    return parts
+def _bounds(segments: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of ``segments``, checked to tile [0, n) in order."""
+    if not segments:
+        raise ValueError("empty prompt: no segments to select from")
+    starts = np.fromiter((s.start for s in segments), dtype=np.int64, count=len(segments))
+    ends = np.fromiter((s.end for s in segments), dtype=np.int64, count=len(segments))
+    follows = np.concatenate([[0], ends[:-1]])
+    bad = np.flatnonzero((starts != follows) | (ends <= starts))
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(
+            "segments must be non-empty, contiguous and start at 0; "
+            f"{segments[k]} follows position {int(follows[k])}"
+        )
+    return starts, ends
+
+
+def _token_prefix(mass: Sequence[float], n_tokens: int) -> np.ndarray:
+    """Prefix sums of the mass over [0, n_tokens] (tokens past the mass score 0), in float64."""
+    values = np.asarray(mass, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"mass must be one score per token, got shape {values.shape}")
+    if len(values) > n_tokens:
+        raise ValueError(f"mass has {len(values)} entries but the prompt has {n_tokens} tokens")
+    if not np.isfinite(values).all():
+        raise ValueError("mass contains NaN or Inf; refusing to select on non-finite scores")
+    prefix = np.zeros(n_tokens + 1)
+    np.cumsum(values, out=prefix[1 : len(values) + 1])  # sequential: sums as exact as a loop's
+    prefix[len(values) + 1 :] = prefix[len(values)]
+    return prefix
+
+
+def _candidates(starts: np.ndarray, n_tokens: int, covered: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the segments outside the merged spans ``covered``, as starts and ends.
+
+    Cutting at every segment start and every covered edge leaves pieces each wholly covered or
+    wholly not; since merged spans never touch, no two uncovered pieces of one segment are adjacent.
+    """
+    span_starts = np.array([span.start for span in covered], dtype=np.int64)
+    span_ends = np.array([span.end for span in covered], dtype=np.int64)
+    cuts = np.union1d(np.append(starts, n_tokens), np.concatenate([span_starts, span_ends]))
+    lo, hi = cuts[:-1], cuts[1:]
+    k = np.searchsorted(span_starts, lo, side="right") - 1  # the last span starting at or before lo
+    # k = -1 (no such span) reads the appended 0, and lo < 0 never holds
+    inside = (k >= 0) & (lo < np.append(span_ends, 0)[k])
+    return lo[~inside], hi[~inside]
 
 
 def select(
@@ -211,31 +299,9 @@ def select(
         raise ValueError(f"score must be 'sum' or 'density', got {score!r}")
     if budget <= 0:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    if not segments:
-        raise ValueError("empty prompt: no segments to select from")
-    position = 0
-    for segment in segments:
-        if segment.start != position or segment.end <= segment.start:
-            raise ValueError(
-                "segments must be non-empty, contiguous and start at 0; "
-                f"{segment} follows position {position}"
-            )
-        position = segment.end
-    n_tokens = position
-
-    values = [float(x) for x in (mass.tolist() if hasattr(mass, "tolist") else mass)]
-    if len(values) > n_tokens:
-        raise ValueError(f"mass has {len(values)} entries but the prompt has {n_tokens} tokens")
-    if not all(math.isfinite(x) for x in values):
-        raise ValueError("mass contains NaN or Inf; refusing to select on non-finite scores")
-    prefix = [0.0]
-    for x in values:
-        prefix.append(prefix[-1] + x)
-
-    def segment_mass(segment: Segment) -> float:
-        end = min(segment.end, len(values))
-        return prefix[end] - prefix[segment.start] if end > segment.start else 0.0
-
+    starts, ends = _bounds(segments)
+    n_tokens = int(ends[-1])
+    prefix = _token_prefix(mass, n_tokens)
     for span in mandatory:
         if not 0 <= span.start < span.end <= n_tokens:
             raise ValueError(f"mandatory span {span} is empty or outside the prompt [0, {n_tokens})")
@@ -244,25 +310,22 @@ def select(
     if mandatory_tokens > budget:
         return None
 
-    candidates = [part for segment in segments for part in _uncovered(segment, covered)]
-
-    def rank_key(candidate: Segment) -> tuple[float, int]:
-        value = segment_mass(candidate)
-        if score == "density":
-            value /= len(candidate)
-        return (-value, candidate.start)
-
+    lo, hi = _candidates(starts, n_tokens, covered)
+    value = prefix[hi] - prefix[lo]
+    if score == "density":
+        value /= hi - lo
+    order = np.lexsort((lo, -value))  # best first, ties to the earlier candidate
     remaining = budget - mandatory_tokens
-    chosen: list[Segment] = []
-    for candidate in sorted(candidates, key=rank_key):
-        if len(candidate) <= remaining:
-            chosen.append(candidate)
-            remaining -= len(candidate)
+    chosen: list[int] = []
+    for k, length in zip(order.tolist(), (hi - lo)[order].tolist()):
+        if length <= remaining:
+            chosen.append(k)
+            remaining -= length
 
-    kept = _merge(covered + chosen)
+    kept = _merge(covered + list(map(Segment, lo[chosen].tolist(), hi[chosen].tolist())))
     return Selection(
         kept=kept,
         kept_tokens=sum(len(span) for span in kept),
-        segments_total=len(candidates) + len(mandatory),
+        segments_total=len(lo) + len(mandatory),
         segments_kept=len(chosen) + len(mandatory),
     )
