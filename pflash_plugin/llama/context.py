@@ -134,6 +134,15 @@ class Context:
     def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:
         C.llama_memory_seq_cp(self.mem, src, dst, start, end)
 
+    def seq_add(self, seq_id: int, start: int, end: int, delta: int) -> None:
+        """Move the positions [start, end) of a sequence by `delta` (K is re-rotated at the next decode)."""
+        C.llama_memory_seq_add(self.mem, seq_id, start, end, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether this context's KV cache can move positions (seq_add); some architectures cannot."""
+        return bool(C.llama_memory_can_shift(self.mem))
+
     def seq_pos_max(self, seq_id: int) -> int:
         return C.llama_memory_seq_pos_max(self.mem, seq_id)
 

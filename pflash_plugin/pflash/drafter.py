@@ -15,6 +15,7 @@ import numpy as np
 from ..llama import Batch, Context, ContextConfig, DecodeError, Model
 from ..llama.capture import CaptureSpec
 from .scorer import ScoringError, make_scorer
+from .windows import DraftWindows, Stage
 
 # Architectures with recurrent (state-space) layers: no per-token K to score against.
 RECURRENT_ARCHS = {
@@ -49,6 +50,7 @@ class DraftOptions:
     scorer: str = "auto"  # auto | native | numpy | a pflash_plugin.scorers entry point (scorer.make_scorer)
     device: int = 0  # GPU of the native scorer's captures, when the model's layers are on a GPU
     shared_duty: float = 1.0  # share of time the drafter computes while slots decode (it pauses the rest)
+    windows: DraftWindows = DraftWindows()  # one causal pass, or windows beside a sink (linear cost)
 
 
 class DrafterError(RuntimeError):
@@ -102,6 +104,7 @@ class DraftResult:
     mass: np.ndarray  # float64 [query_start]: attention mass of every token before the query
     layers_run: int
     scorer: str  # native-cpu | native-cuda | native-hip | numpy
+    windows: int  # 1: one causal pass; more: windowed (see windows.py)
     timings: dict[str, float]  # forward_ms (drafter decode, capture included), capture_ms, score_ms
 
 
@@ -114,7 +117,11 @@ class Drafter:
             raise ValueError(f"shared_duty must be in (0, 1], not {options.shared_duty}")
         self.model, self.layers, self.max_tokens = model, layers, max_tokens
         self.owns_model = owns_model
-        self.n_batch, self.shared_duty = options.n_batch, options.shared_duty
+        self.n_batch, self.shared_duty, self.windows = options.n_batch, options.shared_duty, options.windows
+        try:
+            self.windows.check(self.n_batch, max_tokens)
+        except ValueError as error:
+            raise DrafterError(str(error)) from None
         n_threads = options.n_threads
         spec = CaptureSpec(layers, model.head_dim(), model.n_head, model.n_head_kv, options.rope)
         try:
@@ -129,7 +136,7 @@ class Drafter:
         self.ctx = Context(
             self.model,
             ContextConfig(
-                n_ctx=self.max_tokens,
+                n_ctx=self.windows.context_tokens(max_tokens),
                 n_batch=self.n_batch,
                 n_ubatch=self.n_batch,
                 n_threads=n_threads,
@@ -142,6 +149,13 @@ class Drafter:
             eval_callback_data=self.scorer.callback_data,
         )
         self.ctx.set_abort(lambda: self._abort_if())
+        if self.windows.window and self.windows.sink and not self.ctx.can_shift:
+            self.close()
+            raise DrafterError(
+                f"windowed drafting with a sink moves the sink's last cell next to each window, and the "
+                f"{model.architecture} KV cache cannot shift positions: set pflash_drafter_sink 0 or "
+                "pflash_drafter_window 0"
+            )
 
     def run(
         self,
@@ -162,33 +176,56 @@ class Drafter:
         query_end = len(tokens) if query_end is None else query_end
         if not 1 <= query_start < query_end <= len(tokens):
             raise DrafterError(f"query [{query_start}, {query_end}) does not fit {len(tokens)} tokens")
-        ctx = self.ctx
+        ctx, batch = self.ctx, Batch(self.n_batch, 1)
         try:
             ctx.clear()
             self.scorer.begin(query_start, query_end)
-            batch = Batch(self.n_batch, 1)
-            forward_start, start = time.perf_counter(), 0
-            while start < query_end:
-                shared = neighbours.should_share()
-                end = min(start + (min(self.n_batch, SHARED_CHUNK) if shared else self.n_batch), query_end)
-                batch.clear()
-                batch.add_sequence(tokens[start:end], start, 0, False)
-                chunk_start = time.perf_counter()
-                self._decode_politely(batch, should_stop, neighbours.should_yield)
-                if self.scorer.error():
-                    raise DrafterError(f"capture failed: {self.scorer.error()}")
-                if shared and self.shared_duty < 1.0:
-                    time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.shared_duty - 1.0))
-                start = end
-                progress(end)
+            forward_start = time.perf_counter()
+            bridge = -1  # position of the sink's last cell, which joins each window (-1: no sink yet)
+            stages = self.windows.stages(query_end)
+            for stage in stages:
+                if stage.start > 0:
+                    bridge = self._enter_window(stage, bridge)
+                self._draft_stage(tokens[stage.start:stage.end], stage.start, batch, should_stop, progress, neighbours)
+                if stage.start == 0:
+                    bridge = min(self.windows.sink, stage.end) - 1
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:
             raise DrafterError(f"the {self.model.architecture} drafter could not score: {error}") from None
         finally:
             ctx.clear()
-        return DraftResult(mass, max(self.layers) + 1, self.scorer.name,
+            batch.close()
+        return DraftResult(mass, max(self.layers) + 1, self.scorer.name, len(stages),
                            {"forward_ms": round(forward_ms, 3), **self.scorer.timings()})
+
+    def _enter_window(self, stage: Stage, bridge: int) -> int:
+        """Drop the previous window's cells, keeping the sink, and move the sink's last cell to just
+        before this window: llama.cpp wants each sequence to continue at its last position + 1, and
+        a cell of the previous window there would carry that window into this one."""
+        self.ctx.seq_rm(0, bridge + 1, -1)
+        if bridge < 0:
+            return -1  # no sink: the sequence is empty, and may start anywhere
+        self.ctx.seq_add(0, bridge, bridge + 1, stage.start - 1 - bridge)
+        return stage.start - 1
+
+    def _draft_stage(self, tokens: list[int], pos: int, batch: Batch, should_stop: Callable[[], bool],
+                     progress: Callable[[int], None], neighbours: Neighbours) -> None:
+        """Decode `tokens` from position `pos` on, chunk by chunk and politely (see `run`)."""
+        done = 0
+        while done < len(tokens):
+            shared = neighbours.should_share()
+            end = min(done + (min(self.n_batch, SHARED_CHUNK) if shared else self.n_batch), len(tokens))
+            batch.clear()
+            batch.add_sequence(tokens[done:end], pos + done, 0, False)
+            chunk_start = time.perf_counter()
+            self._decode_politely(batch, should_stop, neighbours.should_yield)
+            if self.scorer.error():
+                raise DrafterError(f"capture failed: {self.scorer.error()}")
+            if shared and self.shared_duty < 1.0:
+                time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.shared_duty - 1.0))
+            done = end
+            progress(pos + done)
 
     def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool], should_yield: Callable[[], bool]) -> None:
         deadline = time.monotonic() + MAX_YIELD_S

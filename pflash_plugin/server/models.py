@@ -17,6 +17,7 @@ from ..llama import Model
 from ..llama.devices import gpu_free_bytes
 from ..pflash.compressor import MANDATORY_OVER_BUDGET, CompressionJob, CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
+from ..pflash.windows import DraftWindows
 from ..pflash.policy import skip_reason
 from ..pflash.query import plan_query
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
@@ -150,8 +151,12 @@ class ServedModel:
         drafter_on_gpu = on_gpu and probe.n_gpu_layers != 0
         n_batch = min(s.n_batch, DRAFT_BATCH)
 
+        windows = (DraftWindows.default(s.pflash_drafter_sink, s.pflash_drafter_causal_max, max_tokens)
+                   if s.pflash_drafter_window is None
+                   else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
+        windows.check(n_batch, max_tokens)  # at start, also for drafters loaded per prompt
         options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
-                               s.pflash_shared_duty)
+                               s.pflash_shared_duty, windows)
 
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent

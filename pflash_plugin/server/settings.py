@@ -67,6 +67,18 @@ class ModelSettings(StockModelSettings):
     pflash_drafter_gpu_layers: Optional[int] = Field(
         default=None, description="Layers of --pflash_drafter on the GPU (default: the target's n_gpu_layers)."
     )
+    pflash_drafter_window: Optional[int] = Field(
+        default=None, ge=0,
+        description="Prompts longer than pflash_drafter_causal_max are drafted in windows of this many tokens, "
+        "each attending to itself and the sink (cost linear in the prompt); 0: one causal pass always "
+        "(default: 2048 where max_ctx allows).",
+    )
+    pflash_drafter_sink: int = Field(
+        default=64, ge=0, description="First prompt tokens every drafter window attends to (drafted once)."
+    )
+    pflash_drafter_causal_max: int = Field(
+        default=16384, ge=0, description="Prompts up to this many tokens are drafted in one causal pass."
+    )
     draft_residency: Literal["auto", "persistent"] = Field(
         default="persistent", description="auto: load the drafter per prompt; persistent: keep it."
     )

@@ -1,0 +1,51 @@
+"""One request submitted straight to a served model's engine, for benchmarks that skip HTTP."""
+from __future__ import annotations
+
+import threading
+import time
+
+from ..engine.request import ErrorEvent, FinishEvent, Request, SamplingParams, TextEvent
+from ..server.models import ServedModel
+from ..server.protocol import PflashOverride
+
+
+class Run:
+    """Wall time to the request's first token (or its end), its text and its usage."""
+
+    def __init__(self, served: ServedModel, tokens: list[int], mode: str, max_tokens: int = 1) -> None:
+        self.first = threading.Event()
+        self.done = threading.Event()
+        self.token_times: list[float] = []
+        self.text = ""
+        self.usage: dict = {}
+        self.error: str | None = None
+        self.start = time.perf_counter()
+        self.request = Request(tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink=self._on_event)
+        served.plan_compression(self.request, PflashOverride(mode=mode))
+        served.engine.submit(self.request)
+
+    def _on_event(self, event) -> None:
+        now = time.perf_counter()
+        if isinstance(event, TextEvent):
+            self.token_times.extend([now] * len(event.tokens))
+            self.text += event.text
+            self.first.set()
+        elif isinstance(event, FinishEvent):
+            self.usage = event.usage
+            self.first.set()
+            self.done.set()
+        elif isinstance(event, ErrorEvent):
+            self.error = event.message
+            self.first.set()
+            self.done.set()
+
+    def wait(self, timeout: float = 600.0) -> "Run":
+        if not self.done.wait(timeout):
+            raise TimeoutError("request did not finish")
+        if self.error:
+            raise RuntimeError(self.error)
+        return self
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.token_times[0] if self.token_times else time.perf_counter()) - self.start

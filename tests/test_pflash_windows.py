@@ -1,0 +1,117 @@
+"""Windowed drafting: the plan of windows, and what the drafter captures with them (tiny models)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pflash_plugin.llama import Model
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter, DrafterError
+from pflash_plugin.pflash.windows import DraftWindows, Stage
+from pflash_plugin.testing import cached_tiny_llama
+
+
+def test_short_prompts_are_one_causal_stage():
+    windows = DraftWindows(window=256, sink=16, causal_max=1000)
+    assert windows.stages(1000) == [Stage(0, 1000)]
+    assert DraftWindows(window=0, causal_max=0).stages(50_000) == [Stage(0, 50_000)]
+    assert DraftWindows(window=256, sink=16, causal_max=0).stages(272) == [Stage(0, 272)]  # sink + one window
+
+
+@pytest.mark.parametrize("n", [273, 1000, 4096, 10_001])
+def test_windows_cover_every_token_once_in_order_and_end_with_the_query(n):
+    windows = DraftWindows(window=256, sink=16, causal_max=0)
+    stages = windows.stages(n)
+    assert stages[0].start == 0 and stages[-1].end == n and len(stages) > 1
+    assert all(a.end == b.start for a, b in zip(stages, stages[1:]))
+    assert all(s.end - s.start == 256 for s in stages[1:])  # whole windows, aligned to the end
+    assert 16 < stages[0].end <= 16 + 256  # the sink and a first (shorter) window
+    assert windows.context_tokens(n) == 16 + 256 < n
+
+
+def test_window_settings_are_checked():
+    with pytest.raises(ValueError, match="below the drafter's ubatch"):
+        DraftWindows(window=100).check(n_batch=512, max_tokens=32768)
+    with pytest.raises(ValueError, match="exceed the longest prompt"):
+        DraftWindows(window=4096, sink=64).check(n_batch=512, max_tokens=4096)
+    DraftWindows(window=0).check(n_batch=512, max_tokens=100)
+    DraftWindows(window=512).check(n_batch=512, max_tokens=32768)
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return Model(cached_tiny_llama(n_layer=4, seed=5))
+
+
+def tokens_of(model: Model, n: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(10, model.n_vocab, n)]
+
+
+WINDOWS = DraftWindows(window=128, sink=16, causal_max=0)  # 16 + 128 cells: llama.cpp's smallest context
+
+
+def windowed_drafter(model: Model, windows: DraftWindows = WINDOWS) -> Drafter:
+    return Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=windows))
+
+
+def test_a_long_prompt_drafts_in_a_context_of_sink_plus_window(model):
+    drafter = windowed_drafter(model)
+    tokens = tokens_of(model, 1200)
+    assert drafter.ctx.n_ctx < 600  # were the windows' cells not freed, 1200 tokens would not fit
+    result = drafter.run(tokens, 1190)
+    assert result.windows == len(WINDOWS.stages(1200)) == 10
+    k = drafter.scorer.tensors(2)[1]
+    assert k.shape[0] == 1190 and np.isfinite(result.mass).all() and result.mass.shape == (1190,)
+
+
+def test_a_token_outside_the_window_and_sink_changes_nothing_inside_it(model):
+    drafter = windowed_drafter(model)
+    stages = WINDOWS.stages(1000)
+    base = tokens_of(model, 1000)
+    changed_early = list(base)
+    changed_early[stages[1].start + 5] ^= 1  # inside the second window
+    changed_sink = list(base)
+    changed_sink[3] ^= 1
+
+    def captured_k(tokens: list[int]) -> np.ndarray:
+        drafter.run(tokens, 990)
+        return drafter.scorer.tensors(2)[1].copy()
+
+    k_base, k_early, k_sink = captured_k(base), captured_k(changed_early), captured_k(changed_sink)
+    late = slice(stages[3].start, stages[3].end)  # a later window
+    second = slice(stages[1].start + 6, stages[1].end)
+    np.testing.assert_array_equal(k_early[late], k_base[late])
+    assert not np.allclose(k_early[second], k_base[second])  # the change does reach its own window
+    assert not np.allclose(k_sink[late], k_base[late])  # and every window sees the sink
+
+
+def test_one_window_over_the_whole_prompt_is_the_causal_draft(model):
+    tokens = tokens_of(model, 600)
+    causal = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy"))
+    wide = windowed_drafter(model, DraftWindows(window=1024, sink=16, causal_max=0))
+    a, b = causal.run(tokens, 590), wide.run(tokens, 590)
+    assert a.windows == b.windows == 1
+    for x, y in zip(causal.scorer.tensors(2), wide.scorer.tensors(2)):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(a.mass, b.mass)
+
+
+def test_windows_below_the_ubatch_are_refused(model):
+    with pytest.raises(DrafterError, match="below the drafter's ubatch"):
+        windowed_drafter(model, DraftWindows(window=32, sink=16, causal_max=0))
+
+
+def test_the_default_window_applies_where_the_context_allows():
+    assert DraftWindows.default(sink=64, causal_max=16384, max_tokens=131072).window == 2048
+    assert DraftWindows.default(sink=64, causal_max=16384, max_tokens=2048).window == 0  # small servers: causal
+
+
+def test_an_explicit_window_that_cannot_work_stops_the_server_at_start(tiny_model):
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.settings import ModelSettings
+
+    settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1)
+    with pytest.raises(ValueError, match="pflash_drafter_window 100 is below"):
+        ServedModel(ModelSettings(**settings, pflash_drafter_window=100))
+    with pytest.raises(ValueError, match="exceed the longest prompt"):
+        ServedModel(ModelSettings(**settings, pflash_drafter_window=4096))
