@@ -52,6 +52,7 @@ class CompressionJob:
 class CompressionResult:
     tokens: list[int]  # what the target prefills (the original prompt on skip/fallback)
     report: dict[str, Any]
+    kept: list[int] | None = None  # indices of the prompt tokens kept, when compressed
 
 
 class Compressor:
@@ -108,6 +109,7 @@ class Compressor:
         report.update(
             layers_run=drafted.layers_run,
             scorer=drafted.scorer,
+            draft_windows=drafted.windows,
             draft_ms=round((t2 - t1) * 1000.0, 3),  # drafter forward, capture and scoring
             **drafted.timings,
             select_ms=round((t3 - t2) * 1000.0, 3),
@@ -122,7 +124,7 @@ class Compressor:
             segments_total=selection.segments_total,
             segments_kept=selection.segments_kept,
         )
-        return CompressionResult(kept, report)
+        return CompressionResult(kept, report, selection.token_indices())
 
     @staticmethod
     def _skip(tokens: list[int], report: dict, reason: str) -> CompressionResult:
