@@ -80,11 +80,10 @@ def test_cached_prefix_skips_compression():
 def test_queue_limit_counts_prompts_in_compression():
     sched, runner = make_scheduler(n_slots=1, max_queue=1)
     sched.handoff = lambda r: None
-    sched.add(long_request())
-    sched.schedule()
-    with pytest.raises(AdmissionError) as error:
-        sched.check(make_request([1, 2]))
-    assert error.value.status == 429
+    assert sched.submit(long_request()) is None and sched.submit(long_request()) is None
+    assert len(sched.compressing) == 2 and not sched.running  # the slot is free, but both will want it
+    error = sched.submit(make_request([1, 2]))
+    assert isinstance(error, AdmissionError) and error.status == 429
 
 
 @pytest.fixture

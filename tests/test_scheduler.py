@@ -65,16 +65,37 @@ def test_check_rejects_request_larger_than_the_pool():
     assert "17" in info.value.message and "16" in info.value.message
 
 
-def test_check_rejects_when_the_queue_is_full():
-    sched, _ = make_scheduler(max_queue=2)
-    for _ in range(2):
-        request = make_request([1, 2], 2)
-        sched.check(request)
-        sched.add(request)
+def test_more_choices_than_slots_plus_queue_can_never_be_served():
+    sched, _ = make_scheduler(n_slots=2, max_queue=4)
+    sched.check(*[make_request([1, 2], 2) for _ in range(6)])  # exactly slots + queue: may wait its turn
     with pytest.raises(AdmissionError) as info:
-        sched.check(make_request([1, 2], 2))
-    assert info.value.status == 429
-    assert info.value.type == "rate_limit_exceeded"
+        sched.check(*[make_request([1, 2], 2) for _ in range(7)])
+    assert info.value.status == 400 and info.value.type == "invalid_request_error"
+    assert "7 choices" in info.value.message and "max_concurrency" in info.value.message
+
+
+def test_requests_that_fit_free_slots_are_admitted_with_no_queue():
+    sched, _ = make_scheduler(n_slots=2, max_queue=0)
+    a, b = make_request([1, 2], 2), make_request([3, 4], 2)
+    assert sched.submit(a, b) is None
+    assert a.status is b.status is RequestStatus.PREFILLING
+    late = make_request([5, 6], 2)
+    error = sched.submit(late)
+    sched.emit()
+    assert error is not None and error.status == 429 and error.type == "rate_limit_exceeded"
+    assert late.status is RequestStatus.FINISHED_REJECTED and [e.status for e in sink_of(late).errors] == [429]
+
+
+def test_a_clients_requests_are_admitted_all_or_none():
+    sched, _ = make_scheduler(n_slots=2, max_queue=4)
+    first = make_request([1, 2], 2)
+    assert sched.submit(first) is None
+    group = [make_request([10 + i, 11 + i], 2) for i in range(6)]  # 1 + 6 > 2 + 4
+    assert sched.submit(*group).status == 429
+    assert all(r.status is RequestStatus.FINISHED_REJECTED for r in group)
+    assert sched.running == [first] and not sched.waiting  # none of them holds a slot or a place
+    assert sched.submit(*[make_request([20 + i, 21 + i], 2) for i in range(5)]) is None
+    assert len(sched.running) == 2 and len(sched.waiting) == 4
 
 
 def test_common_prefix():

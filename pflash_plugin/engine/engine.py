@@ -11,7 +11,8 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..llama import DecodeError
@@ -24,7 +25,8 @@ _JOIN_MARGIN_S = 30.0  # shutdown waits this long past the grace for a step in f
 
 @dataclass(frozen=True)
 class Submit:
-    requests: tuple[Request, ...]  # admitted together, so they can share their first step
+    requests: tuple[Request, ...]  # admitted together (or refused together), sharing their first step
+    answer: Future = field(default_factory=Future)  # None once admitted, or the AdmissionError
 
 
 @dataclass(frozen=True)
@@ -96,18 +98,22 @@ class Engine:
         self._thread.start()
 
     # ---- called from any thread ------------------------------------------------------------
-    def submit(self, *requests: Request) -> None:
-        """Queue requests (together: admitted in the same step when slots allow); raises
-        AdmissionError at once for what can never be served, or while the engine cannot serve."""
+    def submit(self, *requests: Request) -> Future:
+        """Hand requests to the engine thread, which admits them all or none (in the same step
+        when slots allow). Raises AdmissionError at once for what can never be served, or while
+        the engine cannot serve; the engine thread's answer, judged on its own state, comes in
+        the returned future: None once admitted (running or queued), or the AdmissionError (429,
+        503) it refused them with (the requests also end with that error as their event)."""
         if self._failure is not None:
             raise AdmissionError(503, f"the model {self.name} failed: {self._failure}", "service_unavailable")
-        for request in requests:
-            self.scheduler.check(request)  # reads only immutable limits and the queue length
+        self.scheduler.check(*requests)  # reads only fixed limits
+        message = Submit(requests)
         with self._closing_lock:
             if self._closing:
                 raise AdmissionError(503, "the server is shutting down", "service_unavailable")
-            self._post(Submit(requests))
+            self._post(message)
         self._arrival.set()
+        return message.answer
 
     def cancel(self, request: Request) -> None:
         """Finish the request as cancelled before the next step; its slot and pages come back."""
@@ -210,8 +216,7 @@ class Engine:
             except queue.Empty:
                 return
             if isinstance(message, Submit):
-                for request in message.requests:
-                    self._guarded(request, "admission", self._admit, request)
+                self._admit(message)
             elif isinstance(message, Cancel):
                 self._guarded(message.request, "cancelling", self.scheduler.finish, message.request,
                               RequestStatus.FINISHED_CANCELLED)
@@ -230,13 +235,24 @@ class Engine:
         except Exception as error:
             self.scheduler.fail(request, error, what)
 
-    def _admit(self, request: Request) -> None:
-        if self._failure is not None or self._deadline is not None:
-            reason = f"the model {self.name} failed: {self._failure}" if self._failure else "the server is shutting down"
-            error = ErrorEvent(503, reason, "service_unavailable")
-            self.scheduler.finish(request, RequestStatus.FINISHED_REJECTED, error)
+    def _admit(self, message: Submit) -> None:
+        """Admit or refuse a client's requests together and answer its submit; an exception
+        fails these requests alone."""
+        try:
+            if self._failure is not None or self._deadline is not None:
+                reason = f"the model {self.name} failed: {self._failure}" if self._failure else "the server is shutting down"
+                refusal: AdmissionError | None = AdmissionError(503, reason, "service_unavailable")
+                self.scheduler.refuse(message.requests, refusal)
+            else:
+                refusal = self.scheduler.submit(*message.requests)
+        except Exception as error:
+            for request in message.requests:
+                self.scheduler.fail(request, error, "admission")
+            refusal = AdmissionError(500, f"admission failed: {type(error).__name__}: {error}", "server_error")
+        if refusal is None:
+            message.answer.set_result(None)
         else:
-            self.scheduler.submit(request)
+            message.answer.set_exception(refusal)
 
     def _run(self, step: Step) -> None:
         self._preemptible = self.scheduler.preemptible(step)

@@ -128,12 +128,24 @@ class Scheduler:
 
     # ---- admission -------------------------------------------------------------------------
     @property
-    def queued(self) -> int:
-        """Requests that wait for a slot (compression included): what max_queue bounds."""
-        return len(self.waiting) + len(self.prepared) + len(self.compressing)
+    def capacity(self) -> int:
+        """Live requests (running, queued, compressing) the engine holds at most: slots + max_queue."""
+        return len(self.slots) + self.max_queue
 
-    def check(self, request: Request) -> None:
-        """Reject what can never be served, before it queues (HTTP 400 / 429)."""
+    def check(self, *requests: Request) -> None:
+        """Refuse what can never be served, whatever the load (HTTP 400). Reads only fixed limits,
+        so any thread may call it; the load is judged by `submit`, on the engine thread."""
+        if len(requests) > self.capacity:
+            raise AdmissionError(
+                400,
+                f"{len(requests)} choices can never be served together: this model runs "
+                f"{len(self.slots)} at once (max_concurrency) and queues {self.max_queue} more (max_queue)",
+                "invalid_request_error",
+            )
+        for request in requests:
+            self._check_fits(request)
+
+    def _check_fits(self, request: Request) -> None:
         n_prompt = len(request.prompt_tokens)
         if n_prompt == 0:
             raise AdmissionError(400, "the prompt is empty", "invalid_request_error")
@@ -152,24 +164,39 @@ class Scheduler:
                 f"{self.pool.n_pages * self.pool.page_size}",
                 "context_length_exceeded",
             )
-        if self.queued >= self.max_queue:
-            raise AdmissionError(429, "the request queue is full, retry later", "rate_limit_exceeded")
 
-    def submit(self, request: Request) -> None:
-        """Admission on the engine thread: queued requests that a free slot can take are moved
-        into it first, and a request nobody waits ahead of goes straight into a free slot, so the
-        queue limit counts only the requests that really wait (also as other threads see it)."""
+    def submit(self, *requests: Request) -> AdmissionError | None:
+        """Admission on the engine thread, all of a client's requests or none: admitted while the
+        live requests stay within slots + max_queue (so one that a free slot can take is admitted
+        whatever max_queue is), else each is finished as refused and the error is returned.
+        Queued requests that a free slot can take move into it first; an admitted request nobody
+        waits ahead of goes straight into a free slot."""
         self.admit()
         try:
-            self.check(request)
+            self.check(*requests)
+            live = len(self.live)
+            if live + len(requests) > self.capacity:
+                raise AdmissionError(
+                    429,
+                    f"no room for {len(requests)} more request(s): {live} are running or queued, of "
+                    f"{self.capacity} ({len(self.slots)} slots + max_queue {self.max_queue}); retry later",
+                    "rate_limit_exceeded",
+                )
         except AdmissionError as error:
-            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(error.status, error.message, error.type))
-            return
-        if request.compression is None and not self.waiting and not self.prepared and self._place(request):
-            self._start(request)
-            return
-        self.add(request)
+            self.refuse(requests, error)
+            return error
+        for request in requests:
+            if request.compression is None and not self.waiting and not self.prepared and self._place(request):
+                self._start(request)
+            else:
+                self.add(request)
         self.admit()
+        return None
+
+    def refuse(self, requests: tuple[Request, ...], error: AdmissionError) -> None:
+        """End requests that were never admitted with the refusal as their event."""
+        for request in requests:
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(error.status, error.message, error.type))
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING

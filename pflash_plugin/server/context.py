@@ -2,6 +2,7 @@
 module-level routers serve any number of apps in one process."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -25,10 +26,12 @@ class ServerContext:
         metrics = Metrics(lambda: {name: m.engine.status() for name, m in models.models.items()})
         return cls(settings, models, metrics)
 
-    def submit(self, served: ServedModel, request: EngineRequest) -> None:
-        """Queue a request on its model's engine; what can never be served is a RequestError."""
+    async def submit(self, served: ServedModel, requests: list[EngineRequest]) -> None:
+        """Hand a client's requests (its n choices) to their model's engine and wait for the engine
+        thread's answer, so that a refusal (400, 429, 503) is a RequestError before any byte of
+        the response, streamed or not."""
         try:
-            served.engine.submit(request)
+            await asyncio.wrap_future(served.engine.submit(*requests))
         except AdmissionError as error:
             self.metrics.errors.labels(served.name, str(error.status)).inc()
             raise RequestError(error.status, error.message, error.type, code=error.type) from None

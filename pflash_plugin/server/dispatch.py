@@ -1,5 +1,7 @@
 """The one place where engine events become an HTTP answer: a JSON body or an SSE stream, for one
-choice or n of them, and where a client that leaves cancels what it asked for.
+choice or n of them, and where a client that leaves cancels what it asked for. The engine thread
+admits or refuses a client's n requests together before the answer starts, so a refusal is an
+error response, never a 200 stream that ends in an error.
 
 Cancellation owns three cases: a non-streamed request whose client disconnects (watched while it
 decodes), a stream that ends or breaks, and a stream whose client left before the SSE generator
@@ -21,7 +23,7 @@ from ..engine.request import ErrorEvent, FinishEvent, Request as EngineRequest, 
 from .context import ServerContext
 from .errors import error_response
 from .models import ServedModel
-from .protocol import error_body
+from .protocol import RequestError, error_body
 from .responses import Choice, envelope, merge_usage, new_id
 
 _GONE = object()  # queued when the client of a non-streamed request disconnects
@@ -55,13 +57,14 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
         request.sink = lambda event, i=index: loop.call_soon_threadsafe(events.put_nowait, (i, event))
-    for submitted, request in enumerate(gen.requests):
-        try:
-            ctx.submit(gen.served, request)
-        except BaseException:
-            gen.done.update(range(submitted, len(gen.requests)))  # never queued: nothing to cancel
-            gen.cancel_unfinished()
-            raise
+    try:
+        await ctx.submit(gen.served, gen.requests)
+    except RequestError:
+        gen.done.update(range(len(gen.requests)))  # refused, all of them: nothing to cancel
+        raise
+    except BaseException:
+        gen.cancel_unfinished()  # the client left while the engine was answering
+        raise
     if stream:
         ping = 10**9 if ctx.settings.disable_ping_events else ctx.settings.sse_ping_seconds
         # comment pings keep the stream alive while a prompt waits or is compressed
