@@ -1,7 +1,10 @@
 """Where the question sits in a prompt: the tokens that score, and the spans that must survive."""
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import Callable
 
 from .selection import Segment
 
@@ -33,26 +36,35 @@ class QueryPlan:
         return len(kept) <= budget
 
 
-def locate_text(pieces: list[bytes], text: str, before: int | None = None) -> tuple[int, int] | None:
-    """Token range covering the last occurrence of `text` in the detokenized prompt."""
-    needle = text.encode("utf-8")
-    if not needle:
-        return None
-    joined = b"".join(pieces)
-    at = joined.rfind(needle, 0, before if before is not None else len(joined))
-    if at < 0:
-        return None
-    end_byte = at + len(needle)
-    start = end = None
-    offset = 0
-    for i, piece in enumerate(pieces):
-        if start is None and offset + len(piece) > at:
-            start = i
-        offset += len(piece)
-        if offset >= end_byte:
-            end = i + 1
-            break
-    return (start, end) if start is not None and end is not None else None
+class PromptBytes:
+    """The detokenized prompt, joined in blocks of tokens whose byte ends are kept: a token's byte
+    offset is then a bisection over blocks and a scan of one block, not a Python step per token of
+    the prompt (12-16 ms at 128K tokens)."""
+
+    BLOCK = 256
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+        blocks = [b"".join(pieces[i : i + self.BLOCK]) for i in range(0, len(pieces), self.BLOCK)]
+        self.joined = b"".join(blocks)
+        self.block_ends = list(accumulate(map(len, blocks)))
+
+    def locate(self, text: str) -> tuple[int, int] | None:
+        """Token range covering the last occurrence of `text`: from the first token ending past
+        the match's first byte through the first reaching its last."""
+        needle = text.encode("utf-8")
+        at = self.joined.rfind(needle) if needle else -1
+        if at < 0:
+            return None
+        return self._token_ending(at, bisect_right), self._token_ending(at + len(needle), bisect_left) + 1
+
+    def _token_ending(self, byte: int, bisect: Callable[[list[int], int], int]) -> int:
+        """The first token whose end is past `byte` (bisect_right) or at or past it (bisect_left)."""
+        block = bisect(self.block_ends, byte)
+        first = block * self.BLOCK
+        before = self.block_ends[block - 1] if block else 0
+        ends = list(accumulate(map(len, self.pieces[first : first + self.BLOCK]), initial=before))
+        return first + bisect(ends, byte) - 1
 
 
 def plan_query(
@@ -70,15 +82,16 @@ def plan_query(
     tokens (the BOS and the prompt's first words)."""
     n = len(pieces)
     head_end = min(min_head, n)
-    if system:
-        span = locate_text(pieces, system)
+    text = PromptBytes(pieces) if system or last_user else None
+    if system and text:
+        span = text.locate(system)
         if span:
             head_end = max(head_end, span[1])
     if explicit:
         return QueryPlan(n, n + len(explicit), head_end, tuple(explicit))
     end = n
-    if last_user:
-        span = locate_text(pieces, last_user.rstrip())
+    if last_user and text:
+        span = text.locate(last_user.rstrip())
         if span:
             end = span[1]
     start = max(head_end, end - n_query, 1)
