@@ -96,13 +96,16 @@ def main() -> None:
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--arms", nargs="+", default=["self-default", "self-L1", "drafter"])
+    parser.add_argument("--arms", nargs="+", default=["drafter", "drafter-causal", "self-default", "self-default-causal"])
     parser.add_argument("--concurrency", type=int, default=65536, help="long prompt for the decode test (0: skip)")
     parser.add_argument("--duties", type=float, nargs="+", default=[1.0, 0.5], help="pflash_shared_duty values")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     n_ctx = max(args.lengths) + 1024
-    arms = {"self-default": {}, "self-L1": {"pflash_layers": [1]}, "drafter": {"pflash_drafter": args.drafter}}
+    causal = {"pflash_drafter_window": 0}  # the windowed arms use the default (windows above 16K tokens)
+    arms = {"self-default": {}, "self-L1": {"pflash_layers": [1]}, "drafter": {"pflash_drafter": args.drafter},
+            "self-default-causal": causal, "self-L1-causal": {"pflash_layers": [1], **causal},
+            "drafter-causal": {"pflash_drafter": args.drafter, **causal}}
     results: dict = {"ttft": [], "decode": None}
     for arm in args.arms:
         t0 = time.perf_counter()
