@@ -7,6 +7,7 @@ import os
 import llama_cpp.llama_cpp as C
 
 from .backend import init_backend
+from .cpu_path import CpuPath, verdict
 
 
 class Model:
@@ -18,7 +19,9 @@ class Model:
         use_mlock: bool = False,
         vocab_only: bool = False,
         verbose: bool = False,
+        use_extra_bufts: bool | None = None,
     ) -> None:
+        """`use_extra_bufts` None: this process's CPU path decides (see cpu_path.py: AMX probe)."""
         init_backend(verbose)
         if not os.path.exists(path):
             raise FileNotFoundError(f"model file not found: {path}")
@@ -27,6 +30,12 @@ class Model:
         params.use_mmap = use_mmap
         params.use_mlock = use_mlock
         params.vocab_only = vocab_only
+        if use_extra_bufts is not None or vocab_only:  # a vocabulary computes nothing: no probe
+            chosen = CpuPath(use_extra_bufts is not False, "set by the caller")
+        else:
+            chosen = verdict()
+        params.use_extra_bufts = chosen.use_extra_bufts
+        self.cpu_path = chosen.label  # reported on /status
         self.path = os.fspath(path)
         self.n_gpu_layers = n_gpu_layers  # layers asked on the GPU (0: none; the scorer follows them)
         self.ptr = C.llama_model_load_from_file(self.path.encode(), params)

@@ -94,17 +94,20 @@ def write_tiny_llama(
     f16: bool = False,
     add_space_prefix: bool = False,
     tiled: bool = False,
+    quant: str | None = None,
 ) -> pathlib.Path:
     """Write a deterministic random-weight llama GGUF to ``path`` and return it.
 
     ``vocab_extra`` appends dummy tokens so n_vocab differs (vocab-mismatch tests).
     ``tiled`` draws one random array per tensor shape and repeats it in every layer: an 8B-class
     F16 model then writes in about a minute (for timing; weights repeat across layers).
+    ``quant`` ("q8_0", "q4_0") quantizes the layers' matrices: the types that ggml's AMX and
+    repacked CPU kernels take (the AMX probe needs them; F32 and F16 never reach those kernels).
     ``add_space_prefix`` defaults to False (like Gemma) so detokenize(tokenize(s)) == s
     even without BOS; True mimics Llama-2/Mistral, whose leading " " llama-cpp-python
     only strips when the first token is BOS.
     """
-    import gguf  # dev-only dependency
+    import gguf
 
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must divide by n_head and n_head by n_head_kv")
@@ -125,9 +128,22 @@ def write_tiny_llama(
             drawn[shape] = array
         return array
 
+    qtype = getattr(gguf.GGMLQuantizationType, quant.upper()) if quant else None
+
+    def matrix(*shape: int) -> dict[str, Any]:
+        """add_tensor arguments of a layer matrix: quantized when asked."""
+        array = rand(*shape)
+        if qtype is None:
+            return {"tensor": array}
+        return {"tensor": gguf.quants.quantize(array.astype(np.float32), qtype), "raw_dtype": qtype}
+
+    if quant:
+        file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{quant.upper()}")
+    else:
+        file_type = gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("pflash-tiny-llama")
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32))
+    w.add_file_type(int(file_type))
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
@@ -166,14 +182,14 @@ def write_tiny_llama(
     w.add_tensor("token_embd.weight", embd)
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
-        w.add_tensor(f"blk.{i}.attn_q.weight", rand(n_embd, n_embd))
-        w.add_tensor(f"blk.{i}.attn_k.weight", rand(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_v.weight", rand(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_output.weight", rand(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_q.weight", **matrix(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_k.weight", **matrix(n_head_kv * head_dim, n_embd))
+        w.add_tensor(f"blk.{i}.attn_v.weight", **matrix(n_head_kv * head_dim, n_embd))
+        w.add_tensor(f"blk.{i}.attn_output.weight", **matrix(n_embd, n_embd))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", **matrix(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", **matrix(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", **matrix(n_embd, n_ff))
     w.add_tensor("output_norm.weight", ones)
     w.add_tensor("output.weight", out)
 
