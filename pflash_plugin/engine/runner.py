@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..llama import Batch, Context, Model, SamplerChain
+from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain
 from .request import Request, TokenOutput
 from .scheduler import Step
 
@@ -16,7 +16,7 @@ class LlamaRunner:
         self.batch = Batch(ctx.n_batch, 1)
         self._samplers: dict[int, SamplerChain] = {}
         self._logprobs: dict[int, int | None] = {}
-        self._eog_tokens: list[int] | None = None  # found on first use of min_tokens
+        self._eog_tokens: list[int] | None = None  # found on first use
 
     # ---- KVOps -----------------------------------------------------------------------------
     def seq_rm(self, slot: int, start: int) -> None:
@@ -90,14 +90,21 @@ class LlamaRunner:
             self._suppress_eog(row)
         top_n = self._logprobs.get(request.slot)
         logits = self.ctx.logits(row) if top_n is not None else None
-        token = self._samplers[request.slot].sample(self.ctx, row)
+        try:
+            token = self._samplers[request.slot].sample(self.ctx, row)
+        except GrammarExhausted:  # the grammar allows nothing more: the generation ends here
+            token = self._eog()[0]
         return _with_logprobs(token, logits, top_n)
 
     def _suppress_eog(self, row: int) -> None:
-        """min_tokens: end-of-generation tokens get -inf before the sampler sees the row."""
+        """min_tokens: end-of-generation tokens get -inf before the sampler sees the row (where a
+        grammar allows nothing else, the sampler still ends the generation)."""
+        self.ctx.set_logits(row, self._eog(), float("-inf"))
+
+    def _eog(self) -> list[int]:
         if self._eog_tokens is None:
             self._eog_tokens = [t for t in range(self.model.n_vocab) if self.model.is_eog(t)]
-        self.ctx.set_logits(row, self._eog_tokens, float("-inf"))
+        return self._eog_tokens
 
 
 def _with_logprobs(token: int, logits: np.ndarray | None, top_n: int | None) -> TokenOutput:

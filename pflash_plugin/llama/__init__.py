@@ -3,6 +3,7 @@ from .backend import init_backend
 from .batch import Batch
 from .context import Context, ContextConfig, DecodeError
 from .model import Model
-from .sampler import SamplerChain
+from .sampler import GrammarError, GrammarExhausted, SamplerChain, check_grammar
 
-__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "Model", "SamplerChain", "init_backend"]
+__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "GrammarError", "GrammarExhausted", "Model", "SamplerChain",
+           "check_grammar", "init_backend"]

@@ -1,9 +1,20 @@
-"""A per-request llama.cpp sampler chain built from OpenAI-style parameters."""
+"""A per-request llama.cpp sampler chain built from OpenAI-style parameters.
+
+A grammar is the one sampler whose `accept` throws (a C++ exception through ctypes aborts the
+process) when handed a token it does not allow, and llama.cpp hands it one whenever every allowed
+candidate ends at -inf (min_tokens holding end-of-generation back, a penalty overflowing, NaN from
+an extreme temperature). So a grammar never sits in the native chain: `SamplerChain.sample`
+computes the allowed set itself, lets the chain choose among those tokens only, checks the choice,
+and only then accepts it.
+"""
 from __future__ import annotations
 
+import ctypes
 import random
+import re
 from typing import Mapping
 
+import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .context import Context
@@ -14,8 +25,71 @@ class GrammarError(ValueError):
     pass
 
 
+class GrammarExhausted(RuntimeError):
+    """The grammar allows no token at all here, not even end-of-generation."""
+
+
+# llama.cpp parses and checks grammars recursively: a grammar nested ~18K groups deep, or whose rule
+# references chain ~50K rules deep, overflows an 8 MiB thread stack (SIGSEGV). Each `{m,n}` also
+# expands into up to n rules. These bounds sit far below that and far above real grammars.
+MAX_GRAMMAR_NESTING = 256
+MAX_GRAMMAR_RULES = 20_000
+_GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]*')  # literals, classes, tokens, comments
+_GBNF_BOUND = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def check_grammar_size(grammar: str) -> None:
+    """Refuse a GBNF grammar whose nesting or rule count could overflow llama.cpp's stack."""
+    code = _GBNF_INERT.sub(" ", grammar)
+    steps = np.frombuffer(code.encode("utf-8", "replace"), np.uint8)
+    depth = np.cumsum((steps == ord("(")).astype(np.int64) - (steps == ord(")")))
+    if depth.size and depth.max() > MAX_GRAMMAR_NESTING:
+        raise GrammarError(f"the grammar nests groups over {MAX_GRAMMAR_NESTING} deep")
+    repeats = sum(max(_count(lo), _count(hi)) for lo, hi in _GBNF_BOUND.findall(code))
+    rules = code.count("::=") + code.count("(") + sum(code.count(op) for op in "*+?") + repeats
+    if rules > MAX_GRAMMAR_RULES:
+        raise GrammarError(f"the grammar expands to over {MAX_GRAMMAR_RULES} rules")
+
+
+def _count(digits: str) -> int:
+    """A repetition bound, saturated at 10**7 (Python refuses to read ints of over 4,300 digits)."""
+    digits = digits.lstrip("0")
+    return int(digits or 0) if len(digits) <= 7 else 10**7
+
+
+def check_grammar(model: Model, grammar: str) -> None:
+    """Raise GrammarError unless llama.cpp accepts `grammar` for this model's vocabulary."""
+    C.llama_sampler_free(_grammar_sampler(model, grammar))
+
+
+def _grammar_sampler(model: Model, grammar: str):
+    check_grammar_size(grammar)
+    sampler = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+    if not sampler:
+        raise GrammarError("the grammar could not be parsed (GBNF with a 'root' rule expected)")
+    return sampler
+
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+assert _TOKEN_DATA.itemsize == ctypes.sizeof(C.llama_token_data)
+
+
+class _Candidates:
+    """One reusable llama_token_data array over the whole vocabulary, with a numpy view of it."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.raw = (C.llama_token_data * n_vocab)()
+        self.view = np.frombuffer(self.raw, dtype=_TOKEN_DATA)
+        self.ids = np.arange(n_vocab, dtype=np.int32)
+
+    def fill(self, logits: np.ndarray | float) -> C.llama_token_data_array:
+        self.view["id"], self.view["logit"], self.view["p"] = self.ids, logits, 0.0
+        data = ctypes.cast(self.raw, C.llama_token_data_p)
+        return C.llama_token_data_array(data=data, size=len(self.ids), selected=-1, sorted=False)
+
+
 class SamplerChain:
-    """grammar -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
+    """[grammar] -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     (or temp -> mirostat v1/v2). Temperature <= 0 means greedy. The chain owns its samplers; `close` frees all of them.
     """
 
@@ -42,12 +116,11 @@ class SamplerChain:
         params = C.llama_sampler_chain_default_params()
         params.no_perf = True
         self.ptr = C.llama_sampler_chain_init(params)
+        self.grammar = None
         try:
             if grammar:
-                sampler = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
-                if not sampler:
-                    raise GrammarError("the grammar could not be parsed (GBNF with a 'root' rule expected)")
-                self._add(sampler)
+                self.grammar = _grammar_sampler(model, grammar)
+                self._candidates = _Candidates(model.n_vocab)
             if logit_bias:
                 biases = (C.llama_logit_bias * len(logit_bias))()
                 for i, (token, bias) in enumerate(logit_bias.items()):
@@ -91,10 +164,35 @@ class SamplerChain:
         C.llama_sampler_chain_add(self.ptr, sampler)
 
     def sample(self, ctx: Context, index: int) -> int:
-        """Sample from batch row `index` and accept the token (penalties, grammar state)."""
-        return C.llama_sampler_sample(self.ptr, ctx.ptr, index)
+        """Sample from batch row `index` and accept the token (penalties, grammar state).
+        Raises GrammarExhausted where the grammar allows nothing."""
+        if self.grammar is None:  # no sampler left that can throw: the native path
+            return C.llama_sampler_sample(self.ptr, ctx.ptr, index)
+        allowed = self._allowed()
+        logits = np.where(allowed, ctx.logits(index), -np.inf)
+        candidates = self._candidates.fill(logits)
+        C.llama_sampler_apply(self.ptr, ctypes.byref(candidates))
+        selected = candidates.selected
+        token = candidates.data[selected].id if 0 <= selected < candidates.size else -1
+        if not (0 <= token < allowed.size and allowed[token]):  # every allowed logit was -inf or NaN
+            token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
+        C.llama_sampler_accept(self.grammar, token)
+        C.llama_sampler_accept(self.ptr, token)
+        return token
+
+    def _allowed(self) -> np.ndarray:
+        """The grammar's verdict on every token, whatever the logits (it only writes -inf)."""
+        candidates = self._candidates.fill(0.0)
+        C.llama_sampler_apply(self.grammar, ctypes.byref(candidates))
+        allowed = self._candidates.view["logit"] == 0.0
+        if not allowed.any():
+            raise GrammarExhausted("the grammar allows no further token")
+        return allowed
 
     def close(self) -> None:
+        if self.grammar:
+            C.llama_sampler_free(self.grammar)
+            self.grammar = None
         if self.ptr:
             C.llama_sampler_free(self.ptr)
             self.ptr = None

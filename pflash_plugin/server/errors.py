@@ -3,7 +3,7 @@ answer the same way in our app and in any app they are mounted into: an invalid 
 `invalid_request_error` naming the field, never FastAPI's 422."""
 from __future__ import annotations
 
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, Iterator
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,13 +28,54 @@ def validation_error_response(error: RequestValidationError) -> JSONResponse:
     return error_response(400, f"{field}: {message}" if field else message, "invalid_request_error", field)
 
 
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    """Every string of a JSON value (dict keys too) with the dotted path of its field."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield path, key
+            yield from _strings(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{path}.{i}" if path else str(i))
+
+
+def unencodable_field(body: Any) -> str | None:
+    """The first field holding text that UTF-8 cannot encode (JSON lets a lone surrogate such as
+    "\\udcff" through; llama.cpp takes bytes), as a dotted path; None if all text is fine."""
+    for path, text in _strings(body, ""):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+    return None
+
+
+async def _unencodable_request_field(request: Request) -> str | None:
+    """Checked before FastAPI parses the body (the parsed JSON is cached on the request and
+    reused); a body that is not JSON is left to FastAPI's own error."""
+    if "json" not in request.headers.get("content-type", "json"):
+        return None
+    try:
+        body = await request.json() if await request.body() else None
+    except ValueError:
+        return None
+    return unencodable_field(body)
+
+
 class OpenAIRoute(APIRoute):
-    """Turns validation errors, RequestError and HTTPException into OpenAI error bodies."""
+    """Turns validation errors, RequestError and HTTPException into OpenAI error bodies, and
+    refuses text that cannot be encoded before anything reads it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
+            field = await _unencodable_request_field(request)
+            if field is not None:
+                message = f"{field}: the text is not valid Unicode (a lone surrogate cannot be encoded as UTF-8)"
+                return error_response(400, message, "invalid_request_error", field)
             try:
                 return await handler(request)
             except RequestValidationError as error:

@@ -13,6 +13,7 @@ from llama_cpp import llama_grammar
 
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
+from ..llama import GrammarError, check_grammar
 from .dispatch import Generation
 from .models import ServedModel
 from .protocol import MAX_N, ChatCompletionRequest, CompletionRequest, RequestError, sampling_params
@@ -34,6 +35,16 @@ def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
+def _checked_grammar(served: ServedModel, grammar: str | None, param: str) -> str | None:
+    """A grammar that llama.cpp will take: refused here, before any stream starts."""
+    if grammar:
+        try:
+            check_grammar(served.model, grammar)
+        except GrammarError as error:
+            raise RequestError(400, f"{param}: {error}", param=param) from None
+    return grammar
+
+
 def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
     if body.suffix:
         raise RequestError(400, "suffix is not supported", param="suffix")
@@ -41,35 +52,37 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
     if len(prompts) * (body.n or 1) > MAX_N:
         raise RequestError(400, f"{len(prompts)} prompts x n={body.n} is over {MAX_N} choices", param="n")
     bias = served.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
+    grammar = _checked_grammar(served, body.grammar, "grammar")
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
     for tokens, text in prompts:
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
-                                 logprobs=body.logprobs, grammar=body.grammar, logit_bias=bias)
+                                 logprobs=body.logprobs, grammar=grammar, logit_bias=bias)
         for sample in _samples(params, body.n or 1):
             request = EngineRequest(tokens, sample)
-            served.plan_compression(request, body.pflash, json_format=bool(body.grammar))
+            served.plan_compression(request, body.pflash, json_format=bool(grammar))
             requests.append(request)
             choices.append(CompletionChoice(len(choices), served.model.piece, text if body.echo else "", body.logprobs is not None))
     return Generation(served, requests, choices, "text_completion", "text_completion",
                       sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
 
 
-def _chat_grammar(body: ChatCompletionRequest) -> str | None:
+def _chat_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | None:
     if not (body.response_format and body.response_format.get("type") == "json_object"):
-        return body.grammar
+        return _checked_grammar(served, body.grammar, "grammar")
     schema = body.response_format.get("schema")
     try:
-        return llama_grammar.json_schema_to_gbnf(json.dumps(schema)) if schema else llama_grammar.JSON_GBNF
+        grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema)) if schema else llama_grammar.JSON_GBNF
     except Exception as error:
         raise RequestError(400, f"response_format schema is not usable: {error}", param="response_format") from None
+    return _checked_grammar(served, grammar, "response_format")
 
 
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
     if not body.messages:
         raise RequestError(400, "messages must contain at least one message", param="messages")
     rendered = served.render_chat([dict(m) for m in body.messages], body.tools, body.tool_choice)
-    grammar = _chat_grammar(body)
+    grammar = _chat_grammar(served, body)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
         body,

@@ -1,6 +1,7 @@
 """OpenAI request types (llama_cpp.server's, extended), the error shape, and sampling parameters."""
 from __future__ import annotations
 
+import math
 from typing import List, Literal, Optional, Union
 
 from llama_cpp.server.types import CreateChatCompletionRequest as StockChatRequest
@@ -56,6 +57,19 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range is -100..100
+
+
+def _check_sampling_numbers(body: CompletionRequest | ChatCompletionRequest, logit_bias: dict[int, float]) -> None:
+    """JSON as Python reads it allows NaN and Infinity: no such number reaches llama.cpp."""
+    for name in ("temperature", "repeat_penalty"):
+        if not math.isfinite(getattr(body, name)):
+            raise RequestError(400, f"{name} must be a finite number", param=name)
+    if body.temperature < 0:
+        raise RequestError(400, "temperature must be >= 0", param="temperature")
+    for token, bias in logit_bias.items():
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails this too
+            raise RequestError(400, f"logit_bias of token {token} is {bias}: the range is -100..100", param="logit_bias")
 
 
 def sampling_params(
@@ -67,8 +81,7 @@ def sampling_params(
     logit_bias: dict[int, float],
 ) -> SamplingParams:
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
-    if body.temperature < 0:
-        raise RequestError(400, "temperature must be >= 0", param="temperature")
+    _check_sampling_numbers(body, logit_bias)
     if logprobs is not None and logprobs > MAX_LOGPROBS:  # each token would carry that many alternatives
         param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
         raise RequestError(400, f"at most {MAX_LOGPROBS} log probabilities per token", param=param)

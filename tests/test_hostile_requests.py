@@ -1,0 +1,102 @@
+"""Requests that once aborted the server, or got a 500, against a real server process: each answers
+200 or 400, and the server stays healthy (a regression kills the child, not pytest)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from pflash_plugin.testing.native_fuzz import COMPLETIONS, seed_cases, server_process
+
+DEEP_GRAMMAR = "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000  # parsed recursively: overflows the stack
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    with server_process(tiny_model, tmp_path_factory.mktemp("hostile") / "server.log") as server:
+        yield server
+
+
+def post(server, path: str, raw: str) -> httpx.Response:
+    """A body sent as written (JSON as Python reads it: -1e999 is -inf, "\\udcff" a lone surrogate)."""
+    try:
+        response = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    except httpx.HTTPError as error:
+        pytest.fail(f"no answer ({error!r}); the server {server.death() or 'is alive'}")
+    assert server.proc.poll() is None, server.death()
+    return response
+
+
+def healthy(server) -> bool:
+    return httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_the_requests_that_aborted_the_server_answer_and_leave_it_healthy(server):
+    answers = [post(server, path, json.dumps(body)) for path, body in seed_cases([2])]
+    assert [a.status_code for a in answers] == [200, 400, 200, 200]
+    only_eog, infinite_bias, held_eog, json_bool = [a.json() for a in answers]
+    # the grammar allows "a" then only the end: min_tokens cannot hold the end back past it
+    assert only_eog["choices"][0]["text"] == "a" and only_eog["choices"][0]["finish_reason"] == "stop"
+    assert infinite_bias["error"]["param"] == "logit_bias"
+    assert held_eog["choices"][0]["text"] == "a"
+    assert json_bool["choices"][0]["message"]["content"].strip() in ("true", "false")
+    assert healthy(server)
+
+
+def test_a_grammar_that_allows_nothing_ends_the_generation(server):
+    """No token (not even the end) matches: llama.cpp would accept a forbidden one and abort."""
+    for grammar in ['root ::= "\\x00"', "root ::= <[999999]>"]:  # no token holds a NUL; no such token
+        answer = post(server, COMPLETIONS, json.dumps({"prompt": "Hi", "max_tokens": 4, "min_tokens": 2, "grammar": grammar}))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"] == ""
+    assert healthy(server)
+
+
+@pytest.mark.parametrize("raw, param", [
+    ('{"prompt": "\\udcff"}', "prompt"),
+    ('{"prompt": ["ok", "\\ud800x"]}', "prompt.1"),
+    ('{"prompt": "hi", "stop": ["\\udcff"]}', "stop.0"),
+    ('{"prompt": "hi", "grammar": "root ::= \\"\\udcff\\""}', "grammar"),
+    ('{"prompt": "hi", "logit_bias_type": "tokens", "logit_bias": {"\\udcff": 1}}', "logit_bias"),
+])
+def test_a_lone_surrogate_is_a_400_naming_its_field(server, raw, param):
+    answer = post(server, COMPLETIONS, raw)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+
+
+def test_a_lone_surrogate_in_a_chat_message_is_a_400(server):
+    raw = '{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "\\udcff"}]}'
+    answer = post(server, "/v1/chat/completions", raw)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages.1.content"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", "NaN"), ("temperature", "Infinity"), ("repeat_penalty", "Infinity"),
+    ("logit_bias", '{"5": NaN}'), ("logit_bias", '{"5": 101}'),
+])
+def test_numbers_llama_cpp_cannot_use_are_a_400(server, field, value):
+    answer = post(server, COMPLETIONS, f'{{"prompt": "hi", "max_tokens": 2, "{field}": {value}}}')
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == field, answer.text
+
+
+@pytest.mark.parametrize("grammar", [
+    DEEP_GRAMMAR,
+    "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(80_000)) + 'r80000 ::= "a"',
+    "root ::= (",
+], ids=["deep-nesting", "long-rule-chain", "unparsable"])
+def test_grammars_llama_cpp_cannot_take_are_a_400_before_any_stream(server, grammar):
+    answer = post(server, COMPLETIONS, json.dumps({"prompt": "hi", "grammar": grammar, "stream": True}))
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "grammar", answer.text
+
+
+def test_the_engine_refuses_a_grammar_too_deep_for_llama_cpp(tiny_model):
+    """SamplerChain's own guard, for callers that skip the server's validation (in a child
+    process: without the guard, llama.cpp's parser overflows the stack)."""
+    code = ("import sys\nfrom pflash_plugin.llama import GrammarError, Model, SamplerChain\n"
+            "try:\n    SamplerChain(Model(sys.argv[1]), temperature=0, top_k=0, top_p=1, min_p=0, typical_p=1,"
+            " seed=0, grammar=sys.argv[2])\nexcept GrammarError as error:\n    print(error)\n")
+    child = subprocess.run([sys.executable, "-c", code, str(tiny_model), DEEP_GRAMMAR], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0 and "nests" in child.stdout, (child.returncode, child.stderr[-2000:])
