@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -100,3 +101,13 @@ def test_the_engine_refuses_a_grammar_too_deep_for_llama_cpp(tiny_model):
             " seed=0, grammar=sys.argv[2])\nexcept GrammarError as error:\n    print(error)\n")
     child = subprocess.run([sys.executable, "-c", code, str(tiny_model), DEEP_GRAMMAR], capture_output=True, text=True, timeout=120)
     assert child.returncode == 0 and "nests" in child.stdout, (child.returncode, child.stderr[-2000:])
+
+
+def test_a_native_abort_leaves_its_cause_in_the_log(tiny_model, tmp_path):
+    """What llama.cpp does on a failed assertion (abort) must not end the process silently: the
+    log shows every thread's Python stack, and the exit status the signal, for the supervisor."""
+    with server_process(tiny_model, tmp_path / "server.log") as server:
+        server.proc.send_signal(signal.SIGABRT)
+        assert server.proc.wait(timeout=60) == -signal.SIGABRT
+        log = server.log.read_text(errors="replace")
+    assert "Fatal Python error: Aborted" in log and "most recent call first" in log, log[-2000:]

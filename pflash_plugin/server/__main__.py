@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -60,6 +61,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> None:
+    # an abort or a crash inside llama.cpp ends the process: its log then shows every thread's stack
+    faulthandler.enable()
     try:
         server_settings, model_settings = parse_settings(argv)
     except Exception as error:
