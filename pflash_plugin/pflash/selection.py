@@ -104,12 +104,10 @@ def segment_at_boundaries(boundary: np.ndarray, min_len: int = 16, max_len: int 
         raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
     n = len(boundary)
     positions = np.flatnonzero(boundary).tolist()
-    next_at = bisect.bisect_left
     ends: list[int] = []
     start = 0
     while True:
-        earliest = start + min_len - 1
-        k = next_at(positions, earliest)
+        k = bisect.bisect_left(positions, start + min_len - 1)  # the first boundary at min_len or later
         close = min(positions[k] if k < len(positions) else n, start + max_len - 1)
         if close >= n:
             break
