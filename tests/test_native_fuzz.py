@@ -7,19 +7,9 @@ import os
 
 import httpx
 
-from pflash_plugin.llama import Model
-from pflash_plugin.testing.native_fuzz import run_fuzz, server_process
+from pflash_plugin.testing.native_fuzz import run_fuzz, server_process, vocab_facts
 
 CASES = int(os.environ.get("PFLASH_NATIVE_FUZZ_CASES", "120"))
-
-
-def vocab_facts(path) -> tuple[int, list[int]]:
-    """(vocabulary size, end-of-generation tokens) of the model the server runs."""
-    model = Model(path)
-    try:
-        return model.n_vocab, [t for t in range(model.n_vocab) if model.is_eog(t)]
-    finally:
-        model.close()
 
 
 def test_generated_sampling_and_grammars_never_abort_the_server(tiny_model, tmp_path):
@@ -28,5 +18,5 @@ def test_generated_sampling_and_grammars_never_abort_the_server(tiny_model, tmp_
         result = run_fuzz(server, CASES, n_vocab, eog)
         assert result.findings == [], result.findings[:3]
         assert result.sent == CASES
-        assert result.statuses[200] >= CASES // 4, result.statuses  # most cases reach the engine
+        assert result.statuses[200] >= CASES // 4, result.statuses  # and many get past validation to the engine
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200

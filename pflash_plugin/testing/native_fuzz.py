@@ -107,6 +107,17 @@ def generated_case(rng: random.Random, n_vocab: int, eog_tokens: list[int]) -> t
     return CHAT, body
 
 
+def vocab_facts(model: Path) -> tuple[int, list[int]]:
+    """(vocabulary size, end-of-generation tokens) of the model the server runs."""
+    from ..llama import Model
+
+    loaded = Model(model)
+    try:
+        return loaded.n_vocab, [t for t in range(loaded.n_vocab) if loaded.is_eog(t)]
+    finally:
+        loaded.close()
+
+
 @dataclass
 class Finding:
     path: str
