@@ -210,6 +210,8 @@ def test_multi_model_routing_and_api_key(tiny_model, tmp_path):
             emb = client.post("/v1/embeddings", json={"input": ["x y", "z"], "model": "b"}).json()
             assert len(emb["data"]) == 2 and len(emb["data"][0]["embedding"]) == 64
             assert client.post("/v1/embeddings", json={"input": "x", "model": "a"}).status_code == 400
+            empty = client.post("/v1/embeddings", json={"input": [], "model": "b"})
+            assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
             status = client.get("/status").json()["models"]
             assert set(status) == {"a", "b"}
 

@@ -51,6 +51,8 @@ def _embed(served: ServedModel, inputs: list[str]) -> EmbeddingResponse:
 @router.post("/v1/embeddings", response_model=EmbeddingResponse)
 async def create_embedding(body: CreateEmbeddingRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     inputs = body.input if isinstance(body.input, list) else [body.input]
+    if not inputs:  # as OpenAI and stock llama_cpp.server: an error, not an empty list
+        raise RequestError(400, "input: at least one text to embed is required", param="input")
     return await run_in_threadpool(_embed, ctx.models.get(body.model), inputs)
 
 
