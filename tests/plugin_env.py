@@ -30,6 +30,15 @@ def overlay_llama_cpp(dest: Path) -> Path:
     return dest
 
 
+def patched_llama_cpp(dest: Path) -> Path:
+    """An overlay (see overlay_llama_cpp) whose `llama_cpp/server/` carries the plugin-hook patch."""
+    from pflash_plugin import vendor_patches
+
+    overlay = overlay_llama_cpp(dest)
+    vendor_patches.apply_patch(vendor_patches.Target(overlay, vendor_patches.SUPPORTED_VERSION))
+    return overlay
+
+
 def install_example(dest: Path) -> Path:
     """pip-install examples/plugin_example into `dest` (no dependencies; no network where the
     environment can build without isolation, else pip's own configured indexes)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plugin_env import REPO, broken_plugin, free_port, install_example, overlay_llama_cpp, server
+from plugin_env import REPO, broken_plugin, free_port, install_example, overlay_llama_cpp, patched_llama_cpp, server
 from pflash_plugin import vendor_patches
 from pflash_plugin.vendor_patches import PatchError, State, Target
 
@@ -102,13 +102,7 @@ def test_a_failed_write_leaves_no_file_patched(overlay, monkeypatch):
 # ---- the patched stock server -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory, tiny_model):
-    overlay = overlay_llama_cpp(tmp_path_factory.mktemp("patched") / "site")
-    target = Target(overlay, vendor_patches.SUPPORTED_VERSION)
-    vendor_patches.apply_patch(target)
-    try:
-        yield overlay
-    finally:
-        vendor_patches.revert_patch(target)
+    return patched_llama_cpp(tmp_path_factory.mktemp("patched") / "site")
 
 
 def openapi_of(path: list[Path], model: Path, env: dict[str, str]) -> dict:

@@ -6,12 +6,8 @@ import faulthandler
 import json
 import os
 import sys
-import threading
-from types import FrameType
-from typing import Callable
 
 import uvicorn
-from sse_starlette.sse import AppStatus
 from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
 
 from ..plugins import plugin_routers, server_plugins
@@ -45,21 +41,6 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[
 SHUTDOWN_MARGIN_S = 5.0
 
 
-class DrainingServer(uvicorn.Server):
-    """On the first SIGTERM/SIGINT the engines start draining at once (new requests get 503,
-    requests in flight finish or are cancelled within the grace) beside uvicorn's own graceful
-    shutdown, which waits for their connections; the lifespan then frees the models."""
-
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._drain = drain
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self.should_exit:
-            threading.Thread(target=self._drain, name="pflash-drain", daemon=True).start()
-        super().handle_exit(sig, frame)
-
-
 def main(argv: list[str] | None = None) -> None:
     # an abort or a crash inside llama.cpp ends the process: its log then shows every thread's stack
     faulthandler.enable()
@@ -69,23 +50,15 @@ def main(argv: list[str] | None = None) -> None:
         print(error, file=sys.stderr)
         sys.exit(1)
     app = create_app(server_settings, model_settings, extra_routers=plugin_routers(server_plugins()))
-    grace = server_settings.shutdown_grace_s
-    config = uvicorn.Config(
+    uvicorn.run(
         app,
         host=os.getenv("HOST", server_settings.host),
         port=int(os.getenv("PORT", server_settings.port)),
         ssl_keyfile=server_settings.ssl_keyfile,
         ssl_certfile=server_settings.ssl_certfile,
-        timeout_graceful_shutdown=grace + SHUTDOWN_MARGIN_S,  # a backstop: the engines end first
+        # a backstop: the engines drain within the grace at the signal (server/shutdown.py)
+        timeout_graceful_shutdown=server_settings.shutdown_grace_s + SHUTDOWN_MARGIN_S,
     )
-    # sse-starlette would cut every stream at the signal: they end with their requests instead
-    AppStatus.disable_automatic_graceful_drain()
-
-    def drain() -> None:
-        app.state.models.drain(grace)
-        AppStatus.should_exit = True  # every request has ended: close whatever stream is left
-
-    DrainingServer(config, drain).run()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from .models import ModelRouter
 from .openai_api import router as openai_router
 from .security import install_security
 from .settings import ModelSettings, ServerSettings
+from .shutdown import drain_on_signal
 
 ROUTERS = (openai_router, extras, operations)
 
@@ -34,6 +35,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        drain_on_signal(context.models, server_settings.shutdown_grace_s)
         yield
         context.close()
 

@@ -37,7 +37,7 @@ class ServerContext:
             raise RequestError(error.status, error.message, error.type, code=error.type) from None
 
     def close(self) -> None:
-        self.models.close()
+        self.models.close(self.settings.shutdown_grace_s)
 
 
 def attach(app: FastAPI, context: ServerContext) -> None:

@@ -73,7 +73,6 @@ class ChatPrompt:
 
 # drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
 DRAFT_BATCH = 512
-SHUTDOWN_GRACE_S = 5.0  # at shutdown, requests in flight get this long to finish, then are cancelled
 MAX_EXPLICIT_QUERY = 256  # tokens of a request's pflash.query (the drafter context leaves room)
 
 
@@ -122,9 +121,10 @@ class ServedModel:
         assert self.config.max_ctx is not None
         return self.config.max_ctx
 
-    def close(self) -> None:
-        """Stop admitting and drain the engine, stop the compression thread, free the contexts."""
-        self.engine.shutdown(SHUTDOWN_GRACE_S)
+    def close(self, grace_s: float = 0.0) -> None:
+        """Stop admitting and drain the engine (requests in flight get `grace_s` seconds to finish,
+        then are cancelled), stop the compression thread, free the contexts."""
+        self.engine.shutdown(grace_s)
         if self.compression is not None:
             self.compression.stop()
         self.engine.close()
@@ -310,6 +310,7 @@ class ModelRouter:
         for thread in threads:
             thread.join()
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 0.0) -> None:
+        """Drain (within `grace_s`) and free every model; `drain` first to drain them all at once."""
         for served in self.models.values():
-            served.close()
+            served.close(grace_s)

@@ -1,0 +1,45 @@
+"""Graceful shutdown on SIGTERM/SIGINT under whichever server runs the app: ours
+(`python -m pflash_plugin.server`) or the patched stock `python -m llama_cpp.server`.
+
+At the first signal the engines start draining at once (new requests get 503; requests in flight
+finish or are cancelled within the grace) beside the server's own graceful shutdown, which waits
+for their connections; streams end with their requests instead of being cut by sse-starlette; the
+app's lifespan then frees the models.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from sse_starlette.sse import AppStatus
+
+from .models import ModelRouter
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def drain_on_signal(models: ModelRouter, grace_s: float) -> None:
+    """Chain the drain onto the server's own SIGTERM/SIGINT handlers, which uvicorn installs before
+    the app's lifespan starts. Only in the main thread, where signals arrive, and only over a
+    server's handler: an app served some other way keeps its signals as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    if not all(callable(handler) for handler in previous.values()):
+        return
+    AppStatus.disable_automatic_graceful_drain()  # streams end with their requests
+    started = threading.Lock()
+
+    def drain() -> None:
+        models.drain(grace_s)
+        AppStatus.should_exit = True  # every request has ended: close whatever stream is left
+
+    def handler(sig: int, frame: FrameType | None) -> Any:
+        if started.acquire(blocking=False):  # the first signal only
+            threading.Thread(target=drain, name="pflash-drain", daemon=True).start()
+        return previous[sig](sig, frame)
+
+    for sig in SIGNALS:
+        signal.signal(sig, handler)
