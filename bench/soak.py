@@ -94,7 +94,7 @@ def config(args: argparse.Namespace, path: Path, port: int) -> Path:
     demo = {"model": demo_model_path(), "model_alias": "demo", "n_ctx": args.n_ctx, "max_concurrency": 4, "max_queue": 64,
             "pflash": "auto", "pflash_threshold": args.pflash_threshold, "pflash_keep_ratio": 0.25, "verbose": False}
     tiny = {"model": str(cached_tiny_llama()), "model_alias": "tiny", "n_ctx": 512, "max_concurrency": 2, "max_queue": 64,
-            "n_threads": 1, "verbose": False}
+            "n_threads": 1, "n_threads_batch": 1, "verbose": False}
     path.write_text(json.dumps({"host": "127.0.0.1", "port": port, "api_key": API_KEY, "models": [demo, tiny]}))
     return path
 
@@ -115,7 +115,7 @@ async def soak(w: Workload, n: int, seed: int, memory: MemorySampler) -> tuple[l
 
 def run_fuzz(max_examples: int) -> dict:
     server = ServerProcess("fuzz", ["--model", str(cached_tiny_llama()), "--model_alias", "tiny", "--n_ctx", "256",
-                                    "--max_concurrency", "2", "--n_threads", "1", "--api_key", API_KEY], ready_paths=("/health",))
+                                    "--max_concurrency", "2", "--n_threads", "1", "--n_threads_batch", "1", "--api_key", API_KEY], ready_paths=("/health",))
     server.start()
     try:
         t0 = time.perf_counter()

@@ -185,8 +185,8 @@ def test_routed_long_prompt_is_compressed_by_its_model(tiny_model, tmp_path):
     other = write_tiny_llama(tmp_path / "b.gguf", seed=9)
     pflash = {"pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4, "pflash_segment_max": 16}
     models = [
-        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 1024, "max_concurrency": 1, "n_threads": 1},
-        {"model": str(other), "model_alias": "b", "n_ctx": 1024, "max_concurrency": 1, "max_queue": 1, "n_threads": 1, **pflash},
+        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 1024, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1},
+        {"model": str(other), "model_alias": "b", "n_ctx": 1024, "max_concurrency": 1, "max_queue": 1, "n_threads": 1, "n_threads_batch": 1, **pflash},
     ]
     prompt = " ".join(f"note {i}: the bridge opens at dawn." for i in range(25)) + " When does it open?"
     with live_server(models) as server, server.client(timeout=120) as client:
@@ -206,7 +206,7 @@ def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
     from pflash_plugin.server.protocol import PflashOverride
     from pflash_plugin.server.settings import ModelSettings
 
-    served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="always", verbose=False, n_threads=1))
+    served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="always", verbose=False, n_threads=1, n_threads_batch=1))
     try:
         short = Request(served.model.tokenize("Name a color."), SamplingParams())
         served.plan_compression(short, None)
@@ -221,7 +221,7 @@ def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
 def test_chat_and_explicit_query_requests_are_compressed_over_http(tiny_model):
     from conftest import live_server
 
-    settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "pflash": "auto",
+    settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, "pflash": "auto",
                 "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4, "pflash_segment_max": 16}
     notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
     with live_server([settings]) as server, server.client(timeout=120) as client:

@@ -123,6 +123,6 @@ def test_the_verdict_reaches_the_model_params(fresh: pytest.MonkeyPatch, load_pa
 
 def test_status_reports_the_cpu_path(fresh: pytest.MonkeyPatch, load_params: list[bool], tiny_model: Path) -> None:
     fresh.setattr(cpu_path, "probe_command", lambda: SIGILL_CHILD)
-    with live_server([{"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "n_threads": 1}]) as server:
+    with live_server([{"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "n_threads": 1, "n_threads_batch": 1}]) as server:
         assert server.status("tiny")["cpu_path"] == CRASHED
     assert load_params and not any(load_params)

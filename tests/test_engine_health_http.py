@@ -8,7 +8,7 @@ from conftest import live_server
 
 def test_health_is_503_naming_the_model_once_its_engine_stopped_and_close_frees_the_contexts(tiny_model):
     settings = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2,
-                "n_threads": 1, "embedding": True}
+                "n_threads": 1, "n_threads_batch": 1, "embedding": True}
     with live_server([settings]) as server:
         served = server.app.state.models.get("tiny")
         assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}

@@ -26,7 +26,7 @@ def run_together(engine, requests: list[Request], timeout: float = 120) -> list[
 def test_same_seed_same_concurrency_same_output(tiny_model):
     outputs = []
     for _ in range(2):
-        model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1))
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=1))
         try:
             requests = [
                 Request(model.tokenize(f"prompt {i} about the weather"), SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i))
@@ -67,7 +67,7 @@ def test_batched_decode_stays_close_to_alone(demo_model):
 
 
 def test_shutdown_cancels_what_runs_and_leaves_the_kv_as_the_pool_says(tiny_model):
-    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=4096, n_threads=1))
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=4096, n_threads=1, n_threads_batch=1))
     first_token, finished = threading.Event(), []
 
     def sink(event) -> None:
@@ -103,3 +103,26 @@ def test_embedder_embeds_then_frees_its_context(tiny_model):
     assert len(vector) == model.n_embd and abs(sum(v * v for v in vector) - 1.0) < 1e-4
     embedder.close()
     assert embedder.ctx.ptr is None and embedder.batch.raw is None
+
+
+def test_steps_that_only_decode_run_on_the_decode_threads(tiny_model):
+    """llama.cpp runs every ubatch of 2+ tokens on n_threads_batch: two slots decoding together
+    must get n_threads instead, while a prefill keeps n_threads_batch."""
+    import llama_cpp.llama_cpp as C
+
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=2))
+    ctx, seen = engine.runner.ctx, []
+    decode = ctx.decode
+
+    def recording(batch) -> None:
+        seen.append((batch.n_tokens, C.llama_n_threads_batch(ctx.ptr)))
+        decode(batch)
+
+    ctx.decode = recording
+    try:
+        prompts = ["the first prompt of a few tokens", "another prompt, also of several tokens"]
+        run_together(engine, [Request(model.tokenize(p), SamplingParams(max_tokens=6, temperature=0)) for p in prompts])
+    finally:
+        engine.stop()
+    assert (2, 1) in seen, seen  # both slots decoding: one thread
+    assert all(threads == 2 for n_tokens, threads in seen if n_tokens > 2), seen  # prefill: the batch threads

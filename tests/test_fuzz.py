@@ -15,7 +15,7 @@ KEY = "fuzz-key"
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_model):
     # one model: any generated "model" name reaches it, so the cases get past routing
-    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1}
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model], api_key=KEY) as server:
         yield server
 

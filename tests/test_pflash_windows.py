@@ -110,7 +110,7 @@ def test_an_explicit_window_that_cannot_work_stops_the_server_at_start(tiny_mode
     from pflash_plugin.server.models import ServedModel
     from pflash_plugin.server.settings import ModelSettings
 
-    settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1)
+    settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1, n_threads_batch=1)
     with pytest.raises(ValueError, match="pflash_drafter_window 100 is below"):
         ServedModel(ModelSettings(**settings, pflash_drafter_window=100))
     with pytest.raises(ValueError, match="exceed the longest prompt"):

@@ -42,7 +42,7 @@ def test_plugins_can_be_chosen_by_environment(monkeypatch):
 
 def test_example_plugin_selector_and_route_over_http(tiny_model, tmp_path):
     example = install_example(tmp_path / "plugins")
-    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--pflash", "always",
+    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--pflash", "always",
              "--pflash_selector", "recent", "--pflash_keep_ratio", "0.5"]
     process = server("pflash_plugin.server", flags, tmp_path, [example])
     try:

@@ -14,7 +14,7 @@ LIMIT = 4096  # bytes of body
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model) -> Iterator[LiveServer]:
-    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1}
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model], api_key=KEY, public_routes=["/docs"], max_body_bytes=LIMIT) as server:
         yield server
 
@@ -65,7 +65,7 @@ def test_public_routes_need_no_key(keyed_server):
 
 def test_each_route_can_be_made_public(tiny_model):
     public = ["/status", "/metrics", "/docs", "/redoc", "/openapi.json", "/v1/models"]
-    model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1}
+    model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model], api_key=KEY, public_routes=public) as server, server.client() as client:
         for path in public:
             assert client.get(path).status_code == 200, path
@@ -116,7 +116,7 @@ def test_public_routes_setting_is_validated():
 
 def test_public_routes_match_behind_a_root_path(tiny_model):
     """With root_path (a proxy prefix), /api/health is /health to the routes: public; /api/status is not."""
-    model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1}
+    model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model], api_key=KEY, root_path="/api") as server, server.client() as client:
         assert client.get("/api/health").status_code == 200
         assert_401(client.get("/api/status"))

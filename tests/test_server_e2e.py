@@ -112,7 +112,7 @@ def test_chat_json_response_format_is_valid_json(tiny_server):
 
 
 def test_full_queue_gets_429_with_retry_after(tiny_model):
-    with live_server([{"model": str(tiny_model), "n_ctx": 256, "max_concurrency": 1, "max_queue": 1, "n_threads": 1}]) as server:
+    with live_server([{"model": str(tiny_model), "n_ctx": 256, "max_concurrency": 1, "max_queue": 1, "n_threads": 1, "n_threads_batch": 1}]) as server:
         with server.client() as client, cf.ThreadPoolExecutor(6) as pool:
             responses = list(pool.map(lambda i: client.post("/v1/completions", json={"prompt": f"p{i}", "max_tokens": 200}), range(6)))
         codes = sorted(r.status_code for r in responses)
@@ -123,7 +123,7 @@ def test_full_queue_gets_429_with_retry_after(tiny_model):
 
 def test_full_pool_queues_instead_of_failing(tiny_model):
     # a pool of 256 tokens, requests reserving 150: only one fits at a time, the rest wait
-    with live_server([{"model": str(tiny_model), "n_ctx": 200, "kv_pool_tokens": 256, "max_concurrency": 4, "n_threads": 1}]) as server:
+    with live_server([{"model": str(tiny_model), "n_ctx": 200, "kv_pool_tokens": 256, "max_concurrency": 4, "n_threads": 1, "n_threads_batch": 1}]) as server:
         with server.client() as client, cf.ThreadPoolExecutor(4) as pool:
             responses = list(pool.map(lambda i: client.post("/v1/completions", json={"prompt": f"q{i} " * 5, "max_tokens": 140}), range(4)))
         assert [r.status_code for r in responses] == [200] * 4
@@ -193,8 +193,8 @@ def test_multi_model_routing_and_api_key(tiny_model, tmp_path):
 
     other = write_tiny_llama(tmp_path / "other.gguf", seed=5, vocab_extra=7)
     models = [
-        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1},
-        {"model": str(other), "model_alias": "b", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "embedding": True},
+        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1},
+        {"model": str(other), "model_alias": "b", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, "embedding": True},
     ]
     with live_server(models, api_key="sekret") as server:
         with server.client() as anonymous:
@@ -247,7 +247,7 @@ def test_mirostat_min_tokens_and_seeded_sampling(tiny_server):
 
 
 def test_streams_get_keepalive_comments_while_they_wait(tiny_model):
-    with live_server([{"model": str(tiny_model), "n_ctx": 512, "max_concurrency": 1, "n_threads": 1}], sse_ping_seconds=0.02) as server:
+    with live_server([{"model": str(tiny_model), "n_ctx": 512, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}], sse_ping_seconds=0.02) as server:
         with server.client() as client, cf.ThreadPoolExecutor(1) as pool:
             busy = pool.submit(client.post, "/v1/completions", json={"prompt": "busy", "max_tokens": 480})
             deadline = time.time() + 10

@@ -142,7 +142,7 @@ def stream(url: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
 
 def test_patched_stock_with_pflash_serves_streams_concurrently_with_our_flags(patched, tiny_model, tmp_path):
     flags = ["--model", str(tiny_model), "--model_alias", "tiny", "--n_ctx", "1024", "--max_concurrency", "4",
-             "--n_threads", "1", "--pflash", "auto", "--pflash_threshold", "200"]
+             "--n_threads", "1", "--n_threads_batch", "1", "--pflash", "auto", "--pflash_threshold", "200"]
     process = server("llama_cpp.server", flags, tmp_path, [patched, broken_plugin(tmp_path / "broken")])
     peak, done = [0], threading.Event()
 
@@ -174,7 +174,7 @@ def test_patched_stock_reads_our_keys_from_its_config_file(patched, tiny_model, 
     config = tmp_path / "config.yaml"
     port = free_port()  # with a config file, stock takes host and port from it, not from flags
     config.write_text(f"host: 127.0.0.1\nport: {port}\nmodels:\n  - model: {tiny_model}\n    model_alias: configured\n"
-                      "    n_ctx: 256\n    max_concurrency: 3\n    n_threads: 1\n")
+                      "    n_ctx: 256\n    max_concurrency: 3\n    n_threads: 1\n    n_threads_batch: 1\n")
     process = server("llama_cpp.server", ["--config_file", str(config)], tmp_path, [patched], port=port)
     try:
         status = httpx.get(process.url + "/status").json()["models"]
@@ -186,7 +186,7 @@ def test_patched_stock_reads_our_keys_from_its_config_file(patched, tiny_model, 
 
 def test_example_plugin_routes_reach_the_patched_stock_server(patched, tiny_model, tmp_path):
     example = install_example(tmp_path / "plugins")
-    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--pflash", "always",
+    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--pflash", "always",
              "--pflash_selector", "recent", "--pflash_keep_ratio", "0.5"]
     process = server("llama_cpp.server", flags, tmp_path, [patched, example])
     try:

@@ -76,6 +76,7 @@ class LlamaRunner:
             row = batch.add_sequence(item.tokens, item.start_pos, item.request.slot, item.wants_logits)
             if item.wants_logits:
                 rows.append((item.request, row))
+        self.ctx.use_decode_threads(all(len(item.tokens) == 1 for item in step.items))
         self.ctx.decode(batch)
         outputs: dict[int, TokenOutput | Exception] = {}
         for request, row in rows:

@@ -83,6 +83,9 @@ class Context:
         self.n_ctx: int = C.llama_n_ctx(self.ptr)
         self.n_batch = config.n_batch
         self.mem = C.llama_get_memory(self.ptr)
+        self.n_threads: int = C.llama_n_threads(self.ptr)
+        self.n_threads_batch: int = C.llama_n_threads_batch(self.ptr)
+        self._batch_threads_now = self.n_threads_batch
 
     def close(self) -> None:
         if self.ptr:
@@ -97,6 +100,16 @@ class Context:
         ubatch being computed. Kept referenced: llama.cpp holds only the C pointer."""
         self._abort = C.ggml_abort_callback(lambda _data: bool(should_abort()))
         C.llama_set_abort_callback(self.ptr, self._abort, None)
+
+    def use_decode_threads(self, decoding: bool) -> None:
+        """llama.cpp runs every ubatch of 2+ tokens on n_threads_batch, so slots decoding one token
+        each would spread over all the batch threads; a step that only decodes runs on n_threads
+        instead (threads beyond what a few tokens need only wait on each other, and a competing
+        load on one core then stalls them all). Other steps get n_threads_batch back."""
+        wanted = self.n_threads if decoding else self.n_threads_batch
+        if wanted != self._batch_threads_now:
+            C.llama_set_n_threads(self.ptr, self.n_threads, wanted)
+            self._batch_threads_now = wanted
 
     def decode(self, batch: Batch) -> None:
         if batch.n_tokens > self.n_batch:

@@ -11,6 +11,8 @@ from llama_cpp.server.settings import ModelSettings as StockModelSettings
 from llama_cpp.server.settings import ServerSettings as StockServerSettings
 from pydantic import Field, field_validator
 
+from ..engine.loader import decode_threads, physical_cores
+
 
 class ModelSettings(StockModelSettings):
     model: Optional[str] = Field(  # type: ignore[assignment]
@@ -22,6 +24,13 @@ class ModelSettings(StockModelSettings):
         default=None, description="Use flash attention (default: llama.cpp decides per backend)."
     )
     max_concurrency: int = Field(default=4, ge=1, le=256, description="Slots decoding together.")
+    n_threads: int = Field(
+        default=decode_threads(), ge=1,
+        description="Threads of decode steps (also when several slots decode together): half the physical cores.",
+    )
+    n_threads_batch: int = Field(
+        default=physical_cores(), ge=0, description="Threads of prefill, drafting and embeddings: the physical cores."
+    )
     kv_pool_tokens: Optional[int] = Field(
         default=None, ge=1, description="KV cells shared by all slots (default: max_concurrency x max_ctx)."
     )

