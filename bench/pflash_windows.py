@@ -19,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+import llama_cpp  # noqa: F401  before numpy: numpy first made the CUDA model load segfault on the H200 machine
 from pflash_plugin.pflash.compressor import CompressionJob, Compressor
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter, scoring_layers
 from pflash_plugin.pflash.query import plan_query
