@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -80,8 +81,8 @@ class TokenBoundaries:
         present = np.zeros(top, dtype=bool)
         present[ids] = True
         new = np.flatnonzero(present & ~self._known[:top])
-        pieces = (self._piece(t).decode("utf-8", errors="replace") for t in new.tolist())
-        self._flags[new] = np.fromiter(map(_is_boundary, pieces), dtype=bool, count=new.size)
+        piece = self._piece
+        self._flags[new] = [_is_boundary(piece(t).decode("utf-8", errors="replace")) for t in new.tolist()]
         self._known[new] = True
         return self._flags[ids]
 
@@ -103,12 +104,12 @@ def segment_at_boundaries(boundary: np.ndarray, min_len: int = 16, max_len: int 
     if not 1 <= min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
     n = len(boundary)
-    positions = np.flatnonzero(boundary).tolist()
+    positions = [*np.flatnonzero(boundary).tolist(), sys.maxsize]  # a boundary past any prompt
     ends: list[int] = []
-    start = 0
+    start = k = 0
     while True:
-        k = bisect.bisect_left(positions, start + min_len - 1)  # the first boundary at min_len or later
-        close = min(positions[k] if k < len(positions) else n, start + max_len - 1)
+        k = bisect.bisect_left(positions, start + min_len - 1, k)  # the first boundary at min_len or later
+        close = min(positions[k], start + max_len - 1)
         if close >= n:
             break
         ends.append(close + 1)
