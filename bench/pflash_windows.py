@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: the demo model")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pflash_windows.json")
     args = parser.parse_args()
-    max_tokens = max(args.lengths) + 512
+    max_tokens = max(args.lengths) + 512  # the prompt, the answer, and room for the tokenizer's fit
     threads = {"n_threads": args.n_threads, "n_threads_batch": args.n_threads} if args.n_threads else {}
     served = ServedModel(ModelSettings(model=args.model, n_ctx=max_tokens, max_concurrency=1,
                                        n_gpu_layers=args.n_gpu_layers, verbose=False, **threads))
