@@ -62,3 +62,17 @@ def test_short_chat_decodes_while_a_long_prompt_is_compressed(pflash_server):
     assert short["usage"]["completion_tokens"] == 8 and still_compressing  # answered during the scoring
     assert reply["usage"]["timings"]["pflash"]["status"] == "compressed"
     assert code in reply["choices"][0]["text"]
+
+
+def test_passcode_retrieved_from_8k_tokens_drafted_in_windows(demo_model):
+    """Windows forced at 8K (the default drafts up to 16K in one causal pass): the needle survives."""
+    prompt, code = needle_prompt(7400, 0.3, seed=23)
+    settings = {"model": str(demo_model), "model_alias": "demo", "n_ctx": 9216, "max_concurrency": 1,
+                "pflash": "auto", "pflash_keep_ratio": 0.1, "pflash_drafter_window": 2048,
+                "pflash_drafter_causal_max": 0, "n_threads": 2, "n_threads_batch": 2}
+    with live_server([settings]) as server, server.client(timeout=600) as client:
+        reply = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0}).json()
+    report = reply["usage"]["timings"]["pflash"]
+    assert report["status"] == "compressed" and report["original_tokens"] >= 7800
+    assert report["draft_windows"] >= 4  # 8K tokens in windows of 2048
+    assert code in reply["choices"][0]["text"]
