@@ -241,19 +241,20 @@ class ServedModel:
     def tokenize_prompt(self, prompt: str) -> list[int]:
         return self.model.tokenize(prompt, add_special=True, parse_special=True)
 
-    def tokenize_prompts(self, prompt: str | list) -> list[tuple[list[int], str]]:
-        """An OpenAI `prompt` (text, token ids, or a list of either) as (tokens, text) per prompt."""
+    def tokenize_prompts(self, prompt: str | list, param: str = "prompt") -> list[tuple[list[int], str]]:
+        """An OpenAI `prompt` or embeddings `input` (text, token ids, or a list of either) as
+        (tokens, text) per prompt; `param` names the field in errors."""
         if isinstance(prompt, str):
             return [(self.tokenize_prompt(prompt), prompt)]
         if not prompt or isinstance(prompt[0], int):
-            tokens = self._token_ids(prompt)
+            tokens = self._token_ids(prompt, param)
             return [(tokens, self.model.detokenize(tokens) if tokens else "")]
-        return [item for one in prompt for item in self.tokenize_prompts(one)]
+        return [item for one in prompt for item in self.tokenize_prompts(one, param)]
 
-    def _token_ids(self, tokens: list[int]) -> list[int]:
+    def _token_ids(self, tokens: list[int], param: str) -> list[int]:
         for token in tokens:
             if not 0 <= token < self.model.n_vocab:
-                raise RequestError(400, f"prompt token id {token} is outside the vocabulary (0..{self.model.n_vocab - 1})", param="prompt")
+                raise RequestError(400, f"{param}: token id {token} is outside the vocabulary (0..{self.model.n_vocab - 1})", param=param)
         return list(tokens)
 
     def logit_bias(self, raw: dict[str, float] | None, as_tokens: bool) -> dict[int, float]:

@@ -2,10 +2,11 @@
 any FastAPI app whose state carries a ServerContext (see context.attach)."""
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Depends, Request
-from llama_cpp.server.types import CreateEmbeddingRequest
 from starlette.concurrency import run_in_threadpool
 
 from .context import ServerContext, get_context
@@ -13,7 +14,7 @@ from .dispatch import respond
 from .errors import OpenAIRoute
 from .models import ServedModel
 from .prepare import prepare_chat, prepare_completion
-from .protocol import ChatCompletionRequest, CompletionRequest, RequestError
+from .protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RequestError
 from .responses import ERROR_RESPONSES, STREAM_RESPONSES, ChatCompletionResponse, CompletionResponse, EmbeddingResponse, ModelList
 
 router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI V1"], responses=ERROR_RESPONSES)
@@ -34,26 +35,32 @@ async def create_chat_completion(http: Request, body: ChatCompletionRequest, ctx
     return await respond(http, ctx, generation, body.stream)
 
 
-def _embed(served: ServedModel, inputs: list[str]) -> EmbeddingResponse:
+def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+    """OpenAI's base64 is the vector's little-endian float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector
+
+
+def _embed(served: ServedModel, body: EmbeddingRequest) -> EmbeddingResponse:
     if served.embedder is None:
         raise RequestError(400, f"the model {served.name!r} is not served with embedding: true", param="model")
     data, n_tokens = [], 0
-    for index, text in enumerate(inputs):
-        tokens = served.tokenize_prompt(text)
+    for index, (tokens, _) in enumerate(served.tokenize_prompts(body.input, param="input")):
         n_tokens += len(tokens)
         try:
-            data.append({"embedding": served.embedder.embed(tokens), "index": index})
+            vector = served.embedder.embed(tokens)
         except ValueError as error:
-            raise RequestError(400, str(error), param="input") from None
+            raise RequestError(400, f"embedding input {index}: {error}", param="input") from None
+        data.append({"embedding": _encoded(vector, body.encoding_format), "index": index})
     return EmbeddingResponse(data=data, model=served.name, usage={"prompt_tokens": n_tokens, "total_tokens": n_tokens})
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse)
-async def create_embedding(body: CreateEmbeddingRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    inputs = body.input if isinstance(body.input, list) else [body.input]
-    if not inputs:  # as OpenAI and stock llama_cpp.server: an error, not an empty list
+async def create_embedding(body: EmbeddingRequest, ctx: ServerContext = Depends(get_context)) -> Any:
+    if body.input == []:  # as OpenAI and stock llama_cpp.server: an error, not an empty list
         raise RequestError(400, "input: at least one text to embed is required", param="input")
-    return await run_in_threadpool(_embed, ctx.models.get(body.model), inputs)
+    return await run_in_threadpool(_embed, ctx.models.get(body.model), body)
 
 
 @router.get("/v1/models", response_model=ModelList)

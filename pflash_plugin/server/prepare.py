@@ -16,7 +16,7 @@ from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
 from .dispatch import Generation
 from .models import ServedModel
-from .protocol import MAX_N, ChatCompletionRequest, CompletionRequest, RequestError, sampling_params
+from .protocol import MAX_N, ChatCompletionRequest, CompletionRequest, RequestError, chat_messages, sampling_params
 from .responses import ChatChoice, CompletionChoice, new_id
 
 
@@ -68,9 +68,11 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
 
 
 def _chat_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | None:
-    if not (body.response_format and body.response_format.get("type") == "json_object"):
+    """response_format json_object or json_schema (strict or not: the grammar enforces the schema
+    either way) becomes a grammar; otherwise the request's own grammar, if any."""
+    if body.response_format is None or body.response_format.type == "text":
         return _checked_grammar(served, body.grammar, "grammar")
-    schema = body.response_format.get("schema")
+    schema = body.response_format.schema_for_grammar()
     try:
         grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema)) if schema else llama_grammar.JSON_GBNF
     except Exception as error:
@@ -81,7 +83,7 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | Non
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
     if not body.messages:
         raise RequestError(400, "messages must contain at least one message", param="messages")
-    rendered = served.render_chat([dict(m) for m in body.messages], body.tools, body.tool_choice)
+    rendered = served.render_chat(chat_messages(body.messages), body.tools, body.tool_choice)
     grammar = _chat_grammar(served, body)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(

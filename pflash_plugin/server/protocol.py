@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
+from llama_cpp.llama_types import ChatCompletionMessageToolCalls, ChatCompletionRequestAssistantMessageFunctionCall
 from llama_cpp.server.types import CreateChatCompletionRequest as StockChatRequest
 from llama_cpp.server.types import CreateCompletionRequest as StockCompletionRequest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.request import SamplingParams
 
@@ -40,8 +41,82 @@ class CompletionRequest(StockCompletionRequest, _Extensions):
     n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples per prompt.")
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content. Any type validates here so that `message_text` can say
+    which part the server cannot take, by its field, rather than a union error about roles."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Optional[str] = None
+
+
+class _Message(BaseModel):
+    content: Optional[Union[str, List[ContentPart]]] = None
+    name: Optional[str] = None
+
+
+class SystemMessage(_Message):
+    role: Literal["system"]
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    tool_calls: Optional[ChatCompletionMessageToolCalls] = None
+    function_call: Optional[ChatCompletionRequestAssistantMessageFunctionCall] = None
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    tool_call_id: str
+
+
+class FunctionMessage(_Message):
+    role: Literal["function"]
+    name: str
+
+
+# tagged by role: a bad message is reported under its own role, never as a failed `system` message
+Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage, FunctionMessage], Field(discriminator="role")]
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None  # the grammar enforces the schema either way
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema", description="json_object's schema (llama_cpp's extension).")
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    def schema_for_grammar(self) -> Optional[Dict[str, Any]]:
+        """The JSON schema the output must follow; None: any JSON value."""
+        if self.type != "json_schema":
+            return self.schema_
+        if self.json_schema is None:
+            raise RequestError(400, "response_format.json_schema is required when type is json_schema", param="response_format.json_schema")
+        return self.json_schema.schema_
+
+
 class ChatCompletionRequest(StockChatRequest, _Extensions):
+    messages: List[Message] = Field(default=[], description="The conversation; content as text or a list of text parts.")
+    response_format: Optional[ResponseFormat] = None
     n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples of the conversation.")
+
+
+class EmbeddingRequest(BaseModel):
+    model: Optional[str] = None
+    input: Prompt = Field(description="Text or token ids, or a list of either (one embedding each).")
+    encoding_format: Literal["float", "base64"] = "float"
+    user: Optional[str] = None
 
 
 class RequestError(Exception):
@@ -50,6 +125,33 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def message_text(content: str | list[ContentPart] | None, field: str) -> str | None:
+    """Text parts joined by newlines (as llama.cpp's server joins them), since chat templates
+    render a string; any other part is refused, naming its field."""
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text":
+            raise RequestError(400, f"{field}.{j}: a content part of type {part.type!r} needs a multimodal model, "
+                               "and this server serves text only: send parts of type 'text'", param=f"{field}.{j}.type")
+        if part.text is None:
+            raise RequestError(400, f"{field}.{j}: a part of type 'text' needs a string 'text'", param=f"{field}.{j}.text")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Messages as the chat templates take them: the keys the client sent, content as text."""
+    rendered = []
+    for i, message in enumerate(messages):
+        fields = message.model_dump(exclude_unset=True)
+        if "content" in fields:
+            fields["content"] = message_text(message.content, f"messages.{i}.content")
+        rendered.append(fields)
+    return rendered
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:

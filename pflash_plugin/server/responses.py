@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Literal, Optional, Protocol
+from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -68,7 +68,7 @@ class ChatCompletionResponse(_Response):
 
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
-    embedding: List[float]
+    embedding: Union[List[float], str]  # str: base64 of little-endian float32 (encoding_format=base64)
     index: int
 
 
