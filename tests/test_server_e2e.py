@@ -226,7 +226,7 @@ def test_tokenize_routes_and_metrics(tiny_server):
         assert client.get("/health").json() == {"status": "ok"}
     for name in ("pflash_requests_total", "pflash_prompt_tokens_total", "pflash_generation_tokens_total",
                  "pflash_time_to_first_token_seconds_bucket", "pflash_inter_token_latency_seconds_bucket",
-                 "pflash_kv_usage_ratio", "pflash_requests_running", "pflash_requests_waiting", "pflash_cached_prompt_tokens_total"):
+                 "pflash_kv_cache_usage_perc", "pflash_num_requests_running", "pflash_num_requests_waiting", "pflash_cached_prompt_tokens_total"):
         assert name in metrics
 
 

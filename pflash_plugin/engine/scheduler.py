@@ -511,6 +511,7 @@ class Scheduler:
 
     def status(self) -> dict:
         cached = sum(len(s.tokens) for s in self.slots if s.request is None)
+        active = {page for s in self.slots if s.request is not None for page in s.pages}
         return {
             "slots": [
                 {
@@ -535,6 +536,7 @@ class Scheduler:
             ],
             "waiting_prepared": len(self.prepared),
             "kv_pages_used": self.pool.used_pages,
+            "kv_pages_active": len(active),  # held by requests in slots; the rest of the used are idle caches
             "kv_pages_total": self.pool.n_pages,
             "kv_page_size": self.pool.page_size,
             "prefix_cache_tokens": cached,

@@ -1,7 +1,7 @@
 """Prometheus metrics for /metrics, on a registry of the app's own (several apps per process in tests)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -12,7 +12,7 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 12
 class Metrics:
     def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
         self.registry = CollectorRegistry()
-        labels = ["model"]
+        labels = ["model_name"]
         self.requests = Counter("pflash_requests", "Finished requests", labels + ["finish_reason"], registry=self.registry)
         self.errors = Counter("pflash_errors", "Requests answered with an error", labels + ["status"], registry=self.registry)
         self.prompt_tokens = Counter("pflash_prompt_tokens", "Prompt tokens (as the client sent them)", labels, registry=self.registry)
@@ -38,17 +38,28 @@ class Metrics:
 
 
 class _EngineCollector:
-    """Gauges read from the engines' published status at scrape time."""
+    """Gauges read at scrape time from the status each engine publishes after every step (never from
+    HTTP-side counters). The first three are the model server protocol's of the Gateway API Inference
+    Extension (TotalQueuedRequests, TotalRunningRequests, KVCacheUtilization) that its endpoint
+    picker reads: names and meanings in docs/metrics.md."""
 
     def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
         self.engine_status = engine_status
 
-    def collect(self):
-        running = GaugeMetricFamily("pflash_requests_running", "Requests in a slot", labels=["model"])
-        waiting = GaugeMetricFamily("pflash_requests_waiting", "Requests queued", labels=["model"])
-        kv = GaugeMetricFamily("pflash_kv_usage_ratio", "Fraction of KV pool pages in use", labels=["model"])
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        label = ["model_name"]
+        waiting = GaugeMetricFamily("pflash_num_requests_waiting", "Requests accepted and not in a slot: queued for one, or for or in PFlash compression", labels=label)
+        running = GaugeMetricFamily("pflash_num_requests_running", "Requests in a slot (prefilling or decoding)", labels=label)
+        kv = GaugeMetricFamily("pflash_kv_cache_usage_perc", "Fraction of KV pool pages held by requests in slots (0-1); idle prefix caches count as free", labels=label)
+        compressing = GaugeMetricFamily("pflash_num_requests_compressing", "Requests queued for or in PFlash compression (part of waiting)", labels=label)
+        prefix = GaugeMetricFamily("pflash_prefix_cache_usage_perc", "Fraction of KV pool pages held only by idle slots' prefix caches (0-1), evicted when needed", labels=label)
+        info = GaugeMetricFamily("pflash_cache_config_info", "KV pool geometry: block_size (tokens per page), num_gpu_blocks (pages)", labels=[*label, "block_size", "num_gpu_blocks"])
         for name, status in self.engine_status().items():
+            total = status["kv_pages_total"]
+            waiting.add_metric([name], status["waiting"] + len(status["compressing"]))
             running.add_metric([name], status["running"])
-            waiting.add_metric([name], status["waiting"])
-            kv.add_metric([name], status["kv_pages_used"] / status["kv_pages_total"])
-        yield from (running, waiting, kv)
+            kv.add_metric([name], status["kv_pages_active"] / total)
+            compressing.add_metric([name], len(status["compressing"]))
+            prefix.add_metric([name], (status["kv_pages_used"] - status["kv_pages_active"]) / total)
+            info.add_metric([name, str(status["kv_page_size"]), str(total)], 1)
+        yield from (waiting, running, kv, compressing, prefix, info)
