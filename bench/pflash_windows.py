@@ -27,7 +27,7 @@ from pflash_plugin.pflash.windows import DraftWindows
 from pflash_plugin.server.models import ServedModel
 from pflash_plugin.server.settings import ModelSettings
 from pflash_plugin.testing.haystack import needle_prompt
-from pflash_plugin.testing.inprocess import Run
+from pflash_plugin.server.inprocess import Run
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("prose", 0.1), ("prose", 0.5), ("prose", 0.9), ("code", 0.1), ("code", 0.5), ("code", 0.9), ("multi", 0.5)]

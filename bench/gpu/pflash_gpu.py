@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pflash_plugin.server.models import ServedModel
 from pflash_plugin.server.settings import ModelSettings
-from pflash_plugin.testing.inprocess import Run
+from pflash_plugin.server.inprocess import Run
 
 import numpy as np  # after llama_cpp: numpy first made the CUDA model load segfault on the H200 machine
 

@@ -26,6 +26,7 @@ MANDATORY_OVER_BUDGET = "the head, the query and its suffix alone exceed the bud
 class PflashConfig:
     mode: str = "off"  # off | auto | always
     threshold: int = 2048
+    threshold_note: str = ""  # why the threshold is not the configured one (start-up calibration)
     keep_ratio: float = 0.25
     curve: KeepCurve | None = None
     query_tokens: int = 8

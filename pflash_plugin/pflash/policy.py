@@ -22,5 +22,6 @@ def skip_reason(
     if (has_tools or json_format) and mode_override is None:
         return "tools or a JSON response format (set pflash.mode to compress anyway)"
     if mode == "auto" and n_tokens <= config.threshold:
-        return f"prompt of {n_tokens} tokens is not over the threshold ({config.threshold})"
+        note = f"; {config.threshold_note}" if config.threshold_note else ""
+        return f"prompt of {n_tokens} tokens is not over the threshold ({config.threshold}{note})"
     return None

@@ -1,12 +1,15 @@
-"""One request submitted straight to a served model's engine, for benchmarks that skip HTTP."""
+"""One request submitted straight to a served model's engine: start-up calibration and benchmarks."""
 from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ..engine.request import ErrorEvent, FinishEvent, Request, SamplingParams, TextEvent
-from ..server.models import ServedModel
-from ..server.protocol import PflashOverride
+from .protocol import PflashOverride
+
+if TYPE_CHECKING:  # models.py calibrates PFlash with these requests
+    from .models import ServedModel
 
 
 class Run:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from llama_cpp import llama_chat_format
@@ -17,11 +17,13 @@ from ..llama import Model
 from ..llama.devices import gpu_free_bytes
 from ..pflash.compressor import MANDATORY_OVER_BUDGET, CompressionJob, CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
-from ..pflash.windows import DraftWindows
+from ..pflash.payoff import Calibration
 from ..pflash.policy import skip_reason
 from ..pflash.query import plan_query
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
 from ..pflash.selection import KeepCurve, budget_for
+from ..pflash.windows import DraftWindows
+from .calibrate import calibrate
 from .protocol import PflashOverride, RequestError
 from .settings import ModelSettings
 
@@ -110,6 +112,25 @@ class ServedModel:
             else None
         )
         self._formatter = self._chat_formatter()
+        self.calibration = self._calibrate() if settings.pflash == "auto" else None
+
+    def _calibrate(self) -> Calibration | None:
+        """Whether compression pays here, measured once at start (by default on a GPU only: a long
+        prefill on a CPU takes minutes); auto then compresses only where it does."""
+        s = self.settings
+        on_gpu = s.n_gpu_layers != 0 and gpu_free_bytes(s.main_gpu) is not None
+        if s.pflash_calibrate == "off" or s.pflash_calibrate == "auto" and not on_gpu:
+            return None
+        return calibrate(self, s.pflash_min_speedup)
+
+    def pflash_status(self) -> dict[str, Any]:
+        """What /status says of auto mode: its threshold, and the start-up measurement behind it."""
+        if self.settings.pflash != "auto":
+            return {}
+        calibration = None
+        if self.calibration is not None:
+            calibration = {**asdict(self.calibration), "speedup": round(self.calibration.speedup, 3)}
+        return {"pflash_threshold": self.pflash.threshold, "pflash_calibration": calibration}
 
     @property
     def pflash_scorer(self) -> str | None:

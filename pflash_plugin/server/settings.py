@@ -88,6 +88,15 @@ class ModelSettings(StockModelSettings):
     pflash_drafter_causal_max: int = Field(
         default=16384, ge=0, description="Prompts up to this many tokens are drafted in one causal pass."
     )
+    pflash_calibrate: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="With --pflash auto, time one long prompt at start, in full and with PFlash, and compress "
+        "only where PFlash won by pflash_min_speedup (auto: when the model runs on a GPU; a CPU measurement "
+        "takes minutes).",
+    )
+    pflash_min_speedup: float = Field(
+        default=1.2, gt=0.0, description="Speedup PFlash must show at start for --pflash auto to use it."
+    )
     draft_residency: Literal["auto", "persistent"] = Field(
         default="persistent", description="auto: load the drafter per prompt; persistent: keep it."
     )
