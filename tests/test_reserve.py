@@ -17,6 +17,7 @@ from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashCo
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter, scoring_layers
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.pflash.reserve import drafter_reserve
+from pflash_plugin.pflash.windows import DraftWindows
 from pflash_plugin.testing.haystack import needle_prompt
 
 def status(key):
@@ -24,22 +25,23 @@ def status(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 
-path, n = sys.argv[1], int(sys.argv[2])
+path, n, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+windows = DraftWindows(window, 64, causal_max=0)
 model = Model(path, use_mmap=False)  # weights resident before the baseline
 tokens = model.tokenize(needle_prompt(n, 0.5, 1)[0])[:n]
 layers = scoring_layers(model, None)
 pieces = [model.piece(t) for t in tokens]
 base = status("VmRSS:")
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
-compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, DraftOptions(n_batch=512)), persistent=False)
+compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, DraftOptions(n_batch=512, windows=windows)), persistent=False)
 report = compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)).report
 reserve = drafter_reserve(model, layers, 512, separate_weights=False)
-print(json.dumps({"peak": status("VmHWM:") - base, "formula": reserve.bytes_for(n), "status": report["status"]}))
+print(json.dumps({"peak": status("VmHWM:") - base, "formula": reserve.bytes_for(n, windows.context_tokens(n)), "status": report["status"]}))
 """
 
 
-def measure(model_path, n_tokens: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(model_path), str(n_tokens)],
+def measure(model_path, n_tokens: int, window: int = 0) -> dict:
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(model_path), str(n_tokens), str(window)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -58,6 +60,12 @@ def test_reserve_formula_covers_measured_drafter_peaks(demo_model):
 def test_reserve_formula_covers_measured_tiny_drafter_peak(tiny_model):
     m = measure(tiny_model, 2048)
     assert m["peak"] <= m["formula"], m
+
+
+def test_windowed_drafter_reserves_kv_for_its_window_only_and_still_covers_its_peak(tiny_model):
+    causal, windowed = measure(tiny_model, 4096), measure(tiny_model, 4096, window=512)
+    assert windowed["status"] == "compressed" and windowed["peak"] <= windowed["formula"], windowed
+    assert windowed["formula"] < causal["formula"]
 
 
 def config(**kw) -> EngineConfig:

@@ -28,17 +28,20 @@ GPU_FIXED_BYTES = 192 * 2**20
 @dataclass(frozen=True)
 class Reserve:
     fixed_bytes: int
-    per_token_bytes: int
+    per_token_bytes: int  # captures and scoring: every prompt token
+    kv_bytes_per_token: int  # the drafter's KV: every cell of its context
 
-    def bytes_for(self, n_tokens: int) -> int:
-        return self.fixed_bytes + self.per_token_bytes * n_tokens
+    def bytes_for(self, n_tokens: int, kv_tokens: int | None = None) -> int:
+        """Peak for prompts of `n_tokens`, the drafter context holding `kv_tokens` cells (all of
+        them for one causal pass; sink + window when drafting in windows)."""
+        kv = n_tokens if kv_tokens is None else kv_tokens
+        return self.fixed_bytes + self.per_token_bytes * n_tokens + self.kv_bytes_per_token * kv
 
 
 def drafter_reserve(model: Model, layers: list[int], n_batch: int, separate_weights: bool, gpu: bool = False) -> Reserve:
     capture = CAPTURE_COPIES * 4 * len(layers) * (model.n_head + model.n_head_kv) * model.head_dim()
-    per_token = model.kv_bytes_per_token() + capture + SCORING_BYTES_PER_TOKEN
     fixed = COMPUTE_BYTES_PER_UBATCH_TOKEN * n_batch + (model.size_bytes if separate_weights else 0)
-    return Reserve(fixed + (GPU_FIXED_BYTES if gpu else 0), per_token)
+    return Reserve(fixed + (GPU_FIXED_BYTES if gpu else 0), capture + SCORING_BYTES_PER_TOKEN, model.kv_bytes_per_token())
 
 
 def available_memory_bytes() -> int:

@@ -189,7 +189,8 @@ class ServedModel:
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
-        pool_reserve = reserve.bytes_for(max_tokens) if drafter_on_gpu == on_gpu else 0
+        kv_tokens = windows.context_tokens(max_tokens)
+        pool_reserve = reserve.bytes_for(max_tokens, kv_tokens) if drafter_on_gpu == on_gpu else 0
         return CompressionWorker(compressor, name=self.name), pool_reserve
 
     def plan_compression(
