@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..llama import Context, ContextConfig, Model
+from ..llama import Context, ContextConfig, Model, ModelParams
 from .engine import Engine
 from .kv_pool import PagePool
 from .runner import LlamaRunner
@@ -46,13 +46,13 @@ class EngineConfig:
     max_queue: int = 64
     n_threads: int = field(default_factory=decode_threads)
     n_threads_batch: int = field(default_factory=physical_cores)
-    n_gpu_layers: int = 0
+    model: ModelParams = field(default_factory=ModelParams)  # the target's load, rope and LoRA
     flash_attn: bool | None = None
     offload_kqv: bool = True
     type_k: int | None = None
     type_v: int | None = None
-    use_mmap: bool = True
-    use_mlock: bool = False
+    seed: int | None = None  # requests without a seed draw one from an RNG seeded with this (None: random)
+    penalty_last_n: int = 64  # the repeat-penalty window of every sampler chain
     verbose: bool = False
 
 
@@ -85,8 +85,7 @@ def pool_tokens(config: EngineConfig, kv_per_token: int, reserve_bytes: int, ava
 
 
 def load_model(path: str | os.PathLike, config: EngineConfig) -> Model:
-    model = Model(path, n_gpu_layers=config.n_gpu_layers, use_mmap=config.use_mmap,
-                  use_mlock=config.use_mlock, verbose=config.verbose)
+    model = Model(path, config.model, verbose=config.verbose)
     if config.max_ctx is None:
         config.max_ctx = model.n_ctx_train
     if config.max_ctx > model.n_ctx_train:
@@ -125,7 +124,7 @@ def build_engine(
             type_v=config.type_v,
         ),
     )
-    runner = LlamaRunner(model, ctx)
+    runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n)
     scheduler = Scheduler(
         runner,
         PagePool(tokens // config.page_size, config.page_size),

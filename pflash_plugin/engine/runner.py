@@ -1,6 +1,8 @@
 """Executes the scheduler's steps on one llama.cpp context (the only engine part with a model)."""
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
 from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain
@@ -11,8 +13,12 @@ from .scheduler import Step
 class LlamaRunner:
     """KV operations and batched decode + sampling for the slots of one context."""
 
-    def __init__(self, model: Model, ctx: Context) -> None:
+    def __init__(self, model: Model, ctx: Context, seed: int | None = None, penalty_last_n: int = 64) -> None:
+        """`seed`: requests without their own seed draw one from an RNG seeded with it, so a server
+        started with a seed repeats its answers (llama_cpp.server's --seed); None: random seeds."""
         self.model, self.ctx = model, ctx
+        self._seeds = random.Random(seed) if seed is not None else None
+        self.penalty_last_n = penalty_last_n
         self.batch = Batch(ctx.n_batch, 1)
         self._samplers: dict[int, SamplerChain] = {}
         self._logprobs: dict[int, int | None] = {}
@@ -27,6 +33,7 @@ class LlamaRunner:
 
     def start_request(self, slot: int, request: Request) -> None:
         p = request.params
+        seed = p.seed if p.seed is not None or self._seeds is None else self._seeds.getrandbits(32)
         self._samplers[slot] = SamplerChain(
             self.model,
             temperature=p.temperature,
@@ -34,10 +41,11 @@ class LlamaRunner:
             top_p=p.top_p,
             min_p=p.min_p,
             typical_p=p.typical_p,
-            seed=p.seed,
+            seed=seed,
             repeat_penalty=p.repeat_penalty,
             frequency_penalty=p.frequency_penalty,
             presence_penalty=p.presence_penalty,
+            penalty_last_n=self.penalty_last_n,
             logit_bias=p.logit_bias,
             grammar=p.grammar,
             mirostat=p.mirostat,

@@ -2,8 +2,8 @@
 from .backend import init_backend
 from .batch import Batch
 from .context import Context, ContextConfig, DecodeError
-from .model import Model
+from .model import Model, ModelParams, RopeParams
 from .sampler import GrammarError, GrammarExhausted, SamplerChain, check_grammar
 
-__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "GrammarError", "GrammarExhausted", "Model", "SamplerChain",
-           "check_grammar", "init_backend"]
+__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "GrammarError", "GrammarExhausted", "Model",
+           "ModelParams", "RopeParams", "SamplerChain", "check_grammar", "init_backend"]

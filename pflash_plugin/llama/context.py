@@ -37,8 +37,6 @@ class ContextConfig:
     type_k: int | None = None
     type_v: int | None = None
     embeddings: bool = False
-    rope_freq_base: float = 0.0
-    rope_freq_scale: float = 0.0
 
 
 class Context:
@@ -64,8 +62,7 @@ class Context:
         if config.type_v is not None:
             params.type_v = config.type_v
         params.embeddings = config.embeddings
-        params.rope_freq_base = config.rope_freq_base
-        params.rope_freq_scale = config.rope_freq_scale
+        model.params.rope.apply(params)  # the model's rope, whoever makes a context of it
         params.no_perf = True
         # the callback object must outlive the context, or llama.cpp calls freed memory
         self._eval_callback, self._eval_callback_data = eval_callback, eval_callback_data
@@ -80,12 +77,23 @@ class Context:
                 f"llama.cpp could not create a context of {config.n_ctx} tokens "
                 f"for {config.n_seq_max} sequences (out of memory?)"
             )
+        self._apply_loras()
         self.n_ctx: int = C.llama_n_ctx(self.ptr)
         self.n_batch = config.n_batch
         self.mem = C.llama_get_memory(self.ptr)
         self.n_threads: int = C.llama_n_threads(self.ptr)
         self.n_threads_batch: int = C.llama_n_threads_batch(self.ptr)
         self._batch_threads_now = self.n_threads_batch
+
+    def _apply_loras(self) -> None:
+        """The model's LoRA adapters, on this context as on every other context of the model."""
+        if not self.model.loras:
+            return
+        adapters = (C.llama_adapter_lora_p_ctypes * len(self.model.loras))(*(a for a, _ in self.model.loras))
+        scales = (ctypes.c_float * len(self.model.loras))(*(s for _, s in self.model.loras))
+        if C.llama_set_adapters_lora(self.ptr, adapters, len(self.model.loras), scales) != 0:
+            self.close()
+            raise ValueError(f"llama.cpp could not apply the LoRA adapters {self.model.params.loras}")
 
     def close(self) -> None:
         if self.ptr:

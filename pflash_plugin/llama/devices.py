@@ -1,10 +1,10 @@
-"""Free memory of llama.cpp's GPU devices (ggml-backend's device registry), for KV pool sizing."""
+"""llama.cpp's devices (ggml-backend's registry): free GPU memory for KV pool sizing, RPC servers added."""
 from __future__ import annotations
 
 import ctypes
 import os
 
-import llama_cpp  # noqa: F401  (loads libggml under its SONAME first)
+import llama_cpp  # loads libggml under its SONAME first
 
 _GPU = 1  # GGML_BACKEND_DEVICE_TYPE_GPU
 
@@ -19,14 +19,57 @@ def _ggml() -> ctypes.CDLL:
     lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_dev_memory.restype = None
     lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_register.restype = None
+    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
     return lib
+
+
+_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)  # ggml_backend_rpc_add_server (ggml-rpc.h)
+_rpc_added: set[str] = set()
+
+
+def add_rpc_servers(endpoints: list[str]) -> None:
+    """Register each RPC server's devices with ggml (as llama.cpp's own --rpc does), so that models
+    loaded afterwards offload to them. Process-wide: an endpoint is added once."""
+    if not llama_cpp.llama_supports_rpc():
+        raise RuntimeError("this llama.cpp build has no RPC backend (rebuild llama-cpp-python with "
+                           "CMAKE_ARGS=-DGGML_RPC=on)")
+    lib = _ggml()
+    rpc = lib.ggml_backend_reg_by_name(b"RPC")
+    address = lib.ggml_backend_reg_get_proc_address(rpc, b"ggml_backend_rpc_add_server") if rpc else None
+    if not address:
+        raise RuntimeError("this llama.cpp build's RPC backend cannot add servers")
+    add_server = _ADD_SERVER(address)
+    for endpoint in endpoints:
+        if endpoint in _rpc_added:
+            continue
+        server = add_server(endpoint.encode())
+        if not server or lib.ggml_backend_reg_dev_count(server) == 0:
+            raise RuntimeError(f"no RPC server answered at {endpoint}")
+        lib.ggml_backend_register(server)
+        _rpc_added.add(endpoint)
+
+
+def _gpus(lib: ctypes.CDLL) -> list[int]:
+    return [d for d in (lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count()))
+            if lib.ggml_backend_dev_type(d) == _GPU]
+
+
+def gpu_count() -> int:
+    """GPU devices llama.cpp sees (0 on a CPU-only build)."""
+    return len(_gpus(_ggml()))
 
 
 def gpu_free_bytes(main_gpu: int = 0) -> int | None:
     """Free bytes of the `main_gpu`-th GPU device, or None when llama.cpp has no GPU device."""
     lib = _ggml()
-    gpus = [d for d in (lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count()))
-            if lib.ggml_backend_dev_type(d) == _GPU]
+    gpus = _gpus(lib)
     if not gpus:
         return None
     free, total = ctypes.c_size_t(), ctypes.c_size_t()

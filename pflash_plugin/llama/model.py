@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import llama_cpp.llama_cpp as C
 
@@ -10,41 +12,106 @@ from .backend import init_backend
 from .cpu_path import CpuPath, verdict
 
 
+_INT32_MAX = 0x7FFFFFFF  # n_gpu_layers -1: every layer (llama_cpp.Llama's mapping)
+KvOverride = tuple[str, "bool | int | float | str"]
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """RoPE/YaRN overrides (llama_context_params) for every context of one model, so that the
+    engine, the embedder and a drafter stopped early position tokens alike. The defaults are
+    llama.cpp's: "as the model says"."""
+
+    scaling_type: int = C.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED
+    freq_base: float = 0.0
+    freq_scale: float = 0.0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_fast: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_orig_ctx: int = 0
+
+    def apply(self, params: C.llama_context_params) -> None:
+        params.rope_scaling_type = self.scaling_type
+        params.rope_freq_base, params.rope_freq_scale = self.freq_base, self.freq_scale
+        params.yarn_ext_factor, params.yarn_attn_factor = self.yarn_ext_factor, self.yarn_attn_factor
+        params.yarn_beta_fast, params.yarn_beta_slow = self.yarn_beta_fast, self.yarn_beta_slow
+        params.yarn_orig_ctx = self.yarn_orig_ctx
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """How one GGUF loads (llama_model_params) and what every context of it gets (rope, LoRA)."""
+
+    n_gpu_layers: int = 0  # -1: all
+    split_mode: int = C.LLAMA_SPLIT_MODE_LAYER
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] | None = None
+    kv_overrides: tuple[KvOverride, ...] = ()
+    use_mmap: bool = True
+    use_mlock: bool = False
+    vocab_only: bool = False
+    loras: tuple[tuple[str, float], ...] = ()  # (adapter GGUF, scale)
+    rope: RopeParams = field(default_factory=RopeParams)
+
+
+def _load_mode(use_mmap: bool, use_mlock: bool) -> int:
+    """llama_cpp.Llama's mapping of use_mmap/use_mlock onto llama.cpp's load mode."""
+    if use_mmap:
+        return C.LLAMA_LOAD_MODE_MMAP_MLOCK if use_mlock else C.LLAMA_LOAD_MODE_MMAP
+    return C.LLAMA_LOAD_MODE_MLOCK if use_mlock else C.LLAMA_LOAD_MODE_NONE
+
+
+def _kv_override_array(overrides: tuple[KvOverride, ...]) -> ctypes.Array:
+    """llama_model_kv_override entries, ended by an empty key (llama.cpp's sentinel)."""
+    array = (C.llama_model_kv_override * (len(overrides) + 1))()
+    for entry, (key, value) in zip(array, overrides):
+        entry.key = key.encode()
+        if isinstance(value, bool):
+            entry.tag, entry.value.val_bool = C.LLAMA_KV_OVERRIDE_TYPE_BOOL, value
+        elif isinstance(value, int):
+            entry.tag, entry.value.val_i64 = C.LLAMA_KV_OVERRIDE_TYPE_INT, value
+        elif isinstance(value, float):
+            entry.tag, entry.value.val_f64 = C.LLAMA_KV_OVERRIDE_TYPE_FLOAT, value
+        else:
+            entry.tag, entry.value.val_str = C.LLAMA_KV_OVERRIDE_TYPE_STR, value.encode()
+    return array
+
+
 class Model:
     def __init__(
         self,
         path: str | os.PathLike,
-        n_gpu_layers: int = 0,
-        use_mmap: bool = True,
-        use_mlock: bool = False,
-        vocab_only: bool = False,
+        params: ModelParams = ModelParams(),
+        *,
         verbose: bool = False,
         use_extra_bufts: bool | None = None,
+        **fields: Any,
     ) -> None:
-        """`use_extra_bufts` None: this process's CPU path decides (see cpu_path.py: AMX probe)."""
+        """`fields` replace those of `params` (`Model(path, n_gpu_layers=99)`).
+        `use_extra_bufts` None: this process's CPU path decides (see cpu_path.py: AMX probe)."""
         init_backend(verbose)
+        self.ptr: Any = None
+        self.loras: list[tuple[Any, float]] = []  # (llama_adapter_lora *, scale)
+        self.params = params = replace(params, **fields)
         if not os.path.exists(path):
             raise FileNotFoundError(f"model file not found: {path}")
-        params = C.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
-        params.use_mmap = use_mmap
-        params.use_mlock = use_mlock
-        params.vocab_only = vocab_only
-        if use_extra_bufts is not None or vocab_only:  # a vocabulary computes nothing: no probe
+        for lora, _ in params.loras:
+            if not os.path.exists(lora):
+                raise FileNotFoundError(f"LoRA adapter not found: {lora}")
+        if use_extra_bufts is not None or params.vocab_only:  # a vocabulary computes nothing: no probe
             chosen = CpuPath(use_extra_bufts is not False, "set by the caller")
         else:
             chosen = verdict()
-        params.use_extra_bufts = chosen.use_extra_bufts
         self.cpu_path = chosen.label  # reported on /status
         self.path = os.fspath(path)
-        self.n_gpu_layers = n_gpu_layers  # layers asked on the GPU (0: none; the scorer follows them)
-        self.ptr = C.llama_model_load_from_file(self.path.encode(), params)
-        if not self.ptr:
-            raise ValueError(f"llama.cpp could not load the model {self.path}")
+        self.n_gpu_layers = params.n_gpu_layers  # layers asked on the GPU (0: none; the scorer follows them)
+        self.ptr = self._load(chosen.use_extra_bufts)
+        self._load_loras()
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
         # a vocab-only load has no hyperparameters (llama.cpp aborts when asked for them)
-        hparams = not vocab_only
+        hparams = not params.vocab_only
         self.n_layer: int = C.llama_model_n_layer(self.ptr) if hparams else 0
         self.n_head: int = C.llama_model_n_head(self.ptr) if hparams else 0
         self.n_head_kv: int = C.llama_model_n_head_kv(self.ptr) if hparams else 0
@@ -57,7 +124,38 @@ class Model:
         self.size_bytes: int = C.llama_model_size(self.ptr)
         self._pieces: dict[int, bytes] = {}
 
+    def _load(self, use_extra_bufts: bool) -> Any:
+        p = self.params
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = _INT32_MAX if p.n_gpu_layers == -1 else p.n_gpu_layers
+        params.split_mode, params.main_gpu = p.split_mode, p.main_gpu
+        params.load_mode = _load_mode(p.use_mmap, p.use_mlock)
+        params.vocab_only = p.vocab_only
+        params.use_extra_bufts = use_extra_bufts
+        # both arrays only need to live through the load (llama.cpp copies what it keeps)
+        split = (ctypes.c_float * C.LLAMA_MAX_DEVICES)(*p.tensor_split) if p.tensor_split else None
+        if split is not None:
+            params.tensor_split = split
+        overrides = _kv_override_array(p.kv_overrides) if p.kv_overrides else None
+        if overrides is not None:
+            params.kv_overrides = overrides
+        ptr = C.llama_model_load_from_file(self.path.encode(), params)
+        if not ptr:
+            raise ValueError(f"llama.cpp could not load the model {self.path}")
+        return ptr
+
+    def _load_loras(self) -> None:
+        """The adapters, loaded once per model; every context of the model applies them."""
+        for path, scale in self.params.loras:
+            adapter = C.llama_adapter_lora_init(self.ptr, path.encode())
+            if not adapter:
+                self.close()
+                raise ValueError(f"llama.cpp could not load the LoRA adapter {path} onto {self.path}")
+            self.loras.append((adapter, scale))
+
     def close(self) -> None:
+        """Free the weights (and with them the LoRA adapters: llama.cpp frees those with the model)."""
+        self.loras = []
         if self.ptr:
             C.llama_model_free(self.ptr)
             self.ptr = None

