@@ -12,7 +12,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import LiveServer, live_server
-from mock_runner import make_scheduler
+from mock_runner import make_request, make_scheduler, sink_of, step_once
 from pflash_plugin.server.metrics import Metrics
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
@@ -71,6 +71,25 @@ def test_gauges_under_a_flood(tiny_model):
     assert all(0 <= g["pflash_kv_cache_usage_perc"] <= 1 and 0 <= g["pflash_prefix_cache_usage_perc"] <= 1 for g in seen)
     # the idle slots keep their prefix caches; those pages are free to the next request, so not in use
     assert idle["pflash_kv_cache_usage_perc"] == 0 and idle["pflash_prefix_cache_usage_perc"] > 0
+
+
+def test_a_page_shared_by_a_running_request_and_an_idle_cache_is_in_use():
+    scheduler, runner = make_scheduler(n_slots=2, n_pages=32, page_size=4, max_batch_tokens=16, max_ctx=64)
+    prompt = list(range(10, 30))
+    first = make_request(prompt, max_tokens=3)
+    scheduler.add(first)
+    step_once(scheduler, runner)
+    step_once(scheduler, runner)
+    second = make_request(prompt[:8] + [500, 501], max_tokens=20)  # shares the first's two first pages
+    scheduler.add(second)
+    while sink_of(first).finish is None:
+        step_once(scheduler, runner)
+    idle, busy = scheduler.slots
+    assert (idle.request, busy.request) == (None, second) and set(idle.pages) & set(busy.pages)
+    gauges = {f.name: f.samples[0].value for f in text_string_to_metric_families(
+        Metrics(lambda: {"m": scheduler.status()}).render().decode()) if f.type == "gauge"}
+    assert gauges["pflash_kv_cache_usage_perc"] == len(busy.pages) / 32
+    assert gauges["pflash_prefix_cache_usage_perc"] == len(set(idle.pages) - set(busy.pages)) / 32
 
 
 def kubernetes_documents() -> list[dict]:
