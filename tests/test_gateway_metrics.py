@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import yaml
@@ -35,7 +36,7 @@ def scrape(server: LiveServer) -> dict[str, float]:
     return values
 
 
-def wait_for(server: LiveServer, done, seen: list[dict[str, float]]) -> dict[str, float]:
+def wait_for(server: LiveServer, done: Callable[[dict[str, float]], bool], seen: list[dict[str, float]]) -> dict[str, float]:
     """Scrape until `done(gauges)`; every scrape is kept in `seen`. The deadline only ends a hung test."""
     deadline = time.monotonic() + 120
     while True:
