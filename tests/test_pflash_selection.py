@@ -42,8 +42,7 @@ def random_case(seed: int):
         mandatory.append(Segment(a, b))
     mass = rng.random(int(rng.integers(0, n + 1)))
     budget = int(rng.integers(1, n + 10))
-    score = "sum" if seed % 2 else "density"
-    return n, segments, mandatory, mass, budget, score
+    return n, segments, mandatory, mass, budget
 
 
 def candidate_parts(segments: list[Segment], mandatory_mask: np.ndarray) -> list[Segment]:
@@ -64,13 +63,13 @@ def candidate_parts(segments: list[Segment], mandatory_mask: np.ndarray) -> list
 
 @pytest.mark.parametrize("seed", range(400))
 def test_random_selection_properties(seed: int) -> None:
-    n, segments, mandatory, mass, budget, score = random_case(seed)
+    n, segments, mandatory, mass, budget = random_case(seed)
     mandatory_mask = np.zeros(n, dtype=bool)
     for span in mandatory:
         mandatory_mask[span.start : span.end] = True
     n_mandatory = int(mandatory_mask.sum())
 
-    result = select(mass, segments, budget, mandatory, score=score)
+    result = select(mass, segments, budget, mandatory)
 
     if n_mandatory > budget:
         assert result is None
@@ -103,8 +102,7 @@ def test_random_selection_properties(seed: int) -> None:
         padded = np.concatenate([mass, np.zeros(n - len(mass))])
 
         def value(p: Segment) -> float:
-            total = float(padded[p.start : p.end].sum())
-            return total / len(p) if score == "density" else total
+            return float(padded[p.start : p.end].sum())
 
         best = max(parts, key=lambda p: (value(p), -p.start))
         if len(best) <= budget - n_mandatory:
@@ -191,17 +189,6 @@ def test_tokens_without_mass_score_zero() -> None:
     assert result.kept == spans((5, 10))
 
 
-def test_density_and_sum_rank_differently() -> None:
-    # [0, 10): sum 1.0, mean 0.1.  [10, 12): sum 0.8, mean 0.4.
-    mass = [0.1] * 10 + [0.4] * 2
-    segments = spans((0, 10), (10, 12))
-    by_sum = select(mass, segments, budget=10, mandatory=[], score="sum")
-    by_density = select(mass, segments, budget=10, mandatory=[], score="density")
-    assert by_sum is not None and by_density is not None
-    assert by_sum.kept == spans((0, 10))
-    assert by_density.kept == spans((10, 12))
-
-
 def test_budget_at_least_prompt_keeps_everything() -> None:
     segments = fixed_segments(23, 5)
     for budget in (23, 100):
@@ -217,26 +204,25 @@ def test_list_mass_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mass", "segments", "budget", "mandatory", "score", "message"),
+    ("mass", "segments", "budget", "mandatory", "message"),
     [
-        ([], [], 5, [], "sum", "empty prompt"),
-        ([1.0] * 10, fixed_segments(10, 5), 0, [], "sum", "budget"),
-        ([1.0] * 10, fixed_segments(10, 5), -3, [], "sum", "budget"),
-        ([1.0] * 10, spans((0, 4), (5, 10)), 5, [], "sum", "contiguous"),
-        ([1.0] * 10, spans((1, 5), (5, 10)), 5, [], "sum", "contiguous"),
-        ([1.0] * 10, spans((0, 6), (5, 10)), 5, [], "sum", "contiguous"),
-        ([1.0] * 10, spans((0, 5), (5, 5), (5, 10)), 5, [], "sum", "contiguous"),
-        ([1.0] * 11, fixed_segments(10, 5), 5, [], "sum", "mass has 11"),
-        ([1.0, float("nan")] + [1.0] * 8, fixed_segments(10, 5), 5, [], "sum", "NaN"),
-        ([1.0, float("inf")] + [1.0] * 8, fixed_segments(10, 5), 5, [], "sum", "NaN or Inf"),
-        ([1.0] * 10, fixed_segments(10, 5), 5, spans((8, 11)), "sum", "mandatory"),
-        ([1.0] * 10, fixed_segments(10, 5), 5, spans((3, 3)), "sum", "mandatory"),
-        ([1.0] * 10, fixed_segments(10, 5), 5, [], "max", "score"),
+        ([], [], 5, [], "empty prompt"),
+        ([1.0] * 10, fixed_segments(10, 5), 0, [], "budget"),
+        ([1.0] * 10, fixed_segments(10, 5), -3, [], "budget"),
+        ([1.0] * 10, spans((0, 4), (5, 10)), 5, [], "contiguous"),
+        ([1.0] * 10, spans((1, 5), (5, 10)), 5, [], "contiguous"),
+        ([1.0] * 10, spans((0, 6), (5, 10)), 5, [], "contiguous"),
+        ([1.0] * 10, spans((0, 5), (5, 5), (5, 10)), 5, [], "contiguous"),
+        ([1.0] * 11, fixed_segments(10, 5), 5, [], "mass has 11"),
+        ([1.0, float("nan")] + [1.0] * 8, fixed_segments(10, 5), 5, [], "NaN"),
+        ([1.0, float("inf")] + [1.0] * 8, fixed_segments(10, 5), 5, [], "NaN or Inf"),
+        ([1.0] * 10, fixed_segments(10, 5), 5, spans((8, 11)), "mandatory"),
+        ([1.0] * 10, fixed_segments(10, 5), 5, spans((3, 3)), "mandatory"),
     ],
 )
-def test_invalid_inputs_raise(mass, segments, budget, mandatory, score, message) -> None:
+def test_invalid_inputs_raise(mass, segments, budget, mandatory, message) -> None:
     with pytest.raises(ValueError, match=message):
-        select(mass, segments, budget, mandatory, score=score)
+        select(mass, segments, budget, mandatory)
 
 
 def test_token_indices() -> None:
@@ -345,7 +331,7 @@ def reference_segment_tokens(pieces: list[str], min_len: int, max_len: int) -> l
     return segments
 
 
-def reference_select(mass, segments, budget, mandatory, score) -> Selection | None:
+def reference_select(mass, segments, budget, mandatory) -> Selection | None:
     """The per-token selection the vectorised one replaced: same prefix sums, same greedy order."""
     n = segments[-1].end
     covered = np.zeros(n, dtype=bool)
@@ -357,8 +343,7 @@ def reference_select(mass, segments, budget, mandatory, score) -> Selection | No
     parts = candidate_parts(segments, covered)
 
     def rank(p: Segment) -> tuple[float, int]:
-        value = prefix[p.end] - prefix[p.start]
-        return (-(value / len(p) if score == "density" else value), p.start)
+        return (-(prefix[p.end] - prefix[p.start]), p.start)
 
     remaining, chosen, kept = budget - int(covered.sum()), [], covered.copy()
     for part in sorted(parts, key=rank):
@@ -380,19 +365,19 @@ def tied_case(seed: int):
     head, query = int(rng.integers(1, 40)), int(rng.integers(1, n // 2))
     mandatory = [Segment(0, head), Segment(n - query, n), Segment(n // 3, n // 3 + int(rng.integers(1, 50)))]
     budget = int(rng.integers(1, n))
-    return segments, mandatory, mass, budget, "sum" if seed % 2 else "density"
+    return segments, mandatory, mass, budget
 
 
 @pytest.mark.parametrize("seed", range(200))
 def test_select_matches_reference_on_random_cases(seed: int) -> None:
-    _, segments, mandatory, mass, budget, score = random_case(seed)
-    assert select(mass, segments, budget, mandatory, score=score) == reference_select(mass, segments, budget, mandatory, score)
+    _, segments, mandatory, mass, budget = random_case(seed)
+    assert select(mass, segments, budget, mandatory) == reference_select(mass, segments, budget, mandatory)
 
 
 @pytest.mark.parametrize("seed", range(100))
 def test_select_matches_reference_with_ties_and_boundary_segments(seed: int) -> None:
-    segments, mandatory, mass, budget, score = tied_case(seed)
-    assert select(mass, segments, budget, mandatory, score=score) == reference_select(mass, segments, budget, mandatory, score)
+    segments, mandatory, mass, budget = tied_case(seed)
+    assert select(mass, segments, budget, mandatory) == reference_select(mass, segments, budget, mandatory)
 
 
 @pytest.mark.parametrize("seed", range(100))

@@ -167,19 +167,5 @@ class Context:
     def seq_pos_max(self, seq_id: int) -> int:
         return C.llama_memory_seq_pos_max(self.mem, seq_id)
 
-    def seq_pos_min(self, seq_id: int) -> int:
-        return C.llama_memory_seq_pos_min(self.mem, seq_id)
-
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
-
-    def state_get(self, seq_id: int) -> bytes:
-        size = C.llama_state_seq_get_size(self.ptr, seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        n = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
-        return bytes(buf[:n])
-
-    def state_set(self, seq_id: int, data: bytes) -> None:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) == 0:
-            raise RuntimeError(f"llama.cpp could not restore the state of sequence {seq_id}")

@@ -220,9 +220,6 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
-    def token_text(self, token: int) -> str:
-        return C.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
-
     def check_token(self, token: int) -> None:
         if not 0 <= token < self.n_vocab:
             raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")

@@ -281,7 +281,6 @@ def select(
     segments: list[Segment],
     budget: int,
     mandatory: list[Segment],
-    score: str = "sum",
 ) -> Selection | None:
     """Keep the mandatory spans plus the highest-scoring segments that fit in ``budget`` tokens.
 
@@ -289,13 +288,11 @@ def select(
     i; tokens past the end of ``mass`` score 0 (they are normally inside a
     mandatory span, e.g. the query). A segment partly covered by mandatory
     spans competes with its uncovered parts, each as its own candidate.
-    Candidates are ranked by ``score`` ("sum" or "density" = mean mass), ties
-    to the earlier one, and taken greedily, skipping any that no longer fit:
+    Candidates are ranked by their mass (the sum over their tokens), ties to
+    the earlier one, and taken greedily, skipping any that no longer fit:
     the budget is never exceeded. Returns None when the mandatory spans alone
     exceed the budget, meaning the prompt should not be compressed.
     """
-    if score not in ("sum", "density"):
-        raise ValueError(f"score must be 'sum' or 'density', got {score!r}")
     if budget <= 0:
         raise ValueError(f"budget must be >= 1, got {budget}")
     starts, ends = _bounds(segments)
@@ -311,8 +308,6 @@ def select(
 
     lo, hi = _candidates(starts, n_tokens, covered)
     value = prefix[hi] - prefix[lo]
-    if score == "density":
-        value /= hi - lo
     order = np.lexsort((lo, -value))  # best first, ties to the earlier candidate
     remaining = budget - mandatory_tokens
     chosen: list[int] = []
