@@ -1,7 +1,7 @@
 """Native (ggml_ext) against numpy scoring on the CPU, on Q/K captured from the demo model.
 
 Two measurements, arms interleaved, medians:
-1. the attention mass alone, on the same captured tensors (numpy `scoring.attention_mass` against
+1. the attention mass alone, on the same captured tensors (numpy `attention_mass.attention_mass` against
    `native.attention_mass`);
 2. the whole drafter run (forward to layer 5, capture, scoring) with each scorer, split into the
    forward and the capture + scoring that PFlash adds to it.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter
-from pflash_plugin.pflash.scoring import attention_mass
+from pflash_plugin.pflash.attention_mass import attention_mass
 from pflash_plugin.testing.haystack import needle_prompt
 
 import numpy as np  # after llama_cpp (see bench/gpu/run.sh)

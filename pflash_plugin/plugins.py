@@ -8,7 +8,7 @@ Groups:
   (an engine that serves the models) and `routers` (APIRouters added to the app).
 - `pflash_plugin.selectors`: segment selectors, `select(mass, segments, budget, mandatory)`.
 - `pflash_plugin.scorers`: token scorers, factories `make(spec, on_gpu=, device=, n_threads=)` of a
-  `pflash_plugin.pflash.scorer.Scorer` (the drafter's eval callback and the attention mass).
+  `pflash_plugin.pflash.scorers.Scorer` (the drafter's eval callback and the attention mass).
 
 A plugin that fails to import is logged with its name and skipped: one broken package must not
 stop a server.
@@ -67,7 +67,7 @@ def plugin_routers(plugins: dict[str, Any]) -> list[Any]:
 # installed (no entry points there, e.g. on the GPU machine).
 BUILTIN = {
     SELECTOR_GROUP: {"greedy": "pflash_plugin.pflash.selection:select"},
-    SCORER_GROUP: {name: f"pflash_plugin.pflash.scorer:{name}_scorer" for name in ("auto", "native", "numpy")},
+    SCORER_GROUP: {name: f"pflash_plugin.pflash.scorers:{name}_scorer" for name in ("auto", "native", "numpy")},
 }
 
 

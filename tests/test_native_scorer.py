@@ -7,8 +7,8 @@ import pytest
 
 from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter
-from pflash_plugin.pflash.scorer import NumpyScorer, make_scorer
-from pflash_plugin.pflash.scoring import attention_mass
+from pflash_plugin.pflash.scorers import NumpyScorer, make_scorer
+from pflash_plugin.pflash.attention_mass import attention_mass
 from pflash_plugin.llama.capture import CaptureSpec
 
 needs_native = pytest.mark.skipif(native.load() is None, reason="ggml_ext not built")

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pflash_plugin.pflash.scoring import NonFiniteScores, attention_mass, combine_layers
+from pflash_plugin.pflash.attention_mass import NonFiniteScores, attention_mass, combine_layers
 
 
 def reference_mass(

@@ -72,7 +72,7 @@ def test_client_gone_before_the_first_byte_is_cancelled(roomy_server, stream):
 def test_routers_mount_into_another_app(tiny_model):
     from pflash_plugin.server.app import ROUTERS
     from pflash_plugin.server.context import ServerContext, attach
-    from pflash_plugin.server.models import ModelRouter
+    from pflash_plugin.server.models import ModelRegistry
     from pflash_plugin.server.settings import ModelSettings, ServerSettings
 
     host = FastAPI()
@@ -81,7 +81,7 @@ def test_routers_mount_into_another_app(tiny_model):
     async def own() -> dict:
         return {"mine": True}
 
-    models = ModelRouter([ModelSettings(model=str(tiny_model), model_alias="tiny", n_ctx=256, max_concurrency=2, n_threads=1, n_threads_batch=1, verbose=False)])
+    models = ModelRegistry([ModelSettings(model=str(tiny_model), model_alias="tiny", n_ctx=256, max_concurrency=2, n_threads=1, n_threads_batch=1, verbose=False)])
     attach(host, ServerContext.build(ServerSettings(), models))
     for router in ROUTERS:
         host.include_router(router, prefix="/llm")

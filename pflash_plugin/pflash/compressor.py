@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .drafter import Cancelled, Drafter, DrafterError, Neighbours
 from .query import QueryPlan
-from .scoring import NonFiniteScores
+from .attention_mass import NonFiniteScores
 from .selection import KeepCurve, Selection, TokenBoundaries, budget_for, segment_at_boundaries, select
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..llama import Batch, Context, ContextConfig, DecodeError, Model
 from ..llama.capture import CaptureSpec
-from .scorer import ScoringError, make_scorer
+from .scorers import ScoringError, make_scorer
 from .windows import DraftWindows, Stage
 
 # Architectures with recurrent (state-space) layers: no per-token K to score against.

@@ -14,7 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from .context import ServerContext, attach
 from .extras_api import extras, operations
-from .models import ModelRouter
+from .models import ModelRegistry
 from .openai_api import router as openai_router
 from .security import install_security
 from .settings import ModelSettings, ServerSettings
@@ -26,12 +26,12 @@ ROUTERS = (openai_router, extras, operations)
 def create_app(
     server_settings: ServerSettings,
     model_settings: list[ModelSettings],
-    router: ModelRouter | None = None,
+    models: ModelRegistry | None = None,
     extra_routers: Iterable[Any] = (),
 ) -> FastAPI:
-    """An app serving `model_settings` (or an existing `router` of loaded models), with the
+    """An app serving `model_settings` (or an existing registry of loaded `models`), with the
     routers that plugins add after ours."""
-    context = ServerContext.build(server_settings, router or ModelRouter(model_settings))
+    context = ServerContext.build(server_settings, models or ModelRegistry(model_settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from ..engine.request import Request as EngineRequest
 from ..engine.scheduler import AdmissionError
 from .metrics import Metrics
-from .models import ModelRouter, ServedModel
+from .models import ModelRegistry, ServedModel
 from .protocol import RequestError
 from .settings import ServerSettings
 
@@ -18,11 +18,11 @@ from .settings import ServerSettings
 @dataclass
 class ServerContext:
     settings: ServerSettings
-    models: ModelRouter
+    models: ModelRegistry
     metrics: Metrics
 
     @classmethod
-    def build(cls, settings: ServerSettings, models: ModelRouter) -> ServerContext:
+    def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:
         metrics = Metrics(lambda: {name: m.engine.status() for name, m in models.models.items()})
         return cls(settings, models, metrics)
 

@@ -275,7 +275,9 @@ class ServedModel:
         return bias
 
 
-class ModelRouter:
+class ModelRegistry:
+    """The served models by name: the one a request's `model` names (any name with one model)."""
+
     def __init__(self, settings: list[ModelSettings]) -> None:
         if not settings:
             raise ValueError("no model configured")

@@ -15,12 +15,12 @@ from typing import Any
 
 from sse_starlette.sse import AppStatus
 
-from .models import ModelRouter
+from .models import ModelRegistry
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def drain_on_signal(models: ModelRouter, grace_s: float) -> None:
+def drain_on_signal(models: ModelRegistry, grace_s: float) -> None:
     """Chain the drain onto the server's own SIGTERM/SIGINT handlers, which uvicorn installs before
     the app's lifespan starts. Only in the main thread, where signals arrive, and only over a
     server's handler: an app served some other way keeps its signals as they are."""

@@ -2,7 +2,7 @@
 
 `native` (ggml_ext/, through llama/native.py) picks the Q/K nodes in C, keeps them where they were
 computed (host or GPU) and scores there; `numpy` captures in Python and scores with
-`scoring.attention_mass`. Both give the mass that the query rows pay every earlier token.
+`attention_mass.attention_mass`. Both give the mass that the query rows pay every earlier token.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from .. import plugins
 from ..llama import native
 from ..llama.capture import CaptureSpec, QKCapture
-from .scoring import NonFiniteScores, attention_mass, combine_layers
+from .attention_mass import NonFiniteScores, attention_mass, combine_layers
 
 
 class ScoringError(RuntimeError):
