@@ -70,9 +70,9 @@ def one_prompt(served: ServedModel, arms: dict[str, Compressor], n: int, kind: s
         assert result.kept is not None, result.report
         kept[arm] = set(result.kept)
         answer = Run(served, result.tokens, "off", max_tokens=8).wait()
-        row[arm] = {"ok": code in answer.text, "answer": answer.text, "draft_ms": result.report["draft_ms"],
-                    "forward_ms": result.report["forward_ms"], "windows": result.report["draft_windows"],
-                    "kept_tokens": result.report["kept_tokens"]}
+        row[arm] = {"ok": code in answer.text, "answer": answer.text, "draft_ms": result.report.draft_ms,
+                    "forward_ms": result.report.draft_timings["forward_ms"],
+                    "windows": result.report.draft_windows, "kept_tokens": result.report.kept_tokens}
     row["overlap"] = round(len(kept["windowed"] & kept["causal"]) / len(kept["causal"]), 3)
     return row
 

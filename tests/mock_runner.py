@@ -36,6 +36,7 @@ from pflash_plugin.engine.request import (
 )
 from pflash_plugin.engine.scheduler import Scheduler, Step
 from pflash_plugin.llama import DecodeError
+from pflash_plugin.pflash.report import PflashReport
 
 VOCAB = 1000
 EOG = VOCAB  # never produced by the default rule (which works modulo VOCAB)
@@ -168,6 +169,12 @@ class MockRunner:
     def end_request(self, slot: int) -> None:
         self.ops.append(("end", slot))
         self.active.pop(slot, None)  # tolerated after a start_request that raised, like LlamaRunner
+
+    def set_abort(self, should_abort: Callable[[], bool]) -> None:
+        """llama.cpp's abort callback: the mock never polls it (tests that do replace this)."""
+
+    def close(self) -> None:
+        pass
 
     # ---- stepping --------------------------------------------------------------------------
     def execute(self, step: Step) -> dict[int, TokenOutput | Exception]:
@@ -431,21 +438,26 @@ class FakeCompressor:
 
     def __init__(self) -> None:
         self.jobs: list[tuple[object, Callable]] = []
+        self.neighbours: list[object] = []
         self.submitted = threading.Semaphore(0)
 
-    def submit(self, job, deliver) -> None:
+    def submit(self, job, neighbours, deliver) -> None:
         self.jobs.append((job, deliver))
+        self.neighbours.append(neighbours)
         self.submitted.release()
 
-    def deliver(self, index: int, tokens: list[int], report: dict | None = None) -> None:
-        _, deliver = self.jobs[index]
-        deliver(SimpleNamespace(tokens=tokens, report=report or {"status": "compressed", "kept_tokens": len(tokens)}))
+    def deliver(self, index: int, tokens: list[int], report: PflashReport | None = None) -> None:
+        job, deliver = self.jobs[index]
+        report = report or PflashReport("compressed", len(job.tokens), kept_tokens=len(tokens))
+        deliver(SimpleNamespace(tokens=tokens, report=report))
 
 
 def compressed_request(prompt: list[int], max_tokens: int = 3) -> Request:
-    """A request that asks for compression (its job: a cancel flag and a progress counter)."""
+    """A request that asks for compression (its job: a cancel flag, a progress counter, the report
+    of a skip)."""
     request = make_request(prompt, max_tokens=max_tokens)
-    request.compression = SimpleNamespace(cancelled=threading.Event(), progress=0)
+    request.compression = SimpleNamespace(cancelled=threading.Event(), progress=0, tokens=request.prompt_tokens,
+                                          skipped=lambda reason: PflashReport.skipped(len(prompt), reason))
     return request
 
 
@@ -456,7 +468,7 @@ class EngineHarness:
         self.engines: list[Engine] = []
 
     def __call__(self, start: bool = True, compressor=None, **kw) -> tuple[Engine, Scheduler, MockRunner]:
-        sched, runner = make_scheduler(**kw)
+        sched, runner = make_scheduler(can_compress=compressor is not None, **kw)
         engine = Engine(sched, runner, name="test", compressor=compressor)
         self.engines.append(engine)
         if start:

@@ -9,8 +9,9 @@ from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
 from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
-from pflash_plugin.pflash.drafter import DraftOptions, Drafter
+from pflash_plugin.pflash.drafter import Alone, DraftOptions, Drafter
 from pflash_plugin.pflash.query import plan_query
+from pflash_plugin.pflash.report import PflashReport
 from pflash_plugin.testing import cached_tiny_llama
 
 from mock_runner import (
@@ -22,6 +23,7 @@ from mock_runner import (
     make_scheduler,
     run_until_idle,
     sink_of,
+    step_once,
 )
 
 TIMEOUT = 5.0
@@ -33,15 +35,13 @@ def long_request(prompt=LONG, max_tokens: int = 3):
 
 
 def test_long_prompt_is_served_compressed_and_reports_the_client_prompt():
-    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=16)
-    handed = []
-    sched.handoff = handed.append
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=16, can_compress=True)
     request = long_request()
     sched.add(request)
     assert not sched.schedule().items  # handed off, nothing to prefill yet
-    assert handed == [request] and request.status is RequestStatus.COMPRESSING
+    assert sched.take_handed() == [request] and request.status is RequestStatus.COMPRESSING
     assert sched.status()["compressing"][0]["prompt_tokens"] == 40
-    sched.resume(request, LONG[:4] + LONG[-6:], {"status": "compressed", "kept_tokens": 10})
+    sched.resume(request, LONG[:4] + LONG[-6:], PflashReport("compressed", 40, kept_tokens=10))
     run_until_idle(sched, runner)
     usage = sink_of(request).finish.usage
     assert usage["prompt_tokens"] == 40 and usage["timings"]["pflash"]["kept_tokens"] == 10
@@ -50,36 +50,32 @@ def test_long_prompt_is_served_compressed_and_reports_the_client_prompt():
 
 
 def test_prepared_requests_go_ahead_of_new_arrivals_in_arrival_order():
-    sched, runner = make_scheduler(n_slots=1, n_pages=64, max_batch_tokens=16)
-    sched.handoff = lambda r: None
+    sched, runner = make_scheduler(n_slots=1, n_pages=64, max_batch_tokens=16, can_compress=True)
     first, second = long_request(LONG), long_request([50 + i for i in range(40)])
     sched.add(first), sched.add(second)
     sched.schedule()
     newcomer = make_request([7, 8, 9])
     sched.add(newcomer)
-    sched.resume(first, LONG[:8], {"status": "compressed"})
-    sched.resume(second, [50, 51, 52], {"status": "compressed"})
+    sched.resume(first, LONG[:8], PflashReport("compressed", 40))
+    sched.resume(second, [50, 51, 52], PflashReport("compressed", 40))
     assert list(sched.prepared) == [first, second] and list(sched.waiting) == [newcomer]
     run_until_idle(sched, runner)
     assert runner.started == [first.request_id, second.request_id, newcomer.request_id]
 
 
 def test_cached_prefix_skips_compression():
-    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=64)
-    handed = []
-    sched.handoff = handed.append
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=64, can_compress=True)
     sched.add(make_request(LONG, max_tokens=2))
     run_until_idle(sched, runner)
     again = long_request(LONG + [99])
     sched.add(again)
     run_until_idle(sched, runner)
-    assert handed == [] and again.pflash["status"] == "skipped" and "cached" in again.pflash["reason"]
+    assert sched.take_handed() == [] and again.pflash.status == "skipped" and "cached" in again.pflash.reason
     assert sink_of(again).finish.usage["prompt_tokens_details"]["cached_tokens"] == 40
 
 
 def test_queue_limit_counts_prompts_in_compression():
-    sched, runner = make_scheduler(n_slots=1, max_queue=1)
-    sched.handoff = lambda r: None
+    sched, runner = make_scheduler(n_slots=1, max_queue=1, can_compress=True)
     assert sched.submit(long_request()) is None and sched.submit(long_request()) is None
     assert len(sched.compressing) == 2 and not sched.running  # the slot is free, but both will want it
     error = sched.submit(make_request([1, 2]))
@@ -97,6 +93,26 @@ def engine_with_fake():
 
     yield build
     harness.stop()
+
+
+def test_the_compressor_drafts_beside_the_engines_activity():
+    """The engine hands each job over with its activity: interactive work waits while a request
+    is queued or awaits its first token, and slots decode once one generates."""
+    harness, fake = EngineHarness(), FakeCompressor()
+    engine, sched, runner = harness(start=False, compressor=fake, n_slots=2, n_pages=64, max_batch_tokens=16)
+    activity = engine.activity
+    scored, chat = long_request(), make_request([5, 6, 7], max_tokens=4)
+    sched.submit(scored, chat)
+    engine._hand_off()
+    engine._publish_status()
+    assert fake.neighbours == [activity] and fake.jobs[0][0] is scored.compression
+    assert activity.interactive_waiting() and not activity.slots_decoding()
+    step_once(sched, runner)  # the chat's prompt and first token
+    engine._publish_status()
+    assert not activity.interactive_waiting() and activity.slots_decoding()
+    run_until_idle(sched, runner)
+    engine._publish_status()
+    assert not activity.interactive_waiting() and not activity.slots_decoding()
 
 
 def test_decoding_chat_keeps_stepping_while_a_prompt_is_scored(engine_with_fake):
@@ -123,7 +139,7 @@ def test_two_long_prompts_arriving_together_are_both_compressed(engine_with_fake
     fake.deliver(1, [60, 61, 62, 99])
     fake.deliver(0, [1, 2, 3, 40])
     assert sink_of(a).done.wait(TIMEOUT) and sink_of(b).done.wait(TIMEOUT)
-    assert {a.pflash["status"], b.pflash["status"]} == {"compressed"}
+    assert {a.pflash.status, b.pflash.status} == {"compressed"}
 
 
 def test_cancelled_request_stops_its_compression(engine_with_fake):
@@ -156,23 +172,22 @@ def test_worker_stops_drafting_a_cancelled_job():
     worker = CompressionWorker(compressor)
     delivered = []
     done = threading.Event()
-    worker.submit(job_, lambda result: (delivered.append(result), done.set()))
+    worker.submit(job_, Alone(), lambda result: (delivered.append(result), done.set()))
     follow = CompressionJob(tokens[:100], plan_query([model.piece(t) for t in tokens[:100]], 8), 0.5)
-    worker.submit(follow, lambda result: (delivered.append(result), done.set()))
+    worker.submit(follow, Alone(), lambda result: (delivered.append(result), done.set()))
     assert done.wait(TIMEOUT)
     worker.stop()
     assert job_.progress == 64  # one chunk of 64, then it stopped
-    assert len(delivered) == 1 and delivered[0].report["original_tokens"] == 100  # the thread lives on
+    assert len(delivered) == 1 and delivered[0].report.original_tokens == 100  # the thread lives on
 
 
 def test_scored_prompt_waits_for_its_model_even_when_the_queue_is_full():
-    sched, runner = make_scheduler(n_slots=1, max_queue=1)
-    sched.handoff = lambda r: None
+    sched, runner = make_scheduler(n_slots=1, max_queue=1, can_compress=True)
     long = long_request()
     sched.add(long)
     sched.schedule()
     sched.add(make_request([1, 2]))  # the queue is now full for new arrivals
-    sched.resume(long, LONG[:6], {"status": "compressed"})
+    sched.resume(long, LONG[:6], PflashReport("compressed", 40))
     assert long in sched.prepared  # never scored twice, never answered 429 after scoring
     run_until_idle(sched, runner)
     assert sink_of(long).finish.reason == "length"
@@ -210,7 +225,7 @@ def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
     try:
         short = Request(served.model.tokenize("Name a color."), SamplingParams())
         served.plan_compression(short, None)
-        assert short.compression is None and short.pflash["status"] == "skipped"
+        assert short.compression is None and short.pflash.status == "skipped"
         long = Request(served.model.tokenize(" ".join(f"line {i} of notes." for i in range(120))), SamplingParams())
         served.plan_compression(long, PflashOverride(keep_ratio=0.3))
         assert long.compression is not None and long.pflash is None

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pflash_plugin.llama import Model, native
-from pflash_plugin.pflash.drafter import DraftOptions, Drafter
+from pflash_plugin.pflash.drafter import Alone, DraftOptions, Drafter
 from pflash_plugin.pflash.scorers import NumpyScorer, make_scorer
 from pflash_plugin.pflash.attention_mass import attention_mass
 from pflash_plugin.llama.capture import CaptureSpec
@@ -104,15 +104,15 @@ def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(ti
     started, delivered = threading.Event(), []
 
     class Slow(Drafter):
-        def _decode_politely(self, batch, should_stop, should_yield):
+        def _decode_politely(self, batch, should_stop, interactive_waiting):
             started.set()
             threading.Event().wait(0.05)  # a slow chunk
-            super()._decode_politely(batch, should_stop, should_yield)
+            super()._decode_politely(batch, should_stop, interactive_waiting)
 
     compressor = Compressor(PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True)
     worker = CompressionWorker(compressor)
     job = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.2)
-    worker.submit(job, delivered.append)
+    worker.submit(job, Alone(), delivered.append)
     assert started.wait(10)
     worker.stop()
     assert job.cancelled.is_set() and not delivered  # cancelled mid-way: 30 chunks would take 1.5 s

@@ -9,7 +9,7 @@ import pytest
 
 from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
-from pflash_plugin.pflash.drafter import DraftOptions, Drafter, DrafterError, Neighbours, check_vocab, scoring_layers
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter, DrafterError, check_vocab, scoring_layers
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -135,7 +135,7 @@ def test_non_finite_scores_fall_back_to_full_prefill(deep_model):
                             lambda: _NaNDrafter(deep_model, [1], 256), persistent=False)
     plan = plan_query([deep_model.piece(t) for t in tokens], 8)
     result = compressor.compress(CompressionJob(tokens, plan, 0.3))
-    assert result.report["status"] == "fallback" and "non-finite" in result.report["reason"]
+    assert result.report.status == "fallback" and "non-finite" in result.report.reason
     assert result.tokens == tokens
 
 
@@ -146,13 +146,13 @@ def test_compressor_keeps_budget_head_and_query(deep_model):
     plan = plan_query([deep_model.piece(t) for t in tokens], 8, min_head=4)
     result = compressor.compress(CompressionJob(tokens, plan, 0.25))
     report = result.report
-    assert report["status"] == "compressed"
-    assert len(result.tokens) == report["kept_tokens"] <= 100
+    assert report.status == "compressed"
+    assert len(result.tokens) == report.kept_tokens <= 100
     assert result.tokens[:4] == tokens[:4] and result.tokens[-8:] == tokens[-8:]
-    assert report["segments_kept"] < report["segments_total"] and report["layers_run"] == 2
+    assert report.segments_kept < report.segments_total and report.layers_run == 2
     # a budget smaller than the mandatory spans: no compression
     skipped = compressor.compress(CompressionJob(tokens, plan_query([deep_model.piece(t) for t in tokens], 8, min_head=200), 0.25))
-    assert skipped.report["status"] == "skipped" and skipped.tokens == tokens
+    assert skipped.report.status == "skipped" and skipped.tokens == tokens
 
 
 def test_plan_query_finds_the_last_user_message():
@@ -167,7 +167,7 @@ def test_plan_query_finds_the_last_user_message():
 
 
 class _YieldAfter:
-    """should_yield that turns true for calls [first, last): the drafter's pre-decode check is call
+    """interactive_waiting that turns true for calls [first, last): the drafter's pre-decode check is call
     1, then llama.cpp polls it as its abort callback while a chunk computes."""
 
     def __init__(self, first: int, last: int) -> None:
@@ -185,7 +185,7 @@ def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, s
     expected = reference.run(tokens, 392)
     drafter = Drafter(deep_model, [1], 512, DraftOptions(n_batch=64, scorer=scorer))
     yield_now = _YieldAfter(5, 40)  # true while the first chunk computes: llama.cpp aborts it
-    drafted = drafter.run(tokens, 392, neighbours=Neighbours(should_yield=yield_now))
+    drafted = drafter.run(tokens, 392, neighbours=SimpleNamespace(interactive_waiting=yield_now, slots_decoding=lambda: False))
     assert drafter.aborted_chunks >= 1 and yield_now.calls > 40
     # rolled back and redone: the same captures and scores as an undisturbed run
     for x, y in zip(drafter.scorer.tensors(1), reference.scorer.tensors(1)):
@@ -204,7 +204,7 @@ def test_drafter_shares_the_device_with_decoding_slots(deep_model, monkeypatch):
     expected = solo.run(tokens, 1190, progress=alone.append)
     pauses: list[float] = []
     monkeypatch.setattr(drafter_module.time, "sleep", pauses.append)
-    got = solo.run(tokens, 1190, progress=shared.append, neighbours=Neighbours(should_share=lambda: True))
+    got = solo.run(tokens, 1190, progress=shared.append, neighbours=SimpleNamespace(interactive_waiting=lambda: False, slots_decoding=lambda: True))
     assert alone == [1024, 1200] and shared == [512, 1024, 1200]
     assert len(pauses) == 3 and all(p > 0 for p in pauses)  # 3x each chunk's time at duty 0.25
     np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)

@@ -36,7 +36,7 @@ open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the c
 compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, DraftOptions(n_batch=512, windows=windows)), persistent=False)
 report = compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)).report
 reserve = drafter_reserve(model, layers, 512, separate_weights=False)
-print(json.dumps({"peak": status("VmHWM:") - base, "formula": reserve.bytes_for(n, windows.context_tokens(n)), "status": report["status"]}))
+print(json.dumps({"peak": status("VmHWM:") - base, "formula": reserve.bytes_for(n, windows.context_tokens(n)), "status": report.status}))
 """
 
 

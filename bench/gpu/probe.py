@@ -77,7 +77,7 @@ def reserve_check(out: Path) -> list[dict]:
         result, peak = gpu_peak(lambda: compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)))
         formula = drafter_reserve(model, layers, 512, separate_weights=False).bytes_for(n)
         rows.append({"tokens": n, "gpu_peak": peak, "formula": formula, "covered": peak <= formula,
-                     "status": result.report["status"], "seconds": round(time.perf_counter() - t0, 3),
+                     "status": result.report.status, "seconds": round(time.perf_counter() - t0, 3),
                      "kv_bytes_per_token": model.kv_bytes_per_token()})
         print(json.dumps(rows[-1]), flush=True)
     path.unlink()

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..llama import DecodeError
-from .request import ErrorEvent, Request, RequestStatus
+from .request import ErrorEvent, Report, Request, RequestStatus
 from .scheduler import AdmissionError, Scheduler, Step
+from .seams import Activity, CompressionResult, Compressor, Runner
 
 log = logging.getLogger(__name__)
 _JOIN_MARGIN_S = 30.0  # shutdown waits this long past the grace for a step in flight to end
@@ -38,7 +39,7 @@ class Cancel:
 class Compressed:
     request: Request
     tokens: list[int]
-    report: dict
+    report: Report
 
 
 @dataclass(frozen=True)
@@ -65,17 +66,13 @@ class Health:
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, runner: Any, name: str = "engine", compressor: Any = None) -> None:
-        """`compressor` (optional) has `submit(job, deliver)`: it runs `job` on its own thread and
-        calls `deliver(result)` with `result.tokens` and `result.report`."""
+    def __init__(self, scheduler: Scheduler, runner: Runner, name: str = "engine",
+                 compressor: Compressor | None = None) -> None:
+        """`compressor` runs the jobs of the requests the scheduler hands off (it must have been
+        built with `can_compress`), on its own thread, beside this engine's `activity`."""
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
-        self._interactive = False  # requests wait for a first token: background work steps aside
-        self._decoding = False  # slots decode: background work shares the device
-        if compressor is not None:
-            scheduler.handoff = self._hand_to_compressor
-            compressor.should_yield = lambda: self._interactive
-            compressor.should_share = lambda: self._decoding
+        self.activity = Activity()
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closing = False  # shutdown() was called: submit refuses
@@ -90,8 +87,7 @@ class Engine:
         # the newcomer does not wait for the whole step (the next step caps that prompt's chunk)
         self._preemptible = False
         self._arrival = threading.Event()
-        if hasattr(runner, "set_abort"):
-            runner.set_abort(lambda: self._preemptible and self._arrival.is_set())
+        runner.set_abort(lambda: self._preemptible and self._arrival.is_set())
         self._thread = threading.Thread(target=self._loop, name=f"pflash-{name}", daemon=True)
 
     def start(self) -> None:
@@ -140,8 +136,7 @@ class Engine:
         `shutdown`), so no step can be using it."""
         if self._thread.is_alive():
             raise RuntimeError(f"engine {self.name} is still running: shut it down before closing it")
-        if hasattr(self.runner, "close"):
-            self.runner.close()
+        self.runner.close()
 
     def health(self) -> Health:
         if self._failure is not None:
@@ -156,11 +151,15 @@ class Engine:
         with self._status_lock:
             return dict(self._status)
 
-    def _hand_to_compressor(self, request: Request) -> None:
-        def deliver(result: Any) -> None:  # on the compression thread: post back, touch nothing
-            self._post(Compressed(request, result.tokens, result.report))
+    def _hand_off(self) -> None:
+        """Give the compressor the requests the scheduler handed off."""
+        for request in self.scheduler.take_handed():
+            assert self.compressor is not None and request.compression is not None
 
-        self.compressor.submit(request.compression, deliver)
+            def deliver(result: CompressionResult, request: Request = request) -> None:
+                self._post(Compressed(request, result.tokens, result.report))  # on the compression thread
+
+            self.compressor.submit(request.compression, self.activity, deliver)
 
     def _post(self, message: Message) -> None:
         self._inbox.put(message)
@@ -186,6 +185,7 @@ class Engine:
         if self._deadline is not None and self._drained():
             return False
         step = self.scheduler.schedule() if self.scheduler.has_work and self._failure is None else Step([])
+        self._hand_off()
         self._publish_status()  # before the events go out: a client that got its answer sees it
         self.scheduler.emit()
         if not step.items:
@@ -303,10 +303,11 @@ class Engine:
 
     def _publish_status(self) -> None:
         sched = self.scheduler
-        self._interactive = any(r.timings.first_token is None for r in sched.running) or any(
-            r.compression is None for r in [*sched.waiting, *sched.prepared]
+        self.activity.publish(
+            interactive_waiting=any(r.timings.first_token is None for r in sched.running)
+            or any(r.compression is None for r in [*sched.waiting, *sched.prepared]),
+            slots_decoding=any(r.status is RequestStatus.DECODING for r in sched.running),
         )
-        self._decoding = any(r.status is RequestStatus.DECODING for r in sched.running)
         status = sched.status()
         status["steps"] = self.steps
         with self._status_lock:

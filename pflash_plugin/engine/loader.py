@@ -4,13 +4,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..llama import Context, ContextConfig, Model, ModelParams
 from .engine import Engine
 from .kv_pool import PagePool
 from .runner import LlamaRunner
 from .scheduler import Scheduler
+from .seams import Compressor
 
 
 def physical_cores() -> int:
@@ -100,7 +100,7 @@ def build_engine(
     model: Model,
     config: EngineConfig,
     name: str = "engine",
-    compressor: Any = None,
+    compressor: Compressor | None = None,
     reserve_bytes: int = 0,
     available_bytes: int | None = None,
 ) -> Engine:
@@ -135,6 +135,7 @@ def build_engine(
         piece=model.piece,
         is_eog=model.is_eog,
         prefill_chunk=config.prefill_chunk,
+        can_compress=compressor is not None,
     )
     engine = Engine(scheduler, runner, name=name, compressor=compressor)
     engine.start()

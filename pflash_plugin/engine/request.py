@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import enum
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 
 class RequestStatus(enum.Enum):
@@ -121,6 +122,21 @@ Event = TextEvent | FinishEvent | ErrorEvent
 _ids = itertools.count(1)
 
 
+class Report(Protocol):
+    """A compression report (pflash.report.PflashReport): the engine only passes it on."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class CompressionJob(Protocol):
+    """A prompt's compression still to run (pflash.compressor.CompressionJob), as the engine sees it."""
+
+    cancelled: threading.Event  # set by the engine when the request ends first
+    progress: int  # tokens drafted so far (for /status)
+
+    def skipped(self, reason: str) -> Report: ...
+
+
 @dataclass(eq=False)
 class Request:
     prompt_tokens: list[int]
@@ -134,8 +150,8 @@ class Request:
     n_prefilled: int = 0  # prefill tokens already in the KV (cached ones included)
     output_tokens: list[int] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
-    pflash: dict[str, Any] | None = None  # compression report for usage.timings.pflash
-    compression: Any = None  # the compression job still to run (opaque here: .cancelled, .progress)
+    pflash: Report | None = None  # compression report for usage.timings.pflash
+    compression: CompressionJob | None = None  # the compression job still to run
 
     def __post_init__(self) -> None:
         if not self.prefill_tokens:
@@ -159,7 +175,7 @@ class Request:
         timings: dict[str, Any] = self.timings.as_usage()
         timings["cached_tokens"] = self.cached_tokens
         if self.pflash is not None:
-            timings["pflash"] = self.pflash
+            timings["pflash"] = self.pflash.to_json()
         return {
             "prompt_tokens": len(self.prompt_tokens),
             "completion_tokens": len(self.output_tokens),

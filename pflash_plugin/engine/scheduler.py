@@ -23,6 +23,7 @@ from .request import (
     ErrorEvent,
     Event,
     FinishEvent,
+    Report,
     Request,
     RequestStatus,
     TextEvent,
@@ -104,11 +105,12 @@ class Scheduler:
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
         clock: Callable[[], float] = time.perf_counter,
-        handoff: Callable[[Request], None] | None = None,
+        can_compress: bool = False,
         prefill_chunk: int | None = None,
         aging: int = 128,
     ) -> None:
-        """`prefill_chunk`: while other requests are active, a prompt prefills at most this many
+        """`can_compress`: requests that ask for compression are handed off (`take_handed`), else
+        they are prefilled in full. `prefill_chunk`: while other requests are active, a prompt prefills at most this many
         tokens per step, so steps stay short and the others keep their latency. `aging`: each
         step a prefilling prompt is left out of counts as this many fewer tokens left, so a
         long prompt gets through a steady stream of short ones."""
@@ -122,7 +124,8 @@ class Scheduler:
         self.prepared: deque[Request] = deque()  # back from compression: ahead of new arrivals
         self.running: list[Request] = []
         self.compressing: list[Request] = []
-        self.handoff = handoff  # gives a request to the compression thread
+        self.can_compress = can_compress
+        self._handed: list[Request] = []  # handed off, for the engine to give to its compressor
         self._live: dict[int, _Live] = {}
         self._outbox: deque[tuple[Request, Event]] = deque()
 
@@ -203,22 +206,27 @@ class Scheduler:
         self.waiting.append(request)
 
     def _hand_off(self) -> None:
-        """Send waiting requests that asked for compression to the compression thread, unless
-        the prefix cache already holds most of the prompt (measured here: the worker never
-        reads the cache)."""
+        """Hand off waiting requests that asked for compression, unless the prefix cache already
+        holds most of the prompt (measured here: the compression thread never reads the cache)."""
         for request in [r for r in self.waiting if r.compression is not None]:
+            assert request.compression is not None
             _, reuse = self.best_prefix(request.prompt_tokens)
-            if self.handoff is None or reuse * 2 >= len(request.prompt_tokens):
-                reason = f"{reuse} prompt tokens are cached" if self.handoff else "no compressor"
-                request.pflash = {"status": "skipped", "reason": reason, "original_tokens": len(request.prompt_tokens)}
+            if not self.can_compress or reuse * 2 >= len(request.prompt_tokens):
+                reason = f"{reuse} prompt tokens are cached" if self.can_compress else "no compressor"
+                request.pflash = request.compression.skipped(reason)
                 request.compression = None
                 continue
             self.waiting.remove(request)
             request.status = RequestStatus.COMPRESSING
             self.compressing.append(request)
-            self.handoff(request)
+            self._handed.append(request)
 
-    def resume(self, request: Request, tokens: list[int], report: dict) -> None:
+    def take_handed(self) -> list[Request]:
+        """The requests handed off since the last call, for the engine's compressor."""
+        handed, self._handed = self._handed, []
+        return handed
+
+    def resume(self, request: Request, tokens: list[int], report: Report) -> None:
         """A compression came back: queue the (maybe compressed) prompt ahead of new arrivals."""
         if request.status is not RequestStatus.COMPRESSING:
             return  # finished meanwhile (cancelled): the late result is dropped
@@ -449,6 +457,7 @@ class Scheduler:
                     queue.remove(request)
         elif prior is RequestStatus.COMPRESSING:
             self.compressing.remove(request)
+            assert request.compression is not None
             request.compression.cancelled.set()  # the worker drops it at its next chunk
         else:
             self.running.remove(request)
@@ -530,7 +539,7 @@ class Scheduler:
                 {
                     "request_id": r.request_id,
                     "prompt_tokens": len(r.prompt_tokens),
-                    "drafted_tokens": r.compression.progress,
+                    "drafted_tokens": r.compression.progress if r.compression else 0,
                 }
                 for r in self.compressing
             ],

@@ -11,15 +11,15 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from .drafter import Cancelled, Drafter, DrafterError, Neighbours
+from .drafter import Alone, Cancelled, Drafter, DrafterError, Neighbours
 from .query import QueryPlan
 from .attention_mass import NonFiniteScores
+from .report import MANDATORY_OVER_BUDGET, PflashReport
 from .selection import KeepCurve, Selection, TokenBoundaries, budget_for, segment_at_boundaries, select
 
 log = logging.getLogger(__name__)
-MANDATORY_OVER_BUDGET = "the head, the query and its suffix alone exceed the budget"
 
 
 @dataclass
@@ -48,11 +48,15 @@ class CompressionJob:
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: int = 0  # tokens drafted so far (written by the compression thread)
 
+    def skipped(self, reason: str) -> PflashReport:
+        """The report of this job when it is not run (the engine decided against it)."""
+        return PflashReport.skipped(len(self.tokens), reason)
+
 
 @dataclass
 class CompressionResult:
     tokens: list[int]  # what the target prefills (the original prompt on skip/fallback)
-    report: dict[str, Any]
+    report: PflashReport
     kept: list[int] | None = None  # indices of the prompt tokens kept, when compressed
 
 
@@ -73,17 +77,17 @@ class Compressor:
         # native-cpu | native-cuda | native-hip | numpy: known at start for a persistent drafter
         self.scorer_name: str | None = self._drafter.scorer.name if self._drafter else None
 
-    def compress(self, job: CompressionJob, neighbours: Neighbours = Neighbours()) -> CompressionResult:
+    def compress(self, job: CompressionJob, neighbours: Neighbours = Alone()) -> CompressionResult:
         tokens, plan = job.tokens, job.plan
         n = len(tokens)
-        report: dict[str, Any] = {"original_tokens": n, "kept_tokens": n, "keep_ratio": 1.0}
+        report = PflashReport("compressed", n, kept_tokens=n, keep_ratio=1.0)
         budget = budget_for(n, job.keep_ratio)
         if not plan.fits(n, budget):
             return self._skip(tokens, report, MANDATORY_OVER_BUDGET)
         t0 = time.perf_counter()
         drafter = self._drafter or self._make_drafter()
         t1 = time.perf_counter()
-        report["drafter_load_ms"] = round((t1 - t0) * 1000.0, 3)
+        report.drafter_load_ms = round((t1 - t0) * 1000.0, 3)
         try:
             drafted = drafter.run(
                 tokens + list(plan.extra_query),
@@ -107,34 +111,25 @@ class Compressor:
         segments = segment_at_boundaries(self._boundaries(tokens), self.config.segment_min, self.config.segment_max)
         selection = self.config.select(drafted.mass, segments, budget, plan.mandatory(n))
         t3 = time.perf_counter()
-        report.update(
-            layers_run=drafted.layers_run,
-            scorer=drafted.scorer,
-            draft_windows=drafted.windows,
-            draft_ms=round((t2 - t1) * 1000.0, 3),  # drafter forward, capture and scoring
-            **drafted.timings,
-            select_ms=round((t3 - t2) * 1000.0, 3),
-        )
+        report.layers_run, report.scorer, report.draft_windows = drafted.layers_run, drafted.scorer, drafted.windows
+        report.draft_ms = round((t2 - t1) * 1000.0, 3)
+        report.draft_timings = drafted.timings
+        report.select_ms = round((t3 - t2) * 1000.0, 3)
         if selection is None:
             return self._skip(tokens, report, MANDATORY_OVER_BUDGET)
         kept = selection.take(tokens)
-        report.update(
-            status="compressed",
-            kept_tokens=len(kept),
-            keep_ratio=round(len(kept) / n, 4),
-            segments_total=selection.segments_total,
-            segments_kept=selection.segments_kept,
-        )
+        report.kept_tokens, report.keep_ratio = len(kept), round(len(kept) / n, 4)
+        report.segments_total, report.segments_kept = selection.segments_total, selection.segments_kept
         return CompressionResult(kept, report, selection.token_indices())
 
     @staticmethod
-    def _skip(tokens: list[int], report: dict, reason: str) -> CompressionResult:
-        return CompressionResult(tokens, {**report, "status": "skipped", "reason": reason})
+    def _skip(tokens: list[int], report: PflashReport, reason: str) -> CompressionResult:
+        return CompressionResult(tokens, report.ending("skipped", reason))
 
     @staticmethod
-    def _fallback(tokens: list[int], report: dict, reason: str) -> CompressionResult:
+    def _fallback(tokens: list[int], report: PflashReport, reason: str) -> CompressionResult:
         log.warning("pflash fell back to a full prefill: %s", reason)
-        return CompressionResult(tokens, {**report, "status": "fallback", "reason": reason})
+        return CompressionResult(tokens, report.ending("fallback", reason))
 
     def close(self) -> None:
         if self._drafter is not None:
@@ -143,24 +138,24 @@ class Compressor:
 
 
 class CompressionWorker:
-    """One thread that compresses jobs in arrival order and hands each result to `deliver`.
-
-    The owner (the engine) sets `should_yield` (requests wait for a first token: the drafter steps
-    aside) and `should_share` (slots are decoding: the drafter paces itself)."""
+    """One thread that compresses jobs in arrival order, each beside the neighbours it was
+    submitted with (the engine's activity: the drafter steps aside or paces itself), and hands
+    each result to its `deliver`."""
 
     STOP_TIMEOUT_S = 60.0
 
     def __init__(self, compressor: Compressor, name: str = "pflash") -> None:
         self.compressor = compressor
-        self.should_yield: Callable[[], bool] = lambda: False
-        self.should_share: Callable[[], bool] = lambda: False
-        self._jobs: queue.SimpleQueue[tuple[CompressionJob, Callable[[CompressionResult], None]] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Submitted | None] = queue.SimpleQueue()
         self._current: CompressionJob | None = None
         self._thread = threading.Thread(target=self._loop, name=f"{name}-compress", daemon=True)
         self._thread.start()
 
-    def submit(self, job: CompressionJob, deliver: Callable[[CompressionResult], None]) -> None:
-        self._jobs.put((job, deliver))
+    def submit(self, job: object, neighbours: Neighbours, deliver: Callable[[CompressionResult], None]) -> None:
+        """Queue `job` (a CompressionJob: the engine passes it through as it got it)."""
+        if not isinstance(job, CompressionJob):
+            raise TypeError(f"the compression worker runs CompressionJob, not {type(job).__name__}")
+        self._jobs.put(_Submitted(job, neighbours, deliver))
 
     def stop(self) -> None:
         """Cancel the job in flight (the drafter stops between chunks), end the thread once the
@@ -178,22 +173,29 @@ class CompressionWorker:
         self.compressor.close()
 
     def _loop(self) -> None:
-        neighbours = Neighbours(lambda: self.should_yield(), lambda: self.should_share())
         while True:
             item = self._jobs.get()
             if item is None:
                 return
-            job, deliver = item
+            job = item.job
             if job.cancelled.is_set():
                 continue
             self._current = job
             try:
-                result = self.compressor.compress(job, neighbours)
+                result = self.compressor.compress(job, item.neighbours)
             except Cancelled:
                 continue
             except Exception as error:  # a bug in scoring must not kill the thread or the request
                 log.exception("pflash compression failed")
-                result = Compressor._fallback(job.tokens, {"original_tokens": len(job.tokens)}, f"internal error: {error}")
+                report = PflashReport("fallback", len(job.tokens))
+                result = Compressor._fallback(job.tokens, report, f"internal error: {error}")
             finally:
                 self._current = None
-            deliver(result)
+            item.deliver(result)
+
+
+@dataclass(frozen=True)
+class _Submitted:
+    job: CompressionJob
+    neighbours: Neighbours
+    deliver: Callable[[CompressionResult], None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -34,12 +34,21 @@ def _never() -> bool:
     return False
 
 
-@dataclass
-class Neighbours:
-    """What the engine tells background work about the requests it serves."""
+class Neighbours(Protocol):
+    """What the engine tells background work about the requests it serves (engine.seams.Activity)."""
 
-    should_yield: Callable[[], bool] = _never  # requests wait for a first token: pause, abort a chunk
-    should_share: Callable[[], bool] = _never  # slots are decoding: short chunks, paced to a duty cycle
+    def interactive_waiting(self) -> bool: ...  # requests wait for a first token: pause, abort a chunk
+    def slots_decoding(self) -> bool: ...  # slots are decoding: short chunks, paced to a duty cycle
+
+
+class Alone:
+    """No neighbours: a drafter run on its own (tests, benchmarks, calibration)."""
+
+    def interactive_waiting(self) -> bool:
+        return False
+
+    def slots_decoding(self) -> bool:
+        return False
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,7 @@ class Drafter:
         query_end: int | None = None,
         should_stop: Callable[[], bool] = _never,
         progress: Callable[[int], None] = lambda done: None,
-        neighbours: Neighbours = Neighbours(),
+        neighbours: Neighbours = Alone(),
     ) -> DraftResult:
         """Draft `tokens` chunk by chunk and score keys [0, query_start) by the attention of the
         queries [query_start, query_end). Scoring is background work: while requests wait for their
@@ -214,12 +223,12 @@ class Drafter:
         """Decode `tokens` from position `pos` on, chunk by chunk and politely (see `run`)."""
         done = 0
         while done < len(tokens):
-            shared = neighbours.should_share()
+            shared = neighbours.slots_decoding()
             end = min(done + (min(self.n_batch, SHARED_CHUNK) if shared else self.n_batch), len(tokens))
             batch.clear()
             batch.add_sequence(tokens[done:end], pos + done, 0, False)
             chunk_start = time.perf_counter()
-            self._decode_politely(batch, should_stop, neighbours.should_yield)
+            self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
             if self.scorer.error():
                 raise DrafterError(f"capture failed: {self.scorer.error()}")
             if shared and self.shared_duty < 1.0:
@@ -227,17 +236,18 @@ class Drafter:
             done = end
             progress(pos + done)
 
-    def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool], should_yield: Callable[[], bool]) -> None:
+    def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool],
+                         interactive_waiting: Callable[[], bool]) -> None:
         deadline = time.monotonic() + MAX_YIELD_S
         while True:
-            while should_yield() and time.monotonic() < deadline:
+            while interactive_waiting() and time.monotonic() < deadline:
                 if should_stop():
                     raise Cancelled()
                 time.sleep(0.005)
             if should_stop():
                 raise Cancelled()
             self.scorer.checkpoint()
-            self._abort_if = lambda: should_yield() and time.monotonic() < deadline
+            self._abort_if = lambda: interactive_waiting() and time.monotonic() < deadline
             try:
                 self.ctx.decode(batch)
                 return

@@ -15,11 +15,12 @@ from ..engine.loader import build_engine, load_model
 from ..engine.request import Request
 from ..llama import Model
 from ..llama.devices import gpu_free_bytes
-from ..pflash.compressor import MANDATORY_OVER_BUDGET, CompressionJob, CompressionWorker, Compressor, PflashConfig
+from ..pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
 from ..pflash.payoff import Calibration
 from ..pflash.policy import skip_reason
 from ..pflash.query import plan_query
+from ..pflash.report import MANDATORY_OVER_BUDGET, PflashReport
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
 from ..pflash.selection import KeepCurve, budget_for
 from ..pflash.windows import DraftWindows
@@ -189,7 +190,7 @@ class ServedModel:
         if reason is None and self.compression is None:
             reason = "PFlash is not enabled on this model (start it with --pflash auto)"
         if reason is not None:
-            request.pflash = {"status": "skipped", "reason": reason, "original_tokens": n}
+            request.pflash = PflashReport.skipped(n, reason)
             return
         explicit = None
         if override and override.query:
@@ -203,7 +204,7 @@ class ServedModel:
         )
         ratio = self.pflash.ratio_for(n, override.keep_ratio if override else None)
         if not plan.fits(n, budget_for(n, ratio)):  # decided here: no queueing behind long scorings
-            request.pflash = {"status": "skipped", "reason": MANDATORY_OVER_BUDGET, "original_tokens": n}
+            request.pflash = PflashReport.skipped(n, MANDATORY_OVER_BUDGET)
             return
         request.compression = CompressionJob(request.prompt_tokens, plan, ratio)
 

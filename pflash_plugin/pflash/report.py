@@ -1,0 +1,47 @@
+"""What `usage.timings.pflash` says of one request's compression, built only here: the compressor
+fills it in as it goes, planning and the engine only ever say why a prompt was not compressed."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+MANDATORY_OVER_BUDGET = "the head, the query and its suffix alone exceed the budget"
+
+
+@dataclass
+class PflashReport:
+    """Fields left None are not reported; `to_json` gives the keys clients read."""
+
+    status: str  # compressed | skipped | fallback (the full prompt was prefilled)
+    original_tokens: int
+    reason: str | None = None  # why skipped or fallen back
+    kept_tokens: int | None = None
+    keep_ratio: float | None = None
+    drafter_load_ms: float | None = None
+    layers_run: int | None = None
+    scorer: str | None = None  # native-cpu | native-cuda | native-hip | numpy
+    draft_windows: int | None = None
+    draft_ms: float | None = None  # drafter forward, capture and scoring
+    draft_timings: dict[str, float] = field(default_factory=dict)  # the drafter's: forward_ms, capture_ms, score_ms
+    select_ms: float | None = None
+    segments_total: int | None = None
+    segments_kept: int | None = None
+
+    @classmethod
+    def skipped(cls, original_tokens: int, reason: str) -> PflashReport:
+        """Not compressed, decided before any drafting."""
+        return cls("skipped", original_tokens, reason)
+
+    def ending(self, status: str, reason: str) -> PflashReport:
+        """This report, ended as skipped or fallback for `reason`."""
+        return replace(self, status=status, reason=reason)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "draft_timings":
+                out.update(value)
+            elif value is not None:
+                out[f.name] = value
+        return out
