@@ -216,19 +216,17 @@ def test_routed_long_prompt_is_compressed_by_its_model(tiny_model, tmp_path):
 def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
     """Decided on the request's own thread: a short chat with pflash 'always' must not wait in the
     compression queue behind long prompts being scored."""
-    from pflash_plugin.engine.request import Request, SamplingParams
     from pflash_plugin.server.models import ServedModel
     from pflash_plugin.server.protocol import PflashOverride
     from pflash_plugin.server.settings import ModelSettings
 
     served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="always", verbose=False, n_threads=1, n_threads_batch=1))
     try:
-        short = Request(served.model.tokenize("Name a color."), SamplingParams())
-        served.plan_compression(short, None)
-        assert short.compression is None and short.pflash.status == "skipped"
-        long = Request(served.model.tokenize(" ".join(f"line {i} of notes." for i in range(120))), SamplingParams())
-        served.plan_compression(long, PflashOverride(keep_ratio=0.3))
-        assert long.compression is not None and long.pflash is None
+        short = served.planner.plan(served.model.tokenize("Name a color."), None)
+        assert short.job is None and short.report is not None and short.report.status == "skipped"
+        long = served.planner.plan(served.model.tokenize(" ".join(f"line {i} of notes." for i in range(120))),
+                                   PflashOverride(keep_ratio=0.3))
+        assert long.job is not None and long.report is None
     finally:
         served.close()
 
@@ -247,6 +245,9 @@ def test_chat_and_explicit_query_requests_are_compressed_over_http(tiny_model):
                                                           "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}).json()
         explicit = client.post("/v1/completions", json={"prompt": notes, "max_tokens": 3,
                                                          "pflash": {"mode": "always", "keep_ratio": 0.5, "query": "When does it open?"}}).json()
+        too_long = client.post("/v1/completions", json={"prompt": notes, "max_tokens": 3,
+                                                         "pflash": {"mode": "always", "query": "open " * 300}})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "pflash.query"
     report = chat["usage"]["timings"]["pflash"]
     assert report["status"] == "compressed" and chat["usage"]["prompt_tokens"] == report["original_tokens"]
     assert tools["usage"]["timings"]["pflash"]["status"] == "skipped"  # tools: only when the request asks

@@ -169,7 +169,7 @@ def test_chat_template_kwargs_reach_the_template():
         served = ServedModel(ModelSettings(model=model, n_ctx=256, verbose=False, n_threads=1,
                                            chat_template_kwargs=kwargs))
         try:
-            text = served.model.detokenize(served.render_chat([{"role": "user", "content": "hello"}]).tokens)
+            text = served.model.detokenize(served.prompts.render_chat([{"role": "user", "content": "hello"}]).tokens)
             assert ("LOUD" in text) is expected
         finally:
             served.close()

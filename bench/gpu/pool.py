@@ -18,7 +18,8 @@ print("gpu free before", free, "pool tokens", status["kv_pages_total"] * status[
 done = []
 request = Request(served.model.tokenize(" ".join(f"note {i}: the bridge opens at dawn." for i in range(40))),
                   SamplingParams(max_tokens=4, temperature=0), sink=lambda e: done.append(e))
-served.plan_compression(request, None)
+plan = served.planner.plan(request.prompt_tokens, None)
+request.compression, request.pflash = plan.job, plan.report
 served.engine.submit(request)
 import time
 for _ in range(300):

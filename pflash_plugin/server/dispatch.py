@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -19,35 +18,14 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..engine.request import ErrorEvent, FinishEvent, Request as EngineRequest, TextEvent
+from ..engine.request import ErrorEvent, FinishEvent, TextEvent
 from .context import ServerContext
 from .errors import error_response
-from .models import ServedModel
+from .generation import Generation
 from .protocol import RequestError, error_body
-from .responses import Choice, envelope, merge_usage, new_id
+from .responses import envelope, merge_usage, new_id
 
 _GONE = object()  # queued when the client of a non-streamed request disconnects
-
-
-@dataclass
-class Generation:
-    """One client request as the engine runs it: engine request i feeds choice i."""
-
-    served: ServedModel
-    requests: list[EngineRequest]
-    choices: list[Choice]
-    object: str  # "text_completion" | "chat.completion"
-    chunk_object: str  # the object of streamed chunks
-    prompt_tokens: int  # the client's prompts, each counted once
-    include_usage: bool = False
-    rid: str = ""
-    done: set[int] = field(default_factory=set)  # choices whose request finished or failed
-
-    def cancel_unfinished(self) -> None:
-        for index, request in enumerate(self.requests):
-            if index not in self.done:
-                self.done.add(index)
-                self.served.engine.cancel(request)
 
 
 async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool) -> Response | dict:

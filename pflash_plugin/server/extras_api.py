@@ -27,13 +27,13 @@ operations = APIRouter(route_class=OpenAIRoute, tags=["Operations"], responses=E
 
 @extras.post("/extras/tokenize", response_model=TokenizeInputResponse)
 async def tokenize(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    tokens = await run_in_threadpool(ctx.models.get(body.model).tokenize_prompt, body.input)
+    tokens = await run_in_threadpool(ctx.models.get(body.model).prompts.tokenize, body.input)
     return TokenizeInputResponse(tokens=tokens)
 
 
 @extras.post("/extras/tokenize/count", response_model=TokenizeInputCountResponse)
 async def count_tokens(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    tokens = await run_in_threadpool(ctx.models.get(body.model).tokenize_prompt, body.input)
+    tokens = await run_in_threadpool(ctx.models.get(body.model).prompts.tokenize, body.input)
     return TokenizeInputCountResponse(count=len(tokens))
 
 

@@ -24,7 +24,8 @@ class Run:
         self.error: str | None = None
         self.start = time.perf_counter()
         self.request = Request(tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink=self._on_event)
-        served.plan_compression(self.request, PflashOverride(mode=mode))
+        plan = served.planner.plan(tokens, PflashOverride(mode=mode))
+        self.request.compression, self.request.pflash = plan.job, plan.report
         served.engine.submit(self.request)
 
     def _on_event(self, event) -> None:

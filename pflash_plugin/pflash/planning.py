@@ -1,0 +1,90 @@
+"""Per-request PFlash planning, on the request's own thread before it reaches the engine: a job
+for the compression thread, or a report saying why the prompt is not compressed, or neither (PFlash
+is off and the request did not ask). Deciding here keeps short prompts out of the compression
+queue, where they would wait behind long scorings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..llama import Model
+from .compressor import CompressionJob, PflashConfig
+from .policy import skip_reason
+from .query import plan_query
+from .report import MANDATORY_OVER_BUDGET, PflashReport
+from .selection import budget_for
+
+MAX_EXPLICIT_QUERY = 256  # tokens of a request's pflash.query (the drafter context leaves room)
+NOT_ENABLED = "PFlash is not enabled on this model (start it with --pflash auto)"
+
+
+class PlanError(ValueError):
+    """The request's PFlash options are unusable; `param` names the field (the server's 400)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Ask(Protocol):
+    """What one request asks of PFlash (the server's `pflash` request field)."""
+
+    @property
+    def mode(self) -> str | None: ...  # off | auto | always; None: the model's mode
+    @property
+    def keep_ratio(self) -> float | None: ...
+    @property
+    def query(self) -> str | None: ...  # text whose tokens score the prompt
+
+
+@dataclass(frozen=True)
+class PromptFacts:
+    """What the prompt's rendering knows beyond its tokens."""
+
+    last_user: str | None = None  # the final user message: the query
+    system: str | None = None  # the system prompt: always kept
+    has_tools: bool = False
+    json_format: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the engine request carries: `compression` = job, `pflash` = report."""
+
+    job: CompressionJob | None = None  # compress: the job for the compression thread
+    report: PflashReport | None = None  # not compressed: why (neither: nothing to report)
+
+
+class Planner:
+    """Plans the requests of one model; `enabled`: the model has a compression thread."""
+
+    def __init__(self, config: PflashConfig, model: Model, enabled: bool) -> None:
+        self.config, self.model, self.enabled = config, model, enabled
+
+    def plan(self, tokens: list[int], ask: Ask | None, facts: PromptFacts = PromptFacts()) -> Plan:
+        """A job to run, or a `skipped` report saying why not, or neither. Raises PlanError."""
+        n = len(tokens)
+        mode = ask.mode if ask else None
+        reason = skip_reason(self.config, n, mode, facts.has_tools, facts.json_format)
+        if reason == "off" and mode is None:
+            return Plan()  # PFlash is off and the request did not ask: report nothing
+        if reason is None and not self.enabled:
+            reason = NOT_ENABLED
+        if reason is not None:
+            return Plan(report=PflashReport.skipped(n, reason))
+        explicit = self._explicit_query(ask.query if ask else None)
+        pieces = [self.model.piece(t) for t in tokens]
+        query = plan_query(pieces, self.config.query_tokens, last_user=facts.last_user, system=facts.system,
+                          explicit=explicit, min_head=self.config.segment_min)
+        ratio = self.config.ratio_for(n, ask.keep_ratio if ask else None)
+        if not query.fits(n, budget_for(n, ratio)):
+            return Plan(report=PflashReport.skipped(n, MANDATORY_OVER_BUDGET))
+        return Plan(job=CompressionJob(tokens, query, ratio))
+
+    def _explicit_query(self, query: str | None) -> list[int] | None:
+        if not query:
+            return None
+        explicit = self.model.tokenize(query, add_special=False)
+        if len(explicit) > MAX_EXPLICIT_QUERY:
+            raise PlanError(f"pflash.query is over {MAX_EXPLICIT_QUERY} tokens", "pflash.query")
+        return explicit

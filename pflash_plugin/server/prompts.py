@@ -1,0 +1,99 @@
+"""A model's prompts as the OpenAI routes send them: chat messages rendered by the model's chat
+template, prompts given as text or token ids, logit_bias keys; each checked, a bad one a 400."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llama_cpp import llama_chat_format
+
+from ..llama import Model
+from .protocol import RequestError
+
+
+@dataclass
+class ChatPrompt:
+    tokens: list[int]
+    stop: list[str]
+    last_user: str | None  # the final user message: PFlash's query
+    system: str | None  # the system prompt: always kept by PFlash
+
+
+def chat_formatter(model: Model, chat_format: str | None) -> Any:
+    """The GGUF's Jinja template unless `chat_format` names one of llama_cpp's formats; raises
+    ValueError (at start) for an unknown name."""
+    template = model.chat_template()
+    if chat_format is None and template:
+        return llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=model.piece(model.eos).decode("utf-8", errors="replace"),
+            bos_token=model.piece(model.bos).decode("utf-8", errors="replace"),
+        )
+    name = chat_format or "llama-2"  # llama_cpp's own fallback when a GGUF has no template
+    for attr in (f"format_{name.replace('-', '_')}", f"format_{name.replace('-', '')}"):
+        formatter = getattr(llama_chat_format, attr, None)
+        if formatter is not None:
+            return formatter
+    raise ValueError(f"unknown chat_format {name!r}")
+
+
+class Prompts:
+    """Tokenizes and checks the prompts of one model."""
+
+    def __init__(self, model: Model, chat_format: str | None, chat_template_kwargs: dict[str, Any]) -> None:
+        self.model = model
+        self._formatter = chat_formatter(model, chat_format)
+        self._template_kwargs = chat_template_kwargs
+
+    def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None) -> ChatPrompt:
+        try:
+            result = self._formatter(messages=messages, tools=tools, tool_choice=tool_choice, **self._template_kwargs)
+        except Exception as error:  # template errors are the client's messages' fault
+            raise RequestError(400, f"the chat template could not render the messages: {error}",
+                               param="messages") from None
+        tokens = self.model.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)
+        stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        return ChatPrompt(tokens, stop, _last(messages, "user"), _last(messages, "system"))
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.model.tokenize(prompt, add_special=True, parse_special=True)
+
+    def tokenize_prompts(self, prompt: str | list, param: str = "prompt") -> list[tuple[list[int], str]]:
+        """An OpenAI `prompt` or embeddings `input` (text, token ids, or a list of either) as
+        (tokens, text) per prompt; `param` names the field in errors."""
+        if isinstance(prompt, str):
+            return [(self.tokenize(prompt), prompt)]
+        if not prompt or isinstance(prompt[0], int):
+            tokens = self._token_ids(prompt, param)
+            return [(tokens, self.model.detokenize(tokens) if tokens else "")]
+        return [item for one in prompt for item in self.tokenize_prompts(one, param)]
+
+    def _token_ids(self, tokens: list[int], param: str) -> list[int]:
+        for token in tokens:
+            if not 0 <= token < self.model.n_vocab:
+                raise RequestError(400, f"{param}: token id {token} is outside the vocabulary "
+                                   f"(0..{self.model.n_vocab - 1})", param=param)
+        return list(tokens)
+
+    def logit_bias(self, raw: dict[str, float] | None, as_tokens: bool) -> dict[int, float]:
+        """OpenAI logit_bias keys are token ids; llama_cpp also accepts text (logit_bias_type=tokens)."""
+        bias: dict[int, float] = {}
+        for key, value in (raw or {}).items():
+            if as_tokens:
+                for token in self.model.tokenize(key, add_special=False, parse_special=True):
+                    bias[token] = value
+                continue
+            try:
+                token = int(key)
+            except ValueError:
+                raise RequestError(400, f"logit_bias key {key!r} is not a token id", param="logit_bias") from None
+            if not 0 <= token < self.model.n_vocab:
+                raise RequestError(400, f"logit_bias token {token} is outside the vocabulary", param="logit_bias")
+            bias[token] = value
+        return bias
+
+
+def _last(messages: list[dict], role: str) -> str | None:
+    """The content of the last message of `role` whose content is text."""
+    texts = [m["content"] for m in messages if m.get("role") == role and isinstance(m.get("content"), str)]
+    return texts[-1] if texts else None

@@ -1,0 +1,64 @@
+"""Per-request PFlash planning (pflash/planning.py): a job, or a report of why not, or neither."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from pflash_plugin.pflash.compressor import PflashConfig
+from pflash_plugin.pflash.planning import MAX_EXPLICIT_QUERY, NOT_ENABLED, Planner, PlanError, PromptFacts
+from pflash_plugin.pflash.report import MANDATORY_OVER_BUDGET
+
+
+class WordModel:
+    """One token per word: token i is the piece b" w<i>"; `tokenize` counts the words."""
+
+    def piece(self, token: int) -> bytes:
+        return f" w{token}".encode()
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return list(range(len(text.split())))
+
+
+def planner(enabled: bool = True, **config) -> Planner:
+    return Planner(PflashConfig(**{"mode": "auto", "threshold": 100, "keep_ratio": 0.25, **config}),
+                   WordModel(), enabled)  # type: ignore[arg-type]
+
+
+def ask(mode=None, keep_ratio=None, query=None):
+    return SimpleNamespace(mode=mode, keep_ratio=keep_ratio, query=query)
+
+
+PROMPT = list(range(400))
+
+
+def test_a_long_prompt_gets_a_job_with_its_keep_ratio():
+    plan = planner().plan(PROMPT, ask(keep_ratio=0.5))
+    assert plan.report is None and plan.job is not None
+    assert plan.job.tokens == PROMPT and plan.job.keep_ratio == 0.5
+
+
+def test_off_and_not_asked_reports_nothing():
+    plan = planner(mode="off").plan(PROMPT, None)
+    assert plan.job is None and plan.report is None
+
+
+@pytest.mark.parametrize(("kw", "tokens", "facts", "reason"), [
+    ({}, PROMPT[:50], PromptFacts(), "not over the threshold"),
+    ({}, PROMPT, PromptFacts(has_tools=True), "tools or a JSON response format"),
+    ({"enabled": False}, PROMPT, PromptFacts(), NOT_ENABLED),
+    ({"segment_min": 200}, PROMPT, PromptFacts(), MANDATORY_OVER_BUDGET),  # a head of 200 > 100 kept
+])
+def test_skips_say_why(kw, tokens, facts, reason):
+    plan = planner(**kw).plan(tokens, None, facts)
+    assert plan.job is None and plan.report is not None
+    assert plan.report.to_json() == {"status": "skipped", "reason": plan.report.reason, "original_tokens": len(tokens)}
+    assert reason in plan.report.reason
+
+
+def test_an_explicit_query_over_the_limit_is_refused_naming_the_field():
+    with pytest.raises(PlanError, match=f"over {MAX_EXPLICIT_QUERY} tokens") as error:
+        planner().plan(PROMPT, ask(mode="always", query="word " * (MAX_EXPLICIT_QUERY + 1)))
+    assert error.value.param == "pflash.query"
+    job = planner().plan(PROMPT, ask(mode="always", query="when does it open")).job
+    assert job is not None and job.plan.extra_query == (0, 1, 2, 3)
