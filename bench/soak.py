@@ -130,7 +130,7 @@ def markdown(result: dict) -> str:
     s, mem, after = result["summary"], result["memory"], result["after"]
     first, second = mem["phases"]
     lines = [
-        f"| requests | wall (s) | lost | hung | 5xx | stream errors | unexpected | pool idle after (s) |",
+        "| requests | wall (s) | lost | hung | 5xx | stream errors | unexpected | pool idle after (s) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         f"| {s['requests']} | {result['wall_s']:.0f} | " + " | ".join(str(s["failures"][f]) for f in FAILURES)
         + f" | {after['idle_after_s'] if not after['not_idle'] else 'NOT IDLE: ' + json.dumps(after['not_idle'])} |",

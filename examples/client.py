@@ -24,7 +24,8 @@ def main() -> None:
     )
     timings = reply.usage.model_extra["timings"]
     print(f"answer {reply.choices[0].text!r} (hidden code {code})")
-    print(f"prompt tokens {reply.usage.prompt_tokens}, TTFT {timings['ttft_ms']:.0f} ms, pflash {timings.get('pflash')}")
+    print(f"prompt tokens {reply.usage.prompt_tokens}, TTFT {timings['ttft_ms']:.0f} ms, "
+          f"pflash {timings.get('pflash')}")
 
     stream = client.chat.completions.create(
         model="any", messages=[{"role": "user", "content": "Name three rivers."}], max_tokens=24,

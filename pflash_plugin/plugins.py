@@ -77,7 +77,8 @@ def _named(group: str, name: str, kind: str) -> Callable[..., Any]:
         module, attr = BUILTIN[group][name].split(":")
         found[name] = getattr(importlib.import_module(module), attr)
     if name not in found:
-        raise ValueError(f"no PFlash {kind} named {name!r} is installed (group {group}); installed: {', '.join(sorted(found)) or 'none'}")
+        installed = ", ".join(sorted(found)) or "none"
+        raise ValueError(f"no PFlash {kind} named {name!r} is installed (group {group}); installed: {installed}")
     if not callable(found[name]):
         raise ValueError(f"the PFlash {kind} {name!r} is not callable")
     return found[name]

@@ -4,6 +4,7 @@ memory minus the drafter reserve, and serves a compressed request.
 python bench/gpu/pool.py MODEL.gguf  (write the GGUF in another process: see probe.py)
 """
 import sys
+import time
 
 from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams
 from pflash_plugin.llama.devices import gpu_free_bytes
@@ -21,7 +22,6 @@ request = Request(served.model.tokenize(" ".join(f"note {i}: the bridge opens at
 plan = served.planner.plan(request.prompt_tokens, None)
 request.compression, request.pflash = plan.job, plan.report
 served.engine.submit(request)
-import time
 for _ in range(300):
     if any(isinstance(e, FinishEvent) for e in done):
         break

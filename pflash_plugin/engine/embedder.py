@@ -18,7 +18,8 @@ class Embedder:
         self.n_ctx = min(n_ctx, n_batch)
         self.ctx = Context(
             model,
-            ContextConfig(n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx, n_threads=n_threads, n_threads_batch=n_threads, embeddings=True),
+            ContextConfig(n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx, n_threads=n_threads,
+                          n_threads_batch=n_threads, embeddings=True),
         )
         self.batch = Batch(self.n_ctx, 1)
         self._lock = threading.Lock()

@@ -238,10 +238,12 @@ class Engine:
     def _admit(self, message: Submit) -> None:
         """Admit or refuse a client's requests together and answer its submit; an exception
         fails these requests alone."""
+        refusal: AdmissionError | None
         try:
             if self._failure is not None or self._deadline is not None:
-                reason = f"the model {self.name} failed: {self._failure}" if self._failure else "the server is shutting down"
-                refusal: AdmissionError | None = AdmissionError(503, reason, "service_unavailable")
+                reason = (f"the model {self.name} failed: {self._failure}" if self._failure
+                          else "the server is shutting down")
+                refusal = AdmissionError(503, reason, "service_unavailable")
                 self.scheduler.refuse(message.requests, refusal)
             else:
                 refusal = self.scheduler.submit(*message.requests)

@@ -163,6 +163,12 @@ class Request:
         return self.status.finish_reason
 
     @property
+    def held_slot(self) -> int:
+        """The slot of a request that holds one (prefilling or decoding)."""
+        assert self.slot is not None, f"request {self.request_id} holds no slot"
+        return self.slot
+
+    @property
     def prefill_left(self) -> int:
         return len(self.prefill_tokens) - self.n_prefilled
 

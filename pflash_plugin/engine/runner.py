@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class LlamaRunner:
             sampler.close()
         self._logprobs.pop(slot, None)
 
-    def set_abort(self, should_abort) -> None:
+    def set_abort(self, should_abort: Callable[[], bool]) -> None:
         self.ctx.set_abort(should_abort)
 
     def close(self) -> None:
@@ -81,7 +82,7 @@ class LlamaRunner:
         batch.clear()
         rows: list[tuple[Request, int]] = []
         for item in step.items:
-            row = batch.add_sequence(item.tokens, item.start_pos, item.request.slot, item.wants_logits)
+            row = batch.add_sequence(item.tokens, item.start_pos, item.request.held_slot, item.wants_logits)
             if item.wants_logits:
                 rows.append((item.request, row))
         self.ctx.use_decode_threads(all(len(item.tokens) == 1 for item in step.items))
@@ -97,10 +98,10 @@ class LlamaRunner:
     def _sample(self, request: Request, row: int) -> TokenOutput:
         if len(request.output_tokens) < request.params.min_tokens:
             self._suppress_eog(row)
-        top_n = self._logprobs.get(request.slot)
+        top_n = self._logprobs.get(request.held_slot)
         logits = self.ctx.logits(row) if top_n is not None else None
         try:
-            token = self._samplers[request.slot].sample(self.ctx, row)
+            token = self._samplers[request.held_slot].sample(self.ctx, row)
         except GrammarExhausted:  # the grammar allows nothing more: the generation ends here
             token = self._eog()[0]
         return _with_logprobs(token, logits, top_n)

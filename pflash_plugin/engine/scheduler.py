@@ -110,8 +110,9 @@ class Scheduler:
         aging: int = 128,
     ) -> None:
         """`can_compress`: requests that ask for compression are handed off (`take_handed`), else
-        they are prefilled in full. `prefill_chunk`: while other requests are active, a prompt prefills at most this many
-        tokens per step, so steps stay short and the others keep their latency. `aging`: each
+        they are prefilled in full. `prefill_chunk`: while other requests are active, a prompt
+        prefills at most this many tokens per step, so steps stay short and the others keep their
+        latency. `aging`: each
         step a prefilling prompt is left out of counts as this many fewer tokens left, so a
         long prompt gets through a steady stream of short ones."""
         self.kv, self.pool = kv, pool
@@ -255,7 +256,7 @@ class Scheduler:
         self.running.append(request)
         self._live[request.request_id] = _Live(TextStream(request.params.stop))
         try:
-            self.kv.start_request(request.slot, request)
+            self.kv.start_request(request.held_slot, request)
         except ValueError as error:  # the client's (a grammar that does not parse): a 400
             self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(400, str(error), "invalid_request_error"))
         except Exception as error:
@@ -345,7 +346,7 @@ class Scheduler:
         items: list[BatchItem] = []
         for request in self.running:
             if request.status is RequestStatus.DECODING and budget > 0:
-                slot = self.slots[request.slot]
+                slot = self.slots[request.held_slot]
                 items.append(BatchItem(request, [request.output_tokens[-1]], len(slot.tokens), True))
                 budget -= 1
         busy = len(self.running) > 1
@@ -363,7 +364,7 @@ class Scheduler:
             n = min(budget, cap, request.prefill_left)
             done = start + n == len(request.prefill_tokens)
             chunk = request.prefill_tokens[start : start + n]
-            items.append(BatchItem(request, chunk, len(self.slots[request.slot].tokens), done))
+            items.append(BatchItem(request, chunk, len(self.slots[request.held_slot].tokens), done))
             budget -= n
             served.add(request.request_id)
         for request in prefilling:
@@ -377,13 +378,14 @@ class Scheduler:
     def preemptible(self, step: Step) -> bool:
         """A step worth aborting for a newcomer: one prompt prefilling alone in a chunk bigger
         than a newcomer would have to wait for (with others active it would be capped)."""
-        return self.prefill_chunk is not None and len(step.items) == 1 and len(step.items[0].tokens) > self.prefill_chunk
+        chunk = self.prefill_chunk
+        return chunk is not None and len(step.items) == 1 and len(step.items[0].tokens) > chunk
 
     def rollback(self, step: Step) -> None:
         """A decode was aborted: drop whatever it wrote past each slot's known tokens (earlier
         ubatches of a multi-ubatch step may have landed) so the step can be redone."""
         for item in step.items:
-            slot = self.slots[item.request.slot]
+            slot = self.slots[item.request.held_slot]
             self.kv.seq_rm(slot.index, len(slot.tokens))
 
     def update(self, step: Step, outputs: dict[int, TokenOutput | Exception]) -> None:
@@ -394,7 +396,7 @@ class Scheduler:
             request = item.request
             if not request.status.running:
                 # finished while the step ran: drop what the step wrote past the slot's tokens
-                slot = self.slots[request.slot]
+                slot = self.slots[request.held_slot]
                 if slot.request is None:
                     self.kv.seq_rm(slot.index, len(slot.tokens))
                 continue
@@ -405,7 +407,7 @@ class Scheduler:
 
     def _apply(self, item: BatchItem, out: TokenOutput | Exception | None, now: float) -> None:
         request = item.request
-        self.slots[request.slot].tokens.extend(item.tokens)
+        self.slots[request.held_slot].tokens.extend(item.tokens)
         if request.status is RequestStatus.PREFILLING:
             request.n_prefilled += len(item.tokens)
             if not request.prefill_left:
@@ -466,7 +468,7 @@ class Scheduler:
                 tail = live.stream.flush()
                 if tail:
                     self._emit(request, TextEvent(tail, live.pending))
-            self._release_slot(self.slots[request.slot], forget_kv)
+            self._release_slot(self.slots[request.held_slot], forget_kv)
         self._emit(request, error or FinishEvent(status.value, request.usage()))
 
     def fail(self, request: Request, error: BaseException, what: str) -> None:

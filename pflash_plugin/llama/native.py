@@ -84,7 +84,7 @@ def gpu_count() -> int:
     return lib.pfx_gpu_count() if lib is not None else 0
 
 
-def _floats(array: np.ndarray):
+def _floats(array: np.ndarray) -> ctypes._Pointer[ctypes.c_float]:
     return array.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
 
@@ -109,7 +109,9 @@ class NativeCapture:
         if not self._ptr:
             raise NativeError(f"invalid capture shape {spec}")
         self.on_gpu: bool = lib.pfx_capture_on_gpu(self._ptr)
-        self.callback = C.ggml_backend_sched_eval_callback(ctypes.cast(lib.pfx_eval_callback, ctypes.c_void_p).value)
+        address = ctypes.cast(lib.pfx_eval_callback, ctypes.c_void_p).value
+        assert address is not None, "the native library exports no eval callback"
+        self.callback = C.ggml_backend_sched_eval_callback(address)
         self.callback_data = ctypes.c_void_p(self._ptr)
         self.query_start = self.query_end = 0
 
@@ -137,7 +139,7 @@ class NativeCapture:
     def stats(self) -> dict:
         out = _Stats()
         self._lib.pfx_capture_get_stats(self._ptr, ctypes.byref(out))
-        return {name: getattr(out, name) for name, _ in _Stats._fields_}
+        return {field[0]: getattr(out, field[0]) for field in _Stats._fields_}
 
     def score(self) -> np.ndarray:
         """Attention mass of keys [0, query_start), max over the scoring layers."""

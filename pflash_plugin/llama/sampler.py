@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import random
 import re
-from typing import Mapping
+from typing import Mapping, cast
 
 import numpy as np
 import llama_cpp.llama_cpp as C
@@ -34,7 +34,8 @@ class GrammarExhausted(RuntimeError):
 # expands into up to n rules. These bounds sit far below that and far above real grammars.
 MAX_GRAMMAR_NESTING = 256
 MAX_GRAMMAR_RULES = 20_000
-_GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]*')  # literals, classes, tokens, comments
+# literals, classes, tokens, comments
+_GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]*')
 _GBNF_BOUND = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
 
 
@@ -62,7 +63,7 @@ def check_grammar(model: Model, grammar: str) -> None:
     C.llama_sampler_free(_grammar_sampler(model, grammar))
 
 
-def _grammar_sampler(model: Model, grammar: str):
+def _grammar_sampler(model: Model, grammar: str) -> C.llama_sampler_p:
     check_grammar_size(grammar)
     sampler = C.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
     if not sampler:
@@ -79,7 +80,7 @@ class _Candidates:
 
     def __init__(self, n_vocab: int) -> None:
         self.raw = (C.llama_token_data * n_vocab)()
-        self.view = np.frombuffer(self.raw, dtype=_TOKEN_DATA)
+        self.view = np.frombuffer(self.raw, dtype=_TOKEN_DATA)  # type: ignore[call-overload]  # a ctypes buffer
         self.ids = np.arange(n_vocab, dtype=np.int32)
 
     def fill(self, logits: np.ndarray | float) -> C.llama_token_data_array:
@@ -125,7 +126,7 @@ class SamplerChain:
                 biases = (C.llama_logit_bias * len(logit_bias))()
                 for i, (token, bias) in enumerate(logit_bias.items()):
                     model.check_token(token)
-                    biases[i].token, biases[i].bias = token, bias
+                    biases[i] = C.llama_logit_bias(token, bias)
                 self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(logit_bias), biases))
             if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
                 self._add(
@@ -160,7 +161,7 @@ class SamplerChain:
             self.close()
             raise
 
-    def _add(self, sampler) -> None:
+    def _add(self, sampler: C.llama_sampler_p) -> None:
         C.llama_sampler_chain_add(self.ptr, sampler)
 
     def sample(self, ctx: Context, index: int) -> int:
@@ -173,7 +174,8 @@ class SamplerChain:
         candidates = self._candidates.fill(logits)
         C.llama_sampler_apply(self.ptr, ctypes.byref(candidates))
         selected = candidates.selected
-        token = candidates.data[selected].id if 0 <= selected < candidates.size else -1
+        # ctypes gives a field's value as a Python int; llama_cpp annotates it as c_int32
+        token = cast(int, candidates.data[selected].id) if 0 <= selected < candidates.size else -1
         if not (0 <= token < allowed.size and allowed[token]):  # every allowed logit was -inf or NaN
             token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
         C.llama_sampler_accept(self.grammar, token)

@@ -95,13 +95,14 @@ def scoring_layers(model: Model, requested: list[int] | None) -> list[int]:
             "set --pflash_layers to global-attention layers"
         )
     if requested:
-        bad = [l for l in requested if not 0 <= l < model.n_layer]
+        bad = [layer for layer in requested if not 0 <= layer < model.n_layer]
         if bad:
             raise DrafterError(f"scoring layers {bad} outside 0..{model.n_layer - 1}")
         if pattern and model.n_swa > 0:
-            local = [l for l in requested if l % pattern != pattern - 1]
+            local = [layer for layer in requested if layer % pattern != pattern - 1]
             if local:
-                raise DrafterError(f"layers {local} of {arch} are sliding-window layers: they do not see the whole prompt")
+                raise DrafterError(f"layers {local} of {arch} are sliding-window layers: "
+                                   "they do not see the whole prompt")
         return sorted(set(requested))
     if pattern and model.n_swa > 0:
         return [pattern - 1]

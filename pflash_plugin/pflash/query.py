@@ -30,7 +30,7 @@ class QueryPlan:
 
     def fits(self, n_tokens: int, budget: int) -> bool:
         """Whether compressing can help: the mandatory spans alone must fit in the budget."""
-        kept = set()
+        kept: set[int] = set()
         for span in self.mandatory(n_tokens):
             kept.update(range(span.start, span.end))
         return len(kept) <= budget

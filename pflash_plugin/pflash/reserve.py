@@ -38,10 +38,12 @@ class Reserve:
         return self.fixed_bytes + self.per_token_bytes * n_tokens + self.kv_bytes_per_token * kv
 
 
-def drafter_reserve(model: Model, layers: list[int], n_batch: int, separate_weights: bool, gpu: bool = False) -> Reserve:
+def drafter_reserve(model: Model, layers: list[int], n_batch: int, separate_weights: bool,
+                    gpu: bool = False) -> Reserve:
     capture = CAPTURE_COPIES * 4 * len(layers) * (model.n_head + model.n_head_kv) * model.head_dim()
     fixed = COMPUTE_BYTES_PER_UBATCH_TOKEN * n_batch + (model.size_bytes if separate_weights else 0)
-    return Reserve(fixed + (GPU_FIXED_BYTES if gpu else 0), capture + SCORING_BYTES_PER_TOKEN, model.kv_bytes_per_token())
+    return Reserve(fixed + (GPU_FIXED_BYTES if gpu else 0), capture + SCORING_BYTES_PER_TOKEN,
+                   model.kv_bytes_per_token())
 
 
 def available_memory_bytes() -> int:

@@ -6,6 +6,7 @@ import faulthandler
 import json
 import os
 import sys
+from typing import cast
 
 import uvicorn
 from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
@@ -36,7 +37,9 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[
     if config_file:
         config = read_config_file(config_file)
         return ServerSettings.model_validate(config.model_dump(exclude={"models"})), config.models
-    return parse_model_from_args(ServerSettings, args), [parse_model_from_args(ModelSettings, args)]
+    # stock annotates parse_model_from_args(cls) as returning the class; it returns an instance
+    server = cast(ServerSettings, parse_model_from_args(ServerSettings, args))
+    return server, [cast(ModelSettings, parse_model_from_args(ModelSettings, args))]
 
 
 SHUTDOWN_MARGIN_S = 5.0
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         ssl_keyfile=server_settings.ssl_keyfile,
         ssl_certfile=server_settings.ssl_certfile,
         # a backstop: the engines drain within the grace at the signal (server/shutdown.py)
-        timeout_graceful_shutdown=server_settings.shutdown_grace_s + SHUTDOWN_MARGIN_S,
+        timeout_graceful_shutdown=server_settings.shutdown_grace_s + SHUTDOWN_MARGIN_S,  # type: ignore[arg-type]
     )
 
 

@@ -39,8 +39,10 @@ def create_app(
         yield
         context.close()
 
-    app = FastAPI(title="pflash-plugin: concurrent llama.cpp server", lifespan=lifespan, root_path=server_settings.root_path)
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"])
+    app = FastAPI(title="pflash-plugin: concurrent llama.cpp server", lifespan=lifespan,
+                  root_path=server_settings.root_path)
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
+                       allow_headers=["*"])
     install_security(app, server_settings)
     attach(app, context)
     for api in (*ROUTERS, *extra_routers):

@@ -50,4 +50,5 @@ def get_context(request: Request) -> ServerContext:
     try:
         return request.app.state.pflash
     except AttributeError:
-        raise RuntimeError("the pflash routers need a context: call pflash_plugin.server.context.attach(app, context)") from None
+        raise RuntimeError("the pflash routers need a context: "
+                           "call pflash_plugin.server.context.attach(app, context)") from None

@@ -18,7 +18,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..engine.request import ErrorEvent, FinishEvent, TextEvent
+from ..engine.request import ErrorEvent, Event, FinishEvent, TextEvent
 from .context import ServerContext
 from .errors import error_response
 from .generation import Generation
@@ -34,7 +34,10 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
-        request.sink = lambda event, i=index: loop.call_soon_threadsafe(events.put_nowait, (i, event))
+        def sink(event: Event, i: int = index) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(events.put_nowait, (i, event))
+
+        request.sink = sink
     try:
         await ctx.submit(gen.served, gen.requests)
     except RequestError:

@@ -14,7 +14,8 @@ from starlette.responses import Response
 from .protocol import RequestError, error_body
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def error_response(status: int, message: str, type_: str, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
     headers = {"Retry-After": "1"} if status == 429 else None
     return JSONResponse(error_body(message, type_, param, code), status, headers=headers)
 

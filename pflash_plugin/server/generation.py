@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..engine.request import Request as EngineRequest
 from .models import ServedModel
@@ -14,7 +15,7 @@ class Generation:
 
     served: ServedModel
     requests: list[EngineRequest]
-    choices: list[Choice]
+    choices: Sequence[Choice]
     object: str  # "text_completion" | "chat.completion"
     chunk_object: str  # the object of streamed chunks
     prompt_tokens: int  # the client's prompts, each counted once

@@ -5,8 +5,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..engine.request import ErrorEvent, FinishEvent, Request, SamplingParams, TextEvent
-from .protocol import PflashOverride
+from ..engine.request import ErrorEvent, Event, FinishEvent, Request, SamplingParams, TextEvent
+from .protocol import PflashMode, PflashOverride
 
 if TYPE_CHECKING:  # models.py calibrates PFlash with these requests
     from .models import ServedModel
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # models.py calibrates PFlash with these requests
 class Run:
     """Wall time to the request's first token (or its end), its text and its usage."""
 
-    def __init__(self, served: ServedModel, tokens: list[int], mode: str, max_tokens: int = 1) -> None:
+    def __init__(self, served: ServedModel, tokens: list[int], mode: PflashMode, max_tokens: int = 1) -> None:
         self.first = threading.Event()
         self.done = threading.Event()
         self.token_times: list[float] = []
@@ -28,7 +28,7 @@ class Run:
         self.request.compression, self.request.pflash = plan.job, plan.report
         served.engine.submit(self.request)
 
-    def _on_event(self, event) -> None:
+    def _on_event(self, event: Event) -> None:
         now = time.perf_counter()
         if isinstance(event, TextEvent):
             self.token_times.extend([now] * len(event.tokens))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import llama_cpp
 from llama_cpp.server.settings import ModelSettings as StockModelSettings
@@ -61,7 +61,8 @@ ALWAYS_SO: dict[str, str] = {
 # the GGUF-less value onto models whose metadata sets another).
 _YARN_STOCK = {"yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}
 _RANDOM_SEEDS = (-1, llama_cpp.LLAMA_DEFAULT_SEED)
-_KV_TYPES = {"bool": lambda v: v.lower() in ("true", "1"), "int": int, "float": float, "str": str}
+_KV_TYPES: dict[str, Callable[[str], bool | int | float | str]] = {
+    "bool": lambda v: v.lower() in ("true", "1"), "int": int, "float": float, "str": str}
 
 
 @dataclass

@@ -13,13 +13,19 @@ class Metrics:
     def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
-        self.requests = Counter("pflash_requests", "Finished requests", labels + ["finish_reason"], registry=self.registry)
-        self.errors = Counter("pflash_errors", "Requests answered with an error", labels + ["status"], registry=self.registry)
-        self.prompt_tokens = Counter("pflash_prompt_tokens", "Prompt tokens (as the client sent them)", labels, registry=self.registry)
-        self.cached_tokens = Counter("pflash_cached_prompt_tokens", "Prompt tokens reused from the prefix cache", labels, registry=self.registry)
-        self.generated_tokens = Counter("pflash_generation_tokens", "Generated tokens", labels, registry=self.registry)
-        self.ttft = Histogram("pflash_time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.itl = Histogram("pflash_inter_token_latency_seconds", "Mean time between generated tokens, per request", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        registry = self.registry
+        self.requests = Counter("pflash_requests", "Finished requests", labels + ["finish_reason"], registry=registry)
+        self.errors = Counter("pflash_errors", "Requests answered with an error", labels + ["status"],
+                              registry=registry)
+        self.prompt_tokens = Counter("pflash_prompt_tokens", "Prompt tokens (as the client sent them)", labels,
+                                     registry=registry)
+        self.cached_tokens = Counter("pflash_cached_prompt_tokens", "Prompt tokens reused from the prefix cache",
+                                     labels, registry=registry)
+        self.generated_tokens = Counter("pflash_generation_tokens", "Generated tokens", labels, registry=registry)
+        self.ttft = Histogram("pflash_time_to_first_token_seconds", "Time to first token", labels,
+                              buckets=_LATENCY_BUCKETS, registry=registry)
+        self.itl = Histogram("pflash_inter_token_latency_seconds", "Mean time between generated tokens, per request",
+                             labels, buckets=_LATENCY_BUCKETS, registry=registry)
         self.registry.register(_EngineCollector(engine_status))
 
     def finished(self, model: str, reason: str, usage: dict) -> None:
@@ -48,12 +54,25 @@ class _EngineCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         label = ["model_name"]
-        waiting = GaugeMetricFamily("pflash_num_requests_waiting", "Requests accepted and not in a slot: queued for one, or for or in PFlash compression", labels=label)
-        running = GaugeMetricFamily("pflash_num_requests_running", "Requests in a slot (prefilling or decoding)", labels=label)
-        kv = GaugeMetricFamily("pflash_kv_cache_usage_perc", "Fraction of KV pool pages held by requests in slots (0-1); idle prefix caches count as free", labels=label)
-        compressing = GaugeMetricFamily("pflash_num_requests_compressing", "Requests queued for or in PFlash compression (part of waiting)", labels=label)
-        prefix = GaugeMetricFamily("pflash_prefix_cache_usage_perc", "Fraction of KV pool pages held only by idle slots' prefix caches (0-1), evicted when needed", labels=label)
-        info = GaugeMetricFamily("pflash_cache_config_info", "KV pool geometry: block_size (tokens per page), num_gpu_blocks (pages)", labels=[*label, "block_size", "num_gpu_blocks"])
+        waiting = GaugeMetricFamily(
+            "pflash_num_requests_waiting",
+            "Requests accepted and not in a slot: queued for one, or for or in PFlash compression", labels=label)
+        running = GaugeMetricFamily(
+            "pflash_num_requests_running", "Requests in a slot (prefilling or decoding)", labels=label)
+        kv = GaugeMetricFamily(
+            "pflash_kv_cache_usage_perc",
+            "Fraction of KV pool pages held by requests in slots (0-1); idle prefix caches count as free",
+            labels=label)
+        compressing = GaugeMetricFamily(
+            "pflash_num_requests_compressing", "Requests queued for or in PFlash compression (part of waiting)",
+            labels=label)
+        prefix = GaugeMetricFamily(
+            "pflash_prefix_cache_usage_perc",
+            "Fraction of KV pool pages held only by idle slots' prefix caches (0-1), evicted when needed",
+            labels=label)
+        info = GaugeMetricFamily(
+            "pflash_cache_config_info", "KV pool geometry: block_size (tokens per page), num_gpu_blocks (pages)",
+            labels=[*label, "block_size", "num_gpu_blocks"])
         for name, status in self.engine_status().items():
             total = status["kv_pages_total"]
             waiting.add_metric([name], status["waiting"] + len(status["compressing"]))

@@ -13,7 +13,7 @@ from ..engine.embedder import Embedder
 from ..engine.loader import build_engine, load_model
 from ..llama import Model
 from ..llama.devices import gpu_free_bytes
-from ..pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
+from ..pflash.compressor import CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
 from ..pflash.payoff import Calibration
 from ..pflash.planning import MAX_EXPLICIT_QUERY, Planner
@@ -79,7 +79,7 @@ class ServedModel:
             available = gpu_free if gpu_free is not None else available_memory_bytes()
         self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
         self.embedder = (
-            Embedder(self.model, self.config.max_ctx, self.config.n_batch, self.config.n_threads_batch)
+            Embedder(self.model, self.max_ctx, self.config.n_batch, self.config.n_threads_batch)
             if self.params.embedding
             else None
         )
@@ -132,7 +132,11 @@ class ServedModel:
         architectures the capture cannot handle."""
         s = self.settings
         drafter_path = s.pflash_drafter
-        load_drafter = lambda: Model(drafter_path, self.params.drafter, verbose=s.verbose)  # noqa: E731
+
+        def load_drafter() -> Model:
+            assert drafter_path is not None
+            return Model(drafter_path, self.params.drafter, verbose=s.verbose)
+
         probe = load_drafter() if drafter_path else target
         check_vocab(target, probe)
         layers = scoring_layers(probe, s.pflash_layers)

@@ -15,7 +15,16 @@ from .errors import OpenAIRoute
 from .models import ServedModel
 from .prepare import prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RequestError
-from .responses import ERROR_RESPONSES, STREAM_RESPONSES, ChatCompletionResponse, CompletionResponse, EmbeddingResponse, ModelList
+from .responses import (
+    ERROR_RESPONSES,
+    STREAM_RESPONSES,
+    ChatCompletionResponse,
+    CompletionResponse,
+    Embedding,
+    EmbeddingResponse,
+    ModelCard,
+    ModelList,
+)
 
 router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI V1"], responses=ERROR_RESPONSES)
 
@@ -29,7 +38,8 @@ async def create_completion(http: Request, body: CompletionRequest, ctx: ServerC
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAM_RESPONSES)
-async def create_chat_completion(http: Request, body: ChatCompletionRequest, ctx: ServerContext = Depends(get_context)) -> Any:
+async def create_chat_completion(http: Request, body: ChatCompletionRequest,
+                                 ctx: ServerContext = Depends(get_context)) -> Any:
     served = ctx.models.get(body.model)
     generation = await run_in_threadpool(prepare_chat, served, body)
     return await respond(http, ctx, generation, body.stream)
@@ -45,14 +55,15 @@ def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
 def _embed(served: ServedModel, body: EmbeddingRequest) -> EmbeddingResponse:
     if served.embedder is None:
         raise RequestError(400, f"the model {served.name!r} is not served with embedding: true", param="model")
-    data, n_tokens = [], 0
+    data: list[Embedding] = []
+    n_tokens = 0
     for index, (tokens, _) in enumerate(served.prompts.tokenize_prompts(body.input, param="input")):
         n_tokens += len(tokens)
         try:
             vector = served.embedder.embed(tokens)
         except ValueError as error:
             raise RequestError(400, f"embedding input {index}: {error}", param="input") from None
-        data.append({"embedding": _encoded(vector, body.encoding_format), "index": index})
+        data.append(Embedding(embedding=_encoded(vector, body.encoding_format), index=index))
     return EmbeddingResponse(data=data, model=served.name, usage={"prompt_tokens": n_tokens, "total_tokens": n_tokens})
 
 
@@ -65,4 +76,4 @@ async def create_embedding(body: EmbeddingRequest, ctx: ServerContext = Depends(
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(ctx: ServerContext = Depends(get_context)) -> Any:
-    return ModelList(data=[{"id": name} for name in ctx.models.models])
+    return ModelList(data=[ModelCard(id=name) for name in ctx.models.models])

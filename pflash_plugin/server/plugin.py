@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 
 from . import settings
 from .app import create_app as _create_app
@@ -14,7 +15,7 @@ from .app import create_app as _create_app
 routers: list[Any] = []  # ours are in the app create_app builds
 
 
-def _as(cls: type, value: Any) -> Any:
+def _as(cls: type[BaseModel], value: Any) -> Any:
     """`value` (a stock settings object, or ours, or a config file's) as our class `cls`."""
     fields = {k: v for k, v in value.model_dump(exclude_unset=True).items() if k in cls.model_fields}
     return cls.model_validate(fields)
@@ -22,4 +23,5 @@ def _as(cls: type, value: Any) -> Any:
 
 def create_app(server_settings: Any, model_settings: list[Any]) -> FastAPI:
     """Our app, from settings parsed by the stock server (its classes or ours)."""
-    return _create_app(_as(settings.ServerSettings, server_settings), [_as(settings.ModelSettings, m) for m in model_settings])
+    models = [_as(settings.ModelSettings, m) for m in model_settings]
+    return _create_app(_as(settings.ServerSettings, server_settings), models)

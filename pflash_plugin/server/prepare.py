@@ -82,7 +82,8 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
             request = EngineRequest(tokens, sample)
             _plan_compression(served, request, body.pflash, PromptFacts(json_format=bool(grammar)))
             requests.append(request)
-            choices.append(CompletionChoice(len(choices), served.model.piece, text if body.echo else "", body.logprobs is not None))
+            choices.append(CompletionChoice(len(choices), served.model.piece, text if body.echo else "",
+                                            body.logprobs is not None))
     return Generation(served, requests, choices, "text_completion", "text_completion",
                       sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
 

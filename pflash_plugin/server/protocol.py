@@ -16,10 +16,13 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+PflashMode = Literal["off", "auto", "always"]
+
+
 class PflashOverride(BaseModel):
     """Per-request PFlash control."""
 
-    mode: Optional[Literal["off", "auto", "always"]] = None
+    mode: Optional[PflashMode] = None
     keep_ratio: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     query: Optional[str] = Field(default=None, description="Text whose tokens score the prompt.")
 
@@ -37,7 +40,9 @@ Prompt = Union[str, List[str], List[int], List[List[int]]]
 
 
 class CompletionRequest(StockCompletionRequest, _Extensions):
-    prompt: Prompt = Field(default="", description="Text or token ids, or a list of either (one choice set each).")
+    # wider than the stock field: token ids too
+    prompt: Prompt = Field(  # type: ignore[assignment]
+        default="", description="Text or token ids, or a list of either (one choice set each).")
     n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples per prompt.")
 
 
@@ -80,7 +85,8 @@ class FunctionMessage(_Message):
 
 
 # tagged by role: a bad message is reported under its own role, never as a failed `system` message
-Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage, FunctionMessage], Field(discriminator="role")]
+Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage, FunctionMessage],
+                    Field(discriminator="role")]
 
 
 class JsonSchemaFormat(BaseModel):
@@ -94,7 +100,8 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
-    schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema", description="json_object's schema (llama_cpp's extension).")
+    schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema",
+                                              description="json_object's schema (llama_cpp's extension).")
     json_schema: Optional[JsonSchemaFormat] = None
 
     def schema_for_grammar(self) -> Optional[Dict[str, Any]]:
@@ -102,13 +109,15 @@ class ResponseFormat(BaseModel):
         if self.type != "json_schema":
             return self.schema_
         if self.json_schema is None:
-            raise RequestError(400, "response_format.json_schema is required when type is json_schema", param="response_format.json_schema")
+            raise RequestError(400, "response_format.json_schema is required when type is json_schema",
+                               param="response_format.json_schema")
         return self.json_schema.schema_
 
 
 class ChatCompletionRequest(StockChatRequest, _Extensions):
-    messages: List[Message] = Field(default=[], description="The conversation; content as text or a list of text parts.")
-    response_format: Optional[ResponseFormat] = None
+    messages: List[Message] = Field(default=[],  # type: ignore[assignment]  # our message models
+                                    description="The conversation; content as text or a list of text parts.")
+    response_format: Optional[ResponseFormat] = None  # type: ignore[assignment]  # adds json_schema
     n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples of the conversation.")
 
 
@@ -122,7 +131,8 @@ class EmbeddingRequest(BaseModel):
 class RequestError(Exception):
     """A bad request caught after validation: becomes an OpenAI error body."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
@@ -138,7 +148,8 @@ def message_text(content: str | list[ContentPart] | None, field: str) -> str | N
             raise RequestError(400, f"{field}.{j}: a content part of type {part.type!r} needs a multimodal model, "
                                "and this server serves text only: send parts of type 'text'", param=f"{field}.{j}.type")
         if part.text is None:
-            raise RequestError(400, f"{field}.{j}: a part of type 'text' needs a string 'text'", param=f"{field}.{j}.text")
+            raise RequestError(400, f"{field}.{j}: a part of type 'text' needs a string 'text'",
+                               param=f"{field}.{j}.text")
         texts.append(part.text)
     return "\n".join(texts)
 
@@ -171,7 +182,8 @@ def _check_sampling_numbers(body: CompletionRequest | ChatCompletionRequest, log
         raise RequestError(400, "temperature must be >= 0", param="temperature")
     for token, bias in logit_bias.items():
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails this too
-            raise RequestError(400, f"logit_bias of token {token} is {bias}: the range is -100..100", param="logit_bias")
+            raise RequestError(400, f"logit_bias of token {token} is {bias}: the range is -100..100",
+                               param="logit_bias")
 
 
 def sampling_params(

@@ -105,7 +105,8 @@ class ErrorResponse(BaseModel):
 # every 4xx is an OpenAI error body (documenting 4XX also keeps FastAPI's 422 out of the schema)
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {"4XX": {"model": ErrorResponse, "description": "An OpenAI error"}}
 STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"text/event-stream": {"schema": {"type": "string", "title": "SSE chunks, when stream=true, ending with data: [DONE]"}}}},
+    200: {"content": {"text/event-stream": {"schema": {
+        "type": "string", "title": "SSE chunks, when stream=true, ending with data: [DONE]"}}}},
 }
 
 
@@ -128,11 +129,12 @@ def merge_usage(usages: list[dict], prompt_tokens: int) -> dict:
     if len(usages) == 1:
         return usages[0]
     completion = sum(u["completion_tokens"] for u in usages)
+    cached = max(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": min(prompt_tokens, max(u["prompt_tokens_details"]["cached_tokens"] for u in usages))},
+        "prompt_tokens_details": {"cached_tokens": min(prompt_tokens, cached)},
         "timings": {**usages[0]["timings"], "choices": [u["timings"] for u in usages]},
     }
 
@@ -233,11 +235,13 @@ class ChatChoice:
         self.logprobs: list | None = [] if logprobs else None
 
     def head(self) -> dict | None:
-        return {"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return {"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
 
     def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
         logprobs = {"content": chat_logprobs(self.piece, outputs)} if self.logprobs is not None else None
-        return {"index": self.index, "delta": {"content": text} if text else {}, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
+                "finish_reason": finish}
 
     def add(self, text: str, outputs: list[TokenOutput]) -> None:
         self.texts.append(text)

@@ -93,7 +93,8 @@ class BodyLimitMiddleware:
         await self.app(scope, _replay(bytes(body), receive), send)
 
     async def too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _reject(scope, receive, send, 413, f"request body over {self.max_bytes} bytes (the server's max_body_bytes)",
+        await _reject(scope, receive, send, 413,
+                      f"request body over {self.max_bytes} bytes (the server's max_body_bytes)",
                       "invalid_request_error", "request_too_large")
 
 

@@ -26,8 +26,9 @@ def drain_on_signal(models: ModelRegistry, grace_s: float) -> None:
     server's handler: an app served some other way keeps its signals as they are."""
     if threading.current_thread() is not threading.main_thread():
         return
-    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    if not all(callable(handler) for handler in previous.values()):
+    previous = {int(sig): signal.getsignal(sig) for sig in SIGNALS}
+    chained = {sig: handler for sig, handler in previous.items() if callable(handler)}
+    if len(chained) < len(previous):
         return
     AppStatus.disable_automatic_graceful_drain()  # streams end with their requests
     started = threading.Lock()
@@ -39,7 +40,7 @@ def drain_on_signal(models: ModelRegistry, grace_s: float) -> None:
     def handler(sig: int, frame: FrameType | None) -> Any:
         if started.acquire(blocking=False):  # the first signal only
             threading.Thread(target=drain, name="pflash-drain", daemon=True).start()
-        return previous[sig](sig, frame)
+        return chained[sig](sig, frame)
 
     for sig in SIGNALS:
         signal.signal(sig, handler)

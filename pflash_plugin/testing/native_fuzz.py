@@ -145,8 +145,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with log.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pflash_plugin.server", "--port", str(self.port), *args],
-                                         stdout=out, stderr=subprocess.STDOUT)
+            command = [sys.executable, "-m", "pflash_plugin.server", "--port", str(self.port), *args]
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
     def wait_healthy(self, timeout_s: float = 120.0) -> None:
         import httpx

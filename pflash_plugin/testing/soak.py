@@ -16,7 +16,7 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
 
@@ -66,15 +66,17 @@ class Outcome:
 
 
 # ---- transports ------------------------------------------------------------------------------
-async def post(client: httpx.AsyncClient, path: str, body: dict | None = None, content: bytes | AsyncIterator[bytes] | None = None,
-               headers: dict | None = None, give_up_after: float | None = None) -> Reply:
+async def post(client: httpx.AsyncClient, path: str, body: dict | None = None,
+               content: bytes | AsyncIterator[bytes] | None = None, headers: dict | None = None,
+               give_up_after: float | None = None) -> Reply:
     """A non-streamed request; with `give_up_after` the client leaves after that many seconds."""
-    extra = {"timeout": give_up_after} if give_up_after is not None else {}
+    extra: dict[str, Any] = {"timeout": give_up_after} if give_up_after is not None else {}
     try:
         if body is not None:
             r = await client.post(path, json=body, headers=headers, **extra)
         else:
-            r = await client.post(path, content=content, headers={"Content-Type": "application/json", **(headers or {})}, **extra)
+            json_headers = {"Content-Type": "application/json", **(headers or {})}
+            r = await client.post(path, content=content, headers=json_headers, **extra)
     except httpx.TimeoutException as error:
         return Reply(None, abandoned=give_up_after is not None, detail=repr(error))
     except httpx.TransportError as error:
@@ -85,13 +87,16 @@ async def post(client: httpx.AsyncClient, path: str, body: dict | None = None, c
         data = r.json()
     except ValueError:
         return Reply(200, detail=f"not JSON: {r.text[:300]}")
-    return Reply(200, complete=bool(data.get("choices")), pflash=_pflash_status(data.get("usage")), detail="" if data.get("choices") else r.text[:300])
+    return Reply(200, complete=bool(data.get("choices")), pflash=_pflash_status(data.get("usage")),
+                 detail="" if data.get("choices") else r.text[:300])
 
 
-async def stream(client: httpx.AsyncClient, path: str, body: dict, headers: dict, leave_after: int | None = None) -> Reply:
+async def stream(client: httpx.AsyncClient, path: str, body: dict, headers: dict,
+                 leave_after: int | None = None) -> Reply:
     """Read an SSE answer to [DONE], or close the connection after `leave_after` data events."""
     try:
-        async with client.stream("POST", path, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers=headers) as r:
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", path, json=streamed, headers=headers) as r:
             if r.status_code != 200:
                 await r.aread()
                 return Reply(r.status_code, detail=r.text[:300])
@@ -130,7 +135,8 @@ def short_prompt(rng: random.Random) -> str:
 
 
 def sampling(w: Workload, rng: random.Random) -> dict:
-    return {"max_tokens": rng.randint(1, w.max_tokens), "temperature": rng.choice([0, 0.7, 1.0]), "seed": rng.randint(0, 999)}
+    return {"max_tokens": rng.randint(1, w.max_tokens), "temperature": rng.choice([0, 0.7, 1.0]),
+            "seed": rng.randint(0, 999)}
 
 
 def chat_body(w: Workload, rng: random.Random) -> dict:
@@ -141,14 +147,20 @@ def completion_body(w: Workload, rng: random.Random, model: str | None = None) -
     return {"model": model or w.model, "prompt": short_prompt(rng), **sampling(w, rng)}
 
 
+def abandoned_body(w: Workload, rng: random.Random) -> dict:
+    """A completion its client leaves early: long enough to be still running then."""
+    return completion_body(w, rng) | {"max_tokens": w.abandoned_max_tokens}
+
+
 def long_body(w: Workload, rng: random.Random, pflash: dict | None) -> dict:
     prompt, _ = needle_prompt(w.long_words, rng.random(), rng.randint(0, 10**6))
-    return {"model": w.model, "prompt": prompt, "max_tokens": 4, "temperature": 0} | ({"pflash": pflash} if pflash else {})
+    body = {"model": w.model, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    return body | ({"pflash": pflash} if pflash else {})
 
 
 async def cancel_early(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Reply:
     """The client leaves before any response byte (or as the first arrive)."""
-    task = asyncio.ensure_future(stream(client, "/v1/completions", completion_body(w, rng) | {"max_tokens": w.abandoned_max_tokens}, w.headers))
+    task = asyncio.ensure_future(stream(client, "/v1/completions", abandoned_body(w, rng), w.headers))
     await asyncio.sleep(rng.uniform(0.0, 0.05))
     if task.done():
         return task.result()
@@ -161,12 +173,12 @@ async def cancel_early(w: Workload, client: httpx.AsyncClient, rng: random.Rando
 
 def give_up(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
     """A non-streamed request whose client times out while the server decodes."""
-    body = completion_body(w, rng) | {"max_tokens": w.abandoned_max_tokens}
+    body = abandoned_body(w, rng)
     return post(client, "/v1/completions", body, headers=w.headers, give_up_after=rng.uniform(0.05, 0.5))
 
 
 def wrong_type(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
-    path, body = rng.choice([
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("/v1/completions", {"prompt": 5}),
         ("/v1/completions", {"prompt": "x", "max_tokens": "many"}),
         ("/v1/completions", {"prompt": "x", "temperature": [1]}),
@@ -177,7 +189,8 @@ def wrong_type(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Aw
         ("/v1/chat/completions", {"messages": "hello"}),
         ("/v1/chat/completions", {"messages": [{"role": "nobody", "content": "x"}]}),
         ("/extras/detokenize", {"tokens": ["a"]}),
-    ])
+    ]
+    path, body = rng.choice(cases)
     return post(client, path, {"model": w.model, **body}, headers=w.headers)
 
 
@@ -198,22 +211,28 @@ def over_long(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awa
 
 
 # name: (weight, expected, request). Mostly short requests; long ones are few and costly.
-KINDS: dict[str, tuple[int, object, Kind]] = {
+KINDS: dict[str, tuple[int, str | frozenset[int], Kind]] = {
     "completion": (16, OK, lambda w, c, r: post(c, "/v1/completions", completion_body(w, r), headers=w.headers)),
     "chat": (8, OK, lambda w, c, r: post(c, "/v1/chat/completions", chat_body(w, r), headers=w.headers)),
     "stream": (14, OK, lambda w, c, r: stream(c, "/v1/completions", completion_body(w, r), w.headers)),
     "stream_chat": (6, OK, lambda w, c, r: stream(c, "/v1/chat/completions", chat_body(w, r), w.headers)),
-    "long_pflash_off": (2, OK, lambda w, c, r: post(c, "/v1/completions", long_body(w, r, {"mode": "off"}), headers=w.headers)),
+    "long_pflash_off": (2, OK, lambda w, c, r: post(c, "/v1/completions", long_body(w, r, {"mode": "off"}),
+                                                    headers=w.headers)),
     "long_pflash_auto": (2, OK, lambda w, c, r: post(c, "/v1/completions", long_body(w, r, None), headers=w.headers)),
-    "long_pflash_always": (2, OK, lambda w, c, r: stream(c, "/v1/completions", long_body(w, r, {"mode": "always", "keep_ratio": 0.3}), w.headers)),
-    "other_model": (5, OK, lambda w, c, r: post(c, "/v1/completions", completion_body(w, r, w.other_model), headers=w.headers)),
-    "cancel_mid_stream": (6, ABANDON, lambda w, c, r: stream(c, "/v1/completions", completion_body(w, r) | {"max_tokens": w.abandoned_max_tokens}, w.headers, leave_after=2)),
+    "long_pflash_always": (2, OK, lambda w, c, r: stream(
+        c, "/v1/completions", long_body(w, r, {"mode": "always", "keep_ratio": 0.3}), w.headers)),
+    "other_model": (5, OK, lambda w, c, r: post(c, "/v1/completions", completion_body(w, r, w.other_model),
+                                                headers=w.headers)),
+    "cancel_mid_stream": (6, ABANDON, lambda w, c, r: stream(c, "/v1/completions", abandoned_body(w, r), w.headers,
+                                                             leave_after=2)),
     "cancel_before_first_byte": (6, ABANDON, cancel_early),
     "client_gives_up": (5, ABANDON, give_up),
-    "malformed_json": (4, ANY_4XX, lambda w, c, r: post(c, "/v1/completions", content=b'{"prompt": "x", "max_tokens": ', headers=w.headers)),
+    "malformed_json": (4, ANY_4XX, lambda w, c, r: post(c, "/v1/completions", content=b'{"prompt": "x", "max_tokens": ',
+                                                        headers=w.headers)),
     "wrong_type": (6, ANY_4XX, wrong_type),
     "over_long": (2, frozenset({400}), over_long),
-    "unknown_model": (3, frozenset({404}), lambda w, c, r: post(c, "/v1/completions", completion_body(w, r, "no-such-model"), headers=w.headers)),
+    "unknown_model": (3, frozenset({404}), lambda w, c, r: post(
+        c, "/v1/completions", completion_body(w, r, "no-such-model"), headers=w.headers)),
     "no_key": (3, frozenset({401}), lambda w, c, r: post(c, "/v1/completions", completion_body(w, r))),
     "oversized_body": (2, frozenset({413}), oversized),
 }
@@ -222,7 +241,7 @@ KINDS: dict[str, tuple[int, object, Kind]] = {
 def plan(n: int, seed: int, api_key: bool = True) -> list[str]:
     """n request kinds in proportion to their weights: shuffled blocks holding each kind `weight` times."""
     block = [k for k, (weight, _, _) in KINDS.items() if api_key or k != "no_key" for _ in range(weight)]
-    rng, order = random.Random(seed), []
+    rng, order = random.Random(seed), list[str]()
     while len(order) < n:
         rng.shuffle(block)
         order += block
@@ -314,7 +333,8 @@ async def abandoned_tail(w: Workload, n: int, seed: int, max_tokens: int) -> dic
     requests of `max_tokens`, and nothing else: the time until the pool is idle after they left
     says whether the server cancelled them (each would otherwise decode `max_tokens`)."""
     kinds = [kind for kind, (_, expected, _) in KINDS.items() if expected == ABANDON]
-    outcomes = await run(replace(w, abandoned_max_tokens=max_tokens), [kinds[i % len(kinds)] for i in range(n)], seed, 10**6)
+    plan = [kinds[i % len(kinds)] for i in range(n)]
+    outcomes = await run(replace(w, abandoned_max_tokens=max_tokens), plan, seed, 10**6)
     idle_s, problems, _ = await wait_idle(w, timeout_s=300.0)
     return {"requests": n, "max_tokens": max_tokens, "results": dict(Counter(o.result for o in outcomes)),
             "idle_after_s": round(idle_s, 2), "not_idle": problems}

@@ -109,7 +109,8 @@ def _change(target: Target, to: State) -> bool:
     found = states(target)
     modified = [path for path, state in found.items() if state is State.MODIFIED]
     if modified:
-        raise PatchError(f"refusing to touch llama-cpp-python: modified since install (neither original nor patched): {', '.join(modified)}")
+        raise PatchError("refusing to touch llama-cpp-python: modified since install (neither original nor "
+                         f"patched): {', '.join(modified)}")
     patches = {p.path: p for p in parse(PATCH.read_text(encoding="utf-8"))}
     contents = {
         path: apply(patches[path], _read(target.root / path), reverse=to is State.ORIGINAL)

@@ -12,7 +12,8 @@ from . import PatchError, State, Target, apply_patch, revert_patch, states
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pflash_plugin.vendor_patches", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pflash_plugin.vendor_patches",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["apply", "check", "revert"])
     action = parser.parse_args(argv).action
     try:
@@ -21,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"patched llama-cpp-python in {target.root}" if apply_patch(target) else "already patched")
             return 0
         if action == "revert":
-            print(f"restored stock llama-cpp-python in {target.root}" if revert_patch(target) else "not patched: nothing to revert")
+            reverted = revert_patch(target)
+            print(f"restored stock llama-cpp-python in {target.root}" if reverted else "not patched: nothing to revert")
             return 0
         found = states(target)
         for path, state in found.items():

@@ -21,7 +21,8 @@ def _spans(indices: set[int]) -> list[Segment]:
     return spans
 
 
-def select_recent(mass: Sequence[float], segments: list[Segment], budget: int, mandatory: list[Segment]) -> Selection | None:
+def select_recent(mass: Sequence[float], segments: list[Segment], budget: int,
+                  mandatory: list[Segment]) -> Selection | None:
     """Same contract as pflash_plugin.pflash.selection.select; None: the mandatory spans alone exceed the budget."""
     keep = {i for span in mandatory for i in range(span.start, span.end)}
     if len(keep) > budget:
@@ -34,4 +35,5 @@ def select_recent(mass: Sequence[float], segments: list[Segment], budget: int, m
             chosen += 1
     kept = _spans(keep)
     SELECTIONS.append([(s.start, s.end) for s in kept])
-    return Selection(kept=kept, kept_tokens=len(keep), segments_total=len(segments), segments_kept=chosen + len(mandatory))
+    return Selection(kept=kept, kept_tokens=len(keep), segments_total=len(segments),
+                     segments_kept=chosen + len(mandatory))
