@@ -2,8 +2,9 @@
 
 Other threads talk to it only through typed messages in an inbox (`Submit`, `Cancel`,
 `Compressed`, `ClearCache`, `Shutdown`); every scheduler and KV mutation happens on the engine
-thread, so none of it needs a lock. A failure tied to one request fails that request alone; only
-a failure of llama.cpp itself marks the model failed (`health`).
+thread, so none of it needs a lock. Its runner and compressor are the seams of seams.py; what it
+tells the compressor (its `activity`) is published once per round. A failure tied to one request
+fails that request alone; only a failure of llama.cpp itself marks the model failed (`health`).
 """
 from __future__ import annotations
 

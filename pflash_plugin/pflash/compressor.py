@@ -2,7 +2,7 @@
 
 The compression thread owns the drafter context; the engine thread never touches it. Jobs carry
 everything they need (tokens, query plan, keep ratio), so the two threads share no mutable state
-beyond a cancel flag and a progress counter.
+beyond a cancel flag and a progress counter (and the engine's activity, which this thread only reads).
 """
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ class CompressionResult:
 
 
 class Compressor:
-    """Synchronous compression; `drafter()` gives the drafter to use and `release` drops it."""
+    """Compresses one prompt at a time on the caller's thread. `drafter()` makes the drafter: kept
+    for every prompt when `persistent`, else made and closed per prompt."""
 
     def __init__(
         self,

@@ -1,4 +1,5 @@
-"""The drafter: runs a model over a prompt up to its scoring layers and returns their Q and K.
+"""The drafter: runs a model over a prompt up to its scoring layers, where its scorer turns their Q
+and K into one attention mass per prompt token.
 
 By default the drafter is the target model itself (its weights are shared; only the context is
 the drafter's own), stopped after the scoring layers. A separate GGUF must share the target's
@@ -56,7 +57,7 @@ class DraftOptions:
     rope: str = "post"  # score post- or pre-RoPE Q/K
     n_batch: int = 512  # tokens per drafter chunk (and ubatch)
     n_threads: int = 0  # CPU threads (0: llama.cpp's default)
-    scorer: str = "auto"  # auto | native | numpy | a pflash_plugin.scorers entry point (scorer.make_scorer)
+    scorer: str = "auto"  # auto | native | numpy | a pflash_plugin.scorers entry point (scorers.make_scorer)
     device: int = 0  # GPU of the native scorer's captures, when the model's layers are on a GPU
     shared_duty: float = 1.0  # share of time the drafter computes while slots decode (it pauses the rest)
     windows: DraftWindows = DraftWindows()  # one causal pass, or windows beside a sink (linear cost)
