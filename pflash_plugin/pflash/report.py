@@ -2,7 +2,7 @@
 fills it in as it goes, planning and the engine only ever say why a prompt was not compressed."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 MANDATORY_OVER_BUDGET = "the head, the query and its suffix alone exceed the budget"
@@ -37,11 +37,19 @@ class PflashReport:
         return replace(self, status=status, reason=reason)
 
     def to_json(self) -> dict[str, Any]:
+        """The set fields, in the key order clients have seen: measurements first, then the outcome;
+        a skip decided before any drafting (its original size alone) leads with its outcome."""
+        early = self.status == "skipped" and self.kept_tokens is None
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "draft_timings":
+        for name in _EARLY_SKIP_ORDER if early else _ORDER:
+            value = getattr(self, name)
+            if name == "draft_timings":
                 out.update(value)
             elif value is not None:
-                out[f.name] = value
+                out[name] = value
         return out
+
+
+_ORDER = ("original_tokens", "kept_tokens", "keep_ratio", "drafter_load_ms", "layers_run", "scorer", "draft_windows",
+          "draft_ms", "draft_timings", "select_ms", "status", "reason", "segments_total", "segments_kept")
+_EARLY_SKIP_ORDER = ("status", "reason", "original_tokens")
