@@ -86,5 +86,7 @@ def live_server(models: list[dict], **server_kw) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model: Path) -> Iterator[LiveServer]:
-    with live_server([{"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 512, "max_concurrency": 4, "max_queue": 16, "n_threads": 1, "n_threads_batch": 1}]) as server:
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 512, "max_concurrency": 4, "max_queue": 16,
+             "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model]) as server:
         yield server

@@ -168,7 +168,10 @@ def test_worker_stops_drafting_a_cancelled_job():
         def run(self, toks, *args, progress, **kw):
             return super().run(toks, *args, progress=lambda done: (progress(done), job_.cancelled.set()), **kw)
 
-    compressor = Compressor(PflashConfig(), model.piece, lambda: CancelledAfterOneChunk(model, [0], 1024, DraftOptions(n_batch=64)), persistent=False)
+    def drafter() -> CancelledAfterOneChunk:
+        return CancelledAfterOneChunk(model, [0], 1024, DraftOptions(n_batch=64))
+
+    compressor = Compressor(PflashConfig(), model.piece, drafter, persistent=False)
     worker = CompressionWorker(compressor)
     delivered = []
     done = threading.Event()
@@ -198,10 +201,13 @@ def test_routed_long_prompt_is_compressed_by_its_model(tiny_model, tmp_path):
     from pflash_plugin.testing import write_tiny_llama
 
     other = write_tiny_llama(tmp_path / "b.gguf", seed=9)
-    pflash = {"pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4, "pflash_segment_max": 16}
+    pflash = {"pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
+              "pflash_segment_max": 16}
+    threads = {"n_threads": 1, "n_threads_batch": 1}
     models = [
-        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 1024, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1},
-        {"model": str(other), "model_alias": "b", "n_ctx": 1024, "max_concurrency": 1, "max_queue": 1, "n_threads": 1, "n_threads_batch": 1, **pflash},
+        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 1024, "max_concurrency": 1, **threads},
+        {"model": str(other), "model_alias": "b", "n_ctx": 1024, "max_concurrency": 1, "max_queue": 1, **threads,
+         **pflash},
     ]
     prompt = " ".join(f"note {i}: the bridge opens at dawn." for i in range(25)) + " When does it open?"
     with live_server(models) as server, server.client(timeout=120) as client:
@@ -220,7 +226,8 @@ def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
     from pflash_plugin.server.protocol import PflashOverride
     from pflash_plugin.server.settings import ModelSettings
 
-    served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="always", verbose=False, n_threads=1, n_threads_batch=1))
+    served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="always", verbose=False, n_threads=1,
+                                       n_threads_batch=1))
     try:
         short = served.planner.plan(served.model.tokenize("Name a color."), None)
         assert short.job is None and short.report is not None and short.report.status == "skipped"
@@ -234,17 +241,19 @@ def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
 def test_chat_and_explicit_query_requests_are_compressed_over_http(tiny_model):
     from conftest import live_server
 
-    settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, "pflash": "auto",
-                "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4, "pflash_segment_max": 16}
+    settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1,
+                "pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
+                "pflash_segment_max": 16}
     notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
     with live_server([settings]) as server, server.client(timeout=120) as client:
         chat = client.post("/v1/chat/completions", json={"max_tokens": 3, "messages": [
             {"role": "system", "content": "Answer briefly."},
             {"role": "user", "content": notes + " When does the bridge open?"}]}).json()
-        tools = client.post("/v1/chat/completions", json={"max_tokens": 3, "messages": [{"role": "user", "content": notes}],
-                                                          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}).json()
-        explicit = client.post("/v1/completions", json={"prompt": notes, "max_tokens": 3,
-                                                         "pflash": {"mode": "always", "keep_ratio": 0.5, "query": "When does it open?"}}).json()
+        tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+        tools = client.post("/v1/chat/completions", json={
+            "max_tokens": 3, "messages": [{"role": "user", "content": notes}], "tools": [tool]}).json()
+        asked = {"mode": "always", "keep_ratio": 0.5, "query": "When does it open?"}
+        explicit = client.post("/v1/completions", json={"prompt": notes, "max_tokens": 3, "pflash": asked}).json()
         too_long = client.post("/v1/completions", json={"prompt": notes, "max_tokens": 3,
                                                          "pflash": {"mode": "always", "query": "open " * 300}})
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "pflash.query"

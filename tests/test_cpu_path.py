@@ -112,7 +112,9 @@ def test_cpu_flags(tmp_path: Path) -> None:
     assert not cpu_path.cpu_has_amx(tmp_path / "missing")
 
 
-def test_the_verdict_reaches_the_model_params(fresh: pytest.MonkeyPatch, load_params: list[bool], tiny_model: Path) -> None:
+def test_the_verdict_reaches_the_model_params(
+    fresh: pytest.MonkeyPatch, load_params: list[bool], tiny_model: Path
+) -> None:
     fresh.setattr(cpu_path, "probe_command", lambda: SIGILL_CHILD)
     model = load_model(tiny_model, EngineConfig())  # the engine's load; the drafter's is a Model too
     assert load_params == [False] and model.cpu_path == CRASHED
@@ -123,6 +125,8 @@ def test_the_verdict_reaches_the_model_params(fresh: pytest.MonkeyPatch, load_pa
 
 def test_status_reports_the_cpu_path(fresh: pytest.MonkeyPatch, load_params: list[bool], tiny_model: Path) -> None:
     fresh.setattr(cpu_path, "probe_command", lambda: SIGILL_CHILD)
-    with live_server([{"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "n_threads": 1, "n_threads_batch": 1}]) as server:
+    with live_server(
+        [{"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "n_threads": 1, "n_threads_batch": 1}]
+    ) as server:
         assert server.status("tiny")["cpu_path"] == CRASHED
     assert load_params and not any(load_params)

@@ -41,7 +41,8 @@ def test_a_flood_on_idle_slots_admits_exactly_slots_plus_max_queue(tiny_model, s
 
         def client(i: int) -> None:
             with server.client(timeout=120) as http:
-                body = {"model": "tiny", "prompt": f"flood {i}", "max_tokens": 4, "temperature": 0, "n": n, "stream": stream}
+                body = {"model": "tiny", "prompt": f"flood {i}", "max_tokens": 4, "temperature": 0, "n": n,
+                        "stream": stream}
                 reply = http.post("/v1/completions", json=body)
                 answers.append((reply.status_code, reply.text))
 
@@ -53,6 +54,7 @@ def test_a_flood_on_idle_slots_admits_exactly_slots_plus_max_queue(tiny_model, s
         admitted = (SLOTS + MAX_QUEUE) // n
         assert sorted(code for code, _ in answers) == [200] * admitted + [429] * (N_CLIENTS - admitted)
         if stream:  # no stream starts with 200 and then ends in an error
-            assert all(text.rstrip().endswith("data: [DONE]") and '"error"' not in text for code, text in answers if code == 200)
+            streams = [text for code, text in answers if code == 200]
+            assert all(text.rstrip().endswith("data: [DONE]") and '"error"' not in text for text in streams)
         status = server.wait_idle()
         assert status["kv_pages_used"] == sum(s["kv_pages"] for s in status["slots"])  # only idle caches

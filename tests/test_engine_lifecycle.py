@@ -169,7 +169,8 @@ def test_the_status_a_finished_client_reads_no_longer_holds_its_request(build):
 # ---- preemption ----------------------------------------------------------------------------------
 def test_only_an_arrival_preempts_a_solo_long_prefill(build):
     fake = FakeCompressor()
-    engine, sched, runner = build(start=False, compressor=fake, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128, prefill_chunk=4)
+    engine, sched, runner = build(start=False, compressor=fake, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128,
+                                  prefill_chunk=4)
     polls: list = []
     runner.set_abort = polls.append
     engine.__init__(sched, runner, name="test", compressor=fake)  # wire the abort callback
@@ -205,7 +206,8 @@ def test_only_an_arrival_preempts_a_solo_long_prefill(build):
 # ---- health and shutdown -------------------------------------------------------------------------
 def test_shutdown_finishes_what_it_can_within_the_grace_and_cancels_the_rest(build):
     fake = FakeCompressor()
-    engine, sched, runner = build(compressor=fake, n_slots=2, n_pages=64, page_size=16, max_batch_tokens=16, max_ctx=1000)
+    engine, sched, runner = build(compressor=fake, n_slots=2, n_pages=64, page_size=16, max_batch_tokens=16,
+                                  max_ctx=1000)
     short = make_request([1, 2, 3], max_tokens=3)
     endless = make_request([4, 5, 6], max_tokens=900)  # still running when the grace is over
     scored = compressed_request(list(range(200, 240)))  # never delivered

@@ -29,7 +29,8 @@ def test_same_seed_same_concurrency_same_output(tiny_model):
         model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=1))
         try:
             requests = [
-                Request(model.tokenize(f"prompt {i} about the weather"), SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i))
+                Request(model.tokenize(f"prompt {i} about the weather"),
+                        SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i))
                 for i in range(4)
             ]
             outputs.append(run_together(engine, requests))
@@ -48,7 +49,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 @pytest.mark.demo
 def test_batched_decode_stays_close_to_alone(demo_model):
-    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,", "The three primary colors are"]
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+               "The three primary colors are"]
     model, engine = load_engine(demo_model, EngineConfig(n_slots=4, max_ctx=512))
     try:
         greedy = SamplingParams(max_tokens=16, temperature=0)
@@ -76,7 +78,8 @@ def test_shutdown_cancels_what_runs_and_leaves_the_kv_as_the_pool_says(tiny_mode
         elif isinstance(event, (FinishEvent, ErrorEvent)):
             finished.append(event)
 
-    long = Request(model.tokenize("a story that goes on"), SamplingParams(max_tokens=4000, temperature=0, min_tokens=4000), sink=sink)
+    long = Request(model.tokenize("a story that goes on"),
+                   SamplingParams(max_tokens=4000, temperature=0, min_tokens=4000), sink=sink)
     short = Request(model.tokenize("short"), SamplingParams(max_tokens=2, temperature=0))
     engine.submit(long)
     assert first_token.wait(60)

@@ -257,7 +257,8 @@ def test_status_is_published(harness):
 
 def test_unexpected_start_request_error_does_not_leak_the_slot(harness):
     engine, sched, runner = harness(n_slots=1)
-    runner.start_error = lambda request: RuntimeError("llama_sampler_init failed") if request.params.seed == 13 else None
+    runner.start_error = lambda request: (RuntimeError("llama_sampler_init failed") if request.params.seed == 13
+                                          else None)
     a = make_request([1, 2, 3], max_tokens=3)
     a.params.seed = 13
     engine.submit(a)
@@ -272,7 +273,8 @@ def test_unexpected_start_request_error_does_not_leak_the_slot(harness):
 def test_a_long_solo_prefill_step_is_preempted_for_a_newcomer(harness):
     """The runner polls the abort callback like llama.cpp does mid-graph; a newcomer aborts the
     solo long step, which is rolled back and redone after the newcomer's first token."""
-    engine, sched, runner = harness(start=False, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128, prefill_chunk=4)
+    engine, sched, runner = harness(start=False, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128,
+                                    prefill_chunk=4)
     polls: list = []
     runner.set_abort = polls.append
     engine.__init__(sched, runner, name="test")  # wire the abort callback into the runner

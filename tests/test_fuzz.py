@@ -15,7 +15,8 @@ KEY = "fuzz-key"
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_model):
     # one model: any generated "model" name reaches it, so the cases get past routing
-    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1,
+             "n_threads_batch": 1}
     with live_server([model], api_key=KEY) as server:
         yield server
 
@@ -34,8 +35,8 @@ def test_huge_logprobs_is_a_400_not_a_failed_request(fuzz_server):
     """Found by the fuzz: logprobs=100001 reached the sampler and failed the request with a 500."""
     with fuzz_server.client(headers={"Authorization": f"Bearer {KEY}"}) as client:
         completion = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 100001})
-        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                                                         "logprobs": True, "top_logprobs": 5000})
+        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                         "max_tokens": 2, "logprobs": True, "top_logprobs": 5000})
         most = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 20})
     assert completion.status_code == 400 and completion.json()["error"]["param"] == "logprobs"
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"

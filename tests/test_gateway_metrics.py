@@ -36,7 +36,8 @@ def scrape(server: LiveServer) -> dict[str, float]:
     return values
 
 
-def wait_for(server: LiveServer, done: Callable[[dict[str, float]], bool], seen: list[dict[str, float]]) -> dict[str, float]:
+def wait_for(server: LiveServer, done: Callable[[dict[str, float]], bool],
+             seen: list[dict[str, float]]) -> dict[str, float]:
     """Scrape until `done(gauges)`; every scrape is kept in `seen`. The deadline only ends a hung test."""
     deadline = time.monotonic() + 120
     while True:
@@ -54,8 +55,10 @@ def test_gauges_under_a_flood(tiny_model):
     seen: list[dict[str, float]] = []
     with live_server([model]) as server, server.client() as client, ThreadPoolExecutor(FLOOD) as pool:
         assert scrape(server)["pflash_kv_cache_usage_perc"] == 0
-        info = next(f for f in text_string_to_metric_families(client.get("/metrics").text) if f.name == "pflash_cache_config_info")
-        assert info.samples[0].labels | {"model_name": "tiny"} == {"model_name": "tiny", "block_size": "32", "num_gpu_blocks": "128"}
+        families = text_string_to_metric_families(client.get("/metrics").text)
+        info = next(f for f in families if f.name == "pflash_cache_config_info")
+        expected = {"model_name": "tiny", "block_size": "32", "num_gpu_blocks": "128"}
+        assert info.samples[0].labels | {"model_name": "tiny"} == expected
         body = {"prompt": "hold the pool", "max_tokens": HOLD, "temperature": 0, "stream": True}
         with client.stream("POST", "/v1/completions", json=body) as holder:
             lines = holder.iter_lines()  # kept: a collected line iterator closes the stream
@@ -68,8 +71,10 @@ def test_gauges_under_a_flood(tiny_model):
             assert queued["pflash_num_requests_compressing"] == 0
         # closing the holder's stream cancels it; the flood then runs two at a time
         assert all(f.result().status_code == 200 for f in flood)
-        idle = wait_for(server, lambda g: g["pflash_num_requests_running"] == g["pflash_num_requests_waiting"] == 0, seen)
-    assert all(0 <= g["pflash_kv_cache_usage_perc"] <= 1 and 0 <= g["pflash_prefix_cache_usage_perc"] <= 1 for g in seen)
+        idle = wait_for(server, lambda g: g["pflash_num_requests_running"] == g["pflash_num_requests_waiting"] == 0,
+                        seen)
+    assert all(0 <= g["pflash_kv_cache_usage_perc"] <= 1 for g in seen)
+    assert all(0 <= g["pflash_prefix_cache_usage_perc"] <= 1 for g in seen)
     # the idle slots keep their prefix caches; those pages are free to the next request, so not in use
     assert idle["pflash_kv_cache_usage_perc"] == 0 and idle["pflash_prefix_cache_usage_perc"] > 0
 
@@ -127,6 +132,7 @@ def test_the_endpoint_picker_and_the_autoscaler_read_the_gauges_the_server_expor
     assert server["spec"]["template"]["metadata"]["labels"][extractor["parameters"]["engineLabelKey"]] == engine
     # the autoscaler's metric is one the adapter serves, from a series the server exports
     [hpa] = [d for d in documents if d["kind"] == "HorizontalPodAutoscaler"]
-    [adapter] = [yaml.safe_load(d["data"]["config.yaml"]) for d in documents if d["metadata"]["name"] == "adapter-config"]
+    [adapter] = [yaml.safe_load(d["data"]["config.yaml"]) for d in documents
+                 if d["metadata"]["name"] == "adapter-config"]
     served = {rule["seriesQuery"].split("{")[0] for rule in adapter["rules"]}
     assert {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]} <= served <= exported

@@ -51,7 +51,8 @@ def test_the_requests_that_aborted_the_server_answer_and_leave_it_healthy(server
 def test_a_grammar_that_allows_nothing_ends_the_generation(server):
     """No token (not even the end) matches: llama.cpp would accept a forbidden one and abort."""
     for grammar in ['root ::= "\\x00"', "root ::= <[999999]>"]:  # no token holds a NUL; no such token
-        answer = post(server, COMPLETIONS, json.dumps({"prompt": "Hi", "max_tokens": 4, "min_tokens": 2, "grammar": grammar}))
+        body = {"prompt": "Hi", "max_tokens": 4, "min_tokens": 2, "grammar": grammar}
+        answer = post(server, COMPLETIONS, json.dumps(body))
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["text"] == ""
     assert healthy(server)
@@ -100,7 +101,9 @@ def test_the_engine_refuses_a_grammar_too_deep_for_llama_cpp(tiny_model):
     code = ("import sys\nfrom pflash_plugin.llama import GrammarError, Model, SamplerChain\n"
             "try:\n    SamplerChain(Model(sys.argv[1]), temperature=0, top_k=0, top_p=1, min_p=0, typical_p=1,"
             " seed=0, grammar=sys.argv[2])\nexcept GrammarError as error:\n    print(error)\n")
-    child = subprocess.run([sys.executable, "-c", code, str(tiny_model), DEEP_GRAMMAR], capture_output=True, text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_model), DEEP_GRAMMAR], capture_output=True, text=True, timeout=120
+    )
     assert child.returncode == 0 and "nests" in child.stdout, (child.returncode, child.stderr[-2000:])
 
 

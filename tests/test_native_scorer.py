@@ -40,7 +40,8 @@ def test_native_mass_equals_numpy(n, n_head, n_head_kv, head_dim, query_start, q
 
 
 @needs_native
-@pytest.mark.parametrize("row,where,value", [(60, "q", np.nan), (10, "k", np.inf), (10, "k", -np.inf), (3, "k", np.nan)])
+@pytest.mark.parametrize("row,where,value",
+                         [(60, "q", np.nan), (10, "k", np.inf), (10, "k", -np.inf), (3, "k", np.nan)])
 def test_native_refuses_non_finite(row, where, value):
     q, k = random_qk(3, 64, 4, 2, 16)
     (q if where == "q" else k)[row, 1, 3] = value  # a query row (56..63) or a key row
@@ -65,7 +66,8 @@ def test_native_equals_numpy_on_demo_model_captures(demo_model):
     prompt, _ = needle_prompt(1500, 0.5, seed=5)
     tokens = model.tokenize(prompt)
     start = len(tokens) - 8
-    runs = {kind: Drafter(model, [5], len(tokens) + 8, DraftOptions(scorer=kind, n_threads=2)) for kind in ("numpy", "native")}
+    runs = {kind: Drafter(model, [5], len(tokens) + 8, DraftOptions(scorer=kind, n_threads=2))
+            for kind in ("numpy", "native")}
     masses = {kind: drafter.run(tokens, start).mass for kind, drafter in runs.items()}
     for x, y in zip(runs["numpy"].scorer.tensors(5), runs["native"].scorer.tensors(5)):
         np.testing.assert_array_equal(x, y)
@@ -109,7 +111,9 @@ def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(ti
             threading.Event().wait(0.05)  # a slow chunk
             super()._decode_politely(batch, should_stop, interactive_waiting)
 
-    compressor = Compressor(PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True)
+    compressor = Compressor(
+        PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True
+    )
     worker = CompressionWorker(compressor)
     job = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.2)
     worker.submit(job, Alone(), delivered.append)

@@ -79,7 +79,8 @@ def test_n_samples_streamed_chat(sdk, tiny_server):
     (lambda sdk: sdk.completions.create(model="tiny", prompt=["x"] * 3, n=50), "n"),
     (lambda sdk: sdk.completions.create(model="tiny", prompt=[1, 10**9]), "prompt"),
     (lambda sdk: sdk.completions.create(model="tiny", prompt="x", extra_body={"temperature": "hot"}), "temperature"),
-    (lambda sdk: sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], extra_body={"max_tokens": "many"}), "max_tokens"),
+    (lambda sdk: sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                             extra_body={"max_tokens": "many"}), "max_tokens"),
     (lambda sdk: sdk.chat.completions.create(model="tiny", messages=[]), "messages"),
 ])
 def test_invalid_bodies_get_400_with_the_openai_error_shape(sdk, call, param):
@@ -103,11 +104,14 @@ def test_openapi_schema_is_typed_and_documents_no_422(tiny_server):
     with tiny_server.client() as client:
         schema = client.get("/openapi.json").json()
     components = schema["components"]["schemas"]
-    for name in ("CompletionResponse", "ChatCompletionResponse", "CompletionRequest", "ChatCompletionRequest", "ErrorResponse", "Usage"):
+    for name in ("CompletionResponse", "ChatCompletionResponse", "CompletionRequest", "ChatCompletionRequest",
+                 "ErrorResponse", "Usage"):
         assert name in components
     completions = schema["paths"]["/v1/completions"]["post"]["responses"]
     assert completions["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/CompletionResponse")
     assert "text/event-stream" in completions["200"]["content"]
-    assert "422" not in json.dumps({p: {m: op["responses"] for m, op in ops.items()} for p, ops in schema["paths"].items()})
+    assert "422" not in json.dumps(
+        {p: {m: op["responses"] for m, op in ops.items()} for p, ops in schema["paths"].items()}
+    )
     prompt_types = json.dumps(components["CompletionRequest"]["properties"]["prompt"])
     assert '"integer"' in prompt_types

@@ -51,7 +51,8 @@ def test_content_as_text_parts_is_the_joined_text_for_every_role(sdk):
 
 
 @pytest.mark.parametrize("message, field", [
-    ({"role": "user", "content": [*parts("look"), {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}, "messages.1.content.1"),
+    ({"role": "user", "content": [*parts("look"), {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]},
+     "messages.1.content.1"),
     ({"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}, "messages.1.content.0"),
 ])
 def test_a_part_that_is_not_text_is_refused_by_its_field(sdk, message, field):
@@ -83,7 +84,9 @@ def test_json_schema_response_format_constrains_the_output(sdk, strict):
 
 def test_json_schema_without_its_schema_object_is_refused(sdk):
     with pytest.raises(openai.BadRequestError) as caught:
-        sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], response_format={"type": "json_schema"})
+        sdk.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], response_format={"type": "json_schema"}
+        )
     assert caught.value.body["param"] == "response_format.json_schema"
 
 

@@ -61,7 +61,8 @@ def test_capture_stops_after_last_scoring_layer_and_matches_full_forward(deep_mo
 @pytest.mark.parametrize("rope", ["post", "pre"])
 def test_native_callback_stops_at_the_same_node_and_captures_the_same_qk(deep_model, rope):
     tokens = prompt_tokens(deep_model, 150)
-    drafters = {kind: Drafter(deep_model, [1, 2], 256, DraftOptions(rope, n_batch=64, scorer=kind)) for kind in ("numpy", "native")}
+    drafters = {kind: Drafter(deep_model, [1, 2], 256, DraftOptions(rope, n_batch=64, scorer=kind))
+                for kind in ("numpy", "native")}
     results = {kind: d.run(tokens, 141, 149) for kind, d in drafters.items()}
     py, c = drafters["numpy"].scorer, drafters["native"].scorer
     assert py.capture.result.nodes_seen == c.capture.stats()["nodes_seen"] > 0  # the same node ends each graph
@@ -151,12 +152,14 @@ def test_compressor_keeps_budget_head_and_query(deep_model):
     assert result.tokens[:4] == tokens[:4] and result.tokens[-8:] == tokens[-8:]
     assert report.segments_kept < report.segments_total and report.layers_run == 2
     # a budget smaller than the mandatory spans: no compression
-    skipped = compressor.compress(CompressionJob(tokens, plan_query([deep_model.piece(t) for t in tokens], 8, min_head=200), 0.25))
+    head_too_long = plan_query([deep_model.piece(t) for t in tokens], 8, min_head=200)
+    skipped = compressor.compress(CompressionJob(tokens, head_too_long, 0.25))
     assert skipped.report.status == "skipped" and skipped.tokens == tokens
 
 
 def test_plan_query_finds_the_last_user_message():
-    pieces = [b"<s>", b"<sys>", b"Be brief.", b"</sys>", b"<user>", b"Some", b" long", b" document", b".", b" Who", b" wrote", b" it", b"?", b"</user>", b"<assistant>"]
+    pieces = [b"<s>", b"<sys>", b"Be brief.", b"</sys>", b"<user>", b"Some", b" long", b" document", b".", b" Who",
+              b" wrote", b" it", b"?", b"</user>", b"<assistant>"]
     plan = plan_query(pieces, 3, last_user="Some long document. Who wrote it?", system="Be brief.")
     assert (plan.query_start, plan.query_end) == (10, 13)  # " wrote it ?": the question's end
     assert plan.head_end == 3  # through the system prompt
@@ -185,7 +188,8 @@ def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, s
     expected = reference.run(tokens, 392)
     drafter = Drafter(deep_model, [1], 512, DraftOptions(n_batch=64, scorer=scorer))
     yield_now = _YieldAfter(5, 40)  # true while the first chunk computes: llama.cpp aborts it
-    drafted = drafter.run(tokens, 392, neighbours=SimpleNamespace(interactive_waiting=yield_now, slots_decoding=lambda: False))
+    neighbours = SimpleNamespace(interactive_waiting=yield_now, slots_decoding=lambda: False)
+    drafted = drafter.run(tokens, 392, neighbours=neighbours)
     assert drafter.aborted_chunks >= 1 and yield_now.calls > 40
     # rolled back and redone: the same captures and scores as an undisturbed run
     for x, y in zip(drafter.scorer.tensors(1), reference.scorer.tensors(1)):
@@ -204,7 +208,8 @@ def test_drafter_shares_the_device_with_decoding_slots(deep_model, monkeypatch):
     expected = solo.run(tokens, 1190, progress=alone.append)
     pauses: list[float] = []
     monkeypatch.setattr(drafter_module.time, "sleep", pauses.append)
-    got = solo.run(tokens, 1190, progress=shared.append, neighbours=SimpleNamespace(interactive_waiting=lambda: False, slots_decoding=lambda: True))
+    decoding = SimpleNamespace(interactive_waiting=lambda: False, slots_decoding=lambda: True)
+    got = solo.run(tokens, 1190, progress=shared.append, neighbours=decoding)
     assert alone == [1024, 1200] and shared == [512, 1024, 1200]
     assert len(pauses) == 3 and all(p > 0 for p in pauses)  # 3x each chunk's time at duty 0.25
     np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)

@@ -53,9 +53,11 @@ def test_short_chat_decodes_while_a_long_prompt_is_compressed(pflash_server):
 
     with pflash_server.client(timeout=300) as client, cf.ThreadPoolExecutor(3) as pool:
         watcher = pool.submit(watch)
-        long = pool.submit(lambda: client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0}).json())
+        long_body = {"prompt": prompt, "max_tokens": 6, "temperature": 0}
+        long = pool.submit(lambda: client.post("/v1/completions", json=long_body).json())
         assert seen_compressing.wait(30), "/status never showed the prompt in compression"
-        short = client.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}).json()
+        short_body = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+        short = client.post("/v1/completions", json=short_body).json()
         still_compressing = bool(pflash_server.status("demo")["compressing"])
         reply = long.result()
         watcher.result()

@@ -320,7 +320,8 @@ def reference_segment_tokens(pieces: list[str], min_len: int, max_len: int) -> l
     segments, start = [], 0
     for i, piece in enumerate(pieces):
         length = i + 1 - start
-        if length >= max_len or (length >= min_len and ("\n" in piece or piece.rstrip().endswith((".", "!", "?", ";")))):
+        boundary = "\n" in piece or piece.rstrip().endswith((".", "!", "?", ";"))
+        if length >= max_len or (length >= min_len and boundary):
             segments.append(Segment(start, i + 1))
             start = i + 1
     if start < len(pieces):
@@ -358,7 +359,8 @@ def tied_case(seed: int):
     """A longer prompt with few distinct mass values (many ties) and mandatory head and tail."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(200, 3000))
-    pieces = [str(p) for p in rng.choice(["a", " b", ".", "\n", "c!", " d"], size=n, p=[0.4, 0.4, 0.08, 0.04, 0.04, 0.04])]
+    choices = rng.choice(["a", " b", ".", "\n", "c!", " d"], size=n, p=[0.4, 0.4, 0.08, 0.04, 0.04, 0.04])
+    pieces = [str(p) for p in choices]
     min_len = int(rng.integers(1, 24))
     segments = segment_tokens(pieces, min_len, int(rng.integers(min_len, 96)))
     mass = (rng.integers(0, 4, size=n - int(rng.integers(0, 10))) / 8).astype(np.float32)
@@ -414,7 +416,8 @@ def test_take_gives_the_kept_tokens_in_order() -> None:
     tokens = [100 + i for i in range(20)]
     selection = select([0.0] * 8 + [1.0] * 4, fixed_segments(20, 4), budget=10, mandatory=spans((0, 2), (18, 20)))
     assert selection is not None
-    assert selection.take(tokens) == [tokens[i] for i in selection.token_indices()] == [100, 101, 102, 103, 108, 109, 110, 111, 118, 119]
+    kept = [100, 101, 102, 103, 108, 109, 110, 111, 118, 119]
+    assert selection.take(tokens) == [tokens[i] for i in selection.token_indices()] == kept
 
 
 # ---------------------------------------------------------------- keep curve and budget

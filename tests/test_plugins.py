@@ -42,8 +42,8 @@ def test_plugins_can_be_chosen_by_environment(monkeypatch):
 
 def test_example_plugin_selector_and_route_over_http(tiny_model, tmp_path):
     example = install_example(tmp_path / "plugins")
-    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--pflash", "always",
-             "--pflash_selector", "recent", "--pflash_keep_ratio", "0.5"]
+    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1",
+             "--pflash", "always", "--pflash_selector", "recent", "--pflash_keep_ratio", "0.5"]
     process = server("pflash_plugin.server", flags, tmp_path, [example])
     try:
         with httpx.Client(base_url=process.url, timeout=120) as client:

@@ -33,10 +33,12 @@ layers = scoring_layers(model, None)
 pieces = [model.piece(t) for t in tokens]
 base = status("VmRSS:")
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
-compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, DraftOptions(n_batch=512, windows=windows)), persistent=False)
+options = DraftOptions(n_batch=512, windows=windows)
+compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, options), persistent=False)
 report = compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)).report
 reserve = drafter_reserve(model, layers, 512, separate_weights=False)
-print(json.dumps({"peak": status("VmHWM:") - base, "formula": reserve.bytes_for(n, windows.context_tokens(n)), "status": report.status}))
+formula = reserve.bytes_for(n, windows.context_tokens(n))
+print(json.dumps({"peak": status("VmHWM:") - base, "formula": formula, "status": report.status}))
 """
 
 

@@ -14,7 +14,8 @@ LIMIT = 4096  # bytes of body
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model) -> Iterator[LiveServer]:
-    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1,
+             "n_threads_batch": 1}
     with live_server([model], api_key=KEY, public_routes=["/docs"], max_body_bytes=LIMIT) as server:
         yield server
 
@@ -40,7 +41,8 @@ def assert_401(response) -> None:
 
 def test_every_private_route_needs_the_key(keyed_server):
     private = [(m, p) for m, p in routes(keyed_server) if p not in ("/health", "/docs")]
-    assert {"/status", "/metrics", "/openapi.json", "/redoc", "/v1/models", "/v1/completions"} <= {p for _, p in private}
+    expected = {"/status", "/metrics", "/openapi.json", "/redoc", "/v1/models", "/v1/completions"}
+    assert expected <= {p for _, p in private}
     wrong = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {KEY}x"},
              {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}, {"x-api-key": KEY}]
     with keyed_server.client() as client:
@@ -52,7 +54,8 @@ def test_every_private_route_needs_the_key(keyed_server):
             assert response.status_code != 401 and response.status_code < 500, (method, path, response.status_code)
             if method == "GET":
                 assert response.status_code == 200, path
-        ok = client.post("/v1/completions", headers={"Authorization": f"bearer {KEY}"}, json={"prompt": "hi", "max_tokens": 2})
+        ok = client.post("/v1/completions", headers={"Authorization": f"bearer {KEY}"},
+                         json={"prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 

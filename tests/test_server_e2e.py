@@ -32,7 +32,8 @@ def test_eight_concurrent_streams_complete_with_usage(tiny_server):
     prompts = [f"request number {i} says hello to the world" for i in range(8)]
     with tiny_server.client() as client, cf.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(
-            lambda p: stream_completion(client, prompt=p, max_tokens=20, temperature=0, stream_options={"include_usage": True}),
+            lambda p: stream_completion(client, prompt=p, max_tokens=20, temperature=0,
+                                        stream_options={"include_usage": True}),
             prompts,
         ))
         n_prompt = [len(client.post("/extras/tokenize", json={"input": p}).json()["tokens"]) for p in prompts]
@@ -47,7 +48,8 @@ def test_eight_concurrent_streams_complete_with_usage(tiny_server):
 def test_same_seed_same_output(tiny_server):
     body = dict(prompt="the weather today is", max_tokens=16, temperature=0.9)
     with tiny_server.client() as client:
-        texts = [client.post("/v1/completions", json={**body, "seed": seed}).json()["choices"][0]["text"] for seed in (1, 1, 2)]
+        replies = [client.post("/v1/completions", json={**body, "seed": seed}).json() for seed in (1, 1, 2)]
+        texts = [reply["choices"][0]["text"] for reply in replies]
     assert texts[0] == texts[1]
     assert texts[0] != texts[2]  # the seed is really used
 
@@ -56,7 +58,8 @@ def test_prefix_reuse_reports_cached_tokens(tiny_server):
     prompt = "a shared system prompt that is long enough to be worth caching " * 4
     with tiny_server.client() as client:
         client.post("/v1/completions", json={"prompt": prompt + "first", "max_tokens": 4, "temperature": 0})
-        usage = client.post("/v1/completions", json={"prompt": prompt + "second", "max_tokens": 4, "temperature": 0}).json()["usage"]
+        second = {"prompt": prompt + "second", "max_tokens": 4, "temperature": 0}
+        usage = client.post("/v1/completions", json=second).json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] >= len(prompt) // 4
     assert usage["timings"]["cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
 
@@ -76,7 +79,8 @@ def test_bad_inputs_get_openai_errors(tiny_server):
         bias = client.post("/v1/completions", json={"prompt": "hi", "logit_bias": {"99999999": 5}})
         assert bias.status_code == 400 and bias.json()["error"]["param"] == "logit_bias"
         unknown = client.post("/v1/completions", json={"prompt": "hi", "model": "nope", "max_tokens": 2})
-        assert unknown.status_code == 200 and unknown.json()["model"] == "tiny"  # one model: any name reaches it (404: two models)
+        # one model: any name reaches it (404: two models)
+        assert unknown.status_code == 200 and unknown.json()["model"] == "tiny"
         detok = client.post("/extras/detokenize", json={"tokens": [-5]})
         assert detok.status_code == 400
         # and the server still serves
@@ -86,10 +90,11 @@ def test_bad_inputs_get_openai_errors(tiny_server):
 
 def test_stop_strings_and_logprobs(tiny_server):
     with tiny_server.client() as client:
-        full = client.post("/v1/completions", json={"prompt": "one two", "max_tokens": 24, "temperature": 0}).json()["choices"][0]["text"]
+        body = {"prompt": "one two", "max_tokens": 24, "temperature": 0}
+        full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
         stop = full[5:8]
-        cut = client.post("/v1/completions", json={"prompt": "one two", "max_tokens": 24, "temperature": 0, "stop": [stop]}).json()
-        lp = client.post("/v1/completions", json={"prompt": "one two", "max_tokens": 5, "temperature": 0, "logprobs": 3}).json()
+        cut = client.post("/v1/completions", json={**body, "stop": [stop]}).json()
+        lp = client.post("/v1/completions", json={**body, "max_tokens": 5, "logprobs": 3}).json()
     assert cut["choices"][0]["finish_reason"] == "stop"
     assert cut["choices"][0]["text"] == full[: full.index(stop)]
     logprobs = lp["choices"][0]["logprobs"]
@@ -102,7 +107,8 @@ def test_stop_strings_and_logprobs(tiny_server):
 def test_chat_json_response_format_is_valid_json(tiny_server):
     with tiny_server.client() as client:
         body = {"messages": [{"role": "user", "content": "give json"}], "max_tokens": 40, "temperature": 0,
-                "response_format": {"type": "json_object", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+                "response_format": {"type": "json_object", "schema": {
+                    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
         reply = client.post("/v1/chat/completions", json=body).json()
     content = reply["choices"][0]["message"]["content"]
     if reply["choices"][0]["finish_reason"] == "stop":
@@ -112,9 +118,12 @@ def test_chat_json_response_format_is_valid_json(tiny_server):
 
 
 def test_full_queue_gets_429_with_retry_after(tiny_model):
-    with live_server([{"model": str(tiny_model), "n_ctx": 256, "max_concurrency": 1, "max_queue": 1, "n_threads": 1, "n_threads_batch": 1}]) as server:
+    model = {"model": str(tiny_model), "n_ctx": 256, "max_concurrency": 1, "max_queue": 1, "n_threads": 1,
+             "n_threads_batch": 1}
+    with live_server([model]) as server:
         with server.client() as client, cf.ThreadPoolExecutor(6) as pool:
-            responses = list(pool.map(lambda i: client.post("/v1/completions", json={"prompt": f"p{i}", "max_tokens": 200}), range(6)))
+            responses = list(pool.map(
+                lambda i: client.post("/v1/completions", json={"prompt": f"p{i}", "max_tokens": 200}), range(6)))
         codes = sorted(r.status_code for r in responses)
         assert 200 in codes and 429 in codes
         rejected = next(r for r in responses if r.status_code == 429)
@@ -123,9 +132,12 @@ def test_full_queue_gets_429_with_retry_after(tiny_model):
 
 def test_full_pool_queues_instead_of_failing(tiny_model):
     # a pool of 256 tokens, requests reserving 150: only one fits at a time, the rest wait
-    with live_server([{"model": str(tiny_model), "n_ctx": 200, "kv_pool_tokens": 256, "max_concurrency": 4, "n_threads": 1, "n_threads_batch": 1}]) as server:
+    model = {"model": str(tiny_model), "n_ctx": 200, "kv_pool_tokens": 256, "max_concurrency": 4, "n_threads": 1,
+             "n_threads_batch": 1}
+    with live_server([model]) as server:
         with server.client() as client, cf.ThreadPoolExecutor(4) as pool:
-            responses = list(pool.map(lambda i: client.post("/v1/completions", json={"prompt": f"q{i} " * 5, "max_tokens": 140}), range(4)))
+            responses = list(pool.map(
+                lambda i: client.post("/v1/completions", json={"prompt": f"q{i} " * 5, "max_tokens": 140}), range(4)))
         assert [r.status_code for r in responses] == [200] * 4
         assert all(r.json()["usage"]["completion_tokens"] == 140 for r in responses)
         assert max(r.json()["usage"]["timings"]["queue_ms"] for r in responses) > 0
@@ -134,7 +146,8 @@ def test_full_pool_queues_instead_of_failing(tiny_model):
 def test_disconnect_frees_pages(tiny_server):
     idle = tiny_server.wait_idle()["kv_pages_used"]
     with tiny_server.client() as client:
-        with client.stream("POST", "/v1/completions", json={"prompt": "disconnect me", "max_tokens": 400, "stream": True}) as response:
+        body = {"prompt": "disconnect me", "max_tokens": 400, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     break  # got the first token; close the connection mid-stream
@@ -155,13 +168,16 @@ def test_soak_mixed_requests_return_pool_to_idle(tiny_server):
             if kind == 0:  # bad request
                 return client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 10_000}).status_code
             if kind == 1:  # client gives up mid-stream
-                with client.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 64, "stream": True}) as r:
+                body = {"prompt": prompt, "max_tokens": 64, "stream": True}
+                with client.stream("POST", "/v1/completions", json=body) as r:
                     for _ in r.iter_lines():
                         break
                 return 499
             if kind == 2:
-                return client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}], "max_tokens": rng.randint(1, 16)}).status_code
-            return client.post("/v1/completions", json={"prompt": prompt, "max_tokens": rng.randint(1, 24), "seed": i}).status_code
+                chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": rng.randint(1, 16)}
+                return client.post("/v1/chat/completions", json=chat).status_code
+            completion = {"prompt": prompt, "max_tokens": rng.randint(1, 24), "seed": i}
+            return client.post("/v1/completions", json=completion).status_code
 
     with cf.ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(one, range(200)))
@@ -181,7 +197,8 @@ def test_openai_client_works(tiny_server):
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 6
     completion = client.completions.create(model="tiny", prompt="hello", max_tokens=5, temperature=0)
     assert completion.usage.completion_tokens == 5 and completion.choices[0].text
-    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=5, stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 5
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text) > 0
@@ -193,15 +210,18 @@ def test_multi_model_routing_and_api_key(tiny_model, tmp_path):
 
     other = write_tiny_llama(tmp_path / "other.gguf", seed=5, vocab_extra=7)
     models = [
-        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1},
-        {"model": str(other), "model_alias": "b", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, "embedding": True},
+        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1,
+         "n_threads_batch": 1},
+        {"model": str(other), "model_alias": "b", "n_ctx": 256, "max_concurrency": 2, "n_threads": 1,
+         "n_threads_batch": 1, "embedding": True},
     ]
     with live_server(models, api_key="sekret") as server:
         with server.client() as anonymous:
             assert anonymous.post("/v1/completions", json={"prompt": "x", "model": "a"}).status_code == 401
         with server.client(headers={"Authorization": "Bearer sekret"}) as client:
-            a = client.post("/v1/completions", json={"prompt": "x", "model": "a", "max_tokens": 3, "temperature": 0}).json()
-            b = client.post("/v1/completions", json={"prompt": "x", "model": "b", "max_tokens": 3, "temperature": 0}).json()
+            body = {"prompt": "x", "max_tokens": 3, "temperature": 0}
+            a = client.post("/v1/completions", json={**body, "model": "a"}).json()
+            b = client.post("/v1/completions", json={**body, "model": "b"}).json()
             assert (a["model"], b["model"]) == ("a", "b")
             assert a["choices"][0]["text"] != b["choices"][0]["text"]
             missing = client.post("/v1/completions", json={"prompt": "x", "model": "c"})
@@ -226,7 +246,8 @@ def test_tokenize_routes_and_metrics(tiny_server):
         assert client.get("/health").json() == {"status": "ok"}
     for name in ("pflash_requests_total", "pflash_prompt_tokens_total", "pflash_generation_tokens_total",
                  "pflash_time_to_first_token_seconds_bucket", "pflash_inter_token_latency_seconds_bucket",
-                 "pflash_kv_cache_usage_perc", "pflash_num_requests_running", "pflash_num_requests_waiting", "pflash_cached_prompt_tokens_total"):
+                 "pflash_kv_cache_usage_perc", "pflash_num_requests_running", "pflash_num_requests_waiting",
+                 "pflash_cached_prompt_tokens_total"):
         assert name in metrics
 
 
@@ -241,20 +262,23 @@ def test_mirostat_min_tokens_and_seeded_sampling(tiny_server):
         # min_tokens holds end-of-generation back: a logit bias that forces EOS still yields 3 tokens
         eos = {"2": 100.0}
         forced = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10, "logit_bias": eos}).json()
-        held = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10, "logit_bias": eos, "min_tokens": 3}).json()
+        held = client.post("/v1/completions",
+                           json={"prompt": "x", "max_tokens": 10, "logit_bias": eos, "min_tokens": 3}).json()
     assert forced["usage"]["completion_tokens"] == 0 and forced["choices"][0]["finish_reason"] == "stop"
     assert held["usage"]["completion_tokens"] == 3
 
 
 def test_streams_get_keepalive_comments_while_they_wait(tiny_model):
-    with live_server([{"model": str(tiny_model), "n_ctx": 512, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}], sse_ping_seconds=0.02) as server:
+    model = {"model": str(tiny_model), "n_ctx": 512, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model], sse_ping_seconds=0.02) as server:
         with server.client() as client, cf.ThreadPoolExecutor(1) as pool:
             busy = pool.submit(client.post, "/v1/completions", json={"prompt": "busy", "max_tokens": 480})
             deadline = time.time() + 10
             while server.status()["running"] == 0 and time.time() < deadline:
                 time.sleep(0.005)  # until the one slot is taken: the stream below then waits
             comments_before_data = 0
-            with client.stream("POST", "/v1/completions", json={"prompt": "wait", "max_tokens": 2, "stream": True}) as response:
+            body = {"prompt": "wait", "max_tokens": 2, "stream": True}
+            with client.stream("POST", "/v1/completions", json=body) as response:
                 for line in response.iter_lines():
                     if line.startswith(":"):
                         comments_before_data += 1

@@ -16,7 +16,9 @@ LONG = 3500  # tokens "keep going" decodes greedily on the tiny model (no end of
 
 @pytest.fixture(scope="module")
 def roomy_server(tiny_model):
-    with live_server([{"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 4096, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}]) as server:
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 4096, "max_concurrency": 2, "n_threads": 1,
+             "n_threads_batch": 1}
+    with live_server([model]) as server:
         yield server
 
 
@@ -63,7 +65,8 @@ async def _post_and_leave(app, body: dict) -> None:
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_gone_before_the_first_byte_is_cancelled(roomy_server, stream):
     before = roomy_server.wait_idle()
-    asyncio.run(_post_and_leave(roomy_server.app, {"prompt": "keep going", "max_tokens": LONG, "temperature": 0, "stream": stream}))
+    body = {"prompt": "keep going", "max_tokens": LONG, "temperature": 0, "stream": stream}
+    asyncio.run(_post_and_leave(roomy_server.app, body))
     assert_back_to_idle(roomy_server, before)
     with roomy_server.client() as client:
         assert client.post("/v1/completions", json={"prompt": "still here", "max_tokens": 3}).status_code == 200
@@ -81,7 +84,8 @@ def test_routers_mount_into_another_app(tiny_model):
     async def own() -> dict:
         return {"mine": True}
 
-    models = ModelRegistry([ModelSettings(model=str(tiny_model), model_alias="tiny", n_ctx=256, max_concurrency=2, n_threads=1, n_threads_batch=1, verbose=False)])
+    models = ModelRegistry([ModelSettings(model=str(tiny_model), model_alias="tiny", n_ctx=256, max_concurrency=2,
+                                          n_threads=1, n_threads_batch=1, verbose=False)])
     attach(host, ServerContext.build(ServerSettings(), models))
     for router in ROUTERS:
         host.include_router(router, prefix="/llm")
@@ -91,7 +95,10 @@ def test_routers_mount_into_another_app(tiny_model):
             assert client.get("/own").json() == {"mine": True}
             reply = client.post("/llm/v1/completions", json={"prompt": "mounted", "max_tokens": 4})
             assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
-            chat = client.post("/llm/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True})
+            chat = client.post(
+                "/llm/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True},
+            )
             assert chat.status_code == 200 and chat.text.rstrip().endswith("data: [DONE]")
             bad = client.post("/llm/v1/completions", json={"prompt": "x", "top_p": 9})
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_p"  # the routes carry their errors

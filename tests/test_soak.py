@@ -10,14 +10,17 @@ from pflash_plugin.testing import write_tiny_llama
 from pflash_plugin.testing.soak import ABANDON, FAILURES, KINDS, OK, Workload, plan, soak
 
 N, SEED = 1000, 1
-PFLASH = {"pflash": "auto", "pflash_threshold": 256, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4, "pflash_segment_max": 16}
+PFLASH = {"pflash": "auto", "pflash_threshold": 256, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
+          "pflash_segment_max": 16}
 
 
 def test_soak_loses_nothing_and_returns_the_pool_to_idle(tiny_model, tmp_path):
     other = write_tiny_llama(tmp_path / "other.gguf", seed=3)
     models = [
-        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 1024, "max_concurrency": 4, "max_queue": 64, "n_threads": 1, "n_threads_batch": 1, **PFLASH},
-        {"model": str(other), "model_alias": "b", "n_ctx": 256, "max_concurrency": 2, "max_queue": 64, "n_threads": 1, "n_threads_batch": 1},
+        {"model": str(tiny_model), "model_alias": "a", "n_ctx": 1024, "max_concurrency": 4, "max_queue": 64,
+         "n_threads": 1, "n_threads_batch": 1, **PFLASH},
+        {"model": str(other), "model_alias": "b", "n_ctx": 256, "max_concurrency": 2, "max_queue": 64, "n_threads": 1,
+         "n_threads_batch": 1},
     ]
     with live_server(models, api_key="soak-key", max_body_bytes=2**16) as server:
         workload = Workload(server.url, "a", "b", long_words=200, over_long_words=400, api_key="soak-key",

@@ -29,7 +29,8 @@ def overlay(tmp_path) -> Path:
 
 def cli(overlay: Path, action: str) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": f"{overlay}:{REPO}", "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "pflash_plugin.vendor_patches", action], capture_output=True, text=True, env=env)
+    command = [sys.executable, "-m", "pflash_plugin.vendor_patches", action]
+    return subprocess.run(command, capture_output=True, text=True, env=env)
 
 
 def snapshot(root: Path) -> dict[str, str | None]:
@@ -44,7 +45,8 @@ def test_apply_is_idempotent_check_reports_and_revert_restores_the_stock_files(o
         applied = cli(overlay, "apply")
         assert applied.returncode == 0 and str(overlay) in applied.stdout  # the overlay, not the shared install
         patched = snapshot(overlay)
-        assert "server_plugins.create_plugin_app" in patched["llama_cpp/server/app.py"] and patched["llama_cpp/server/plugins.py"]
+        assert "server_plugins.create_plugin_app" in patched["llama_cpp/server/app.py"]
+        assert patched["llama_cpp/server/plugins.py"]
         again = cli(overlay, "apply")
         assert again.returncode == 0 and "already patched" in again.stdout and snapshot(overlay) == patched
         check = cli(overlay, "check")
@@ -130,7 +132,8 @@ def test_patched_stock_without_plugins_is_stock(patched, tiny_model, tmp_path):
 def stream(url: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
     text, usage = "", {}
     with httpx.stream("POST", url + "/v1/completions", timeout=120, json={
-        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}}) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -157,7 +160,8 @@ def test_patched_stock_with_pflash_serves_streams_concurrently_with_our_flags(pa
         with cf.ThreadPoolExecutor(6) as pool:
             results = list(pool.map(lambda i: stream(process.url, f"stream {i} of six", 120), range(6)))
         long_prompt = " ".join(f"fact {i}." for i in range(80))  # ~680 tokens
-        compressed = httpx.post(process.url + "/v1/completions", timeout=120, json={"prompt": long_prompt, "max_tokens": 2}).json()
+        compressed = httpx.post(process.url + "/v1/completions", timeout=120,
+                                json={"prompt": long_prompt, "max_tokens": 2}).json()
         done.set()
         watcher.join()
     finally:
@@ -186,12 +190,13 @@ def test_patched_stock_reads_our_keys_from_its_config_file(patched, tiny_model, 
 
 def test_example_plugin_routes_reach_the_patched_stock_server(patched, tiny_model, tmp_path):
     example = install_example(tmp_path / "plugins")
-    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--pflash", "always",
-             "--pflash_selector", "recent", "--pflash_keep_ratio", "0.5"]
+    flags = ["--model", str(tiny_model), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1",
+             "--pflash", "always", "--pflash_selector", "recent", "--pflash_keep_ratio", "0.5"]
     process = server("llama_cpp.server", flags, tmp_path, [patched, example])
     try:
         prompt = " ".join(f"line {i}." for i in range(80))
-        usage = httpx.post(process.url + "/v1/completions", timeout=120, json={"prompt": prompt, "max_tokens": 2}).json()["usage"]
+        usage = httpx.post(process.url + "/v1/completions", timeout=120,
+                           json={"prompt": prompt, "max_tokens": 2}).json()["usage"]
         report = httpx.get(process.url + "/example/selections").json()
     finally:
         process.stop()
