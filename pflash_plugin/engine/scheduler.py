@@ -112,9 +112,8 @@ class Scheduler:
         """`can_compress`: requests that ask for compression are handed off (`take_handed`), else
         they are prefilled in full. `prefill_chunk`: while other requests are active, a prompt
         prefills at most this many tokens per step, so steps stay short and the others keep their
-        latency. `aging`: each
-        step a prefilling prompt is left out of counts as this many fewer tokens left, so a
-        long prompt gets through a steady stream of short ones."""
+        latency. `aging`: each step a prefilling prompt is left out of counts as this many fewer
+        tokens left, so a long prompt gets through a steady stream of short ones."""
         self.kv, self.pool = kv, pool
         self.slots = [Slot(i) for i in range(n_slots)]
         self.max_batch_tokens = max_batch_tokens
