@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_WINDOW = 2048  # measured on an H200: 2048 drafted 64K-128K faster than 4096 and 8192
+# at ubatch 512 on an H200 (plain llama.cpp, issue 12), 2048 drafted 64K-128K faster than 4096 and 8192;
+# the quality gate (docs/pflash_gpu.md) measured this value
+DEFAULT_WINDOW = 2048
 
 
 @dataclass(frozen=True)
