@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--keep", type=float, default=0.1)
     parser.add_argument("--quick", action="store_true", help="one prose prompt per length, no docs")
+    parser.add_argument("--no_docs", action="store_true", help="keep docs/pflash.md (a rerun of some lengths)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pflash_niah.json")
     args = parser.parse_args()
     result = run(args)
@@ -140,7 +141,7 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2))
     for s in summary:
         print(json.dumps(s))
-    if not args.quick:
+    if not (args.quick or args.no_docs):
         write_docs(result, summary, "python bench/pflash_niah.py " + " ".join(f"--lengths {' '.join(map(str, args.lengths))} --keep {args.keep}".split()))
 
 
