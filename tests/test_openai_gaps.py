@@ -120,3 +120,26 @@ def test_base64_embeddings_are_little_endian_float32(sdk):
     assert np.frombuffer(base64.b64decode(raw), dtype="<f4").tolist() == pytest.approx(floats)
     # the SDK asks for base64 by default and decodes it
     assert sdk.embeddings.create(model="tiny", input="encode me").data[0].embedding == pytest.approx(floats)
+
+
+def sse_chunks(server, body: dict) -> list[dict]:
+    with server.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as reply:
+        assert reply.status_code == 200
+        lines = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("tools", [None, [{"type": "function", "function": {"name": "noop", "parameters": {}}}]])
+def test_a_streamed_chat_sends_the_role_alone_and_no_empty_content_delta(server, tools):
+    # llama.cpp's server suite (as stock passes it) checks that every content delta is non-empty
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0,
+            "stream": True, **({"tools": tools} if tools else {})}
+    deltas = [chunk["choices"][0]["delta"] for chunk in sse_chunks(server, body) if chunk["choices"]]
+    assert deltas[0] == {"role": "assistant"}
+    assert all("role" not in delta for delta in deltas[1:])
+    assert all(delta["content"] for delta in deltas if "content" in delta)
+    text = "".join(delta.get("content", "") for delta in deltas)
+    body.pop("stream")
+    with server.client() as client:
+        assert text == client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]

@@ -235,8 +235,8 @@ class ChatChoice:
         self.logprobs: list | None = [] if logprobs else None
 
     def head(self) -> dict | None:
-        return {"index": self.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
+        # the role alone, as stock sends it: a client that checks each content delta is non-empty passes
+        return {"index": self.index, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
 
     def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
         logprobs = {"content": chat_logprobs(self.piece, outputs)} if self.logprobs is not None else None
