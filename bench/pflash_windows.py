@@ -67,8 +67,8 @@ def one_prompt(served: ServedModel, arms: dict[str, Compressor], n: int, kind: s
     kept: dict[str, set[int]] = {}
     for arm in (("causal", "windowed") if seed % 2 == 0 else ("windowed", "causal")):
         result = arms[arm].compress(CompressionJob(tokens, plan, keep))
-        assert result.kept is not None, result.report
-        kept[arm] = set(result.kept)
+        assert result.selection is not None, result.report
+        kept[arm] = set(result.selection.token_indices())
         answer = Run(served, result.tokens, "off", max_tokens=8).wait()
         row[arm] = {"ok": code in answer.text, "answer": answer.text, "draft_ms": result.report.draft_ms,
                     "forward_ms": result.report.draft_timings["forward_ms"],

@@ -57,7 +57,7 @@ class CompressionJob:
 class CompressionResult:
     tokens: list[int]  # what the target prefills (the original prompt on skip/fallback)
     report: PflashReport
-    kept: list[int] | None = None  # indices of the prompt tokens kept, when compressed
+    selection: Selection | None = None  # the segments kept, when compressed (benchmarks compare them)
 
 
 class Compressor:
@@ -121,7 +121,7 @@ class Compressor:
         kept = selection.take(tokens)
         report.kept_tokens, report.keep_ratio = len(kept), round(len(kept) / n, 4)
         report.segments_total, report.segments_kept = selection.segments_total, selection.segments_kept
-        return CompressionResult(kept, report, selection.token_indices())
+        return CompressionResult(kept, report, selection)
 
     @staticmethod
     def _skip(tokens: list[int], report: PflashReport, reason: str) -> CompressionResult:

@@ -73,8 +73,9 @@ class ServedModel:
         self.compression: CompressionWorker | None = None
         self.model = load_model(path, self.config)
         reserve, available = 0, None
+        pflash_on_gpu = settings.pflash != "off" and settings.n_gpu_layers != 0
+        gpu_free = gpu_free_bytes(settings.main_gpu) if pflash_on_gpu else None
         if settings.pflash != "off":
-            gpu_free = gpu_free_bytes(settings.main_gpu) if settings.n_gpu_layers != 0 else None
             self.compression, reserve = self._start_compression(self.model, on_gpu=gpu_free is not None)
             available = gpu_free if gpu_free is not None else available_memory_bytes()
         self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
@@ -85,13 +86,12 @@ class ServedModel:
         )
         self.prompts = Prompts(self.model, self.params.chat_format, self.params.chat_template_kwargs)
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
-        self.calibration = self._calibrate() if settings.pflash == "auto" else None
+        self.calibration = self._calibrate(on_gpu=gpu_free is not None) if settings.pflash == "auto" else None
 
-    def _calibrate(self) -> Calibration | None:
+    def _calibrate(self, on_gpu: bool) -> Calibration | None:
         """Whether compression pays here, measured once at start (by default on a GPU only: a long
         prefill on a CPU takes minutes); auto then compresses only where it does."""
         s = self.settings
-        on_gpu = s.n_gpu_layers != 0 and gpu_free_bytes(s.main_gpu) is not None
         if s.pflash_calibrate == "off" or s.pflash_calibrate == "auto" and not on_gpu:
             return None
         return calibrate(self, s.pflash_min_speedup)
