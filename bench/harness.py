@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from pflash_plugin.testing.haystack import needle_prompt
+from pflash_plugin.testing.haystack import fit_needle_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,12 +114,8 @@ def machine() -> dict:
 
 
 def fit_prompt(client: httpx.Client, url: str, n_tokens: int, kind: str, depth: float, seed: int) -> tuple[str, str, int]:
-    """A haystack prompt of about n_tokens tokens (word count scaled by one tokenizer probe)."""
-    words = int(n_tokens * 0.9)
-    for _ in range(3):
-        prompt, code = needle_prompt(words, depth, seed, kind)
-        count = client.post(url + "/extras/tokenize/count", json={"input": prompt}).json()["count"]
-        if abs(count - n_tokens) <= n_tokens * 0.03:
-            break
-        words = int(words * n_tokens / count)
-    return prompt, code, count
+    """A haystack prompt of about n_tokens tokens, counted by the server's tokenizer."""
+    def count(prompt: str) -> int:
+        return client.post(url + "/extras/tokenize/count", json={"input": prompt}).json()["count"]
+
+    return fit_needle_prompt(count, n_tokens, kind, depth, seed)

@@ -26,7 +26,7 @@ from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.pflash.windows import DraftWindows
 from pflash_plugin.server.models import ServedModel
 from pflash_plugin.server.settings import ModelSettings
-from pflash_plugin.testing.haystack import needle_prompt
+from pflash_plugin.testing.haystack import fit_needle_prompt
 from pflash_plugin.server.inprocess import Run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,15 +34,10 @@ PROMPTS = [("prose", 0.1), ("prose", 0.5), ("prose", 0.9), ("code", 0.1), ("code
 
 
 def fit(served: ServedModel, n_tokens: int, kind: str, depth: float, seed: int) -> tuple[list[int], str]:
-    """Prompt tokens of about n_tokens (word count scaled by the tokenizer) and the hidden code."""
-    words = int(n_tokens * 0.9)
-    for _ in range(4):
-        text, code = needle_prompt(words, depth, seed, kind)
-        tokens = served.model.tokenize(text)
-        if abs(len(tokens) - n_tokens) <= n_tokens * 0.03:
-            break
-        words = int(words * n_tokens / len(tokens))
-    return tokens, code
+    """Prompt tokens of about n_tokens and the hidden code."""
+    prompt, code, _ = fit_needle_prompt(lambda text: len(served.model.tokenize(text)), n_tokens, kind, depth, seed,
+                                        attempts=4)
+    return served.model.tokenize(prompt), code
 
 
 def compressors(served: ServedModel, args: argparse.Namespace, max_tokens: int) -> dict[str, Compressor]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 _WORDS = (
     "the river town market morning light stone bridge old keeper garden winter road letter window "
@@ -46,3 +47,17 @@ def needle_prompt(n_words_target: int, depth: float, seed: int, kind: str = "pro
     units.insert(int(len(units) * depth), needle)
     sep = "\n" if kind == "code" else " "
     return sep.join(units) + QUESTION, code_value
+
+
+def fit_needle_prompt(count: Callable[[str], int], n_tokens: int, kind: str, depth: float, seed: int,
+                      attempts: int = 3) -> tuple[str, str, int]:
+    """A needle prompt of about `n_tokens` tokens as `count` measures them: the word count is scaled
+    by the tokenizer's answer until within 3%. Returns the prompt, its code and its token count."""
+    words = int(n_tokens * 0.9)
+    for _ in range(attempts):
+        prompt, code = needle_prompt(words, depth, seed, kind)
+        n = count(prompt)
+        if abs(n - n_tokens) <= n_tokens * 0.03:
+            break
+        words = int(words * n_tokens / n)
+    return prompt, code, n
