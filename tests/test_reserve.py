@@ -8,7 +8,7 @@ import sys
 import pytest
 from types import SimpleNamespace
 
-from pflash_plugin.engine.loader import EngineConfig, MemoryReserveError, pool_tokens
+from pflash_plugin.engine.loader import EngineConfig, MemoryBudget, MemoryReserveError, pool_tokens
 
 _MEASURE = r"""
 import json, sys
@@ -75,24 +75,33 @@ def config(**kw) -> EngineConfig:
 
 
 def test_pool_without_reserve_is_slots_times_max_ctx_or_explicit():
-    assert pool_tokens(config(), 100, 0, None) == 4000
-    assert pool_tokens(config(kv_pool_tokens=1234), 100, 0, None) == 1240  # whole pages
+    assert pool_tokens(config(), 100) == 4000
+    assert pool_tokens(config(kv_pool_tokens=1234), 100) == 1240  # whole pages
 
 
 def test_automatic_pool_shrinks_to_leave_the_reserve_free():
     # 300,000 bytes available, 50,000 reserved, 100 bytes/token: 2,500 tokens fit
-    assert pool_tokens(config(), 100, 50_000, 300_000) == 2500
+    assert pool_tokens(config(), 100, MemoryBudget(50_000, 300_000)) == 2500
 
 
 def test_explicit_pool_that_eats_the_reserve_is_refused_with_what_fits():
     with pytest.raises(MemoryReserveError, match="at most 2500 tokens fit"):
-        pool_tokens(config(kv_pool_tokens=3000), 100, 50_000, 300_000)
-    assert pool_tokens(config(kv_pool_tokens=2000), 100, 50_000, 300_000) == 2000
+        pool_tokens(config(kv_pool_tokens=3000), 100, MemoryBudget(50_000, 300_000))
+    assert pool_tokens(config(kv_pool_tokens=2000), 100, MemoryBudget(50_000, 300_000)) == 2000
+
+
+def test_pool_counts_only_the_kv_share_on_the_drafters_gpu():
+    # a target split by layers keeps half of each token's KV (50 of 100 bytes) on the drafter's
+    # GPU: twice the tokens of a single GPU fit beside the reserve
+    half = MemoryBudget(50_000, 300_000, kv_share=0.5)
+    assert pool_tokens(config(kv_pool_tokens=5000), 100, half) == 5000
+    with pytest.raises(MemoryReserveError, match="at most 5000 tokens fit"):
+        pool_tokens(config(kv_pool_tokens=5010), 100, half)
 
 
 def test_reserve_that_leaves_less_than_max_ctx_is_refused():
     with pytest.raises(MemoryReserveError, match="less than max_ctx"):
-        pool_tokens(config(), 100, 250_000, 300_000)
+        pool_tokens(config(), 100, MemoryBudget(250_000, 300_000))
 
 
 def test_server_refuses_an_explicit_pool_that_eats_the_reserve(tiny_model):

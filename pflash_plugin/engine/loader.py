@@ -1,6 +1,7 @@
 """Builds a ready engine for one model: weights, context sized for the slots, pool, scheduler."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,16 +61,27 @@ class MemoryReserveError(ValueError):
     """The KV pool would not leave the drafter's reserve free."""
 
 
-def pool_tokens(config: EngineConfig, kv_per_token: int, reserve_bytes: int, available: int | None) -> int:
-    """KV pool size in tokens (whole pages). Without a reserve: the configured or automatic size.
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What the KV pool must leave free on the device that also holds the PFlash drafter."""
+
+    reserve_bytes: int  # the drafter's need up to max_ctx
+    available_bytes: int  # free on that device once the weights are loaded
+    kv_share: float = 1.0  # of each token's KV, the fraction on that device (a split by layers puts the rest on others)
+
+
+def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | None = None) -> int:
+    """KV pool size in tokens (whole pages). Without a budget: the configured or automatic size.
     With one: the automatic size shrinks to what leaves the reserve free, and an explicit size
     that does not leave it free is refused, saying how many tokens fit."""
     assert config.max_ctx is not None
     page = config.page_size
     wanted = config.kv_pool_tokens or config.n_slots * config.max_ctx
-    if reserve_bytes <= 0 or available is None:
+    if budget is None or budget.reserve_bytes <= 0:
         return -(-wanted // page) * page
-    fit = max((available - reserve_bytes) // kv_per_token, 0) // page * page
+    reserve_bytes, available = budget.reserve_bytes, budget.available_bytes
+    kv_here = max(math.ceil(kv_per_token * budget.kv_share), 1)
+    fit = max((available - reserve_bytes) // kv_here, 0) // page * page
     mib = reserve_bytes / 2**20
     if config.kv_pool_tokens and config.kv_pool_tokens > fit:
         raise MemoryReserveError(
@@ -101,13 +113,12 @@ def build_engine(
     config: EngineConfig,
     name: str = "engine",
     compressor: Compressor | None = None,
-    reserve_bytes: int = 0,
-    available_bytes: int | None = None,
+    budget: MemoryBudget | None = None,
 ) -> Engine:
-    """Context sized for the slots (leaving `reserve_bytes` of `available_bytes` free), pool,
-    scheduler, runner; the engine thread is started."""
+    """Context sized for the slots (within `budget`, which leaves the drafter's reserve free),
+    pool, scheduler, runner; the engine thread is started."""
     assert config.max_ctx is not None
-    tokens = pool_tokens(config, model.kv_bytes_per_token(), reserve_bytes, available_bytes)
+    tokens = pool_tokens(config, model.kv_bytes_per_token(), budget)
     ctx = Context(
         model,
         ContextConfig(

@@ -67,12 +67,18 @@ def gpu_count() -> int:
     return len(_gpus(_ggml()))
 
 
+def gpus_free_bytes() -> list[int]:
+    """Free bytes of each GPU device llama.cpp sees, in its order (empty on a CPU-only build)."""
+    lib = _ggml()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    sizes = []
+    for gpu in _gpus(lib):
+        lib.ggml_backend_dev_memory(gpu, ctypes.byref(free), ctypes.byref(total))
+        sizes.append(free.value)
+    return sizes
+
+
 def gpu_free_bytes(main_gpu: int = 0) -> int | None:
     """Free bytes of the `main_gpu`-th GPU device, or None when llama.cpp has no GPU device."""
-    lib = _ggml()
-    gpus = _gpus(lib)
-    if not gpus:
-        return None
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    lib.ggml_backend_dev_memory(gpus[min(main_gpu, len(gpus) - 1)], ctypes.byref(free), ctypes.byref(total))
-    return free.value
+    sizes = gpus_free_bytes()
+    return sizes[min(main_gpu, len(sizes) - 1)] if sizes else None

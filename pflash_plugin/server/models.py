@@ -10,9 +10,10 @@ from typing import Any
 
 from .. import plugins
 from ..engine.embedder import Embedder
-from ..engine.loader import build_engine, load_model
+from ..engine.loader import MemoryBudget, build_engine, load_model
 from ..llama import Model
-from ..llama.devices import gpu_free_bytes
+from ..llama.devices import gpu_free_bytes, gpus_free_bytes
+from ..llama.placement import kv_share_on_main_gpu
 from ..pflash.compressor import CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
 from ..pflash.payoff import Calibration
@@ -71,14 +72,15 @@ class ServedModel:
         self.config = self.params.engine
         self.pflash = pflash_config(settings)
         self.compression: CompressionWorker | None = None
-        self.model = load_model(path, self.config)
-        reserve, available = 0, None
         pflash_on_gpu = settings.pflash != "off" and settings.n_gpu_layers != 0
+        free_at_load = gpus_free_bytes() if pflash_on_gpu else []  # llama.cpp splits layers by these
+        self.model = load_model(path, self.config)
+        budget = None
         gpu_free = gpu_free_bytes(settings.main_gpu) if pflash_on_gpu else None
         if settings.pflash != "off":
             self.compression, reserve = self._start_compression(self.model, on_gpu=gpu_free is not None)
-            available = gpu_free if gpu_free is not None else available_memory_bytes()
-        self.engine = build_engine(self.model, self.config, self.name, self.compression, reserve, available)
+            budget = self._memory_budget(reserve, gpu_free, free_at_load)
+        self.engine = build_engine(self.model, self.config, self.name, self.compression, budget)
         self.embedder = (
             Embedder(self.model, self.max_ctx, self.config.n_batch, self.config.n_threads_batch)
             if self.params.embedding
@@ -87,6 +89,14 @@ class ServedModel:
         self.prompts = Prompts(self.model, self.params.chat_format, self.params.chat_template_kwargs)
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         self.calibration = self._calibrate(on_gpu=gpu_free is not None) if settings.pflash == "auto" else None
+
+    def _memory_budget(self, reserve: int, gpu_free: int | None, free_at_load: list[int]) -> MemoryBudget:
+        """The pool leaves the drafter's reserve free where the drafter runs: on main_gpu, which
+        holds only its layers' share of the KV when the target is split by layers, or in RAM."""
+        if gpu_free is None:
+            return MemoryBudget(reserve, available_memory_bytes())
+        share = kv_share_on_main_gpu(self.config.model, self.model.n_layer, free_at_load)
+        return MemoryBudget(reserve, gpu_free, share)
 
     def _calibrate(self, on_gpu: bool) -> Calibration | None:
         """Whether compression pays here, measured once at start (by default on a GPU only: a long

@@ -1,0 +1,287 @@
+"""Two GPUs: ours against llama.cpp's llama-server with the same split, and two replicas of ours.
+
+On the CUDA machine (bench/gpu/multi_gpu.sh builds both servers, writes the models and runs this):
+    python bench/gpu/multi_gpu.py --target T.gguf --drafter D.gguf --llama-server BIN --out r.json
+
+Per split mode (`layer`, `row`), ours and llama-server run side by side (both loaded, one driven at
+a time, reps interleaved ours, llama-server, ours, ...) and are measured over HTTP on
+/v1/completions with random token-id prompts (the models are random-weight GGUFs, tiled):
+- throughput: C clients each send 2 requests of 128 tokens one after the other, C = 16 and 64;
+  completion tokens from `usage` over the wall time of the whole run;
+- TTFT of 4 short streamed requests sent together, idle and 0.5 s after a 32K-token prompt
+  (`--beside`) was sent (ours prefills it in full: per-request `pflash: {"mode": "off"}`);
+- time to the first token of a 64K-token prompt (`--long`): llama-server's full prefill, ours in
+  full and with PFlash (the drafter on main_gpu).
+Both servers get 64 slots and a KV pool of twice `--long` cells (llama-server's unified KV).
+Arm `replicas`: ours twice, one per GPU (`--split_mode 0 --main_gpu i`); 64 clients on one
+replica alone, then 64 on each at once, interleaved.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+VOCAB = (300, 1300)  # plain tokens of write_tiny_llama's vocabulary (about 1,341 tokens)
+SLOTS = 64
+MAX_TOKENS = 128
+SPLITS = {"none": 0, "layer": 1, "row": 2}
+
+
+@dataclass
+class Server:
+    """One server process: ours (`python -m pflash_plugin.server`) or llama-server."""
+
+    label: str
+    argv: list[str]
+    port: int
+    ours: bool
+    proc: subprocess.Popen | None = None
+    log: Path = field(default_factory=Path)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self, log_dir: Path) -> Server:
+        self.log = log_dir / f"{self.label}.log"
+        self.proc = subprocess.Popen(self.argv, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 400.0) -> float:
+        start = time.perf_counter()
+        while time.perf_counter() - start < timeout_s:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return time.perf_counter() - start
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.label} not ready after {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def ours(label: str, port: int, args: argparse.Namespace, split: str, main_gpu: int = 0) -> Server:
+    return Server(label, [
+        sys.executable, "-m", "pflash_plugin.server", "--model", args.target, "--port", str(port),
+        "--n_gpu_layers", "-1", "--split_mode", str(SPLITS[split]), "--main_gpu", str(main_gpu),
+        "--n_ctx", str(args.long + 4096), "--kv_pool_tokens", str(2 * args.long), "--max_concurrency", str(SLOTS),
+        "--max_queue", "256", "--n_batch", "2048", "--n_ubatch", "512", "--flash_attn", "true",
+        "--pflash", "auto", "--pflash_drafter", args.drafter, "--pflash_keep_ratio", "0.1",
+        "--pflash_threshold", str(args.beside // 2),
+    ], port, ours=True)
+
+
+def llama_server(label: str, port: int, args: argparse.Namespace, split: str, main_gpu: int = 0) -> Server:
+    return Server(label, [
+        args.llama_server, "-m", args.target, "--host", "127.0.0.1", "--port", str(port),
+        "-ngl", "999", "-sm", split, "-mg", str(main_gpu), "-c", str(2 * args.long), "-np", str(SLOTS), "-kvu",
+        "-b", "2048", "-ub", "512", "-fa", "on",
+    ], port, ours=False)
+
+
+def token_ids(n: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(*VOCAB) for _ in range(n)]
+
+
+def body(server: Server, prompt: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """A /v1/completions body; llama-server is told to ignore EOS and not to reuse its cache, ours
+    takes per-request PFlash control (`pflash`)."""
+    pflash = extra.pop("pflash", None)
+    request: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    if server.ours:
+        if pflash:
+            request["pflash"] = {"mode": pflash}
+    else:
+        request.update(ignore_eos=True, cache_prompt=False)
+    return request
+
+
+async def complete(client: httpx.AsyncClient, server: Server, request: dict[str, Any]) -> dict[str, Any]:
+    reply = await client.post(server.url + "/v1/completions", json=request)
+    if reply.status_code != 200:
+        raise RuntimeError(f"{server.label}: {reply.status_code} {reply.text[:300]}")
+    return reply.json()
+
+
+async def first_token_s(client: httpx.AsyncClient, server: Server, request: dict[str, Any]) -> float:
+    """Seconds from sending a streamed request to its first chunk with text (the stream is then
+    read to its end)."""
+    start, first = time.perf_counter(), None
+    async with client.stream("POST", server.url + "/v1/completions", json={**request, "stream": True}) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"{server.label}: {reply.status_code} {(await reply.aread())[:300]!r}")
+        async for line in reply.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or []
+                if choices and choices[0].get("text"):
+                    first = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError(f"{server.label}: a stream without text")
+    return first
+
+
+def client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
+
+
+async def throughput(servers: list[Server], clients: int, seed: int) -> dict[str, Any]:
+    """`clients` clients on each server at once, each sending 2 requests one after the other."""
+    rng = random.Random(seed)
+
+    async def one_client(http: httpx.AsyncClient, server: Server) -> int:
+        tokens = 0
+        for _ in range(2):
+            reply = await complete(http, server, body(server, token_ids(32, rng), MAX_TOKENS))
+            tokens += reply["usage"]["completion_tokens"]
+        return tokens
+
+    async with client() as http:
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one_client(http, s) for s in servers for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return {"clients": clients, "servers": len(servers), "tokens": sum(counts), "wall_s": round(wall, 3),
+            "tok_s": round(sum(counts) / wall, 1), "short_requests": sum(c < 2 * MAX_TOKENS for c in counts)}
+
+
+async def ttft_beside_prefill(server: Server, seed: int, long_tokens: int, probes: int = 4) -> dict[str, Any]:
+    """Median TTFT of `probes` short streamed requests, idle and while a long prompt prefills."""
+    rng = random.Random(seed)
+
+    def probe() -> dict[str, Any]:
+        return body(server, token_ids(32, rng), 8)
+
+    async with client() as http:
+        idle = await asyncio.gather(*(first_token_s(http, server, probe()) for _ in range(probes)))
+        long = asyncio.create_task(first_token_s(http, server, body(server, token_ids(long_tokens, rng), 1, pflash="off")))
+        await asyncio.sleep(0.5)
+        beside = await asyncio.gather(*(first_token_s(http, server, probe()) for _ in range(probes)))
+        long_s = await long
+    return {"idle_s": round(statistics.median(idle), 4), "beside_s": round(statistics.median(beside), 4),
+            "long_ttft_s": round(long_s, 3), "probes_before_long": sum(b < long_s - 0.5 for b in beside)}
+
+
+async def long_prompt(server: Server, seed: int, tokens: int) -> dict[str, Any]:
+    """Time to the first token of one long prompt: full prefill, and with PFlash on ours."""
+    rng = random.Random(seed)
+    result = {}
+    async with client() as http:
+        for mode in ("off", "always") if server.ours else ("off",):
+            start = time.perf_counter()
+            reply = await complete(http, server, body(server, token_ids(tokens, rng), 1, pflash=mode))
+            result[f"{'full' if mode == 'off' else 'pflash'}_s"] = round(time.perf_counter() - start, 3)
+            if mode == "always":
+                report = reply["usage"]["timings"]["pflash"]
+                result["pflash_report"] = {k: report.get(k) for k in ("kept_tokens", "draft_s", "score_s", "draft_windows")}
+    return result
+
+
+def status(server: Server) -> dict[str, Any]:
+    if not server.ours:
+        return {}
+    reply = httpx.get(server.url + "/status", timeout=10).json()
+    return {k: reply.get(k) for k in ("pflash_threshold", "pflash_calibration", "kv_pages_total", "kv_page_size")}
+
+
+def warm(server: Server) -> None:
+    asyncio.run(throughput([server], 4, seed=1))
+
+
+def side_by_side(pair: list[Server], args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
+    """Both servers up at once, driven one at a time, reps interleaved."""
+    rows: list[dict[str, Any]] = []
+    for server in pair:
+        server.launch(log_dir)
+    try:
+        for server in pair:
+            ready = server.wait_ready()
+            warm(server)
+            rows.append({"server": server.label, "kind": "start", "ready_s": round(ready, 1), **status(server)})
+            print(json.dumps(rows[-1]), flush=True)
+        for rep in range(args.reps):
+            for server in pair:
+                for clients in (16, 64):
+                    rows.append({"server": server.label, "kind": "throughput", "rep": rep,
+                                 **asyncio.run(throughput([server], clients, seed=100 * rep + clients))})
+                    print(json.dumps(rows[-1]), flush=True)
+                rows.append({"server": server.label, "kind": "ttft", "rep": rep, **asyncio.run(ttft_beside_prefill(server, 7 + rep, args.beside))})
+                print(json.dumps(rows[-1]), flush=True)
+                rows.append({"server": server.label, "kind": "long", "rep": rep, **asyncio.run(long_prompt(server, 11 + rep, args.long))})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for server in pair:
+            server.stop()
+    return rows
+
+
+def replicas(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
+    """Ours once per GPU; 64 clients on replica 0 alone, then 64 on each at once, interleaved."""
+    pair = [ours(f"ours-gpu{i}", args.port + i, args, "none", main_gpu=i) for i in range(2)]
+    rows: list[dict[str, Any]] = []
+    for server in pair:
+        server.launch(log_dir)
+    try:
+        for server in pair:
+            rows.append({"server": server.label, "kind": "start", "ready_s": round(server.wait_ready(), 1), **status(server)})
+            warm(server)
+        for rep in range(args.reps):
+            for servers in ([pair[0]], pair):
+                rows.append({"server": "+".join(s.label for s in servers), "kind": "throughput", "rep": rep,
+                             **asyncio.run(throughput(servers, 64, seed=500 + rep))})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for server in pair:
+            server.stop()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--llama-server", dest="llama_server", required=True)
+    parser.add_argument("--arms", nargs="+", default=["layer", "row", "replicas"])
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--port", type=int, default=8300)
+    parser.add_argument("--long", type=int, default=65536, help="the long prompt's tokens (PFlash)")
+    parser.add_argument("--beside", type=int, default=32768, help="the prompt prefilled beside the short ones")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    log_dir = args.out.parent / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for arm in args.arms:
+        start = time.perf_counter()
+        if arm == "replicas":
+            results[arm] = replicas(args, log_dir)
+        else:
+            pair = [ours(f"ours-{arm}", args.port, args, arm), llama_server(f"llama-server-{arm}", args.port + 1, args, arm)]
+            results[arm] = side_by_side(pair, args, log_dir)
+        print(f"{arm}: {time.perf_counter() - start:.0f} s", flush=True)
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

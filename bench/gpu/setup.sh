@@ -1,0 +1,22 @@
+# Sourced on the CUDA machine, from the project root with .gpu/ carried (../shared/gpu/prepare-bundle.sh):
+# installs llama-cpp-python built for CUDA into /tmp/site (built once per machine), builds ggml_ext for
+# CUDA, writes the random-weight models into /tmp/models once per machine, and exports PYTHONPATH.
+# Later calls on the same warm machine skip what is already there (carrying .gpu again drops its wheel).
+PYTHONPATH=/tmp/site python3 -c "import llama_cpp" 2>/dev/null || bash .gpu/on-device.sh
+export PYTHONPATH=/tmp/site:$PWD
+suffix=$(python3 -c "from importlib.machinery import EXTENSION_SUFFIXES as e; print(e[0])")
+ext=/tmp/pflash-ext/$(cat ggml_ext/* | sha256sum | cut -c1-16)$suffix  # kept per source version on this machine
+if [ ! -f "$ext" ]; then
+  mkdir -p /tmp/pflash-ext
+  PFLASH_EXT_BACKEND=cuda CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90" \
+    python3 ggml_ext/pflash_build.py "$ext" > /tmp/ext-build.log 2>&1 || { cat /tmp/ext-build.log; exit 1; }
+fi
+cp "$ext" "pflash_plugin/_pflash_ext$suffix"
+mkdir -p /tmp/models
+write() {  # in its own process: loading a GGUF where the gguf package wrote it segfaulted here
+  [ -f "$1" ] || python3 -c "import sys; from pflash_plugin.testing import write_tiny_llama as w; w(sys.argv[1], $2, f16=True, tiled=True, n_ctx_train=262144)" "$1"
+}
+start=$(date +%s)
+write /tmp/models/target-8b.gguf "n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336"
+write /tmp/models/drafter-0.6b.gguf "n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
+echo "models ready in $(( $(date +%s) - start )) s: $(du -sh /tmp/models | cut -f1)"
