@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -194,67 +195,75 @@ async def long_prompt(server: Server, seed: int, tokens: int) -> dict[str, Any]:
             result[f"{'full' if mode == 'off' else 'pflash'}_s"] = round(time.perf_counter() - start, 3)
             if mode == "always":
                 report = reply["usage"]["timings"]["pflash"]
-                result["pflash_report"] = {k: report.get(k) for k in ("kept_tokens", "draft_s", "score_s", "draft_windows")}
+                result["pflash_report"] = {k: report.get(k) for k in ("kept_tokens", "forward_ms", "score_ms", "draft_windows")}
     return result
 
 
 def status(server: Server) -> dict[str, Any]:
     if not server.ours:
         return {}
-    reply = httpx.get(server.url + "/status", timeout=10).json()
-    return {k: reply.get(k) for k in ("pflash_threshold", "pflash_calibration", "kv_pages_total", "kv_page_size")}
+    model = next(iter(httpx.get(server.url + "/status", timeout=10).json()["models"].values()))
+    keys = ("pflash_threshold", "pflash_calibration", "pflash_scorer", "kv_pages_total", "kv_page_size")
+    return {k: model.get(k) for k in keys}
 
 
 def warm(server: Server) -> None:
     asyncio.run(throughput([server], 4, seed=1))
 
 
-def side_by_side(pair: list[Server], args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
-    """Both servers up at once, driven one at a time, reps interleaved."""
-    rows: list[dict[str, Any]] = []
-    for server in pair:
+@dataclass
+class Record:
+    """The run's results, written out after every row so that a run cut short keeps what it measured."""
+
+    path: Path
+    data: dict[str, Any]
+    arm: str = ""
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.data["results"].setdefault(self.arm, []).append(row)
+        print(json.dumps(row), flush=True)
+        self.path.write_text(json.dumps(self.data, indent=1))
+
+
+def start_all(servers: list[Server], record: Record, log_dir: Path) -> None:
+    for server in servers:
         server.launch(log_dir)
+    for server in servers:
+        ready = server.wait_ready()
+        warm(server)
+        record.add({"server": server.label, "kind": "start", "ready_s": round(ready, 1), **status(server)})
+
+
+def side_by_side(pair: list[Server], args: argparse.Namespace, record: Record, log_dir: Path) -> None:
+    """Both servers up at once, driven one at a time, reps interleaved."""
     try:
-        for server in pair:
-            ready = server.wait_ready()
-            warm(server)
-            rows.append({"server": server.label, "kind": "start", "ready_s": round(ready, 1), **status(server)})
-            print(json.dumps(rows[-1]), flush=True)
+        start_all(pair, record, log_dir)
         for rep in range(args.reps):
             for server in pair:
                 for clients in (16, 64):
-                    rows.append({"server": server.label, "kind": "throughput", "rep": rep,
-                                 **asyncio.run(throughput([server], clients, seed=100 * rep + clients))})
-                    print(json.dumps(rows[-1]), flush=True)
-                rows.append({"server": server.label, "kind": "ttft", "rep": rep, **asyncio.run(ttft_beside_prefill(server, 7 + rep, args.beside))})
-                print(json.dumps(rows[-1]), flush=True)
-                rows.append({"server": server.label, "kind": "long", "rep": rep, **asyncio.run(long_prompt(server, 11 + rep, args.long))})
-                print(json.dumps(rows[-1]), flush=True)
+                    record.add({"server": server.label, "kind": "throughput", "rep": rep,
+                                **asyncio.run(throughput([server], clients, seed=100 * rep + clients))})
+                record.add({"server": server.label, "kind": "ttft", "rep": rep,
+                            **asyncio.run(ttft_beside_prefill(server, 7 + rep, args.beside))})
+                record.add({"server": server.label, "kind": "long", "rep": rep,
+                            **asyncio.run(long_prompt(server, 11 + rep, args.long))})
     finally:
         for server in pair:
             server.stop()
-    return rows
 
 
-def replicas(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
+def replicas(args: argparse.Namespace, record: Record, log_dir: Path) -> None:
     """Ours once per GPU; 64 clients on replica 0 alone, then 64 on each at once, interleaved."""
     pair = [ours(f"ours-gpu{i}", args.port + i, args, "none", main_gpu=i) for i in range(2)]
-    rows: list[dict[str, Any]] = []
-    for server in pair:
-        server.launch(log_dir)
     try:
-        for server in pair:
-            rows.append({"server": server.label, "kind": "start", "ready_s": round(server.wait_ready(), 1), **status(server)})
-            warm(server)
+        start_all(pair, record, log_dir)
         for rep in range(args.reps):
             for servers in ([pair[0]], pair):
-                rows.append({"server": "+".join(s.label for s in servers), "kind": "throughput", "rep": rep,
-                             **asyncio.run(throughput(servers, 64, seed=500 + rep))})
-                print(json.dumps(rows[-1]), flush=True)
+                record.add({"server": "+".join(s.label for s in servers), "kind": "throughput", "rep": rep,
+                            **asyncio.run(throughput(servers, 64, seed=500 + rep))})
     finally:
         for server in pair:
             server.stop()
-    return rows
 
 
 def main() -> None:
@@ -262,7 +271,7 @@ def main() -> None:
     parser.add_argument("--target", required=True)
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--llama-server", dest="llama_server", required=True)
-    parser.add_argument("--arms", nargs="+", default=["layer", "row", "replicas"])
+    parser.add_argument("--arms", nargs="+", default=["layer", "row", "replicas"], help="layer, row, none, replicas")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--port", type=int, default=8300)
     parser.add_argument("--long", type=int, default=65536, help="the long prompt's tokens (PFlash)")
@@ -271,16 +280,30 @@ def main() -> None:
     args = parser.parse_args()
     log_dir = args.out.parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    data: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
+    data["machine"] = machine()
+    record = Record(args.out, data)
     for arm in args.arms:
         start = time.perf_counter()
+        record.arm = arm
+        data["results"].pop(arm, None)
         if arm == "replicas":
-            results[arm] = replicas(args, log_dir)
+            replicas(args, record, log_dir)
         else:
             pair = [ours(f"ours-{arm}", args.port, args, arm), llama_server(f"llama-server-{arm}", args.port + 1, args, arm)]
-            results[arm] = side_by_side(pair, args, log_dir)
+            side_by_side(pair, args, record, log_dir)
         print(f"{arm}: {time.perf_counter() - start:.0f} s", flush=True)
-        args.out.write_text(json.dumps(results, indent=1))
+
+
+def machine() -> dict[str, Any]:
+    def run(*argv: str) -> str:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return str(error)
+
+    return {"gpus": run("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader").splitlines(),
+            "topology": run("nvidia-smi", "topo", "-m"), "cpus": os.cpu_count(), "argv": sys.argv}
 
 
 if __name__ == "__main__":
