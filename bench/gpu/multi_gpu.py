@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,9 @@ VOCAB = (300, 1300)  # plain tokens of write_tiny_llama's vocabulary (about 1,34
 SLOTS = 64
 MAX_TOKENS = 128
 SPLITS = {"none": 0, "layer": 1, "row": 2}
+# replicas with the default threads, and with few (with every layer on the GPU the CPU only
+# looks up the input embeddings; two processes with defaults run 2 x n_threads_batch threads)
+REPLICA_ARGS = {"replicas": [], "replicas-few-threads": ["--n_threads", "4", "--n_threads_batch", "8"]}
 
 
 @dataclass
@@ -148,8 +152,17 @@ def client() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
 
 
-async def throughput(servers: list[Server], clients: int, seed: int) -> dict[str, Any]:
-    """`clients` clients on each server at once, each sending 2 requests one after the other."""
+def stack_dump(servers: list[Server]) -> None:
+    """Every thread's Python stack into each of our servers' logs (faulthandler on SIGUSR1)."""
+    for server in servers:
+        if server.ours and server.proc is not None and server.proc.poll() is None:
+            os.kill(server.proc.pid, signal.SIGUSR1)
+    time.sleep(3)
+
+
+async def throughput(servers: list[Server], clients: int, seed: int, limit_s: float = 120.0) -> dict[str, Any]:
+    """`clients` clients on each server at once, each sending 2 requests one after the other; a
+    run that outlasts `limit_s` has each server write its threads' stacks to its log, and fails."""
     rng = random.Random(seed)
 
     async def one_client(http: httpx.AsyncClient, server: Server) -> int:
@@ -161,7 +174,12 @@ async def throughput(servers: list[Server], clients: int, seed: int) -> dict[str
 
     async with client() as http:
         start = time.perf_counter()
-        counts = await asyncio.gather(*(one_client(http, s) for s in servers for _ in range(clients)))
+        try:
+            counts = await asyncio.wait_for(
+                asyncio.gather(*(one_client(http, s) for s in servers for _ in range(clients))), limit_s)
+        except asyncio.TimeoutError:
+            stack_dump(servers)
+            raise RuntimeError(f"{clients} clients on {len(servers)} servers not done in {limit_s:.0f} s") from None
         wall = time.perf_counter() - start
     return {"clients": clients, "servers": len(servers), "tokens": sum(counts), "wall_s": round(wall, 3),
             "tok_s": round(sum(counts) / wall, 1), "short_requests": sum(c < 2 * MAX_TOKENS for c in counts)}
@@ -252,9 +270,11 @@ def side_by_side(pair: list[Server], args: argparse.Namespace, record: Record, l
             server.stop()
 
 
-def replicas(args: argparse.Namespace, record: Record, log_dir: Path) -> None:
+def replicas(args: argparse.Namespace, record: Record, log_dir: Path, extra: list[str]) -> None:
     """Ours once per GPU; 64 clients on replica 0 alone, then 64 on each at once, interleaved."""
     pair = [ours(f"ours-gpu{i}", args.port + i, args, "none", main_gpu=i) for i in range(2)]
+    for server in pair:
+        server.argv += extra
     try:
         start_all(pair, record, log_dir)
         for rep in range(args.reps):
@@ -287,11 +307,15 @@ def main() -> None:
         start = time.perf_counter()
         record.arm = arm
         data["results"].pop(arm, None)
-        if arm == "replicas":
-            replicas(args, record, log_dir)
-        else:
-            pair = [ours(f"ours-{arm}", args.port, args, arm), llama_server(f"llama-server-{arm}", args.port + 1, args, arm)]
-            side_by_side(pair, args, record, log_dir)
+        try:
+            if arm.startswith("replicas"):
+                replicas(args, record, log_dir, REPLICA_ARGS[arm])
+            else:
+                pair = [ours(f"ours-{arm}", args.port, args, arm),
+                        llama_server(f"llama-server-{arm}", args.port + 1, args, arm)]
+                side_by_side(pair, args, record, log_dir)
+        except Exception as error:  # the next arm still runs; the failure is on record
+            record.add({"kind": "error", "error": f"{type(error).__name__}: {error}"[:2000]})
         print(f"{arm}: {time.perf_counter() - start:.0f} s", flush=True)
 
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the host's rule
 server=$(ls /tmp/ls-src/*/vendor/llama.cpp/build/bin/llama-server 2>/dev/null || true)
-if [ -z "$server" ]; then
+if [ -z "$server" ] && [ -z "${NO_LLAMA_SERVER:-}" ]; then  # NO_LLAMA_SERVER=1: the replicas arms need none
   bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &
   building=$!
 fi

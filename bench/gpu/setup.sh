@@ -6,12 +6,14 @@ PYTHONPATH=/tmp/site python3 -c "import llama_cpp" 2>/dev/null || bash .gpu/on-d
 export PYTHONPATH=/tmp/site:$PWD
 suffix=$(python3 -c "from importlib.machinery import EXTENSION_SUFFIXES as e; print(e[0])")
 ext=/tmp/pflash-ext/$(cat ggml_ext/* | sha256sum | cut -c1-16)$suffix  # kept per source version on this machine
-if [ ! -f "$ext" ]; then
+if [ -n "${NO_EXT:-}" ]; then  # NO_EXT=1: PFlash scores with numpy (the serving arms do not compress)
+  ext=""
+elif [ ! -f "$ext" ]; then
   mkdir -p /tmp/pflash-ext
   PFLASH_EXT_BACKEND=cuda CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90" \
     python3 ggml_ext/pflash_build.py "$ext" > /tmp/ext-build.log 2>&1 || { cat /tmp/ext-build.log; exit 1; }
 fi
-cp "$ext" "pflash_plugin/_pflash_ext$suffix"
+[ -z "$ext" ] || cp "$ext" "pflash_plugin/_pflash_ext$suffix"
 mkdir -p /tmp/models
 write() {  # in its own process: loading a GGUF where the gguf package wrote it segfaulted here
   [ -f "$1" ] || python3 -c "import sys; from pflash_plugin.testing import write_tiny_llama as w; w(sys.argv[1], $2, f16=True, tiled=True, n_ctx_train=262144)" "$1"

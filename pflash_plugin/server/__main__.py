@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import signal
 import json
 import os
 import sys
@@ -46,8 +47,11 @@ SHUTDOWN_MARGIN_S = 5.0
 
 
 def main(argv: list[str] | None = None) -> None:
-    # an abort or a crash inside llama.cpp ends the process: its log then shows every thread's stack
+    # an abort or a crash inside llama.cpp ends the process: its log then shows every thread's stack;
+    # SIGUSR1 writes them without ending it (`kill -USR1 PID` on a server that seems stuck)
     faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         server_settings, model_settings = parse_settings(argv)
     except Exception as error:
