@@ -85,6 +85,7 @@ def test_refused_keys_at_their_stock_defaults_start(tmp_path):
     ("clip_model_path", "/models/mmproj.gguf"),
     ("rpc_servers", "127.0.0.1:1"),  # no RPC backend in the wheel, or nobody listening there
     ("kv_overrides", ["llama.context_length=1234"]),
+    ("split_mode", 7),  # llama.cpp has none (0) to tensor (3)
 ])
 def test_served_model_refuses_at_start_naming_the_key(tiny_model, key, value):
     with pytest.raises(SettingsRefused, match=f"^{key}: "):

@@ -28,6 +28,8 @@ def _ggml() -> ctypes.CDLL:
     lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_register.restype = None
     lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -67,8 +69,17 @@ def gpu_count() -> int:
     return len(_gpus(_ggml()))
 
 
+def gpus_split_rows() -> bool:
+    """Whether every GPU's backend can split a model by rows (llama.cpp's split buffers, which
+    --split_mode 2 needs); True without GPUs, where the split mode does nothing."""
+    lib = _ggml()
+    name = b"ggml_backend_split_buffer_type"
+    return all(lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(gpu), name) for gpu in _gpus(lib))
+
+
 def gpus_free_bytes() -> list[int]:
-    """Free bytes of each GPU device llama.cpp sees, in its order (empty on a CPU-only build)."""
+    """Free bytes of each GPU device llama.cpp sees, in its order (empty on a CPU-only build).
+    Reading a GPU's free memory opens a CUDA context there (about 0.5 GiB on an H200)."""
     lib = _ggml()
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     sizes = []

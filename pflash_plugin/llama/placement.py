@@ -27,13 +27,24 @@ def layer_devices(n_layer: int, n_gpu_layers: int, splits: list[float]) -> list[
             for il in range(n_layer)]
 
 
-def kv_share_on_main_gpu(params: ModelParams, n_layer: int, gpu_free: list[int]) -> float:
+def splits_by_free_memory(params: ModelParams, n_gpus: int) -> bool:
+    """Whether llama.cpp spreads this model's layers by each GPU's free memory (split by layers over
+    several GPUs, no tensor_split): only then does kv_share_on_main_gpu need every GPU's free
+    memory, whose reading opens a CUDA context on each GPU."""
+    return params.split_mode == C.LLAMA_SPLIT_MODE_LAYER and n_gpus > 1 and not any(params.tensor_split or ())
+
+
+def kv_share_on_main_gpu(params: ModelParams, n_layer: int, n_gpus: int, free_at_load: list[int]) -> float:
     """Fraction of the model's KV cache (one cache per layer, on its layer's device) on
     `params.main_gpu`. Only a split by layers spreads it: a single GPU holds all of it, and with a
-    split by rows the share is taken as all of it too (the safe side for the drafter's reserve)."""
-    if params.split_mode != C.LLAMA_SPLIT_MODE_LAYER or len(gpu_free) < 2:
+    split by rows or tensors the share is taken as all of it (the safe side for the drafter's
+    reserve). `free_at_load`: each GPU's free memory before the load, where splits_by_free_memory."""
+    if params.split_mode != C.LLAMA_SPLIT_MODE_LAYER or n_gpus < 2:
         return 1.0
-    given = list(params.tensor_split or ())[: len(gpu_free)]
-    splits = given + [0.0] * (len(gpu_free) - len(given)) if any(given) else [float(f) for f in gpu_free]
+    if splits_by_free_memory(params, n_gpus):
+        splits = [float(free) for free in free_at_load]
+    else:
+        given = list(params.tensor_split or ())[:n_gpus]
+        splits = given + [0.0] * (n_gpus - len(given))
     devices = layer_devices(n_layer, params.n_gpu_layers, splits)
     return sum(device == params.main_gpu for device in devices) / n_layer

@@ -17,7 +17,7 @@ from llama_cpp.server.settings import ModelSettings as StockModelSettings
 from ..engine.loader import EngineConfig
 from ..llama import ModelParams, RopeParams
 from ..llama.backend import init_numa
-from ..llama.devices import add_rpc_servers, gpu_count
+from ..llama.devices import add_rpc_servers, gpu_count, gpus_split_rows
 from .settings import ModelSettings
 
 
@@ -48,6 +48,18 @@ REFUSED: dict[str, str] = {
     "mul_mat_q": "llama.cpp has no such switch any more (its backends choose their matmul kernels); "
     "llama-cpp-python 0.3.36 ignores it too",
 }
+
+SPLIT_MODES = {
+    llama_cpp.LLAMA_SPLIT_MODE_NONE: "none",
+    llama_cpp.LLAMA_SPLIT_MODE_LAYER: "layer",
+    llama_cpp.LLAMA_SPLIT_MODE_ROW: "row",
+    llama_cpp.LLAMA_SPLIT_MODE_TENSOR: "tensor",
+}
+SPLIT_MODES_TEXT = ", ".join(f"{mode} ({name})" for mode, name in SPLIT_MODES.items())
+# llama.cpp then fails at load with "device CUDA0 does not support split buffers" (seen on two H200s,
+# in llama-server as in ours): its CUDA backend of this version has no row split
+NO_ROW_SPLIT = ("2 (row) needs split buffers, which this llama.cpp build's GPU backend does not have; "
+                "use 1 (layer) or 3 (tensor parallel, experimental in llama.cpp)")
 
 # Accepted with any value: what the key asks for is what the engine always does.
 ALWAYS_SO: dict[str, str] = {
@@ -110,6 +122,8 @@ def model_params(s: ModelSettings) -> ModelParams:
     """The target's load (llama_model_params), LoRA adapter and rope, as llama_cpp.Llama sets them."""
     if s.lora_path and not os.path.isfile(s.lora_path):
         raise SettingsRefused("lora_path", f"no such file: {s.lora_path}")
+    if s.split_mode not in SPLIT_MODES:
+        raise SettingsRefused("split_mode", f"{s.split_mode} is not one of {SPLIT_MODES_TEXT}")
     if s.tensor_split is not None and len(s.tensor_split) > llama_cpp.LLAMA_MAX_DEVICES:
         raise SettingsRefused("tensor_split", f"more entries than llama.cpp's {llama_cpp.LLAMA_MAX_DEVICES} devices")
     return ModelParams(
@@ -208,3 +222,5 @@ def bring_up(p: LlamaPlan) -> None:
     gpus, main_gpu = gpu_count(), p.engine.model.main_gpu
     if gpus and main_gpu >= gpus:
         raise SettingsRefused("main_gpu", f"{main_gpu} is not one of the {gpus} GPU devices llama.cpp sees")
+    if gpus and p.engine.model.split_mode == llama_cpp.LLAMA_SPLIT_MODE_ROW and not gpus_split_rows():
+        raise SettingsRefused("split_mode", NO_ROW_SPLIT)

@@ -12,8 +12,8 @@ from .. import plugins
 from ..engine.embedder import Embedder
 from ..engine.loader import MemoryBudget, build_engine, load_model
 from ..llama import Model
-from ..llama.devices import gpu_free_bytes, gpus_free_bytes
-from ..llama.placement import kv_share_on_main_gpu
+from ..llama.devices import gpu_count, gpu_free_bytes, gpus_free_bytes
+from ..llama.placement import kv_share_on_main_gpu, splits_by_free_memory
 from ..pflash.compressor import CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
 from ..pflash.payoff import Calibration
@@ -73,13 +73,15 @@ class ServedModel:
         self.pflash = pflash_config(settings)
         self.compression: CompressionWorker | None = None
         pflash_on_gpu = settings.pflash != "off" and settings.n_gpu_layers != 0
-        free_at_load = gpus_free_bytes() if pflash_on_gpu else []  # llama.cpp splits layers by these
+        n_gpus = gpu_count() if pflash_on_gpu else 0
+        # what llama.cpp is about to split the layers by, read only where it does
+        free_at_load = gpus_free_bytes() if splits_by_free_memory(self.config.model, n_gpus) else []
         self.model = load_model(path, self.config)
         budget = None
         gpu_free = gpu_free_bytes(settings.main_gpu) if pflash_on_gpu else None
         if settings.pflash != "off":
             self.compression, reserve = self._start_compression(self.model, on_gpu=gpu_free is not None)
-            budget = self._memory_budget(reserve, gpu_free, free_at_load)
+            budget = self._memory_budget(reserve, gpu_free, n_gpus, free_at_load)
         self.engine = build_engine(self.model, self.config, self.name, self.compression, budget)
         self.embedder = (
             Embedder(self.model, self.max_ctx, self.config.n_batch, self.config.n_threads_batch)
@@ -90,12 +92,12 @@ class ServedModel:
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         self.calibration = self._calibrate(on_gpu=gpu_free is not None) if settings.pflash == "auto" else None
 
-    def _memory_budget(self, reserve: int, gpu_free: int | None, free_at_load: list[int]) -> MemoryBudget:
+    def _memory_budget(self, reserve: int, gpu_free: int | None, n_gpus: int, free_at_load: list[int]) -> MemoryBudget:
         """The pool leaves the drafter's reserve free where the drafter runs: on main_gpu, which
         holds only its layers' share of the KV when the target is split by layers, or in RAM."""
         if gpu_free is None:
             return MemoryBudget(reserve, available_memory_bytes())
-        share = kv_share_on_main_gpu(self.config.model, self.model.n_layer, free_at_load)
+        share = kv_share_on_main_gpu(self.config.model, self.model.n_layer, n_gpus, free_at_load)
         return MemoryBudget(reserve, gpu_free, share)
 
     def _calibrate(self, on_gpu: bool) -> Calibration | None:
