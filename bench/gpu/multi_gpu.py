@@ -3,8 +3,9 @@
 On the CUDA machine (bench/gpu/multi_gpu.sh builds both servers, writes the models and runs this):
     python bench/gpu/multi_gpu.py --target T.gguf --drafter D.gguf --llama-server BIN --out r.json
 
-Per split mode (`layer`, `row`), ours and llama-server run side by side (both loaded, one driven at
-a time, reps interleaved ours, llama-server, ours, ...) and are measured over HTTP on
+Per split mode (`none`, `layer`, `row`), ours and llama-server (with its defaults, and with
+`--cache-ram 0`) run side by side (all loaded, one driven at a time, reps interleaved ours,
+llama-server, ..., ours, ...) and are measured over HTTP on
 /v1/completions with random token-id prompts (the models are random-weight GGUFs, tiled):
 - throughput: C clients each send 2 requests of 128 tokens one after the other, C = 16 and 64;
   completion tokens from `usage` over the wall time of the whole run;
@@ -13,8 +14,9 @@ a time, reps interleaved ours, llama-server, ours, ...) and are measured over HT
 - time to the first token of a 64K-token prompt (`--long`): llama-server's full prefill, ours in
   full and with PFlash (the drafter on main_gpu).
 Both servers get 64 slots and a KV pool of twice `--long` cells (llama-server's unified KV).
-Arm `replicas`: ours twice, one per GPU (`--split_mode 0 --main_gpu i`); 64 clients on one
-replica alone, then 64 on each at once, interleaved.
+Arm `replicas`: ours twice, one per GPU (CUDA_VISIBLE_DEVICES=i; `replicas-main-gpu`: every GPU
+visible and `--split_mode 0 --main_gpu i`); 64 clients on one replica alone, then 64 on each at
+once, interleaved.
 """
 from __future__ import annotations
 
@@ -38,9 +40,24 @@ VOCAB = (300, 1300)  # plain tokens of write_tiny_llama's vocabulary (about 1,34
 SLOTS = 64
 MAX_TOKENS = 128
 SPLITS = {"none": 0, "layer": 1, "row": 2}
-# replicas with the default threads, and with few (with every layer on the GPU the CPU only
-# looks up the input embeddings; two processes with defaults run 2 x n_threads_batch threads)
-REPLICA_ARGS = {"replicas": [], "replicas-few-threads": ["--n_threads", "4", "--n_threads_batch", "8"]}
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """How each replica gets its GPU: `--main_gpu i` with every GPU visible, or only GPU i visible
+    (CUDA_VISIBLE_DEVICES); and extra flags."""
+
+    visible_devices: bool
+    extra: tuple[str, ...] = ()
+
+
+REPLICAS = {
+    "replicas": Replicas(visible_devices=True),
+    # with every GPU visible, two replicas hung on two H200s (docs/multi_gpu.md), also with few
+    # CPU threads (with every layer on the GPU the CPU only looks up the input embeddings)
+    "replicas-main-gpu": Replicas(visible_devices=False),
+    "replicas-few-threads": Replicas(visible_devices=False, extra=("--n_threads", "4", "--n_threads_batch", "8")),
+}
 
 
 @dataclass
@@ -51,6 +68,7 @@ class Server:
     argv: list[str]
     port: int
     ours: bool
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     log: Path = field(default_factory=Path)
 
@@ -61,7 +79,7 @@ class Server:
     def launch(self, log_dir: Path) -> Server:
         self.log = log_dir / f"{self.label}.log"
         self.proc = subprocess.Popen(self.argv, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **self.env})
         return self
 
     def wait_ready(self, timeout_s: float = 400.0) -> float:
@@ -99,11 +117,14 @@ def ours(label: str, port: int, args: argparse.Namespace, split: str, main_gpu: 
     ], port, ours=True)
 
 
-def llama_server(label: str, port: int, args: argparse.Namespace, split: str, main_gpu: int = 0) -> Server:
+def llama_server(label: str, port: int, args: argparse.Namespace, split: str, *extra: str) -> Server:
+    """llama-server as ours is run: same slots, pool, batch sizes and split. `--cache-ram 0` turns off
+    its prompt cache in RAM (8 GiB by default), which saves a slot's state whenever a new request
+    takes the slot (about 0.11 s each on an H200 here)."""
     return Server(label, [
         args.llama_server, "-m", args.target, "--host", "127.0.0.1", "--port", str(port),
-        "-ngl", "999", "-sm", split, "-mg", str(main_gpu), "-c", str(2 * args.long), "-np", str(SLOTS), "-kvu",
-        "-b", "2048", "-ub", "512", "-fa", "on",
+        "-ngl", "999", "-sm", split, "-c", str(2 * args.long), "-np", str(SLOTS), "-kvu",
+        "-b", "2048", "-ub", "512", "-fa", "on", *extra,
     ], port, ours=False)
 
 
@@ -252,12 +273,12 @@ def start_all(servers: list[Server], record: Record, log_dir: Path) -> None:
         record.add({"server": server.label, "kind": "start", "ready_s": round(ready, 1), **status(server)})
 
 
-def side_by_side(pair: list[Server], args: argparse.Namespace, record: Record, log_dir: Path) -> None:
-    """Both servers up at once, driven one at a time, reps interleaved."""
+def side_by_side(servers: list[Server], args: argparse.Namespace, record: Record, log_dir: Path) -> None:
+    """The servers up at once, driven one at a time, reps interleaved."""
     try:
-        start_all(pair, record, log_dir)
+        start_all(servers, record, log_dir)
         for rep in range(args.reps):
-            for server in pair:
+            for server in servers:
                 for clients in (16, 64):
                     record.add({"server": server.label, "kind": "throughput", "rep": rep,
                                 **asyncio.run(throughput([server], clients, seed=100 * rep + clients))})
@@ -266,15 +287,18 @@ def side_by_side(pair: list[Server], args: argparse.Namespace, record: Record, l
                 record.add({"server": server.label, "kind": "long", "rep": rep,
                             **asyncio.run(long_prompt(server, 11 + rep, args.long))})
     finally:
-        for server in pair:
+        for server in servers:
             server.stop()
 
 
-def replicas(args: argparse.Namespace, record: Record, log_dir: Path, extra: list[str]) -> None:
+def replicas(args: argparse.Namespace, record: Record, log_dir: Path, how: Replicas) -> None:
     """Ours once per GPU; 64 clients on replica 0 alone, then 64 on each at once, interleaved."""
-    pair = [ours(f"ours-gpu{i}", args.port + i, args, "none", main_gpu=i) for i in range(2)]
-    for server in pair:
-        server.argv += extra
+    pair = []
+    for i in range(2):
+        server = ours(f"ours-gpu{i}", args.port + i, args, "none", main_gpu=0 if how.visible_devices else i)
+        server.argv += how.extra
+        server.env = {"CUDA_VISIBLE_DEVICES": str(i)} if how.visible_devices else {}
+        pair.append(server)
     try:
         start_all(pair, record, log_dir)
         for rep in range(args.reps):
@@ -291,7 +315,8 @@ def main() -> None:
     parser.add_argument("--target", required=True)
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--llama-server", dest="llama_server", required=True)
-    parser.add_argument("--arms", nargs="+", default=["layer", "row", "replicas"], help="layer, row, none, replicas")
+    parser.add_argument("--arms", nargs="+", default=["layer", "replicas", "none"],
+                        help=f"none, layer, row, or {', '.join(REPLICAS)}")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--port", type=int, default=8300)
     parser.add_argument("--long", type=int, default=65536, help="the long prompt's tokens (PFlash)")
@@ -309,11 +334,12 @@ def main() -> None:
         data["results"].pop(arm, None)
         try:
             if arm.startswith("replicas"):
-                replicas(args, record, log_dir, REPLICA_ARGS[arm])
+                replicas(args, record, log_dir, REPLICAS[arm])
             else:
-                pair = [ours(f"ours-{arm}", args.port, args, arm),
-                        llama_server(f"llama-server-{arm}", args.port + 1, args, arm)]
-                side_by_side(pair, args, record, log_dir)
+                servers = [ours(f"ours-{arm}", args.port, args, arm),
+                           llama_server(f"llama-server-{arm}", args.port + 1, args, arm),
+                           llama_server(f"llama-server-{arm}-cache-ram-0", args.port + 2, args, arm, "--cache-ram", "0")]
+                side_by_side(servers, args, record, log_dir)
         except Exception as error:  # the next arm still runs; the failure is on record
             record.add({"kind": "error", "error": f"{type(error).__name__}: {error}"[:2000]})
         print(f"{arm}: {time.perf_counter() - start:.0f} s", flush=True)
