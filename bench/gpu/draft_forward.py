@@ -2,8 +2,13 @@
 prompt length and drafter ubatch. Linear cost shows as a flat per-token time.
 
     python bench/gpu/draft_forward.py --model D.gguf --layers 27 --out draft.json [--n_gpu_layers -1]
+        [--plain D.gguf D10.gguf]
 
 Configurations run interleaved per repetition (A, B, C, ... then again), on random tokens.
+`--plain` adds, per model, the same windows (W 2048, ubatch 512, no sink) decoded by a context
+without the capture callback: every layer runs and nothing is captured. With a copy of the drafter
+cut to the layers the draft runs (a model written with fewer layers), the gap to W2048-ub512 is
+what the capture costs: the callback splits each ubatch's graph at the captured nodes and stops it.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pflash_plugin.llama import Model
+from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter
 from pflash_plugin.pflash.windows import DraftWindows
 
@@ -24,6 +29,36 @@ CONFIGS = [("causal-ub512", 0, 64, 512), ("W2048-ub512", 2048, 64, 512), ("W2048
            ("W4096-ub1024", 4096, 64, 1024), ("W1024-ub512", 1024, 64, 512)]
 
 
+class PlainForward:
+    """Windows of W tokens decoded without a callback (each window in an emptied sequence)."""
+
+    def __init__(self, path: str, n_gpu_layers: int, window: int = 2048, n_batch: int = 512) -> None:
+        self.model = Model(path, n_gpu_layers=n_gpu_layers)
+        self.window, self.n_batch = window, n_batch
+        self.ctx = Context(self.model, ContextConfig(n_ctx=window, n_batch=n_batch, n_ubatch=n_batch,
+                                                     flash_attn=True, n_outputs_max=1))
+
+    def run(self, tokens: list[int]) -> dict[str, float]:
+        batch = Batch(self.n_batch, 1)
+        start = time.perf_counter()
+        try:
+            for first in range(0, len(tokens), self.window):
+                self.ctx.clear()
+                window = tokens[first:first + self.window]
+                for done in range(0, len(window), self.n_batch):
+                    batch.clear()
+                    batch.add_sequence(window[done:done + self.n_batch], first + done, 0, False)
+                    self.ctx.decode(batch)
+            self.ctx.synchronize()
+        finally:
+            batch.close()
+        return {"forward_ms": round((time.perf_counter() - start) * 1000.0, 3)}
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -32,6 +67,7 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=[c[0] for c in CONFIGS])
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--n_gpu_layers", type=int, default=-1)
+    parser.add_argument("--plain", nargs="*", default=[], help="models to time without the capture callback")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     model = Model(args.model, n_gpu_layers=args.n_gpu_layers)
@@ -39,6 +75,7 @@ def main() -> None:
     drafters = {label: Drafter(model, args.layers, max_tokens,
                                DraftOptions(n_batch=n_batch, windows=DraftWindows(window, sink, causal_max=0)))
                 for label, window, sink, n_batch in CONFIGS if label in args.configs}
+    plain = {f"plain-{Path(path).stem}": PlainForward(path, args.n_gpu_layers) for path in args.plain}
     rng = np.random.default_rng(0)
     rows = []
     for n in args.lengths:
@@ -51,8 +88,14 @@ def main() -> None:
                 rows.append({"config": label, "tokens": n, "rep": rep, "wall_s": round(wall, 4),
                              "windows": result.windows, **result.timings})
                 print(json.dumps(rows[-1]), flush=True)
+            for label, forward in plain.items():
+                start = time.perf_counter()
+                timings = forward.run(tokens)
+                rows.append({"config": label, "tokens": n, "rep": rep, "wall_s": round(time.perf_counter() - start, 4),
+                             "windows": -(-n // forward.window), **timings})
+                print(json.dumps(rows[-1]), flush=True)
     summary = []
-    for label in drafters:
+    for label in [*drafters, *plain]:
         for n in args.lengths:
             walls = [r["wall_s"] for r in rows if r["config"] == label and r["tokens"] == n]
             forward = [r["forward_ms"] for r in rows if r["config"] == label and r["tokens"] == n]
@@ -60,8 +103,8 @@ def main() -> None:
                             "forward_us_per_token": round(1000 * statistics.median(forward) / n, 2)})
             print(json.dumps(summary[-1]), flush=True)
     args.out.write_text(json.dumps({"model": args.model, "layers": args.layers, "rows": rows, "summary": summary}, indent=1))
-    for drafter in drafters.values():
-        drafter.close()
+    for closable in [*drafters.values(), *plain.values()]:
+        closable.close()
     model.close()
 
 

@@ -21,4 +21,7 @@ write() {  # in its own process: loading a GGUF where the gguf package wrote it 
 start=$(date +%s)
 write /tmp/models/target-8b.gguf "n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336"
 write /tmp/models/drafter-0.6b.gguf "n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
+# the same drafter cut to the 10 layers its default draft runs (scoring layer 28 // 3 = 9): the
+# capture callback's cost in bench/gpu/draft_forward.py --plain
+write /tmp/models/drafter-0.6b-10l.gguf "n_layer=10, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
 echo "models ready in $(( $(date +%s) - start )) s: $(du -sh /tmp/models | cut -f1)"

@@ -169,3 +169,7 @@ class Context:
 
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
+
+    def synchronize(self) -> None:
+        """Wait for the computation llama_decode queued (a GPU decode returns before it ends)."""
+        C.llama_synchronize(self.ptr)
