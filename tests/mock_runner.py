@@ -34,7 +34,7 @@ from pflash_plugin.engine.request import (
     TextEvent,
     TokenOutput,
 )
-from pflash_plugin.engine.scheduler import Scheduler, Step
+from pflash_plugin.engine.scheduler import Scheduler, SchedulerConfig, Step
 from pflash_plugin.llama import DecodeError
 from pflash_plugin.pflash.report import PflashReport
 
@@ -390,18 +390,9 @@ def make_scheduler(
     pool = PagePool(n_pages, page_size)
     runner = MockRunner(n_ctx if n_ctx is not None else n_pages * page_size, pool, check_every_step=check_every_step)
     ticks = itertools.count(1)
-    sched = Scheduler(
-        runner,
-        pool,
-        n_slots=n_slots,
-        max_batch_tokens=max_batch_tokens,
-        max_ctx=max_ctx,
-        max_queue=max_queue,
-        piece=piece,
-        is_eog=is_eog,
-        clock=lambda: float(next(ticks)),
-        **scheduler_kw,
-    )
+    config = SchedulerConfig(n_slots=n_slots, max_batch_tokens=max_batch_tokens, max_ctx=max_ctx,
+                             max_queue=max_queue, **scheduler_kw)
+    sched = Scheduler(runner, pool, config, piece, is_eog, clock=lambda: float(next(ticks)))
     runner.scheduler = sched
     return sched, runner
 

@@ -10,7 +10,7 @@ from ..llama import Context, ContextConfig, Model, ModelParams
 from .engine import Engine
 from .kv_pool import PagePool
 from .runner import LlamaRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerConfig
 from .seams import Compressor
 
 
@@ -136,18 +136,11 @@ def build_engine(
         ),
     )
     runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n)
-    scheduler = Scheduler(
-        runner,
-        PagePool(tokens // config.page_size, config.page_size),
-        n_slots=config.n_slots,
-        max_batch_tokens=config.n_batch,
-        max_ctx=config.max_ctx,
-        max_queue=config.max_queue,
-        piece=model.piece,
-        is_eog=model.is_eog,
-        prefill_chunk=config.prefill_chunk,
-        can_compress=compressor is not None,
-    )
+    limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
+                             max_queue=config.max_queue, prefill_chunk=config.prefill_chunk,
+                             can_compress=compressor is not None)
+    scheduler = Scheduler(runner, PagePool(tokens // config.page_size, config.page_size), limits,
+                          model.piece, model.is_eog)
     engine = Engine(scheduler, runner, name=name, compressor=compressor)
     engine.start()
     return engine

@@ -93,38 +93,41 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's limits and policies."""
+
+    n_slots: int
+    max_batch_tokens: int  # tokens of one step (decode tokens first, prefill chunks in the rest)
+    max_ctx: int  # per request: prompt + max_tokens
+    max_queue: int  # live requests beyond the slots; more are refused for load
+    # while other requests are active, a prompt prefills at most this many tokens per step, so
+    # steps stay short and the others keep their latency (None: the whole budget)
+    prefill_chunk: int | None = None
+    # each step a prefilling prompt is left out of counts as this many fewer tokens left, so a
+    # long prompt gets through a steady stream of short ones
+    aging: int = 128
+    # requests that ask for compression are handed off (`take_handed`), else prefilled in full
+    can_compress: bool = False
+
+
 class Scheduler:
     def __init__(
         self,
         kv: KVOps,
         pool: PagePool,
-        n_slots: int,
-        max_batch_tokens: int,
-        max_ctx: int,
-        max_queue: int,
+        config: SchedulerConfig,
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
         clock: Callable[[], float] = time.perf_counter,
-        can_compress: bool = False,
-        prefill_chunk: int | None = None,
-        aging: int = 128,
     ) -> None:
-        """`can_compress`: requests that ask for compression are handed off (`take_handed`), else
-        they are prefilled in full. `prefill_chunk`: while other requests are active, a prompt
-        prefills at most this many tokens per step, so steps stay short and the others keep their
-        latency. `aging`: each step a prefilling prompt is left out of counts as this many fewer
-        tokens left, so a long prompt gets through a steady stream of short ones."""
-        self.kv, self.pool = kv, pool
-        self.slots = [Slot(i) for i in range(n_slots)]
-        self.max_batch_tokens = max_batch_tokens
-        self.max_ctx, self.max_queue = max_ctx, max_queue
-        self.prefill_chunk, self.aging = prefill_chunk, aging
+        self.kv, self.pool, self.config = kv, pool, config
+        self.slots = [Slot(i) for i in range(config.n_slots)]
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
         self.waiting: deque[Request] = deque()  # new arrivals, first come first served
         self.prepared: deque[Request] = deque()  # back from compression: ahead of new arrivals
         self.running: list[Request] = []
         self.compressing: list[Request] = []
-        self.can_compress = can_compress
         self._handed: list[Request] = []  # handed off, for the engine to give to its compressor
         self._live: dict[int, _Live] = {}
         self._outbox: deque[tuple[Request, Event]] = deque()
@@ -133,7 +136,7 @@ class Scheduler:
     @property
     def capacity(self) -> int:
         """Live requests (running, queued, compressing) the engine holds at most: slots + max_queue."""
-        return len(self.slots) + self.max_queue
+        return len(self.slots) + self.config.max_queue
 
     def check(self, *requests: Request) -> None:
         """Refuse what can never be served, whatever the load (HTTP 400). Reads only fixed limits,
@@ -142,7 +145,7 @@ class Scheduler:
             raise AdmissionError(
                 400,
                 f"{len(requests)} choices can never be served together: this model runs "
-                f"{len(self.slots)} at once (max_concurrency) and queues {self.max_queue} more (max_queue)",
+                f"{len(self.slots)} at once (max_concurrency) and queues {self.config.max_queue} more (max_queue)",
                 "invalid_request_error",
             )
         for request in requests:
@@ -152,12 +155,12 @@ class Scheduler:
         n_prompt = len(request.prompt_tokens)
         if n_prompt == 0:
             raise AdmissionError(400, "the prompt is empty", "invalid_request_error")
-        if n_prompt + request.params.max_tokens > self.max_ctx:
+        if n_prompt + request.params.max_tokens > self.config.max_ctx:
             raise AdmissionError(
                 400,
                 f"prompt ({n_prompt} tokens) + max_tokens ({request.params.max_tokens}) = "
                 f"{n_prompt + request.params.max_tokens} exceeds the context limit max_ctx "
-                f"({self.max_ctx} tokens)",
+                f"({self.config.max_ctx} tokens)",
                 "context_length_exceeded",
             )
         if self.pool.pages_for(request.reserve_tokens) > self.pool.n_pages:
@@ -182,7 +185,7 @@ class Scheduler:
                 raise AdmissionError(
                     429,
                     f"no room for {len(requests)} more request(s): {live} are running or queued, of "
-                    f"{self.capacity} ({len(self.slots)} slots + max_queue {self.max_queue}); retry later",
+                    f"{self.capacity} ({len(self.slots)} slots + max_queue {self.config.max_queue}); retry later",
                     "rate_limit_exceeded",
                 )
         except AdmissionError as error:
@@ -211,8 +214,8 @@ class Scheduler:
         for request in [r for r in self.waiting if r.compression is not None]:
             assert request.compression is not None
             _, reuse = self.best_prefix(request.prompt_tokens)
-            if not self.can_compress or reuse * 2 >= len(request.prompt_tokens):
-                reason = f"{reuse} prompt tokens are cached" if self.can_compress else "no compressor"
+            if not self.config.can_compress or reuse * 2 >= len(request.prompt_tokens):
+                reason = f"{reuse} prompt tokens are cached" if self.config.can_compress else "no compressor"
                 request.pflash = request.compression.skipped(reason)
                 request.compression = None
                 continue
@@ -341,7 +344,7 @@ class Scheduler:
     # ---- stepping --------------------------------------------------------------------------
     def schedule(self) -> Step:
         self.admit()
-        budget = self.max_batch_tokens
+        budget = self.config.max_batch_tokens
         items: list[BatchItem] = []
         for request in self.running:
             if request.status is RequestStatus.DECODING and budget > 0:
@@ -349,7 +352,7 @@ class Scheduler:
                 items.append(BatchItem(request, [request.output_tokens[-1]], len(slot.tokens), True))
                 budget -= 1
         busy = len(self.running) > 1
-        cap = self.prefill_chunk if busy and self.prefill_chunk else budget
+        cap = self.config.prefill_chunk if busy and self.config.prefill_chunk else budget
         # shortest remaining prefill first (a short prompt beside a long one starts at once),
         # aged: every step a prompt was left out of counts as `aging` fewer tokens left
         prefilling = sorted((r for r in self.running if r.status is RequestStatus.PREFILLING), key=self._urgency)
@@ -372,12 +375,12 @@ class Scheduler:
         return Step(items)
 
     def _urgency(self, request: Request) -> int:
-        return request.prefill_left - self.aging * self._live[request.request_id].starved
+        return request.prefill_left - self.config.aging * self._live[request.request_id].starved
 
     def preemptible(self, step: Step) -> bool:
         """A step worth aborting for a newcomer: one prompt prefilling alone in a chunk bigger
         than a newcomer would have to wait for (with others active it would be capped)."""
-        chunk = self.prefill_chunk
+        chunk = self.config.prefill_chunk
         return chunk is not None and len(step.items) == 1 and len(step.items[0].tokens) > chunk
 
     def rollback(self, step: Step) -> None:
