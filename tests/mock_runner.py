@@ -458,9 +458,10 @@ class EngineHarness:
     def __init__(self) -> None:
         self.engines: list[Engine] = []
 
-    def __call__(self, start: bool = True, compressor=None, **kw) -> tuple[Engine, Scheduler, MockRunner]:
+    def __call__(self, start: bool = True, compressor=None, max_step_s: float = 0.0,
+                 **kw) -> tuple[Engine, Scheduler, MockRunner]:
         sched, runner = make_scheduler(can_compress=compressor is not None, **kw)
-        engine = Engine(sched, runner, name="test", compressor=compressor)
+        engine = Engine(sched, runner, name="test", compressor=compressor, max_step_s=max_step_s)
         self.engines.append(engine)
         if start:
             engine.start()

@@ -277,3 +277,49 @@ def test_a_decode_error_of_one_step_does_not_fail_the_model(build):
     wait_done(a)
     assert [e.status for e in sink_of(a).errors] == [500]
     assert engine.health().ok
+
+
+# ---- a step that never returns -------------------------------------------------------------------
+def wait_for(condition, timeout: float = TIMEOUT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_step_past_max_step_s_marks_the_engine_stalled_until_it_returns(build):
+    engine, sched, runner = build(n_slots=2, max_step_s=0.05)
+    in_step, release = threading.Event(), threading.Event()
+
+    def hook(index, step):  # the first step hangs, as llama_decode did on a hung GPU
+        if index == 1:
+            in_step.set()
+            assert release.wait(TIMEOUT)
+
+    runner.hook = hook
+    request = make_request([1, 2, 3], max_tokens=2)
+    engine.submit(request)
+    assert in_step.wait(TIMEOUT)
+    assert wait_for(lambda: engine.health().state == "stalled")
+    assert "max_step_s" in engine.health().reason
+    with pytest.raises(AdmissionError) as refused:
+        engine.submit(make_request([4, 5], max_tokens=1))
+    assert refused.value.status == 503 and "stalled" in refused.value.message
+    release.set()
+    wait_done(request)
+    assert engine.health().ok and sink_of(request).finish.reason == "length"
+
+
+def test_without_max_step_s_a_long_step_is_no_stall(build):
+    engine, sched, runner = build(n_slots=2)
+    in_step, release = threading.Event(), threading.Event()
+    runner.hook = lambda index, step: index == 1 and (in_step.set(), release.wait(TIMEOUT))
+    request = make_request([1, 2, 3], max_tokens=2)
+    engine.submit(request)
+    assert in_step.wait(TIMEOUT)
+    time.sleep(0.1)
+    assert engine.health().ok
+    release.set()
+    wait_done(request)

@@ -58,7 +58,7 @@ Message = Submit | Cancel | Compressed | ClearCache | Shutdown
 
 @dataclass(frozen=True)
 class Health:
-    state: str  # "ok" | "draining" (shutting down) | "failed" (llama.cpp failed) | "stopped"
+    state: str  # "ok" | "draining" (shutting down) | "failed" (llama.cpp failed) | "stalled" | "stopped"
     reason: str | None = None
 
     @property
@@ -68,11 +68,14 @@ class Health:
 
 class Engine:
     def __init__(self, scheduler: Scheduler, runner: Runner, name: str = "engine",
-                 compressor: Compressor | None = None) -> None:
+                 compressor: Compressor | None = None, max_step_s: float = 0.0) -> None:
         """`compressor` runs the jobs of the requests the scheduler hands off (it must have been
-        built with `can_compress`), on its own thread, beside this engine's `activity`."""
+        built with `can_compress`), on its own thread, beside this engine's `activity`.
+        `max_step_s`: a step that has run longer marks the engine stalled (0: never)."""
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
+        self.max_step_s = max_step_s
+        self._step_started: float | None = None  # monotonic start of the step llama.cpp runs now
         self.activity = Activity()
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -103,6 +106,9 @@ class Engine:
         503) it refused them with (the requests also end with that error as their event)."""
         if self._failure is not None:
             raise AdmissionError(503, f"the model {self.name} failed: {self._failure}", "service_unavailable")
+        stalled = self._stalled()
+        if stalled:
+            raise AdmissionError(503, f"the model {self.name} is stalled: {stalled}", "service_unavailable")
         self.scheduler.check(*requests)  # reads only fixed limits
         message = Submit(requests)
         with self._closing_lock:
@@ -142,11 +148,26 @@ class Engine:
     def health(self) -> Health:
         if self._failure is not None:
             return Health("failed", self._failure)
+        stalled = self._stalled()
+        if stalled:
+            return Health("stalled", stalled)
         if not self._thread.is_alive():
             return Health("stopped", "the engine thread is not running")
         if self._closing:
             return Health("draining", "the server is shutting down")
         return Health("ok")
+
+    def _stalled(self) -> str | None:
+        """Why the engine is stalled: a step (one llama_decode) has run past max_step_s, so
+        llama.cpp is not returning (on two H200s a GPU hang held a step for minutes); None if not.
+        /health then answers 503, so that a supervisor restarts the server."""
+        started = self._step_started
+        if not self.max_step_s or started is None:
+            return None
+        running = time.monotonic() - started
+        if running <= self.max_step_s:
+            return None
+        return f"one step has run for {running:.0f} s (max_step_s {self.max_step_s:g}): llama.cpp is not returning"
 
     def status(self) -> dict:
         with self._status_lock:
@@ -259,6 +280,7 @@ class Engine:
 
     def _run(self, step: Step) -> None:
         self._preemptible = self.scheduler.preemptible(step)
+        self._step_started = time.monotonic()
         try:
             outputs = self.runner.execute(step)
         except DecodeError as error:
@@ -273,6 +295,7 @@ class Engine:
             return
         finally:
             self._preemptible = False
+            self._step_started = None
         self._aborts = 0
         self.scheduler.update(step, outputs)
 

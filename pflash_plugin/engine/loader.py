@@ -54,6 +54,7 @@ class EngineConfig:
     type_v: int | None = None
     seed: int | None = None  # requests without a seed draw one from an RNG seeded with this (None: random)
     penalty_last_n: int = 64  # the repeat-penalty window of every sampler chain
+    max_step_s: float = 300.0  # a step running longer marks the engine stalled (/health 503); 0: never
     verbose: bool = False
 
 
@@ -141,7 +142,7 @@ def build_engine(
                              can_compress=compressor is not None)
     scheduler = Scheduler(runner, PagePool(tokens // config.page_size, config.page_size), limits,
                           model.piece, model.is_eog)
-    engine = Engine(scheduler, runner, name=name, compressor=compressor)
+    engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s)
     engine.start()
     return engine
 

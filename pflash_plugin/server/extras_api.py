@@ -47,7 +47,7 @@ async def detokenize(body: DetokenizeInputRequest, ctx: ServerContext = Depends(
 
 
 class Health(BaseModel):
-    status: str  # "ok", or the first unhealthy engine's state: "failed", "draining", "stopped"
+    status: str  # "ok", or the first unhealthy engine's state: "failed", "draining", "stalled", "stopped"
     reason: Optional[str] = None
 
 

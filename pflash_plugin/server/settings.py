@@ -38,6 +38,11 @@ class ModelSettings(StockModelSettings):
         default=None, ge=1, description="Per-request limit on prompt + max_tokens (default: n_ctx)."
     )
     max_queue: int = Field(default=64, ge=0, description="Requests waiting beyond the slots; more get 429.")
+    max_step_s: float = Field(
+        default=300.0, ge=0.0,
+        description="A step (one llama_decode) running longer than this marks the model stalled: /health and new "
+        "requests get 503, so a supervisor restarts the server (0: never).",
+    )
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
     prefill_chunk: int = Field(
         default=128, ge=1, description="Prefill tokens per prompt per step while other requests are active."
