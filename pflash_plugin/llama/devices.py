@@ -77,19 +77,23 @@ def gpus_split_rows() -> bool:
     return all(lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(gpu), name) for gpu in _gpus(lib))
 
 
-def gpus_free_bytes() -> list[int]:
-    """Free bytes of each GPU device llama.cpp sees, in its order (empty on a CPU-only build).
-    Reading a GPU's free memory opens a CUDA context there (about 0.5 GiB on an H200)."""
-    lib = _ggml()
+def _free_bytes(lib: ctypes.CDLL, device: int) -> int:
+    """A device's free memory; on a GPU, reading it opens a CUDA context there (about 0.5 GiB on an H200)."""
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    sizes = []
-    for gpu in _gpus(lib):
-        lib.ggml_backend_dev_memory(gpu, ctypes.byref(free), ctypes.byref(total))
-        sizes.append(free.value)
-    return sizes
+    lib.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+    return free.value
+
+
+def gpus_free_bytes() -> list[int]:
+    """Free bytes of each GPU device llama.cpp sees, in its order (empty on a CPU-only build);
+    a context is opened on each of them."""
+    lib = _ggml()
+    return [_free_bytes(lib, gpu) for gpu in _gpus(lib)]
 
 
 def gpu_free_bytes(main_gpu: int = 0) -> int | None:
-    """Free bytes of the `main_gpu`-th GPU device, or None when llama.cpp has no GPU device."""
-    sizes = gpus_free_bytes()
-    return sizes[min(main_gpu, len(sizes) - 1)] if sizes else None
+    """Free bytes of the `main_gpu`-th GPU device (no other GPU is touched), or None when
+    llama.cpp has no GPU device."""
+    lib = _ggml()
+    gpus = _gpus(lib)
+    return _free_bytes(lib, gpus[min(main_gpu, len(gpus) - 1)]) if gpus else None
