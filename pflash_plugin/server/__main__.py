@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import signal
 import json
 import os
+import signal
 import sys
 from typing import cast
 
