@@ -30,6 +30,7 @@ import asyncio
 import hashlib
 import json
 import random
+import shlex
 import signal
 import statistics
 import subprocess
@@ -100,10 +101,10 @@ REFERENCE = "stock"  # the server whose tokenizer sizes the long prompts
 SHOWN = {"ours": "pflash_plugin", "stock": "llama_cpp.server"}  # names in error reports
 
 
-def make_servers(model_path: str, log_dir: Path) -> list[ServerProcess]:
+def make_servers(model_path: str, log_dir: Path, ours_args: list[str]) -> list[ServerProcess]:
     """Ours first, then stock: the interleaving order A, B, A, B. Labels are the result keys."""
     return [
-        ServerProcess("ours", ["--n_ctx", "8192", "--max_concurrency", "4"], log_dir=log_dir,
+        ServerProcess("ours", ["--n_ctx", "8192", "--max_concurrency", "4", *ours_args], log_dir=log_dir,
                       ready_paths=("/health", "/v1/models")),
         ServerProcess("stock", ["--model", model_path, "--n_ctx", "8192", "--interrupt_requests", "false"],
                       module="llama_cpp.server", log_dir=log_dir),
@@ -609,6 +610,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 rep, short outputs, no docs")
     parser.add_argument("--docs", type=Path, default=REPO / "docs", help="where serving.md/.png go")
     parser.add_argument("--log-dir", type=Path, default=REPO / "bench" / "results" / "logs", help="server logs")
+    parser.add_argument("--ours-args", default="", help="extra flags for ours, e.g. '--n_threads 2'")
     return parser.parse_args(argv)
 
 
@@ -622,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     host, code = host_info(), {"start": code_state()}
-    servers = make_servers(demo_model_path(), args.log_dir)
+    servers = make_servers(demo_model_path(), args.log_dir, shlex.split(args.ours_args))
     try:
         measured = asyncio.run(run_bench(cfg, servers, code))
     except BenchError as error:

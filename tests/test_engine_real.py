@@ -108,9 +108,9 @@ def test_embedder_embeds_then_frees_its_context(tiny_model):
     assert embedder.ctx.ptr is None and embedder.batch.raw is None
 
 
-def test_steps_that_only_decode_run_on_the_decode_threads(tiny_model):
-    """llama.cpp runs every ubatch of 2+ tokens on n_threads_batch: two slots decoding together
-    must get n_threads instead, while a prefill keeps n_threads_batch."""
+def test_steps_that_only_decode_measure_both_thread_counts_and_prefill_keeps_the_batch_threads(tiny_model):
+    """A step of two slots decoding runs on n_threads or n_threads_batch (both threads of llama.cpp
+    set alike), each measured before the runner picks the faster; a prefill keeps n_threads_batch."""
     import llama_cpp.llama_cpp as C
 
     model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=2))
@@ -118,7 +118,7 @@ def test_steps_that_only_decode_run_on_the_decode_threads(tiny_model):
     decode = ctx.decode
 
     def recording(batch) -> None:
-        seen.append((batch.n_tokens, C.llama_n_threads_batch(ctx.ptr)))
+        seen.append((batch.n_tokens, C.llama_n_threads(ctx.ptr), C.llama_n_threads_batch(ctx.ptr)))
         decode(batch)
 
     ctx.decode = recording
@@ -127,5 +127,7 @@ def test_steps_that_only_decode_run_on_the_decode_threads(tiny_model):
         run_together(engine, [Request(model.tokenize(p), SamplingParams(max_tokens=6, temperature=0)) for p in prompts])
     finally:
         engine.stop()
-    assert (2, 1) in seen, seen  # both slots decoding: one thread
-    assert all(threads == 2 for n_tokens, threads in seen if n_tokens > 2), seen  # prefill: the batch threads
+    decode_steps = [(threads, batch_threads) for n_tokens, threads, batch_threads in seen if n_tokens == 2]
+    assert (2, 2) in decode_steps and (1, 1) in decode_steps, seen  # both measured
+    assert engine.runner.decode_threads.threads(2) in (1, 2)
+    assert all(batch_threads == 2 for n_tokens, _, batch_threads in seen if n_tokens > 2), seen  # prefill

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Callable
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain
 from .request import Request, TokenOutput
 from .scheduler import Step
+from .threads import DecodeThreads
 
 
 class LlamaRunner:
@@ -21,6 +23,7 @@ class LlamaRunner:
         self._seeds = random.Random(seed) if seed is not None else None
         self.penalty_last_n = penalty_last_n
         self.batch = Batch(ctx.n_batch, 1)
+        self.decode_threads = DecodeThreads(ctx.n_threads, ctx.n_threads_batch)
         self._samplers: dict[int, SamplerChain] = {}
         self._logprobs: dict[int, int | None] = {}
         self._eog_tokens: list[int] | None = None  # found on first use
@@ -85,7 +88,10 @@ class LlamaRunner:
             row = batch.add_sequence(item.tokens, item.start_pos, item.request.held_slot, item.wants_logits)
             if item.wants_logits:
                 rows.append((item.request, row))
-        self.ctx.use_decode_threads(all(len(item.tokens) == 1 for item in step.items))
+        decoding = all(len(item.tokens) == 1 for item in step.items)
+        threads = self.decode_threads.threads(len(step.items)) if decoding else None
+        self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
+        start = time.perf_counter()
         self.ctx.decode(batch)
         outputs: dict[int, TokenOutput | Exception] = {}
         for request, row in rows:
@@ -93,6 +99,8 @@ class LlamaRunner:
                 outputs[request.request_id] = self._sample(request, row)
             except Exception as error:
                 outputs[request.request_id] = error
+        if threads:  # sampling reads the logits, so on a GPU too this waited for the decode
+            self.decode_threads.record(threads, len(step.items), time.perf_counter() - start)
         return outputs
 
     def _sample(self, request: Request, row: int) -> TokenOutput:

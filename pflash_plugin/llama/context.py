@@ -83,7 +83,7 @@ class Context:
         self.mem = C.llama_get_memory(self.ptr)
         self.n_threads: int = C.llama_n_threads(self.ptr)
         self.n_threads_batch: int = C.llama_n_threads_batch(self.ptr)
-        self._batch_threads_now = self.n_threads_batch
+        self._threads_now = (self.n_threads, self.n_threads_batch)
 
     def _apply_loras(self) -> None:
         """The model's LoRA adapters, on this context as on every other context of the model."""
@@ -109,15 +109,12 @@ class Context:
         self._abort = C.ggml_abort_callback(lambda _data: bool(should_abort()))
         C.llama_set_abort_callback(self.ptr, self._abort, None)
 
-    def use_decode_threads(self, decoding: bool) -> None:
-        """llama.cpp runs every ubatch of 2+ tokens on n_threads_batch, so slots decoding one token
-        each would spread over all the batch threads; a step that only decodes runs on n_threads
-        instead (threads beyond what a few tokens need only wait on each other, and a competing
-        load on one core then stalls them all). Other steps get n_threads_batch back."""
-        wanted = self.n_threads if decoding else self.n_threads_batch
-        if wanted != self._batch_threads_now:
-            C.llama_set_n_threads(self.ptr, self.n_threads, wanted)
-            self._batch_threads_now = wanted
+    def use_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """The thread counts of the next decodes: llama.cpp runs a ubatch of one token on
+        n_threads, one of 2+ tokens on n_threads_batch."""
+        if (n_threads, n_threads_batch) != self._threads_now:
+            C.llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
+            self._threads_now = (n_threads, n_threads_batch)
 
     def decode(self, batch: Batch) -> None:
         if batch.n_tokens > self.n_batch:
