@@ -580,8 +580,9 @@ Code measured: {describe_code(code)}.
   a different text each rep, `max_tokens={cfg.long_max_tokens}`) was sent, i.e. while it is being prefilled.
   Every probe prompt begins with a per-trial name, so no prefix cache helps either.
 - Defaults the two commands leave in place: stock decodes on `n_threads` = nproc/2 and runs batches
-  on `n_threads_batch` = nproc threads; ours decodes (several slots' tokens included) on half the
-  physical cores and runs prefill batches on the physical cores; ours runs llama.cpp's flash attention (`flash_attn` auto),
+  on `n_threads_batch` = nproc threads; ours runs a step that only decodes on half the physical cores
+  or on all of them, whichever it measured faster for that many slots (`engine/threads.py`), and
+  prefill batches on the physical cores; ours runs llama.cpp's flash attention (`flash_attn` auto),
   stock runs without it (its default `flash_attn=false`), which speeds up ours' long prefills.
 - {cfg.reps} reps; each figure is the median over reps (of the median probe in a rep for TTFT).
   Raw numbers: `bench/results/serving.json`.

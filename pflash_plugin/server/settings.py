@@ -26,7 +26,8 @@ class ModelSettings(StockModelSettings):
     max_concurrency: int = Field(default=4, ge=1, le=256, description="Slots decoding together.")
     n_threads: int = Field(
         default=decode_threads(), ge=1,
-        description="Threads of decode steps (also when several slots decode together): half the physical cores.",
+        description="Threads of single-token decodes, and of decode steps of several slots when this measures "
+        "faster than n_threads_batch (the engine times both): half the physical cores.",
     )
     n_threads_batch: int = Field(
         default=physical_cores(), ge=0, description="Threads of prefill, drafting and embeddings: the physical cores."
