@@ -1,11 +1,12 @@
-"""Decode step latency by thread counts, idle and beside a competing CPU load (issue 13).
+"""Decode step latency by thread counts, idle and beside a competing CPU load.
 
-Runs `--slots` greedy requests together on the demo model (each decode step then has `--slots`
-tokens, which llama.cpp runs with n_threads_batch) and times every decode-only step; with
-`--busy N`, N busy-loop processes compete for the CPU. Prints one JSON line per configuration:
-p50 and p99 step milliseconds.
+Runs `--slots` greedy requests together on the demo model and times every decode-only step; with
+`--busy N`, N busy-loop processes compete for the CPU. A pair `a,b` sets n_threads a and
+n_threads_batch b: equal counts fix the decode threads, different ones let the engine measure both
+and take the faster (engine/threads.py). Prints one JSON line per configuration: p50 and p99 step
+milliseconds.
 
-    python bench/decode_threads.py --threads 1,2 2,2 --busy 0 1
+    python bench/decode_threads.py --threads 1,1 2,2 1,2 --busy 0 1 --slots 4
 """
 from __future__ import annotations
 
