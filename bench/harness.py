@@ -33,11 +33,14 @@ def demo_model_path() -> str:
 
 @dataclass
 class ServerProcess:
-    """`python -m pflash_plugin.server` (or any module) with its flags, in its own process group."""
+    """`python -m pflash_plugin.server` (or any module, or another `program` that takes `--port`,
+    such as llama.cpp's llama-server) with its flags, in its own process group."""
 
     label: str
     args: list[str]
     module: str = "pflash_plugin.server"
+    program: list[str] | None = None  # instead of `python -m module`
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     log_dir: Path = REPO / "bench" / "results" / "logs"
     port: int = field(default_factory=free_port)
     ready_paths: tuple[str, ...] = ("/v1/models",)  # ready when all of these answer 200
@@ -49,7 +52,7 @@ class ServerProcess:
 
     @property
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", self.module, "--port", str(self.port), *self.args]
+        return [*(self.program or [sys.executable, "-m", self.module]), "--port", str(self.port), *self.args]
 
     @property
     def log_path(self) -> Path:
@@ -63,7 +66,8 @@ class ServerProcess:
     def launch(self) -> ServerProcess:
         """Spawn the process (stopped at exit) without waiting for it."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                   **self.env)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 self.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

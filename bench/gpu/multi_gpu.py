@@ -30,11 +30,14 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for harness
+from harness import ServerProcess  # noqa: E402
 
 VOCAB = (300, 1300)  # plain tokens of write_tiny_llama's vocabulary (about 1,341 tokens)
 SLOTS = 64
@@ -61,60 +64,26 @@ REPLICAS = {
 
 
 @dataclass
-class Server:
-    """One server process: ours (`python -m pflash_plugin.server`) or llama-server."""
+class Server(ServerProcess):
+    """Ours (`python -m pflash_plugin.server`) or llama-server, ready once /health answers."""
 
-    label: str
-    argv: list[str]
-    port: int
-    ours: bool
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
-    log: Path = field(default_factory=Path)
+    ours: bool = False
+    ready_paths: tuple[str, ...] = ("/health",)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-    def launch(self, log_dir: Path) -> Server:
-        self.log = log_dir / f"{self.label}.log"
-        self.proc = subprocess.Popen(self.argv, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, **self.env})
-        return self
-
-    def wait_ready(self, timeout_s: float = 400.0) -> float:
-        start = time.perf_counter()
-        while time.perf_counter() - start < timeout_s:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return time.perf_counter() - start
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.label} not ready after {timeout_s:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def log_dir(args: argparse.Namespace) -> Path:
+    return args.out.parent / "logs"
 
 
 def ours(label: str, port: int, args: argparse.Namespace, split: str, main_gpu: int = 0) -> Server:
     return Server(label, [
-        sys.executable, "-m", "pflash_plugin.server", "--model", args.target, "--port", str(port),
+        "--model", args.target,
         "--n_gpu_layers", "-1", "--split_mode", str(SPLITS[split]), "--main_gpu", str(main_gpu),
         "--n_ctx", str(args.long + 4096), "--kv_pool_tokens", str(2 * args.long), "--max_concurrency", str(SLOTS),
         "--max_queue", "256", "--n_batch", "2048", "--n_ubatch", "512", "--flash_attn", "true",
         "--pflash", "auto", "--pflash_drafter", args.drafter, "--pflash_keep_ratio", "0.1",
         "--pflash_threshold", str(args.beside // 2),
-    ], port, ours=True)
+    ], port=port, log_dir=log_dir(args), ours=True)
 
 
 def llama_server(label: str, port: int, args: argparse.Namespace, split: str, *extra: str) -> Server:
@@ -122,10 +91,10 @@ def llama_server(label: str, port: int, args: argparse.Namespace, split: str, *e
     its prompt cache in RAM (8 GiB by default), which saves a slot's state whenever a new request
     takes the slot (about 0.11 s each on an H200 here)."""
     return Server(label, [
-        args.llama_server, "-m", args.target, "--host", "127.0.0.1", "--port", str(port),
+        "-m", args.target, "--host", "127.0.0.1",
         "-ngl", "999", "-sm", split, "-c", str(2 * args.long), "-np", str(SLOTS), "-kvu",
         "-b", "2048", "-ub", "512", "-fa", "on", *extra,
-    ], port, ours=False)
+    ], program=[args.llama_server], port=port, log_dir=log_dir(args))
 
 
 def token_ids(n: int, rng: random.Random) -> list[int]:
@@ -264,19 +233,19 @@ class Record:
         self.path.write_text(json.dumps(self.data, indent=1))
 
 
-def start_all(servers: list[Server], record: Record, log_dir: Path) -> None:
+def start_all(servers: list[Server], record: Record) -> None:
     for server in servers:
-        server.launch(log_dir)
+        server.launch()
     for server in servers:
-        ready = server.wait_ready()
+        ready = server.wait_ready(400.0)
         warm(server)
         record.add({"server": server.label, "kind": "start", "ready_s": round(ready, 1), **status(server)})
 
 
-def side_by_side(servers: list[Server], args: argparse.Namespace, record: Record, log_dir: Path) -> None:
+def side_by_side(servers: list[Server], args: argparse.Namespace, record: Record) -> None:
     """The servers up at once, driven one at a time, reps interleaved."""
     try:
-        start_all(servers, record, log_dir)
+        start_all(servers, record)
         for rep in range(args.reps):
             for server in servers:
                 for clients in (16, 64):
@@ -291,16 +260,16 @@ def side_by_side(servers: list[Server], args: argparse.Namespace, record: Record
             server.stop()
 
 
-def replicas(args: argparse.Namespace, record: Record, log_dir: Path, how: Replicas) -> None:
+def replicas(args: argparse.Namespace, record: Record, how: Replicas) -> None:
     """Ours once per GPU; 64 clients on replica 0 alone, then 64 on each at once, interleaved."""
     pair = []
     for i in range(2):
         server = ours(f"ours-gpu{i}", args.port + i, args, "none", main_gpu=0 if how.visible_devices else i)
-        server.argv += how.extra
+        server.args += how.extra
         server.env = {"CUDA_VISIBLE_DEVICES": str(i)} if how.visible_devices else {}
         pair.append(server)
     try:
-        start_all(pair, record, log_dir)
+        start_all(pair, record)
         for rep in range(args.reps):
             for servers in ([pair[0]], pair):
                 record.add({"server": "+".join(s.label for s in servers), "kind": "throughput", "rep": rep,
@@ -323,8 +292,6 @@ def main() -> None:
     parser.add_argument("--beside", type=int, default=32768, help="the prompt prefilled beside the short ones")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    log_dir = args.out.parent / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
     data["machine"] = machine()
     record = Record(args.out, data)
@@ -334,12 +301,12 @@ def main() -> None:
         data["results"].pop(arm, None)
         try:
             if arm.startswith("replicas"):
-                replicas(args, record, log_dir, REPLICAS[arm])
+                replicas(args, record, REPLICAS[arm])
             else:
                 servers = [ours(f"ours-{arm}", args.port, args, arm),
                            llama_server(f"llama-server-{arm}", args.port + 1, args, arm),
                            llama_server(f"llama-server-{arm}-cache-ram-0", args.port + 2, args, arm, "--cache-ram", "0")]
-                side_by_side(servers, args, record, log_dir)
+                side_by_side(servers, args, record)
         except Exception as error:  # the next arm still runs; the failure is on record
             record.add({"kind": "error", "error": f"{type(error).__name__}: {error}"[:2000]})
         print(f"{arm}: {time.perf_counter() - start:.0f} s", flush=True)
