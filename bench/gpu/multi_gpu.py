@@ -15,8 +15,9 @@ llama-server, ..., ours, ...) and are measured over HTTP on
   full and with PFlash (the drafter on main_gpu).
 Both servers get 64 slots and a KV pool of twice `--long` cells (llama-server's unified KV).
 Arm `replicas`: ours twice, one per GPU (CUDA_VISIBLE_DEVICES=i; `replicas-main-gpu`: every GPU
-visible and `--split_mode 0 --main_gpu i`); 64 clients on one replica alone, then 64 on each at
-once, interleaved.
+visible and `--split_mode 0 --main_gpu i`), with llama.cpp's CUDA graphs off
+(GGML_CUDA_DISABLE_GRAPHS=1; `replicas-cuda-graphs` leaves them on, and hung on two H200s); 64
+clients on one replica alone, then 64 on each at once, interleaved.
 """
 from __future__ import annotations
 
@@ -48,16 +49,22 @@ SPLITS = {"none": 0, "layer": 1, "row": 2}
 @dataclass(frozen=True)
 class Replicas:
     """How each replica gets its GPU: `--main_gpu i` with every GPU visible, or only GPU i visible
-    (CUDA_VISIBLE_DEVICES); and extra flags."""
+    (CUDA_VISIBLE_DEVICES); whether llama.cpp may use CUDA graphs; and extra flags."""
 
     visible_devices: bool
+    cuda_graphs: bool = False
     extra: tuple[str, ...] = ()
+
+    def env(self, gpu: int) -> dict[str, str]:
+        env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if self.visible_devices else {}
+        return env if self.cuda_graphs else {**env, "GGML_CUDA_DISABLE_GRAPHS": "1"}
 
 
 REPLICAS = {
     "replicas": Replicas(visible_devices=True),
-    # with every GPU visible, two replicas hung on two H200s (docs/multi_gpu.md), also with few
-    # CPU threads (with every layer on the GPU the CPU only looks up the input embeddings)
+    # with CUDA graphs on, two replicas hung on two H200s in 5 of 5 runs, each GPU visible or not
+    # (docs/multi_gpu.md); this arm reproduces that
+    "replicas-cuda-graphs": Replicas(visible_devices=True, cuda_graphs=True),
     "replicas-main-gpu": Replicas(visible_devices=False),
     "replicas-few-threads": Replicas(visible_devices=False, extra=("--n_threads", "4", "--n_threads_batch", "8")),
 }
@@ -266,7 +273,7 @@ def replicas(args: argparse.Namespace, record: Record, how: Replicas) -> None:
     for i in range(2):
         server = ours(f"ours-gpu{i}", args.port + i, args, "none", main_gpu=0 if how.visible_devices else i)
         server.args += how.extra
-        server.env = {"CUDA_VISIBLE_DEVICES": str(i)} if how.visible_devices else {}
+        server.env = how.env(i)
         pair.append(server)
     try:
         start_all(pair, record)

@@ -5,6 +5,8 @@
 #   bash bench/gpu/multi_gpu.sh --out $OUT/multi_gpu.json [multi_gpu.py args...]
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the host's rule
+# servers left by an earlier call that ended inside a hang keep their GPU busy: stop them first
+nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
 server=$(ls /tmp/ls-src/*/vendor/llama.cpp/build/bin/llama-server 2>/dev/null || true)
 if [ -z "$server" ] && [ -z "${NO_LLAMA_SERVER:-}" ]; then  # NO_LLAMA_SERVER=1: the replicas arms need none
   bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &
