@@ -84,7 +84,8 @@ def test_separate_drafter_gpu_layers_reach_the_loaded_model(tiny_model, setting,
 
     drafter_path = cached_tiny_llama(seed=11)  # same vocabulary, other weights
     served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", verbose=False,
-                                       pflash_drafter=str(drafter_path), pflash_drafter_gpu_layers=setting))
+                                       pflash_drafter=str(drafter_path), pflash_drafter_gpu_layers=setting,
+                                       pflash_drafter_cut=False))
     try:
         drafter = served.compression.compressor._drafter
         assert drafter.model.path == str(drafter_path) and drafter.model.n_gpu_layers == expected

@@ -2,13 +2,15 @@
 prompt length and drafter ubatch. Linear cost shows as a flat per-token time.
 
     python bench/gpu/draft_forward.py --model D.gguf --layers 27 --out draft.json [--n_gpu_layers -1]
-        [--plain D.gguf D10.gguf]
+        [--plain D.gguf D10.gguf] [--cut]
 
 Configurations run interleaved per repetition (A, B, C, ... then again), on random tokens.
 `--plain` adds, per model, the same windows (W 2048, ubatch 512, no sink) decoded by a context
 without the capture callback: every layer runs and nothing is captured. With a copy of the drafter
 cut to the layers the draft runs (a model written with fewer layers), the gap to W2048-ub512 is
 what the capture costs: the callback splits each ubatch's graph at the captured nodes and stops it.
+`--cut` adds each configuration on the copy of the drafter cut after its last scoring layer, as the
+server loads a --pflash_drafter (pflash_drafter_cut; labels end in `-cut`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
+from pflash_plugin.llama.gguf_cut import cached_cut
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter
 from pflash_plugin.pflash.windows import DraftWindows
 
@@ -68,13 +71,20 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--n_gpu_layers", type=int, default=-1)
     parser.add_argument("--plain", nargs="*", default=[], help="models to time without the capture callback")
+    parser.add_argument("--cut", action="store_true", help="also draft on the copy cut after the last scoring layer")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     model = Model(args.model, n_gpu_layers=args.n_gpu_layers)
+    models = {"": model}
+    if args.cut:
+        cut = cached_cut(args.model, max(args.layers) + 1)
+        assert cut is not None, "the cut copy could not be written (see the warning)"
+        models["-cut"] = Model(cut, n_gpu_layers=args.n_gpu_layers)
     max_tokens = max(args.lengths)
-    drafters = {label: Drafter(model, args.layers, max_tokens,
-                               DraftOptions(n_batch=n_batch, windows=DraftWindows(window, sink, causal_max=0)))
-                for label, window, sink, n_batch in CONFIGS if label in args.configs}
+    drafters = {label + suffix: Drafter(drafted, args.layers, max_tokens,
+                                        DraftOptions(n_batch=n_batch, windows=DraftWindows(window, sink, causal_max=0)))
+                for label, window, sink, n_batch in CONFIGS if label in args.configs
+                for suffix, drafted in models.items()}
     plain = {f"plain-{Path(path).stem}": PlainForward(path, args.n_gpu_layers) for path in args.plain}
     rng = np.random.default_rng(0)
     rows = []
@@ -103,9 +113,8 @@ def main() -> None:
                             "forward_us_per_token": round(1000 * statistics.median(forward) / n, 2)})
             print(json.dumps(summary[-1]), flush=True)
     args.out.write_text(json.dumps({"model": args.model, "layers": args.layers, "rows": rows, "summary": summary}, indent=1))
-    for closable in [*drafters.values(), *plain.values()]:
+    for closable in [*drafters.values(), *plain.values(), *models.values()]:
         closable.close()
-    model.close()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from ..engine.embedder import Embedder
 from ..engine.loader import MemoryBudget, build_engine, load_model
 from ..llama import Model
 from ..llama.devices import gpu_count, gpu_free_bytes, gpus_free_bytes
+from ..llama.gguf_cut import cached_cut
 from ..llama.placement import kv_share_on_main_gpu, splits_by_free_memory
 from ..pflash.compressor import CompressionWorker, Compressor, PflashConfig
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
@@ -152,6 +153,12 @@ class ServedModel:
         probe = load_drafter() if drafter_path else target
         check_vocab(target, probe)
         layers = scoring_layers(probe, s.pflash_layers)
+        if drafter_path and s.pflash_drafter_cut and max(layers) + 1 < probe.n_layer:
+            cut = cached_cut(drafter_path, max(layers) + 1, s.pflash_cache_dir)
+            if cut is not None:  # else a warning said why, and the whole drafter runs
+                probe.close()
+                drafter_path = str(cut)
+                probe = load_drafter()
         persistent = s.draft_residency == "persistent"
         assert self.config.max_ctx is not None
         max_tokens = self.config.max_ctx + MAX_EXPLICIT_QUERY

@@ -82,6 +82,14 @@ class ModelSettings(StockModelSettings):
     pflash_drafter_gpu_layers: Optional[int] = Field(
         default=None, description="Layers of --pflash_drafter on the GPU (default: the target's n_gpu_layers)."
     )
+    pflash_drafter_cut: bool = Field(
+        default=True,
+        description="Load a copy of --pflash_drafter cut after its last scoring layer, written once under "
+        "pflash_cache_dir (on a GPU the layers after it cost their time although the draft stops before them).",
+    )
+    pflash_cache_dir: Optional[str] = Field(
+        default=None, description="Where cut drafters are kept (default: $XDG_CACHE_HOME/pflash_plugin/drafters)."
+    )
     pflash_drafter_window: Optional[int] = Field(
         default=None, ge=0,
         description="Prompts longer than pflash_drafter_causal_max are drafted in windows of this many tokens, "
