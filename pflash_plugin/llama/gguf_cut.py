@@ -1,10 +1,11 @@
 """A copy of a GGUF model cut after its first N layers, for a drafter that never runs the rest.
 
 Why: the drafter stops its graph after the last scoring layer (the eval callback returns false),
-which saves the later layers' time on the CPU, but measured on an H200 it saved none: the 0.6B
-drafter stopped after layer 9 of 28 drafted 64K tokens in 0.97-1.12 s, the whole model in
-0.99-1.02 s, and the same weights cut to 10 layers in 0.53-0.54 s (docs/multi_gpu.md). A cut copy
-also loads a third of the layers' weights and KV cache.
+yet on an H200 the 0.6B drafter (28 layers) stopped after layer 9 drafted 64K tokens in 0.97-1.12 s,
+as long as the whole model without the capture (0.99-1.02 s), while a copy cut to 10 layers, also
+without the capture, took 0.53-0.54 s (docs/multi_gpu.md). On 2 CPU cores the cut copy drafts 11%
+faster than the early stop (bench/gpu/draft_forward.py --cut). It also loads a fraction of the
+layers' weights.
 
 The copy is written once per source file and layer count into a cache directory, by a child
 process (`python -m pflash_plugin.llama.gguf_cut SRC DST N`): loading a GGUF in the process that
