@@ -243,7 +243,7 @@ def test_chat_and_explicit_query_requests_are_compressed_over_http(tiny_model):
 
     settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1,
                 "pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
-                "pflash_segment_max": 16}
+                "pflash_segment_max": 16, "pflash_reuse_compressed": True}
     notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
     with live_server([settings]) as server, server.client(timeout=120) as client:
         chat = client.post("/v1/chat/completions", json={"max_tokens": 3, "messages": [
@@ -263,3 +263,89 @@ def test_chat_and_explicit_query_requests_are_compressed_over_http(tiny_model):
     assert "tools" in tools["usage"]["timings"]["pflash"]["reason"]
     e = explicit["usage"]["timings"]["pflash"]
     assert e["status"] == "compressed" and 0.3 < e["keep_ratio"] <= 0.5
+
+
+# ---- a prompt that extends one compressed earlier (the next turn of a conversation) --------------
+def serve_compressed(sched, runner, kept: list[int]):
+    """LONG compressed to `kept` and answered; returns the request."""
+    first = long_request(max_tokens=3)
+    sched.add(first)
+    sched.schedule()
+    assert sched.take_handed() == [first]
+    sched.resume(first, kept, PflashReport("compressed", 40, kept_tokens=len(kept)))
+    run_until_idle(sched, runner)
+    return first
+
+
+def test_by_default_the_next_turn_of_a_compressed_prompt_is_compressed_again():
+    """Its question may need segments the earlier turn's selection dropped."""
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=16, can_compress=True)
+    first = serve_compressed(sched, runner, LONG[:4] + LONG[-6:])
+    follow = long_request(LONG + first.output_tokens + [77, 78], max_tokens=2)
+    sched.add(follow)
+    sched.schedule()
+    assert sched.take_handed() == [follow]
+
+
+def test_a_prompt_that_extends_a_compressed_one_reuses_its_cells_without_compressing():
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=16, can_compress=True,
+                                   reuse_compressed=True)
+    kept = LONG[:4] + LONG[-6:]
+    first = serve_compressed(sched, runner, kept)
+    follow = long_request(LONG + first.output_tokens + [77, 78], max_tokens=2)
+    sched.add(follow)
+    run_until_idle(sched, runner)
+    assert sched.take_handed() == []  # nothing drafted
+    assert follow.prefill_tokens == kept + first.output_tokens + [77, 78]
+    assert follow.pflash.status == "skipped" and "compressed earlier" in follow.pflash.reason
+    usage = sink_of(follow).finish.usage
+    assert usage["prompt_tokens"] == 40 + 3 + 2  # what the client sent
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= len(kept)
+    check_scheduler(sched, runner)
+    # and the turn after: the follow-up's own compressed form serves it
+    third = long_request(follow.prompt_tokens + follow.output_tokens + [88], max_tokens=1)
+    sched.add(third)
+    run_until_idle(sched, runner)
+    assert sched.take_handed() == [] and third.prefill_tokens[:len(kept)] == kept
+    check_scheduler(sched, runner)
+
+
+def test_a_prompt_that_leaves_the_compressed_one_or_outlives_its_cache_is_compressed():
+    sched, runner = make_scheduler(n_slots=2, n_pages=32, max_batch_tokens=16, can_compress=True,
+                                   reuse_compressed=True)
+    first = serve_compressed(sched, runner, LONG[:4] + LONG[-6:])
+    again = long_request(LONG + first.output_tokens + [77], max_tokens=1)
+    sched.add(again)
+    run_until_idle(sched, runner)
+    assert sched.take_handed() == []  # reused while cached
+    other = long_request(LONG[:20] + [90 + i for i in range(25)])  # differs inside the first prompt
+    sched.add(other)
+    sched.schedule()
+    assert sched.take_handed() == [other]
+    sched.evict_idle()  # the compressed cells are gone: the same follow-up is compressed
+    follow = long_request(LONG + first.output_tokens + [77])
+    sched.add(follow)
+    sched.schedule()
+    assert sched.take_handed() == [follow]
+
+
+def test_the_next_chat_turn_reuses_the_compressed_prompt_over_http(tiny_model):
+    from conftest import live_server
+
+    settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1,
+                "pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
+                "pflash_segment_max": 16, "pflash_reuse_compressed": True}
+    notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
+    turn = [{"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": notes + " When does the bridge open?"}]
+    with live_server([settings]) as server, server.client(timeout=120) as client:
+        first = client.post("/v1/chat/completions", json={"max_tokens": 4, "temperature": 0, "messages": turn}).json()
+        turn += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "And when does it close?"}]
+        second = client.post("/v1/chat/completions", json={"max_tokens": 4, "temperature": 0, "messages": turn}).json()
+    compressed = first["usage"]["timings"]["pflash"]
+    reused = second["usage"]["timings"]["pflash"]
+    assert compressed["status"] == "compressed", compressed
+    assert reused["status"] == "skipped" and "compressed earlier" in reused["reason"], reused
+    assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]  # the client's count
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= compressed["kept_tokens"]

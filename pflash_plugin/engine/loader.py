@@ -42,6 +42,7 @@ class EngineConfig:
     kv_pool_tokens: int | None = None  # None: every slot can hold a full max_ctx request
     page_size: int = 32
     prefill_chunk: int = 128  # per-prompt prefill tokens per step while others are active
+    reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
     n_batch: int = 512
     n_ubatch: int = 512
     max_queue: int = 64
@@ -139,6 +140,7 @@ def build_engine(
     runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=config.prefill_chunk,
+                             reuse_compressed=config.reuse_compressed,
                              can_compress=compressor is not None)
     scheduler = Scheduler(runner, PagePool(tokens // config.page_size, config.page_size), limits,
                           model.piece, model.is_eog)

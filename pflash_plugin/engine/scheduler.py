@@ -57,6 +57,10 @@ class Slot:
     pages: list[int] = field(default_factory=list)
     request: Request | None = None
     last_used: float = 0.0
+    # the client's prompt whose compressed form is tokens[:source_len] (PFlash), while it is cached:
+    # a later prompt that extends it reuses those cells instead of being compressed again
+    source: list[int] | None = None
+    source_len: int = 0
 
 
 @dataclass
@@ -109,6 +113,10 @@ class SchedulerConfig:
     aging: int = 128
     # requests that ask for compression are handed off (`take_handed`), else prefilled in full
     can_compress: bool = False
+    # a prompt that extends a compressed prompt still cached (the next turn of a conversation)
+    # prefills those compressed cells plus its new tokens instead of being compressed again: no
+    # draft, but the kept segments were chosen for the earlier prompt's question
+    reuse_compressed: bool = False
 
 
 class Scheduler:
@@ -213,6 +221,11 @@ class Scheduler:
         holds most of the prompt (measured here: the compression thread never reads the cache)."""
         for request in [r for r in self.waiting if r.compression is not None]:
             assert request.compression is not None
+            extends = self.config.can_compress and self.config.reuse_compressed
+            extended = self._compressed_source(request.prompt_tokens) if extends else None
+            if extended is not None:
+                self._reuse_compressed(request, extended)
+                continue
             _, reuse = self.best_prefix(request.prompt_tokens)
             if not self.config.can_compress or reuse * 2 >= len(request.prompt_tokens):
                 reason = f"{reuse} prompt tokens are cached" if self.config.can_compress else "no compressor"
@@ -223,6 +236,28 @@ class Scheduler:
             request.status = RequestStatus.COMPRESSING
             self.compressing.append(request)
             self._handed.append(request)
+
+    def _compressed_source(self, prompt: list[int]) -> Slot | None:
+        """The slot whose cached compressed prompt stands for the longest prefix of `prompt` (an
+        earlier turn of the same conversation, say); None if no slot holds one."""
+        best: Slot | None = None
+        for slot in self.slots:
+            source = slot.source
+            if (source is not None and len(slot.tokens) >= slot.source_len and len(source) < len(prompt)
+                    and (best is None or len(source) > len(best.source or ())) and prompt[:len(source)] == source):
+                best = slot
+        return best
+
+    def _reuse_compressed(self, request: Request, slot: Slot) -> None:
+        """Prefill the compressed prompt `slot` caches in place of the original it extends, then the
+        rest of `request`'s prompt: the cached cells serve again and nothing is drafted."""
+        assert slot.source is not None and request.compression is not None
+        n_source = len(slot.source)
+        request.prefill_tokens = slot.tokens[:slot.source_len] + request.prompt_tokens[n_source:]
+        request.pflash = request.compression.skipped(
+            f"extends a prompt compressed earlier: its first {n_source} tokens reuse the {slot.source_len} "
+            "cached cells of its compressed form")
+        request.compression = None
 
     def take_handed(self) -> list[Request]:
         """The requests handed off since the last call, for the engine's compressor."""
@@ -321,7 +356,7 @@ class Scheduler:
     def _evict(self, slot: Slot) -> None:
         self.kv.seq_rm(slot.index, 0)
         self.pool.release(slot.pages)
-        slot.pages, slot.tokens = [], []
+        slot.pages, slot.tokens, slot.source = [], [], None
 
     def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> None:
         """Give `dst` to the request with `reuse` tokens of prefix in place."""
@@ -337,6 +372,8 @@ class Scheduler:
             self.kv.seq_cp(src.index, dst.index, reuse)
         dst.pages += self.pool.allocate(needed - len(dst.pages))
         dst.tokens = list(request.prefill_tokens[:reuse])
+        compressed = self.config.reuse_compressed and request.prefill_tokens != request.prompt_tokens
+        dst.source, dst.source_len = (request.prompt_tokens, len(request.prefill_tokens)) if compressed else (None, 0)
         dst.request = request
         request.slot = dst.index
         request.cached_tokens = request.n_prefilled = reuse

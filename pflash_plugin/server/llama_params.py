@@ -183,6 +183,7 @@ def engine_config(s: ModelSettings, target: ModelParams) -> EngineConfig:
         kv_pool_tokens=s.kv_pool_tokens,
         page_size=s.kv_page_size,
         prefill_chunk=s.prefill_chunk,
+        reuse_compressed=s.pflash_reuse_compressed,
         n_batch=s.n_batch,
         n_ubatch=s.n_ubatch,
         max_queue=s.max_queue,

@@ -82,6 +82,12 @@ class ModelSettings(StockModelSettings):
     pflash_drafter_gpu_layers: Optional[int] = Field(
         default=None, description="Layers of --pflash_drafter on the GPU (default: the target's n_gpu_layers)."
     )
+    pflash_reuse_compressed: bool = Field(
+        default=False,
+        description="A prompt that extends a compressed prompt still cached (the next chat turn) reuses its "
+        "compressed cells instead of being drafted again: faster, but the kept segments were chosen for the "
+        "earlier turn's question.",
+    )
     pflash_drafter_cut: bool = Field(
         default=True,
         description="Load a copy of --pflash_drafter cut after its last scoring layer, written once under "
