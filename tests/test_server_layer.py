@@ -106,3 +106,34 @@ def test_routers_mount_into_another_app(tiny_model):
     finally:
         server.stop()
         models.close()
+
+
+def test_engine_events_reach_the_loop_in_bursts_and_in_order():
+    """A step's events (one per running request) wake the event loop once, not once per token."""
+    import asyncio
+    import threading
+
+    from pflash_plugin.server.dispatch import _Mailbox
+
+    async def main() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        original = loop.call_soon_threadsafe
+
+        def counting(callback, *args):
+            nonlocal wakeups
+            wakeups += 1
+            return original(callback, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        box, queue = _Mailbox(loop), asyncio.Queue()
+        engine = threading.Thread(target=lambda: [box.post(queue, i) for i in range(50)])
+        engine.start()
+        engine.join()  # the loop has not run in between: one burst
+        got = [await asyncio.wait_for(queue.get(), 5) for _ in range(50)]
+        box.post(queue, 50)  # the next step wakes it again
+        got.append(await asyncio.wait_for(queue.get(), 5))
+        return got, wakeups
+
+    got, wakeups = asyncio.run(main())
+    assert got == list(range(51)) and wakeups == 2

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import weakref
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -28,14 +30,53 @@ from .responses import envelope, merge_usage, new_id
 _GONE = object()  # queued when the client of a non-streamed request disconnects
 
 
+class _Mailbox:
+    """Events from the engine thread to one event loop, delivered in bursts: the engine emits a
+    step's events (one per running request) back to back, and the loop wakes once for all of them
+    instead of once per token (`call_soon_threadsafe` writes to the loop's wake-up pipe each time)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: list[tuple[asyncio.Queue, Any]] = []
+        self.lock = threading.Lock()
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # on the engine thread
+        with self.lock:
+            self.pending.append((queue, item))
+            if len(self.pending) > 1:
+                return  # a flush is scheduled and not yet run: it takes this one too
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the loop is closed: nothing will read these
+            with self.lock:
+                self.pending.clear()
+            raise
+
+    def _flush(self) -> None:  # on the loop
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, item in pending:
+            queue.put_nowait(item)
+
+
+_mailboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox]" = weakref.WeakKeyDictionary()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    box = _mailboxes.get(loop)
+    if box is None:
+        box = _mailboxes[loop] = _Mailbox(loop)
+    return box
+
+
 async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool) -> Response | dict:
     """Submit the generation's requests and answer with their output: an SSE response, or the whole
     body (a dict the route validates against its response model), or an error response."""
-    loop = asyncio.get_running_loop()
+    mailbox = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
-            loop.call_soon_threadsafe(events.put_nowait, (i, event))
+            mailbox.post(events, (i, event))
 
         request.sink = sink
     try:
