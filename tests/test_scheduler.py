@@ -782,3 +782,28 @@ def test_new_request_takes_an_empty_slot_before_destroying_a_cache():
     sched.add(c)
     step_once(sched, runner)
     assert sched.slots[0].tokens[: len(P)] == P, "A's cache was destroyed while slot 1 was empty"
+
+
+def test_each_flush_runs_once_per_step_after_its_sinks_and_a_failing_one_fails_its_requests():
+    sched, runner = make_scheduler(n_slots=3, max_batch_tokens=16)
+    log: list[str] = []
+
+    def healthy() -> None:
+        log.append("flush")
+
+    def broken() -> None:
+        raise RuntimeError("event loop is closed")
+
+    a, b, c = (make_request([5, 6, 7], max_tokens=3) for _ in range(3))
+    for request, flush in ((a, healthy), (b, healthy), (c, broken)):
+        request.flush = flush
+        collector = request.sink
+        request.sink = lambda event, collector=collector: (log.append("event"), collector(event))
+        sched.add(request)
+    step_once(sched, runner)
+    assert log == ["event"] * 3 + ["flush"]  # two requests share one flush, called once, last
+    assert c.status.finished and not a.status.finished and not b.status.finished
+    run_until_idle(sched, runner)
+    assert a.status.name == b.status.name == "FINISHED_LENGTH" and c.status.name == "FINISHED_ERROR"
+    assert log.count("flush") == 3  # one per step that gave a or b an event
+    check_scheduler(sched, runner)

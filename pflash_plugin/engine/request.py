@@ -142,6 +142,9 @@ class Request:
     prompt_tokens: list[int]
     params: SamplingParams
     sink: Callable[[Event], None] = lambda event: None
+    # called once after each burst of events (Scheduler.emit: one step's), for a sink that stages
+    # events and hands them over together (the server wakes its event loop once per step)
+    flush: Callable[[], None] | None = None
     request_id: int = field(default_factory=lambda: next(_ids))
     prefill_tokens: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

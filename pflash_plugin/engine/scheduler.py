@@ -539,15 +539,30 @@ class Scheduler:
         self._outbox.append((request, event))
 
     def emit(self) -> None:
-        """Deliver the queued events: the one place that calls sinks. A sink that raises (its
-        client's event loop is gone) fails its request alone, which then gets nothing more."""
+        """Deliver the queued events: the one place that calls sinks, then each distinct `flush`
+        of the requests that got one, once. A sink or flush that raises (its client's event loop
+        is gone) fails its requests alone, which then get nothing more."""
+        flushes: dict[Callable[[], None], list[Request]] = {}
         while self._outbox:
             request, event = self._outbox.popleft()
             try:
                 request.sink(event)
             except Exception as error:
-                request.sink = _discard
-                self.fail(request, error, "delivering its output")
+                self._cut_off(request, error)
+                continue
+            if request.flush is not None:
+                flushes.setdefault(request.flush, []).append(request)
+        for flush, requests in flushes.items():
+            try:
+                flush()
+            except Exception as error:
+                for request in dict.fromkeys(requests):
+                    self._cut_off(request, error)
+
+    def _cut_off(self, request: Request, error: Exception) -> None:
+        request.sink, request.flush = _discard, None
+        if not request.status.finished:
+            self.fail(request, error, "delivering its output")
 
     # ---- reporting -------------------------------------------------------------------------
     @property

@@ -31,30 +31,36 @@ _GONE = object()  # queued when the client of a non-streamed request disconnects
 
 
 class _Mailbox:
-    """Events from the engine thread to one event loop, delivered in bursts: the engine emits a
-    step's events (one per running request) back to back, and the loop wakes once for all of them
-    instead of once per token (`call_soon_threadsafe` writes to the loop's wake-up pipe each time)."""
+    """Events from the engine thread to one event loop, handed over once per step: the sinks stage
+    a step's events (one per running request) and the step's flush wakes the loop once for all of
+    them. A wake-up per token cost the engine thread a socket write and a wait for the GIL each."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.pending: list[tuple[asyncio.Queue, Any]] = []
+        self.scheduled = False  # a hand-over is queued on the loop and has not run yet
         self.lock = threading.Lock()
 
-    def post(self, queue: asyncio.Queue, item: Any) -> None:  # on the engine thread
+    def stage(self, queue: asyncio.Queue, item: Any) -> None:  # on the engine thread
         with self.lock:
             self.pending.append((queue, item))
-            if len(self.pending) > 1:
-                return  # a flush is scheduled and not yet run: it takes this one too
+
+    def wake(self) -> None:  # on the engine thread, after a step's events
+        with self.lock:
+            if self.scheduled or not self.pending:
+                return
+            self.scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self._flush)
+            self.loop.call_soon_threadsafe(self._hand_over)
         except RuntimeError:  # the loop is closed: nothing will read these
             with self.lock:
                 self.pending.clear()
+                self.scheduled = False
             raise
 
-    def _flush(self) -> None:  # on the loop
+    def _hand_over(self) -> None:  # on the loop
         with self.lock:
-            pending, self.pending = self.pending, []
+            pending, self.pending, self.scheduled = self.pending, [], False
         for queue, item in pending:
             queue.put_nowait(item)
 
@@ -76,9 +82,9 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
-            mailbox.post(events, (i, event))
+            mailbox.stage(events, (i, event))
 
-        request.sink = sink
+        request.sink, request.flush = sink, mailbox.wake
     try:
         await ctx.submit(gen.served, gen.requests)
     except RequestError:

@@ -1,0 +1,152 @@
+"""The host's cost per decode step at 64 slots: the engine alone against the same engine behind HTTP.
+
+On a GPU a decode step of 64 slots takes a few milliseconds of device time, so the Python around
+it (scheduling, sampling calls, detokenization, handing events to the event loop, JSON) decides
+how close the server gets to llama-server. This bench shows that cost on any machine: a tiny
+model (a 2-layer generated GGUF, whose decode is cheap) with 64 slots, 64 clients x 128 tokens,
+greedy, `min_tokens` 128 so that every request runs to the end.
+
+Arms, interleaved per rep: the engine driven in this process (no HTTP: the ceiling), then each
+server non-streamed and streamed. `--baseline REV` adds a server of another git revision (a
+temporary worktree), for before/after comparisons in one run.
+
+    python bench/host_overhead.py [--reps 5] [--baseline HEAD~1]
+
+Writes bench/results/host_overhead.json and docs/host_overhead.md.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from harness import REPO, ServerProcess, machine
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+from pflash_plugin.testing import cached_tiny_llama
+
+CLIENTS = 64
+TOKENS = 128
+SERVER_FLAGS = ["--max_concurrency", str(CLIENTS), "--n_ctx", "512", "--n_threads", "1", "--n_threads_batch", "1",
+                "--verbose", "false"]
+
+
+def engine_alone(model_path: Path) -> float:
+    """Tokens/s of the engine in this process: requests submitted together, sinks that count."""
+    model, engine = load_engine(model_path, EngineConfig(n_slots=CLIENTS, max_ctx=512, n_threads=1, n_threads_batch=1))
+    try:
+        done = threading.Semaphore(0)
+        requests = [Request(model.tokenize(f"prompt {i} about the weather"),
+                            SamplingParams(max_tokens=TOKENS, temperature=0.0, min_tokens=TOKENS)) for i in range(CLIENTS)]
+        for request in requests:
+            request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
+        start = time.perf_counter()
+        engine.submit(*requests)
+        for _ in requests:
+            assert done.acquire(timeout=600), "the engine did not finish"
+        return sum(len(r.output_tokens) for r in requests) / (time.perf_counter() - start)
+    finally:
+        engine.stop()
+
+
+async def _one(client: httpx.AsyncClient, i: int, stream: bool) -> int:
+    body = {"prompt": f"prompt {i} about the weather", "max_tokens": TOKENS, "temperature": 0,
+            "min_tokens": TOKENS, "stream": stream}
+    if not stream:
+        return (await client.post("/v1/completions", json=body)).json()["usage"]["completion_tokens"]
+    chunks = 0
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            chunks += line.startswith('data: {"')
+    return chunks - 1  # the last chunk carries the finish reason, no token
+
+
+async def _clients(url: str, stream: bool) -> float:
+    limits = httpx.Limits(max_connections=2 * CLIENTS)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(_one(client, i, stream) for i in range(CLIENTS))))
+        return tokens / (time.perf_counter() - start)
+
+
+def worktree(rev: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="pflash-baseline-"))
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True,
+                   capture_output=True)
+    return path
+
+
+def run(args: argparse.Namespace) -> dict:
+    model = cached_tiny_llama()
+    servers = {"this": ServerProcess("host-this", ["--model", str(model), *SERVER_FLAGS])}
+    tree = worktree(args.baseline) if args.baseline else None
+    if tree is not None:
+        servers[args.baseline] = ServerProcess("host-baseline", ["--model", str(model), *SERVER_FLAGS],
+                                               env={"PYTHONPATH": str(tree)})
+    rows: list[dict] = []
+    try:
+        for server in servers.values():
+            server.start()
+            asyncio.run(_clients(server.url, False))  # warm-up
+        for rep in range(args.reps):
+            rows.append({"arm": "engine alone", "rep": rep, "tok_s": round(engine_alone(model))})
+            print(json.dumps(rows[-1]), flush=True)
+            for name, server in servers.items():
+                for stream in (False, True):
+                    arm = f"{name}, {'streamed' if stream else 'non-streamed'}"
+                    rows.append({"arm": arm, "rep": rep, "tok_s": round(asyncio.run(_clients(server.url, stream)))})
+                    print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+        if tree is not None:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+            shutil.rmtree(tree, ignore_errors=True)
+    return {"rows": rows, "machine": machine(), "clients": CLIENTS, "tokens": TOKENS, "baseline": args.baseline}
+
+
+def write_docs(result: dict, command: str) -> None:
+    arms = list(dict.fromkeys(r["arm"] for r in result["rows"]))
+    ceiling = statistics.median(r["tok_s"] for r in result["rows"] if r["arm"] == "engine alone")
+    lines = ["# Host overhead per decode step: the engine alone and behind HTTP", "",
+             f"{result['clients']} slots, {result['clients']} clients x {result['tokens']} tokens (greedy, "
+             "`min_tokens` = `max_tokens`), the tiny generated model (2 layers, width 64) on 1 decode thread, "
+             "so that the host's work shows. Medians over reps; arms interleaved per rep.", "",
+             "| arm | tokens/s | ms per step of 64 tokens | of the engine alone | per rep |", "|---|---:|---:|---:|---|"]
+    for arm in arms:
+        values = [r["tok_s"] for r in result["rows"] if r["arm"] == arm]
+        median = statistics.median(values)
+        lines.append(f"| {arm} | {median:,.0f} | {1000 * result['clients'] / median:.1f} | {median / ceiling:.0%} "
+                     f"| {', '.join(f'{v:,}' for v in values)} |")
+    m = result["machine"]
+    lines += ["", f"Machine: {m['nproc']} cores, {m['cpu']}, load at start {m['load_at_start']}. The clients run "
+              "on the same cores as the server.", "", f"Command: `{command}`", ""]
+    (REPO / "docs" / "host_overhead.md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--baseline", help="a git revision whose server runs beside this one")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "host_overhead.json")
+    args = parser.parse_args()
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    command = "python bench/host_overhead.py" + (f" --reps {args.reps}" if args.reps != 5 else "") + (
+        f" --baseline {args.baseline}" if args.baseline else "")
+    write_docs(result, command)
+    print((REPO / "docs" / "host_overhead.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
