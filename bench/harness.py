@@ -41,6 +41,7 @@ class ServerProcess:
     module: str = "pflash_plugin.server"
     program: list[str] | None = None  # instead of `python -m module`
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    cwd: Path = REPO  # `python -m` imports from here first (another checkout runs its own code)
     log_dir: Path = REPO / "bench" / "results" / "logs"
     port: int = field(default_factory=free_port)
     ready_paths: tuple[str, ...] = ("/v1/models",)  # ready when all of these answer 200
@@ -66,11 +67,11 @@ class ServerProcess:
     def launch(self) -> ServerProcess:
         """Spawn the process (stopped at exit) without waiting for it."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                   **self.env)
+        path = os.pathsep.join(filter(None, [str(self.cwd), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, **self.env}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                self.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                self.argv, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         atexit.register(self.stop)
         return self

@@ -90,8 +90,7 @@ def run(args: argparse.Namespace) -> dict:
     servers = {"this": ServerProcess("host-this", ["--model", str(model), *SERVER_FLAGS])}
     tree = worktree(args.baseline) if args.baseline else None
     if tree is not None:
-        servers[args.baseline] = ServerProcess("host-baseline", ["--model", str(model), *SERVER_FLAGS],
-                                               env={"PYTHONPATH": str(tree)})
+        servers[args.baseline] = ServerProcess("host-baseline", ["--model", str(model), *SERVER_FLAGS], cwd=tree)
     rows: list[dict] = []
     try:
         for server in servers.values():
