@@ -28,22 +28,8 @@ def _require_finite(name: str, array: np.ndarray) -> None:
         raise NonFiniteScores(f"{name} contains NaN or Inf")
 
 
-def attention_mass(
-    q: np.ndarray,
-    k: np.ndarray,
-    query_start: int,
-    query_end: int | None = None,
-) -> np.ndarray:
-    """Mean softmax attention from queries [query_start, query_end) to keys [0, query_start).
-
-    q is [n_tokens, n_head, head_dim], k is [n_tokens, n_head_kv, head_dim]
-    (grouped-query attention: query head h reads kv head h // (n_head // n_head_kv)).
-    Returns float64 [query_start]; it sums to 1 because every (head, query)
-    distribution does. Work is done per kv head so the largest temporary is
-    [group * n_query, query_start] rather than one tensor over all heads.
-    """
-    q = np.asarray(q)
-    k = np.asarray(k)
+def _checked_query_end(q: np.ndarray, k: np.ndarray, query_start: int, query_end: int | None) -> int:
+    """Refuse shapes, ranges and values that attention_mass cannot score; returns query_end."""
     if q.ndim != 3 or k.ndim != 3:
         raise ValueError(
             f"q and k must be 3-D [n_tokens, heads, head_dim], got shapes {q.shape} and {k.shape}"
@@ -73,6 +59,28 @@ def attention_mass(
         )
     _require_finite("q", q)
     _require_finite("k", k)
+    return query_end
+
+
+def attention_mass(
+    q: np.ndarray,
+    k: np.ndarray,
+    query_start: int,
+    query_end: int | None = None,
+) -> np.ndarray:
+    """Mean softmax attention from queries [query_start, query_end) to keys [0, query_start).
+
+    q is [n_tokens, n_head, head_dim], k is [n_tokens, n_head_kv, head_dim]
+    (grouped-query attention: query head h reads kv head h // (n_head // n_head_kv)).
+    Returns float64 [query_start]; it sums to 1 because every (head, query)
+    distribution does. Work is done per kv head so the largest temporary is
+    [group * n_query, query_start] rather than one tensor over all heads.
+    """
+    q = np.asarray(q)
+    k = np.asarray(k)
+    query_end = _checked_query_end(q, k, query_start, query_end)
+    _, n_head, head_dim = q.shape
+    n_head_kv = k.shape[1]
 
     # float32 unless the caller gave float64; the result is accumulated in float64.
     dtype = np.result_type(q.dtype, k.dtype, np.float32)
