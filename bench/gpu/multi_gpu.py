@@ -159,27 +159,35 @@ def stack_dump(servers: list[Server]) -> None:
 
 async def throughput(servers: list[Server], clients: int, seed: int, limit_s: float = 120.0) -> dict[str, Any]:
     """`clients` clients on each server at once, each sending 2 requests one after the other; a
-    run that outlasts `limit_s` has each server write its threads' stacks to its log, and fails."""
+    run that outlasts `limit_s` has each server write its threads' stacks to its log, and fails.
+    With several servers, each one's tokens/s over its own clients' time is kept too."""
     rng = random.Random(seed)
 
-    async def one_client(http: httpx.AsyncClient, server: Server) -> int:
+    async def one_client(http: httpx.AsyncClient, server: Server) -> tuple[str, int, float]:
         tokens = 0
         for _ in range(2):
             reply = await complete(http, server, body(server, token_ids(32, rng), MAX_TOKENS))
             tokens += reply["usage"]["completion_tokens"]
-        return tokens
+        return server.label, tokens, time.perf_counter()
 
     async with client() as http:
         start = time.perf_counter()
         try:
-            counts = await asyncio.wait_for(
+            done = await asyncio.wait_for(
                 asyncio.gather(*(one_client(http, s) for s in servers for _ in range(clients))), limit_s)
         except asyncio.TimeoutError:
             stack_dump(servers)
             raise RuntimeError(f"{clients} clients on {len(servers)} servers not done in {limit_s:.0f} s") from None
         wall = time.perf_counter() - start
-    return {"clients": clients, "servers": len(servers), "tokens": sum(counts), "wall_s": round(wall, 3),
-            "tok_s": round(sum(counts) / wall, 1), "short_requests": sum(c < 2 * MAX_TOKENS for c in counts)}
+    counts = [tokens for _, tokens, _ in done]
+    result = {"clients": clients, "servers": len(servers), "tokens": sum(counts), "wall_s": round(wall, 3),
+              "tok_s": round(sum(counts) / wall, 1), "short_requests": sum(c < 2 * MAX_TOKENS for c in counts)}
+    if len(servers) > 1:
+        result["per_server"] = {
+            s.label: round(sum(t for label, t, _ in done if label == s.label)
+                           / (max(end for label, _, end in done if label == s.label) - start), 1)
+            for s in servers}
+    return result
 
 
 async def ttft_beside_prefill(server: Server, seed: int, long_tokens: int, probes: int = 4) -> dict[str, Any]:
