@@ -98,9 +98,9 @@ def test_grammars_llama_cpp_cannot_take_are_a_400_before_any_stream(server, gram
 def test_the_engine_refuses_a_grammar_too_deep_for_llama_cpp(tiny_model):
     """SamplerChain's own guard, for callers that skip the server's validation (in a child
     process: without the guard, llama.cpp's parser overflows the stack)."""
-    code = ("import sys\nfrom pflash_plugin.llama import GrammarError, Model, SamplerChain\n"
-            "try:\n    SamplerChain(Model(sys.argv[1]), temperature=0, top_k=0, top_p=1, min_p=0, typical_p=1,"
-            " seed=0, grammar=sys.argv[2])\nexcept GrammarError as error:\n    print(error)\n")
+    code = ("import sys\nfrom pflash_plugin.llama import GrammarError, Model, SamplerChain, SamplerParams\n"
+            "try:\n    SamplerChain(Model(sys.argv[1]), SamplerParams(temperature=0, seed=0, grammar=sys.argv[2]))\n"
+            "except GrammarError as error:\n    print(error)\n")
     child = subprocess.run(
         [sys.executable, "-c", code, str(tiny_model), DEEP_GRAMMAR], capture_output=True, text=True, timeout=120
     )

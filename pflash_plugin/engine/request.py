@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from ..llama import SamplerParams
+
 
 class RequestStatus(enum.Enum):
     """Where a request is in its one lifecycle (the scheduler alone moves it):
@@ -43,27 +45,14 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass
-class SamplingParams:
-    """Per-request sampling, mirroring what llama_cpp.server accepts."""
+class SamplingParams(SamplerParams):
+    """Per-request sampling, mirroring what llama_cpp.server accepts: the sampler chain's (its
+    penalty window is the server's, set by the runner) and what the scheduler applies."""
 
     max_tokens: int = 16
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repeat_penalty: float = 1.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
-    grammar: str | None = None
     min_tokens: int = 0
-    mirostat: int = 0  # 0 off, 1 or 2: mirostat version
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
 
 
 @dataclass

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -38,24 +39,7 @@ class LlamaRunner:
     def start_request(self, slot: int, request: Request) -> None:
         p = request.params
         seed = p.seed if p.seed is not None or self._seeds is None else self._seeds.getrandbits(32)
-        self._samplers[slot] = SamplerChain(
-            self.model,
-            temperature=p.temperature,
-            top_k=p.top_k,
-            top_p=p.top_p,
-            min_p=p.min_p,
-            typical_p=p.typical_p,
-            seed=seed,
-            repeat_penalty=p.repeat_penalty,
-            frequency_penalty=p.frequency_penalty,
-            presence_penalty=p.presence_penalty,
-            penalty_last_n=self.penalty_last_n,
-            logit_bias=p.logit_bias,
-            grammar=p.grammar,
-            mirostat=p.mirostat,
-            mirostat_tau=p.mirostat_tau,
-            mirostat_eta=p.mirostat_eta,
-        )
+        self._samplers[slot] = SamplerChain(self.model, replace(p, seed=seed, penalty_last_n=self.penalty_last_n))
         self._logprobs[slot] = p.logprobs
 
     def end_request(self, slot: int) -> None:

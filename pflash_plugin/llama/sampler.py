@@ -12,7 +12,8 @@ from __future__ import annotations
 import ctypes
 import random
 import re
-from typing import Mapping, cast
+from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import llama_cpp.llama_cpp as C
@@ -89,73 +90,76 @@ class _Candidates:
         return C.llama_token_data_array(data=data, size=len(self.ids), selected=-1, sorted=False)
 
 
+@dataclass
+class SamplerParams:
+    """What one request's sampler chain applies (the engine's SamplingParams extends it). The
+    defaults are llama_cpp.server's."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    seed: int | None = None  # None: a random seed
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64  # the penalties' window (the server's last_n_tokens_size)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: str | None = None
+    mirostat: int = 0  # 0 off, 1 or 2: mirostat version
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+
+
 class SamplerChain:
     """[grammar] -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     (or temp -> mirostat v1/v2). Temperature <= 0 means greedy. The chain owns its samplers; `close` frees all of them.
     """
 
-    def __init__(
-        self,
-        model: Model,
-        *,
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        min_p: float,
-        typical_p: float,
-        seed: int | None,
-        repeat_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        penalty_last_n: int = 64,
-        logit_bias: Mapping[int, float] | None = None,
-        grammar: str | None = None,
-        mirostat: int = 0,
-        mirostat_tau: float = 5.0,
-        mirostat_eta: float = 0.1,
-    ) -> None:
-        params = C.llama_sampler_chain_default_params()
-        params.no_perf = True
-        self.ptr = C.llama_sampler_chain_init(params)
+    def __init__(self, model: Model, p: SamplerParams) -> None:
+        chain_params = C.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        self.ptr = C.llama_sampler_chain_init(chain_params)
         self.grammar = None
         try:
-            if grammar:
-                self.grammar = _grammar_sampler(model, grammar)
+            if p.grammar:
+                self.grammar = _grammar_sampler(model, p.grammar)
                 self._candidates = _Candidates(model.n_vocab)
-            if logit_bias:
-                biases = (C.llama_logit_bias * len(logit_bias))()
-                for i, (token, bias) in enumerate(logit_bias.items()):
+            if p.logit_bias:
+                biases = (C.llama_logit_bias * len(p.logit_bias))()
+                for i, (token, bias) in enumerate(p.logit_bias.items()):
                     model.check_token(token)
                     biases[i] = C.llama_logit_bias(token, bias)
-                self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(logit_bias), biases))
-            if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
+                self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), biases))
+            if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
                 self._add(
                     C.llama_sampler_init_penalties(
                         model.n_vocab,
-                        penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty
+                        p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
                     )
                 )
-            if temperature <= 0:
+            if p.temperature <= 0:
                 self._add(C.llama_sampler_init_greedy())
                 return
-            seed = seed if seed is not None else random.getrandbits(32)
-            if mirostat in (1, 2):  # mirostat replaces the truncation samplers, as in llama.cpp
-                self._add(C.llama_sampler_init_temp(temperature))
+            seed = p.seed if p.seed is not None else random.getrandbits(32)
+            if p.mirostat in (1, 2):  # p.mirostat replaces the truncation samplers, as in llama.cpp
+                self._add(C.llama_sampler_init_temp(p.temperature))
                 self._add(
-                    C.llama_sampler_init_mirostat(model.n_vocab, seed, mirostat_tau, mirostat_eta, 100)
-                    if mirostat == 1
-                    else C.llama_sampler_init_mirostat_v2(seed, mirostat_tau, mirostat_eta)
+                    C.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
+                    if p.mirostat == 1
+                    else C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta)
                 )
                 return
-            if top_k > 0:
-                self._add(C.llama_sampler_init_top_k(top_k))
-            if typical_p < 1.0:
-                self._add(C.llama_sampler_init_typical(typical_p, 1))
-            if top_p < 1.0:
-                self._add(C.llama_sampler_init_top_p(top_p, 1))
-            if min_p > 0.0:
-                self._add(C.llama_sampler_init_min_p(min_p, 1))
-            self._add(C.llama_sampler_init_temp(temperature))
+            if p.top_k > 0:
+                self._add(C.llama_sampler_init_top_k(p.top_k))
+            if p.typical_p < 1.0:
+                self._add(C.llama_sampler_init_typical(p.typical_p, 1))
+            if p.top_p < 1.0:
+                self._add(C.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0.0:
+                self._add(C.llama_sampler_init_min_p(p.min_p, 1))
+            self._add(C.llama_sampler_init_temp(p.temperature))
             self._add(C.llama_sampler_init_dist(seed))
         except BaseException:
             self.close()
