@@ -36,7 +36,7 @@ class _Mailbox:
     them. A wake-up per token cost the engine thread a socket write and a wait for the GIL each."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self.loop = weakref.ref(loop)  # weak: the mailbox is the value of a weak map keyed by its loop
         self.pending: list[tuple[asyncio.Queue, Any]] = []
         self.scheduled = False  # a hand-over is queued on the loop and has not run yet
         self.lock = threading.Lock()
@@ -51,8 +51,11 @@ class _Mailbox:
                 return
             self.scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self._hand_over)
-        except RuntimeError:  # the loop is closed: nothing will read these
+            loop = self.loop()
+            if loop is None:
+                raise RuntimeError("the event loop is gone")
+            loop.call_soon_threadsafe(self._hand_over)
+        except RuntimeError:  # the loop is closed or gone: nothing will read these
             with self.lock:
                 self.pending.clear()
                 self.scheduled = False

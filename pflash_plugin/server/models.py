@@ -156,6 +156,8 @@ class ServedModel:
         if drafter_path and s.pflash_drafter_cut and max(layers) + 1 < probe.n_layer:
             cut = cached_cut(drafter_path, max(layers) + 1, s.pflash_cache_dir)
             if cut is not None:  # else a warning said why, and the whole drafter runs
+                log.info("drafter %s runs as its copy cut to %d of %d layers: %s", drafter_path, max(layers) + 1,
+                         probe.n_layer, cut)
                 probe.close()
                 drafter_path = str(cut)
                 probe = load_drafter()
