@@ -8,9 +8,11 @@ greedy, `min_tokens` 128 so that every request runs to the end.
 
 Arms, interleaved per rep: the engine driven in this process (no HTTP: the ceiling), then each
 server non-streamed and streamed. `--baseline REV` adds a server of another git revision (a
-temporary worktree), for before/after comparisons in one run.
+temporary worktree), for before/after comparisons in one run. `--model demo` runs the demo model
+instead (a 262K-token vocabulary: sampling's share of the host's work shows), with `--slots`
+clients of `--tokens` tokens.
 
-    python bench/host_overhead.py [--reps 5] [--baseline HEAD~1]
+    python bench/host_overhead.py [--reps 5] [--baseline HEAD~1] [--model demo --slots 16 --tokens 32]
 
 Writes bench/results/host_overhead.json and docs/host_overhead.md.
 """
@@ -22,6 +24,7 @@ import json
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -29,24 +32,32 @@ from pathlib import Path
 
 import httpx
 
-from harness import REPO, ServerProcess, machine
+from harness import REPO, ServerProcess, demo_model_path, machine
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 from pflash_plugin.testing import cached_tiny_llama
 
-CLIENTS = 64
-TOKENS = 128
-SERVER_FLAGS = ["--max_concurrency", str(CLIENTS), "--n_ctx", "512", "--n_threads", "1", "--n_threads_batch", "1",
-                "--verbose", "false"]
+MODELS = {"tiny": "the tiny generated model (2 layers, width 64, a 1,341-token vocabulary), whose decode is cheap so "
+                  "that the host's work shows",
+          "demo": "the demo model (Gemma 3 270M Q4_K_M, a 262,144-token vocabulary)"}
+DOCS = {"tiny": "host_overhead.md", "demo": "host_overhead_demo.md"}
 
 
-def engine_alone(model_path: Path) -> float:
+
+def server_flags(args: argparse.Namespace) -> list[str]:
+    return ["--max_concurrency", str(args.slots), "--n_ctx", "512", "--n_threads", "1", "--n_threads_batch", "1",
+            "--verbose", "false"]
+
+
+def engine_alone(model_path: Path, args: argparse.Namespace) -> float:
     """Tokens/s of the engine in this process: requests submitted together, sinks that count."""
-    model, engine = load_engine(model_path, EngineConfig(n_slots=CLIENTS, max_ctx=512, n_threads=1, n_threads_batch=1))
+    config = EngineConfig(n_slots=args.slots, max_ctx=512, n_threads=1, n_threads_batch=1)
+    model, engine = load_engine(model_path, config)
     try:
         done = threading.Semaphore(0)
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
-                            SamplingParams(max_tokens=TOKENS, temperature=0.0, min_tokens=TOKENS)) for i in range(CLIENTS)]
+                            SamplingParams(max_tokens=args.tokens, temperature=0.0, min_tokens=args.tokens))
+                    for i in range(args.slots)]
         for request in requests:
             request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
         start = time.perf_counter()
@@ -58,9 +69,9 @@ def engine_alone(model_path: Path) -> float:
         engine.stop()
 
 
-async def _one(client: httpx.AsyncClient, i: int, stream: bool) -> int:
-    body = {"prompt": f"prompt {i} about the weather", "max_tokens": TOKENS, "temperature": 0,
-            "min_tokens": TOKENS, "stream": stream}
+async def _one(client: httpx.AsyncClient, i: int, tokens: int, stream: bool) -> int:
+    body = {"prompt": f"prompt {i} about the weather", "max_tokens": tokens, "temperature": 0,
+            "min_tokens": tokens, "stream": stream}
     if not stream:
         return (await client.post("/v1/completions", json=body)).json()["usage"]["completion_tokens"]
     chunks = 0
@@ -70,11 +81,11 @@ async def _one(client: httpx.AsyncClient, i: int, stream: bool) -> int:
     return chunks - 1  # the last chunk carries the finish reason, no token
 
 
-async def _clients(url: str, stream: bool) -> float:
-    limits = httpx.Limits(max_connections=2 * CLIENTS)
+async def _clients(url: str, args: argparse.Namespace, stream: bool) -> float:
+    limits = httpx.Limits(max_connections=2 * args.slots)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         start = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(_one(client, i, stream) for i in range(CLIENTS))))
+        tokens = sum(await asyncio.gather(*(_one(client, i, args.tokens, stream) for i in range(args.slots))))
         return tokens / (time.perf_counter() - start)
 
 
@@ -86,23 +97,24 @@ def worktree(rev: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> dict:
-    model = cached_tiny_llama()
-    servers = {"this": ServerProcess("host-this", ["--model", str(model), *SERVER_FLAGS])}
+    model = Path(demo_model_path()) if args.model == "demo" else cached_tiny_llama()
+    flags = ["--model", str(model), *server_flags(args)]
+    servers = {"this": ServerProcess("host-this", flags)}
     tree = worktree(args.baseline) if args.baseline else None
     if tree is not None:
-        servers[args.baseline] = ServerProcess("host-baseline", ["--model", str(model), *SERVER_FLAGS], cwd=tree)
+        servers[args.baseline] = ServerProcess("host-baseline", flags, cwd=tree)
     rows: list[dict] = []
     try:
         for server in servers.values():
             server.start()
-            asyncio.run(_clients(server.url, False))  # warm-up
+            asyncio.run(_clients(server.url, args, False))  # warm-up
         for rep in range(args.reps):
-            rows.append({"arm": "engine alone", "rep": rep, "tok_s": round(engine_alone(model))})
+            rows.append({"arm": "engine alone", "rep": rep, "tok_s": round(engine_alone(model, args))})
             print(json.dumps(rows[-1]), flush=True)
             for name, server in servers.items():
                 for stream in (False, True):
                     arm = f"{name}, {'streamed' if stream else 'non-streamed'}"
-                    rows.append({"arm": arm, "rep": rep, "tok_s": round(asyncio.run(_clients(server.url, stream)))})
+                    rows.append({"arm": arm, "rep": rep, "tok_s": round(asyncio.run(_clients(server.url, args, stream)))})
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         for server in servers.values():
@@ -110,7 +122,8 @@ def run(args: argparse.Namespace) -> dict:
         if tree is not None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
             shutil.rmtree(tree, ignore_errors=True)
-    return {"rows": rows, "machine": machine(), "clients": CLIENTS, "tokens": TOKENS, "baseline": args.baseline}
+    return {"rows": rows, "machine": machine(), "clients": args.slots, "tokens": args.tokens, "baseline": args.baseline,
+            "model": args.model}
 
 
 def write_docs(result: dict, command: str) -> None:
@@ -118,9 +131,10 @@ def write_docs(result: dict, command: str) -> None:
     ceiling = statistics.median(r["tok_s"] for r in result["rows"] if r["arm"] == "engine alone")
     lines = ["# Host overhead per decode step: the engine alone and behind HTTP", "",
              f"{result['clients']} slots, {result['clients']} clients x {result['tokens']} tokens (greedy, "
-             "`min_tokens` = `max_tokens`), the tiny generated model (2 layers, width 64) on 1 decode thread, "
-             "so that the host's work shows. Medians over reps; arms interleaved per rep.", "",
-             "| arm | tokens/s | ms per step of 64 tokens | of the engine alone | per rep |", "|---|---:|---:|---:|---|"]
+             f"`min_tokens` = `max_tokens`), {MODELS[result['model']]} on 1 decode thread. Medians over reps; "
+             "arms interleaved per rep.", "",
+             f"| arm | tokens/s | ms per step of {result['clients']} tokens | of the engine alone | per rep |",
+             "|---|---:|---:|---:|---|"]
     for arm in arms:
         values = [r["tok_s"] for r in result["rows"] if r["arm"] == arm]
         median = statistics.median(values)
@@ -129,22 +143,24 @@ def write_docs(result: dict, command: str) -> None:
     m = result["machine"]
     lines += ["", f"Machine: {m['nproc']} cores, {m['cpu']}, load at start {m['load_at_start']}. The clients run "
               "on the same cores as the server.", "", f"Command: `{command}`", ""]
-    (REPO / "docs" / "host_overhead.md").write_text("\n".join(lines))
+    (REPO / "docs" / DOCS[result["model"]]).write_text("\n".join(lines))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--model", choices=list(MODELS), default="tiny")
+    parser.add_argument("--slots", type=int, default=64, help="slots, and clients sent at once")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens per client")
     parser.add_argument("--baseline", help="a git revision whose server runs beside this one")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "host_overhead.json")
     args = parser.parse_args()
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    command = "python bench/host_overhead.py" + (f" --reps {args.reps}" if args.reps != 5 else "") + (
-        f" --baseline {args.baseline}" if args.baseline else "")
-    write_docs(result, command)
-    print((REPO / "docs" / "host_overhead.md").read_text())
+    command = "python bench/host_overhead.py " + " ".join(sys.argv[1:])
+    write_docs(result, command.strip())
+    print((REPO / "docs" / DOCS[args.model]).read_text())
 
 
 if __name__ == "__main__":

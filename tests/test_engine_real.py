@@ -131,3 +131,33 @@ def test_steps_that_only_decode_measure_both_thread_counts_and_prefill_keeps_the
     assert (2, 2) in decode_steps and (1, 1) in decode_steps, seen  # both measured
     assert engine.runner.decode_threads.threads(2) in (1, 2)
     assert all(batch_threads == 2 for n_tokens, _, batch_threads in seen if n_tokens > 2), seen  # prefill
+
+
+def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, monkeypatch):
+    """Plain greedy requests take the argmax of llama.cpp's logits buffer for all rows at once
+    (no sampler call); the tokens equal those of the chain's own greedy pass, which a zero logit
+    bias forces. min_tokens still keeps end-of-generation tokens out."""
+    from pflash_plugin.llama import SamplerChain
+
+    calls = {"n": 0}
+    original = SamplerChain.sample
+
+    def counting(self, ctx, index):
+        calls["n"] += 1
+        return original(self, ctx, index)
+
+    monkeypatch.setattr(SamplerChain, "sample", counting)
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=1))
+    try:
+        def requests(**extra) -> list[Request]:
+            return [Request(model.tokenize(f"prompt {i} about the weather"),
+                            SamplingParams(max_tokens=12, temperature=0.0, min_tokens=6 * (i % 2), **extra))
+                    for i in range(4)]
+
+        fast = run_together(engine, requests())
+        assert calls["n"] == 0
+        chain = run_together(engine, requests(logit_bias={7: 0.0}))  # a bias of 0 changes nothing but the path
+        assert calls["n"] == sum(len(tokens) for tokens in chain)
+    finally:
+        engine.stop()
+    assert fast == chain

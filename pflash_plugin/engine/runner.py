@@ -77,8 +77,10 @@ class LlamaRunner:
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
         start = time.perf_counter()
         self.ctx.decode(batch)
-        outputs: dict[int, TokenOutput | Exception] = {}
+        outputs: dict[int, TokenOutput | Exception] = self._argmax_rows(rows)
         for request, row in rows:
+            if request.request_id in outputs:
+                continue
             try:
                 outputs[request.request_id] = self._sample(request, row)
             except Exception as error:
@@ -86,6 +88,21 @@ class LlamaRunner:
         if threads:  # sampling reads the logits, so on a GPU too this waited for the decode
             self.decode_threads.record(threads, len(step.items), time.perf_counter() - start)
         return outputs
+
+    def _argmax_rows(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
+        """The tokens of the rows whose sampler is a plain argmax, taken together from llama.cpp's
+        logits buffer; a row whose maximum is NaN is left to its sampler."""
+        picked = [(k, request, row) for k, (request, row) in enumerate(rows)
+                  if self._samplers[request.held_slot].argmax_only and self._logprobs.get(request.held_slot) is None]
+        if not picked:
+            return {}
+        for _, request, row in picked:
+            if len(request.output_tokens) < request.params.min_tokens:
+                self._suppress_eog(row)
+        logits = self.ctx.output_logits(len(rows))  # a view: selecting rows first would copy them
+        tokens = logits.argmax(axis=1)
+        best = logits[np.arange(len(rows)), tokens]
+        return {request.request_id: TokenOutput(int(tokens[k])) for k, request, _ in picked if not np.isnan(best[k])}
 
     def _sample(self, request: Request, row: int) -> TokenOutput:
         if len(request.output_tokens) < request.params.min_tokens:

@@ -128,6 +128,12 @@ class Context:
         ptr = C.llama_get_logits_ith(self.ptr, index)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
+    def output_logits(self, n_outputs: int) -> np.ndarray:
+        """The last decode's logits, [n_outputs, n_vocab] in the batch order of the tokens that asked
+        for them: a view of llama.cpp's buffer, valid until the next decode (no copy)."""
+        ptr = C.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.model.n_vocab))
+
     def set_logits(self, index: int, tokens: list[int], value: float) -> None:
         """Overwrite logits of batch row `index` in place (the sampler reads this buffer)."""
         ptr = C.llama_get_logits_ith(self.ptr, index)
