@@ -133,10 +133,11 @@ def test_steps_that_only_decode_measure_both_thread_counts_and_prefill_keeps_the
     assert all(batch_threads == 2 for n_tokens, _, batch_threads in seen if n_tokens > 2), seen  # prefill
 
 
-def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, monkeypatch):
-    """Plain greedy requests take the argmax of llama.cpp's logits buffer for all rows at once
-    (no sampler call); the tokens equal those of the chain's own greedy pass, which a zero logit
-    bias forces. min_tokens still keeps end-of-generation tokens out."""
+@pytest.mark.parametrize("penalties", [{}, {"repeat_penalty": 1.3}, {"frequency_penalty": 0.25, "presence_penalty": 0.5}])
+def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, monkeypatch, penalties):
+    """Greedy requests take the argmax of llama.cpp's logits buffer for all rows at once, after
+    each row's penalties (no sampler call); the tokens equal those of the chain's own pass, which a
+    zero logit bias forces. min_tokens still keeps end-of-generation tokens out."""
     from pflash_plugin.llama import SamplerChain
 
     calls = {"n": 0}
@@ -147,11 +148,13 @@ def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, 
         return original(self, ctx, index)
 
     monkeypatch.setattr(SamplerChain, "sample", counting)
-    model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=1))
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=1,
+                                                         penalty_last_n=8))
     try:
         def requests(**extra) -> list[Request]:
             return [Request(model.tokenize(f"prompt {i} about the weather"),
-                            SamplingParams(max_tokens=12, temperature=0.0, min_tokens=6 * (i % 2), **extra))
+                            SamplingParams(max_tokens=24, temperature=0.0, min_tokens=6 * (i % 2), **penalties,
+                                           **extra))
                     for i in range(4)]
 
         fast = run_together(engine, requests())
@@ -161,3 +164,5 @@ def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, 
     finally:
         engine.stop()
     assert fast == chain
+    if penalties:  # the window of 8 makes the tiny model leave its two-token loop
+        assert max(len(set(tokens)) for tokens in fast) > 2

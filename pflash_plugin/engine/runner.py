@@ -90,19 +90,26 @@ class LlamaRunner:
         return outputs
 
     def _argmax_rows(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
-        """The tokens of the rows whose sampler is a plain argmax, taken together from llama.cpp's
-        logits buffer; a row whose maximum is NaN is left to its sampler."""
-        picked = [(k, request, row) for k, (request, row) in enumerate(rows)
-                  if self._samplers[request.held_slot].argmax_only and self._logprobs.get(request.held_slot) is None]
+        """The tokens of the greedy rows (no grammar, bias or logprobs), taken together from
+        llama.cpp's logits buffer after each row's penalties; a row whose maximum is NaN is left to
+        its sampler. The chains accept the tokens, so their penalty windows stay whole."""
+        picked = [(k, request, self._samplers[request.held_slot]) for k, (request, _) in enumerate(rows)
+                  if self._samplers[request.held_slot].greedy and self._logprobs.get(request.held_slot) is None]
         if not picked:
             return {}
-        for _, request, row in picked:
+        logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
+        for k, request, chain in picked:
             if len(request.output_tokens) < request.params.min_tokens:
-                self._suppress_eog(row)
-        logits = self.ctx.output_logits(len(rows))  # a view: selecting rows first would copy them
-        tokens = logits.argmax(axis=1)
+                logits[k, self._eog()] = -np.inf
+            chain.penalize(logits[k], request.output_tokens)
+        tokens = logits.argmax(axis=1)  # over every row: selecting the picked ones first would copy them
         best = logits[np.arange(len(rows)), tokens]
-        return {request.request_id: TokenOutput(int(tokens[k])) for k, request, _ in picked if not np.isnan(best[k])}
+        outputs: dict[int, TokenOutput | Exception] = {}
+        for k, request, chain in picked:
+            if not np.isnan(best[k]):
+                chain.accept(int(tokens[k]))
+                outputs[request.request_id] = TokenOutput(int(tokens[k]))
+        return outputs
 
     def _sample(self, request: Request, row: int) -> TokenOutput:
         if len(request.output_tokens) < request.params.min_tokens:
