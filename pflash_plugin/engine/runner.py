@@ -92,7 +92,8 @@ class LlamaRunner:
     def _argmax_rows(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
         """The tokens of the greedy rows (no grammar, bias or logprobs), taken together from
         llama.cpp's logits buffer after each row's penalties; a row whose maximum is NaN is left to
-        its sampler. The chains accept the tokens, so their penalty windows stay whole."""
+        its sampler, as before (which penalizes it again: such a row means nothing either way). The
+        chains accept the tokens, so their penalty windows stay whole."""
         picked = [(k, request, self._samplers[request.held_slot]) for k, (request, _) in enumerate(rows)
                   if self._samplers[request.held_slot].greedy and self._logprobs.get(request.held_slot) is None]
         if not picked:
