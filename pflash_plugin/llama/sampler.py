@@ -205,8 +205,7 @@ class SamplerChain:
         values = logits[tokens]
         repeat = np.float32(p.repeat_penalty)
         values = np.where(values <= 0, values * repeat, values / repeat).astype(np.float32)
-        counts32 = counts.astype(np.float32)
-        values -= counts32 * np.float32(p.frequency_penalty) + np.float32(1.0) * np.float32(p.presence_penalty)
+        values -= counts.astype(np.float32) * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
         logits[tokens] = values
 
     def accept(self, token: int) -> None:
