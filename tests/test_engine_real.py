@@ -133,7 +133,10 @@ def test_steps_that_only_decode_measure_both_thread_counts_and_prefill_keeps_the
     assert all(batch_threads == 2 for n_tokens, _, batch_threads in seen if n_tokens > 2), seen  # prefill
 
 
-@pytest.mark.parametrize("penalties", [{}, {"repeat_penalty": 1.3}, {"frequency_penalty": 0.25, "presence_penalty": 0.5}])
+PENALTIES = [{}, {"repeat_penalty": 1.3}, {"frequency_penalty": 0.25, "presence_penalty": 0.5}]
+
+
+@pytest.mark.parametrize("penalties", PENALTIES)
 def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, monkeypatch, penalties):
     """Greedy requests take the argmax of llama.cpp's logits buffer for all rows at once, after
     each row's penalties (no sampler call); the tokens equal those of the chain's own pass, which a
