@@ -204,7 +204,8 @@ class SamplerChain:
             return
         values = logits[tokens]
         repeat = np.float32(p.repeat_penalty)
-        values = np.where(values <= 0, values * repeat, values / repeat).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a penalty of 0 gives inf, as in llama.cpp
+            values = np.where(values <= 0, values * repeat, values / repeat).astype(np.float32)
         values -= counts.astype(np.float32) * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
         logits[tokens] = values
 
