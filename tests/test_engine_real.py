@@ -169,3 +169,21 @@ def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, 
     assert fast == chain
     if penalties:  # the window of 8 makes the tiny model leave its two-token loop
         assert max(len(set(tokens)) for tokens in fast) > 2
+
+
+def test_logprobs_match_a_float64_log_softmax():
+    """The runner's float32 log-probabilities (the normalizer summed in float64) agree with a
+    float64 log-softmax to 1e-6, best first; -inf logits (suppressed tokens) stay -inf."""
+    import numpy as np
+
+    from pflash_plugin.engine.runner import _with_logprobs
+
+    logits = (np.random.default_rng(0).standard_normal(50_000) * 6).astype(np.float32)
+    logits[:3] = -np.inf
+    shifted = logits.astype(np.float64) - logits.max()
+    reference = shifted - np.log(np.exp(shifted).sum())
+    out = _with_logprobs(7, logits, 5)
+    assert abs(out.logprob - reference[7]) < 1e-6
+    assert [t for t, _ in out.top_logprobs] == list(np.argsort(-reference)[:5])
+    assert max(abs(v - reference[t]) for t, v in out.top_logprobs) < 1e-6
+    assert _with_logprobs(1, logits, 0).logprob == -np.inf

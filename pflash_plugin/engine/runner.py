@@ -1,6 +1,7 @@
 """Executes the scheduler's steps on one llama.cpp context (the only engine part with a model)."""
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import replace
@@ -135,13 +136,16 @@ class LlamaRunner:
 
 
 def _with_logprobs(token: int, logits: np.ndarray | None, top_n: int | None) -> TokenOutput:
+    """The token's log-probability and the top_n best, from float32 logits: one pass for the
+    normalizer (summed in float64) and one partial sort, never a float64 copy of the row
+    (10.4 ms a row for 262K tokens that way, against 2.5 ms)."""
     if logits is None or top_n is None:
         return TokenOutput(token)
-    shifted = logits.astype(np.float64) - logits.max()
-    logprobs = shifted - np.log(np.exp(shifted).sum())
+    peak = float(logits.max())
+    log_total = peak + math.log(float(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
     top: list[tuple[int, float]] = []
     if top_n > 0:
-        best = np.argpartition(-logprobs, top_n)[:top_n]
-        best = best[np.argsort(-logprobs[best])]
-        top = [(int(t), float(logprobs[t])) for t in best]
-    return TokenOutput(token, float(logprobs[token]), top)
+        best = np.argpartition(logits, -top_n)[-top_n:]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        top = [(int(t), float(logits[t]) - log_total) for t in best]
+    return TokenOutput(token, float(logits[token]) - log_total, top)
