@@ -187,3 +187,33 @@ def test_logprobs_match_a_float64_log_softmax():
     assert [t for t, _ in out.top_logprobs] == list(np.argsort(-reference)[:5])
     assert max(abs(v - reference[t]) for t, v in out.top_logprobs) < 1e-6
     assert _with_logprobs(1, logits, 0).logprob == -np.inf
+
+
+def test_greedy_rows_with_logprobs_match_the_sampler_chain(tiny_model):
+    """Log-probabilities on the batched greedy path are those of the chain's path: taken from the
+    row before its penalties."""
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1))
+
+    def outputs(**extra) -> list[list[tuple[int, float | None, list | None]]]:
+        requests = [Request(model.tokenize(f"prompt {i}"), SamplingParams(max_tokens=10, temperature=0.0, logprobs=3,
+                                                                          repeat_penalty=1.3, **extra))
+                    for i in range(2)]
+        seen: list[list] = [[], []]
+        done = threading.Semaphore(0)
+        for i, request in enumerate(requests):
+            def sink(event, i=i):
+                if isinstance(event, TextEvent):
+                    seen[i] += [(t.token, t.logprob, t.top_logprobs) for t in event.tokens]
+                elif isinstance(event, (FinishEvent, ErrorEvent)):
+                    done.release()
+            request.sink = sink
+        engine.submit(*requests)
+        for _ in requests:
+            assert done.acquire(timeout=60)
+        return seen
+
+    try:
+        fast, chain = outputs(), outputs(logit_bias={7: 0.0})
+    finally:
+        engine.stop()
+    assert fast == chain and all(len(tokens) == 10 and tokens[0][1] is not None for tokens in fast)

@@ -91,26 +91,32 @@ class LlamaRunner:
         return outputs
 
     def _argmax_rows(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
-        """The tokens of the greedy rows (no grammar, bias or logprobs), taken together from
-        llama.cpp's logits buffer after each row's penalties; a row whose maximum is NaN is left to
-        its sampler, as before (which penalizes it again: such a row means nothing either way). The
-        chains accept the tokens, so their penalty windows stay whole."""
+        """The tokens of the greedy rows (no grammar or bias), taken together from llama.cpp's
+        logits buffer after each row's penalties; log-probabilities come from the row as the
+        chain's path takes them (after min_tokens, before penalties). A row whose maximum is NaN is
+        left to its sampler, as before (which penalizes it again: such a row means nothing either
+        way). The chains accept the tokens, so their penalty windows stay whole."""
         picked = [(k, request, self._samplers[request.held_slot]) for k, (request, _) in enumerate(rows)
-                  if self._samplers[request.held_slot].greedy and self._logprobs.get(request.held_slot) is None]
+                  if self._samplers[request.held_slot].greedy]
         if not picked:
             return {}
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
+        before_penalties: dict[int, np.ndarray] = {}
         for k, request, chain in picked:
             if len(request.output_tokens) < request.params.min_tokens:
                 logits[k, self._eog()] = -np.inf
+            if self._logprobs.get(request.held_slot) is not None:
+                before_penalties[k] = logits[k].copy()
             chain.penalize(logits[k], request.output_tokens)
         tokens = logits.argmax(axis=1)  # over every row: selecting the picked ones first would copy them
         best = logits[np.arange(len(rows)), tokens]
         outputs: dict[int, TokenOutput | Exception] = {}
         for k, request, chain in picked:
             if not np.isnan(best[k]):
-                chain.accept(int(tokens[k]))
-                outputs[request.request_id] = TokenOutput(int(tokens[k]))
+                token = int(tokens[k])
+                chain.accept(token)
+                outputs[request.request_id] = _with_logprobs(token, before_penalties.get(k),
+                                                             self._logprobs.get(request.held_slot))
         return outputs
 
     def _sample(self, request: Request, row: int) -> TokenOutput:
