@@ -9,7 +9,7 @@ python3 - <<'PY'
 import time
 import numpy as np
 from pflash_plugin.llama import native
-from pflash_plugin.pflash.scoring import attention_mass
+from pflash_plugin.pflash.attention_mass import attention_mass
 assert native.gpu_count() > 0, "the CUDA scorer sees no GPU"
 rng = np.random.default_rng(0)
 for n, h, kv, d in [(1001, 8, 1, 36), (65536, 32, 8, 128)]:
