@@ -20,5 +20,5 @@ if [ -n "${building:-}" ]; then
 fi
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv
 nvidia-smi topo -m || true
-python3 bench/gpu/multi_gpu.py --target /tmp/models/target-8b.gguf --drafter /tmp/models/drafter-0.6b.gguf \
+python3 bench/gpu/multi_gpu.py --target "$TARGET" --drafter "$DRAFTER" \
   --llama-server "$server" "$@"

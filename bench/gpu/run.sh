@@ -20,4 +20,4 @@ for n, h, kv, d in [(1001, 8, 1, 36), (65536, 32, 8, 128)]:
     print(f"gpu scorer n={n}: max rel err {np.max(np.abs(got - ref) / ref):.2e}, {1000 * (t1 - t0):.1f} ms with copies", flush=True)
 PY
 # bench/gpu/pflash_gpu.py imports numpy after llama_cpp: numpy first made the CUDA model load segfault here
-python3 bench/gpu/pflash_gpu.py --target /tmp/models/target-8b.gguf --drafter /tmp/models/drafter-0.6b.gguf "$@"
+python3 bench/gpu/pflash_gpu.py --target "$TARGET" --drafter "$DRAFTER" "$@"

@@ -15,13 +15,18 @@ elif [ ! -f "$ext" ]; then
 fi
 [ -z "$ext" ] || cp "$ext" "pflash_plugin/_pflash_ext$suffix"
 mkdir -p /tmp/models
+# VOCAB_EXTRA=N adds N tokens to the models' 1,341 (e.g. 127000 for a Llama-3-sized vocabulary, where
+# sampling a row costs what it does on real models); the files then carry the suffix -vN
+vocab=${VOCAB_EXTRA:-0}
+suffix=$([ "$vocab" = 0 ] || echo "-v$vocab")
 write() {  # in its own process: loading a GGUF where the gguf package wrote it segfaulted here
-  [ -f "$1" ] || python3 -c "import sys; from pflash_plugin.testing import write_tiny_llama as w; w(sys.argv[1], $2, f16=True, tiled=True, n_ctx_train=262144)" "$1"
+  [ -f "$1" ] || python3 -c "import sys; from pflash_plugin.testing import write_tiny_llama as w; w(sys.argv[1], $2, f16=True, tiled=True, n_ctx_train=262144, vocab_extra=$vocab)" "$1"
 }
 start=$(date +%s)
-write /tmp/models/target-8b.gguf "n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336"
-write /tmp/models/drafter-0.6b.gguf "n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
+export TARGET=/tmp/models/target-8b$suffix.gguf DRAFTER=/tmp/models/drafter-0.6b$suffix.gguf
+write "$TARGET" "n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336"
+write "$DRAFTER" "n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
 # the same drafter cut to the 10 layers its default draft runs (scoring layer 28 // 3 = 9): the
 # capture callback's cost in bench/gpu/draft_forward.py --plain
-write /tmp/models/drafter-0.6b-10l.gguf "n_layer=10, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
+write /tmp/models/drafter-0.6b-10l$suffix.gguf "n_layer=10, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
 echo "models ready in $(( $(date +%s) - start )) s: $(du -sh /tmp/models | cut -f1)"
