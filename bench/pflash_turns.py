@@ -20,6 +20,7 @@ import argparse
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import httpx
@@ -127,7 +128,7 @@ def main() -> None:
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    write_docs(result, "python bench/pflash_turns.py")
+    write_docs(result, " ".join(["python bench/pflash_turns.py", *sys.argv[1:]]))
     print((REPO / "docs" / "pflash_turns.md").read_text())
 
 
