@@ -78,3 +78,13 @@ def test_server_loads_the_cut_drafter_unless_told_not_to(tiny_model, deep_path, 
             assert model.path.startswith(str(tmp_path)) == cut
         finally:
             served.close()
+
+
+def test_per_layer_metadata_is_cut_with_the_layers(tmp_path):
+    """llama.cpp checks a per-layer array's length against block_count: the cut shortens it."""
+    arrays = cached_tiny_llama(n_layer=4, seed=3, per_layer_kv_heads=True)
+    assert Model(arrays).n_layer == 4  # the source loads with its 4-entry array
+    cut = tmp_path / "cut.gguf"
+    cut_layers(arrays, cut, 2)
+    assert list(gguf.GGUFReader(cut).fields["llama.attention.head_count_kv"].contents()) == [2, 2]
+    assert Model(cut).n_layer == 2

@@ -95,6 +95,7 @@ def write_tiny_llama(
     add_space_prefix: bool = False,
     tiled: bool = False,
     quant: str | None = None,
+    per_layer_kv_heads: bool = False,
 ) -> pathlib.Path:
     """Write a deterministic random-weight llama GGUF to ``path`` and return it.
 
@@ -103,6 +104,8 @@ def write_tiny_llama(
     F16 model then writes in about a minute (for timing; weights repeat across layers).
     ``quant`` ("q8_0", "q4_0") quantizes the layers' matrices: the types that ggml's AMX and
     repacked CPU kernels take (the AMX probe needs them; F32 and F16 never reach those kernels).
+    ``per_layer_kv_heads`` writes head_count_kv as one entry per layer, as some models do
+    (llama.cpp takes either; a cut copy must shorten the array).
     ``add_space_prefix`` defaults to False (like Gemma) so detokenize(tokenize(s)) == s
     even without BOS; True mimics Llama-2/Mistral, whose leading " " llama-cpp-python
     only strips when the first token is BOS.
@@ -149,7 +152,7 @@ def write_tiny_llama(
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w.add_head_count_kv([n_head_kv] * n_layer if per_layer_kv_heads else n_head_kv)
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
