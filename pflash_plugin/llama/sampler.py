@@ -204,7 +204,7 @@ class SamplerChain:
             return
         values = logits[tokens]
         repeat = np.float32(p.repeat_penalty)
-        with np.errstate(divide="ignore", invalid="ignore"):  # a penalty of 0 gives inf, as in llama.cpp
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # inf where llama.cpp gives inf
             values = np.where(values <= 0, values * repeat, values / repeat).astype(np.float32)
         values -= counts.astype(np.float32) * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
         logits[tokens] = values
