@@ -74,7 +74,7 @@ def test_server_loads_the_cut_drafter_unless_told_not_to(tiny_model, deep_path, 
                                            pflash_drafter_cut=cut, pflash_cache_dir=str(tmp_path)))
         try:
             model = served.compression.compressor._drafter.model
-            assert model.n_layer == layers
+            assert model.n_layer == layers and served.drafter_file == model.path  # on /status
             assert model.path.startswith(str(tmp_path)) == cut
         finally:
             served.close()

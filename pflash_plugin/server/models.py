@@ -73,6 +73,7 @@ class ServedModel:
         self.config = self.params.engine
         self.pflash = pflash_config(settings)
         self.compression: CompressionWorker | None = None
+        self.drafter_file: str | None = None  # the GGUF a separate drafter runs (its cut copy, say)
         pflash_on_gpu = settings.pflash != "off" and settings.n_gpu_layers != 0
         n_gpus = gpu_count() if pflash_on_gpu else 0
         # what llama.cpp is about to split the layers by, read only where it does
@@ -161,6 +162,7 @@ class ServedModel:
                 probe.close()
                 drafter_path = str(cut)
                 probe = load_drafter()
+        self.drafter_file = drafter_path
         persistent = s.draft_residency == "persistent"
         assert self.config.max_ctx is not None
         max_tokens = self.config.max_ctx + MAX_EXPLICIT_QUERY
