@@ -109,11 +109,14 @@ def token_ids(n: int, rng: random.Random) -> list[int]:
 
 
 def body(server: Server, prompt: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
-    """A /v1/completions body; llama-server is told to ignore EOS and not to reuse its cache, ours
-    takes per-request PFlash control (`pflash`)."""
+    """A /v1/completions body, plain greedy on both servers (no repeat penalty: llama_cpp.server's
+    default is 1.1, llama-server's 1.0) and every token generated (ours: `min_tokens`; llama-server:
+    `ignore_eos`, and no reuse of its cache); ours takes per-request PFlash control (`pflash`)."""
     pflash = extra.pop("pflash", None)
-    request: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    request: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "repeat_penalty": 1.0,
+                               **extra}
     if server.ours:
+        request["min_tokens"] = max_tokens
         if pflash:
             request["pflash"] = {"mode": pflash}
     else:
