@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain
+from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain, penalize_rows
 from .request import Request, TokenOutput
 from .scheduler import Step
 from .threads import DecodeThreads
@@ -102,12 +102,12 @@ class LlamaRunner:
             return {}
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
         before_penalties: dict[int, np.ndarray] = {}
-        for k, request, chain in picked:
+        for k, request, _ in picked:
             if len(request.output_tokens) < request.params.min_tokens:
                 logits[k, self._eog()] = -np.inf
             if self._logprobs.get(request.held_slot) is not None:
                 before_penalties[k] = logits[k].copy()
-            chain.penalize(logits[k], request.output_tokens)
+        penalize_rows(logits, [(k, chain.params, request.output_tokens) for k, request, chain in picked])
         tokens = logits.argmax(axis=1)  # over every row: selecting the picked ones first would copy them
         best = logits[np.arange(len(rows)), tokens]
         outputs: dict[int, TokenOutput | Exception] = {}
