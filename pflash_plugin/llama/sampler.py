@@ -92,8 +92,9 @@ class _Candidates:
 
 @dataclass
 class SamplerParams:
-    """What one request's sampler chain applies (the engine's SamplingParams extends it). The
-    defaults are llama_cpp.server's."""
+    """What one request's sampler chain applies (the engine's SamplingParams extends it). An HTTP
+    request fills every field from llama_cpp.server's request defaults (repeat_penalty 1.1 there);
+    these defaults serve callers of the engine itself."""
 
     temperature: float = 0.8
     top_p: float = 0.95
