@@ -40,7 +40,7 @@ from pflash_plugin.testing import cached_tiny_llama
 MODELS = {"tiny": "the tiny generated model (2 layers, width 64, a 1,341-token vocabulary), whose decode is cheap so "
                   "that the host's work shows",
           "demo": "the demo model (Gemma 3 270M Q4_K_M, a 262,144-token vocabulary)"}
-DOCS = {"tiny": "host_overhead.md", "demo": "host_overhead_demo.md"}
+DOCS = {"tiny": "host_overhead.md", "demo": "host_overhead_demo.md"}  # --temperature > 0 adds "_sampled"
 
 
 
@@ -56,7 +56,7 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> float:
     try:
         done = threading.Semaphore(0)
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
-                            SamplingParams(max_tokens=args.tokens, temperature=0.0, min_tokens=args.tokens))
+                            SamplingParams(max_tokens=args.tokens, temperature=args.temperature, min_tokens=args.tokens))
                     for i in range(args.slots)]
         for request in requests:
             request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
@@ -69,9 +69,9 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> float:
         engine.stop()
 
 
-async def _one(client: httpx.AsyncClient, i: int, tokens: int, stream: bool) -> int:
-    body = {"prompt": f"prompt {i} about the weather", "max_tokens": tokens, "temperature": 0,
-            "min_tokens": tokens, "stream": stream}
+async def _one(client: httpx.AsyncClient, i: int, args: argparse.Namespace, stream: bool) -> int:
+    body = {"prompt": f"prompt {i} about the weather", "max_tokens": args.tokens, "temperature": args.temperature,
+            "min_tokens": args.tokens, "stream": stream}
     if not stream:
         return (await client.post("/v1/completions", json=body)).json()["usage"]["completion_tokens"]
     chunks = 0
@@ -85,7 +85,7 @@ async def _clients(url: str, args: argparse.Namespace, stream: bool) -> float:
     limits = httpx.Limits(max_connections=2 * args.slots)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         start = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(_one(client, i, args.tokens, stream) for i in range(args.slots))))
+        tokens = sum(await asyncio.gather(*(_one(client, i, args, stream) for i in range(args.slots))))
         return tokens / (time.perf_counter() - start)
 
 
@@ -123,15 +123,21 @@ def run(args: argparse.Namespace) -> dict:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
             shutil.rmtree(tree, ignore_errors=True)
     return {"rows": rows, "machine": machine(), "clients": args.slots, "tokens": args.tokens, "baseline": args.baseline,
-            "model": args.model}
+            "model": args.model, "temperature": args.temperature}
+
+
+def doc_name(result: dict) -> str:
+    name = DOCS[result["model"]]
+    return name.replace(".md", "_sampled.md") if result.get("temperature") else name
 
 
 def write_docs(result: dict, command: str) -> None:
     arms = list(dict.fromkeys(r["arm"] for r in result["rows"]))
     ceiling = statistics.median(r["tok_s"] for r in result["rows"] if r["arm"] == "engine alone")
     lines = ["# Host overhead per decode step: the engine alone and behind HTTP", "",
-             f"{result['clients']} slots, {result['clients']} clients x {result['tokens']} tokens (greedy, "
-             f"`min_tokens` = `max_tokens`), {MODELS[result['model']]} on 1 decode thread. Medians over reps; "
+             f"{result['clients']} slots, {result['clients']} clients x {result['tokens']} tokens (temperature "
+             f"{result['temperature']}, `min_tokens` = `max_tokens`), {MODELS[result['model']]} on 1 decode thread. "
+             "Medians over reps; "
              "arms interleaved per rep.", "",
              f"| arm | tokens/s | ms per step of {result['clients']} tokens | of the engine alone | per rep |",
              "|---|---:|---:|---:|---|"]
@@ -143,7 +149,7 @@ def write_docs(result: dict, command: str) -> None:
     m = result["machine"]
     lines += ["", f"Machine: {m['nproc']} cores, {m['cpu']}, load at start {m['load_at_start']}. The clients run "
               "on the same cores as the server.", "", f"Command: `{command}`", ""]
-    (REPO / "docs" / DOCS[result["model"]]).write_text("\n".join(lines))
+    (REPO / "docs" / doc_name(result)).write_text("\n".join(lines))
 
 
 def main() -> None:
@@ -152,6 +158,8 @@ def main() -> None:
     parser.add_argument("--model", choices=list(MODELS), default="tiny")
     parser.add_argument("--slots", type=int, default=64, help="slots, and clients sent at once")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per client")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; above 0, llama_cpp.server's other sampling defaults (top-k 40, ...)")
     parser.add_argument("--baseline", help="a git revision whose server runs beside this one")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "host_overhead.json")
     args = parser.parse_args()
@@ -160,7 +168,7 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1))
     command = "python bench/host_overhead.py " + " ".join(sys.argv[1:])
     write_docs(result, command.strip())
-    print((REPO / "docs" / DOCS[args.model]).read_text())
+    print((REPO / "docs" / doc_name(result)).read_text())
 
 
 if __name__ == "__main__":

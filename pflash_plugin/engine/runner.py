@@ -9,7 +9,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain, penalize_rows
+from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain
+from .batch_sampling import penalize_rows, sample_row
 from .request import Request, TokenOutput
 from .scheduler import Step
 from .threads import DecodeThreads
@@ -23,6 +24,7 @@ class LlamaRunner:
         started with a seed repeats its answers (llama_cpp.server's --seed); None: random seeds."""
         self.model, self.ctx = model, ctx
         self._seeds = random.Random(seed) if seed is not None else None
+        self._rng = np.random.default_rng()  # the draws of unseeded requests sampled in batch
         self.penalty_last_n = penalty_last_n
         self.batch = Batch(ctx.n_batch, 1)
         self.decode_threads = DecodeThreads(ctx.n_threads, ctx.n_threads_batch)
@@ -78,7 +80,7 @@ class LlamaRunner:
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
         start = time.perf_counter()
         self.ctx.decode(batch)
-        outputs: dict[int, TokenOutput | Exception] = self._argmax_rows(rows)
+        outputs: dict[int, TokenOutput | Exception] = self._batch_rows(rows)
         for request, row in rows:
             if request.request_id in outputs:
                 continue
@@ -90,14 +92,16 @@ class LlamaRunner:
             self.decode_threads.record(threads, len(step.items), time.perf_counter() - start)
         return outputs
 
-    def _argmax_rows(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
-        """The tokens of the greedy rows (no grammar or bias), taken together from llama.cpp's
-        logits buffer after each row's penalties; log-probabilities come from the row as the
-        chain's path takes them (after min_tokens, before penalties). A row whose maximum is NaN is
-        left to its sampler, as before (which penalizes it again: such a row means nothing either
-        way). The chains accept the tokens, so their penalty windows stay whole."""
+    def _batch_rows(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
+        """The tokens of the rows whose chain allows it (`SamplerChain.batch`), taken from
+        llama.cpp's logits buffer together (engine/batch_sampling.py): min_tokens, then every row's
+        penalties in one pass, then one argmax over the greedy rows and the chain's truncation and
+        draw on each sampled row's top-k. Log-probabilities come from the row as the chain's path
+        takes them (after min_tokens, before penalties). A row whose maximum is not a number is left
+        to its sampler, as before (which penalizes it again: such a row means nothing either way).
+        The chains accept the tokens, so their penalty windows stay whole."""
         picked = [(k, request, self._samplers[request.held_slot]) for k, (request, _) in enumerate(rows)
-                  if self._samplers[request.held_slot].greedy]
+                  if self._samplers[request.held_slot].batch is not None]
         if not picked:
             return {}
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
@@ -108,12 +112,14 @@ class LlamaRunner:
             if self._logprobs.get(request.held_slot) is not None:
                 before_penalties[k] = logits[k].copy()
         penalize_rows(logits, [(k, chain.params, request.output_tokens) for k, request, chain in picked])
-        tokens = logits.argmax(axis=1)  # over every row: selecting the picked ones first would copy them
-        best = logits[np.arange(len(rows)), tokens]
+        argmax = logits.argmax(axis=1) if any(chain.batch == "argmax" for _, _, chain in picked) else None
         outputs: dict[int, TokenOutput | Exception] = {}
         for k, request, chain in picked:
-            if not np.isnan(best[k]):
-                token = int(tokens[k])
+            if argmax is not None and chain.batch == "argmax":
+                token: int | None = int(argmax[k]) if not np.isnan(logits[k, argmax[k]]) else None
+            else:
+                token = sample_row(logits[k], chain.params, self._rng)
+            if token is not None:
                 chain.accept(token)
                 outputs[request.request_id] = _with_logprobs(token, before_penalties.get(k),
                                                              self._logprobs.get(request.held_slot))
@@ -148,7 +154,8 @@ def _with_logprobs(token: int, logits: np.ndarray | None, top_n: int | None) -> 
     if logits is None or top_n is None:
         return TokenOutput(token)
     peak = float(logits.max())
-    log_total = peak + math.log(float(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
+    with np.errstate(invalid="ignore"):  # a row of -inf or NaN gives NaN, as the float64 path did
+        log_total = peak + math.log(float(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
     top: list[tuple[int, float]] = []
     if top_n > 0:
         best = np.argpartition(logits, -top_n)[-top_n:]

@@ -113,47 +113,25 @@ class SamplerParams:
     mirostat_eta: float = 0.1
 
 
-def penalize_rows(logits: np.ndarray, rows: list[tuple[int, SamplerParams, list[int]]]) -> None:
-    """llama.cpp's penalties, in place on rows of logits, in float32 as its sampler computes them:
-    for each (row, params, generated tokens), each of the last penalty_last_n generated tokens (the
-    ones the row's chain accepted) is divided (if positive) or multiplied by the repeat penalty,
-    then lowered by its count times the frequency penalty plus the presence penalty. The windows of
-    all rows are counted in one numpy pass (row by row it cost about 22 µs a row)."""
-    active = [(row, p, generated[-p.penalty_last_n:]) for row, p, generated in rows
-              if p.penalty_last_n > 0 and generated
-              and (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)]
-    if not active:
-        return
-    n_vocab = logits.shape[1]
-    keys = np.concatenate([np.asarray(window, dtype=np.int64) + i * n_vocab for i, (_, _, window) in enumerate(active)])
-    pairs, counts = np.unique(keys, return_counts=True)
-    which, tokens = np.divmod(pairs, n_vocab)
-    params = np.asarray([(row, p.repeat_penalty, p.frequency_penalty, p.presence_penalty) for row, p, _ in active])
-    rows_at, repeat, frequency, presence = params[which].T
-    where = (rows_at.astype(np.int64), tokens)
-    values = logits[where]
-    repeat32 = repeat.astype(np.float32)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # inf where llama.cpp gives inf
-        values = np.where(values <= 0, values * repeat32, values / repeat32).astype(np.float32)
-    values -= counts.astype(np.float32) * frequency.astype(np.float32) + presence.astype(np.float32)
-    logits[where] = values
-
-
 class SamplerChain:
     """[grammar] -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     (or temp -> mirostat v1/v2). Temperature <= 0 means greedy. The chain owns its samplers; `close` frees all of them.
     """
 
     def __init__(self, model: Model, p: SamplerParams) -> None:
-        # greedy without grammar or bias: the caller may penalize the rows and take their argmax all
-        # at once (`penalize_rows`, then `accept`), where the chain's own pass builds a candidate
-        # array of the whole vocabulary per row (0.7 ms a row for 262K tokens)
-        self.greedy = p.temperature <= 0 and not p.grammar and not p.logit_bias
+        # what the engine may do for many rows at once instead of the chain's own pass, which builds a
+        # candidate array of the whole vocabulary per row (0.7 ms a row for 262K tokens): "argmax"
+        # (greedy) or "sample" (top-k, top-p, min-p, temperature and an unseeded draw); penalties
+        # and `accept` stay the chain's (engine/batch_sampling.py)
+        plain = not p.grammar and not p.logit_bias
+        sampled = p.mirostat == 0 and p.typical_p >= 1.0 and p.top_k > 0 and p.seed is None
+        self.batch: str | None = ("argmax" if p.temperature <= 0 else "sample" if sampled else None) if plain else None
         self.params = p
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.ptr = C.llama_sampler_chain_init(chain_params)
         self.grammar = None
+        self._candidates: _Candidates | None = None
         try:
             if p.grammar:
                 self.grammar = _grammar_sampler(model, p.grammar)
@@ -175,7 +153,7 @@ class SamplerChain:
                 self._add(C.llama_sampler_init_greedy())
                 return
             seed = p.seed if p.seed is not None else random.getrandbits(32)
-            if p.mirostat in (1, 2):  # p.mirostat replaces the truncation samplers, as in llama.cpp
+            if p.mirostat in (1, 2):  # mirostat replaces the truncation samplers, as in llama.cpp
                 self._add(C.llama_sampler_init_temp(p.temperature))
                 self._add(
                     C.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
@@ -207,16 +185,22 @@ class SamplerChain:
             return C.llama_sampler_sample(self.ptr, ctx.ptr, index)
         allowed = self._allowed()
         logits = np.where(allowed, ctx.logits(index), -np.inf)
-        candidates = self._candidates.fill(logits)
-        C.llama_sampler_apply(self.ptr, ctypes.byref(candidates))
-        selected = candidates.selected
-        # ctypes gives a field's value as a Python int; llama_cpp annotates it as c_int32
-        token = cast(int, candidates.data[selected].id) if 0 <= selected < candidates.size else -1
+        token = self.apply(logits)
         if not (0 <= token < allowed.size and allowed[token]):  # every allowed logit was -inf or NaN
             token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
         C.llama_sampler_accept(self.grammar, token)
         C.llama_sampler_accept(self.ptr, token)
         return token
+
+    def apply(self, logits: np.ndarray) -> int:
+        """The chain's choice over one row of logits given as an array (-1 if none), not accepted."""
+        if self._candidates is None:
+            self._candidates = _Candidates(logits.size)
+        candidates = self._candidates.fill(logits)
+        C.llama_sampler_apply(self.ptr, ctypes.byref(candidates))
+        selected = candidates.selected
+        # ctypes gives a field's value as a Python int; llama_cpp annotates it as c_int32
+        return cast(int, candidates.data[selected].id) if 0 <= selected < candidates.size else -1
 
     def accept(self, token: int) -> None:
         """Record a token chosen outside `sample` (the penalties' window)."""
@@ -224,6 +208,7 @@ class SamplerChain:
 
     def _allowed(self) -> np.ndarray:
         """The grammar's verdict on every token, whatever the logits (it only writes -inf)."""
+        assert self._candidates is not None
         candidates = self._candidates.fill(0.0)
         C.llama_sampler_apply(self.grammar, ctypes.byref(candidates))
         allowed = self._candidates.view["logit"] == 0.0
