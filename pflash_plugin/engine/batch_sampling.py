@@ -35,10 +35,10 @@ def penalize_rows(logits: np.ndarray, rows: list[tuple[int, SamplerParams, list[
     rows_at, repeat, frequency, presence = params[which].T
     where = (rows_at.astype(np.int64), tokens)
     values = logits[where]
-    repeat32 = repeat.astype(np.float32)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # inf where llama.cpp gives inf
+        repeat32 = repeat.astype(np.float32)  # llama.cpp takes the penalties as floats
         values = np.where(values <= 0, values * repeat32, values / repeat32).astype(np.float32)
-    values -= counts.astype(np.float32) * frequency.astype(np.float32) + presence.astype(np.float32)
+        values -= counts.astype(np.float32) * frequency.astype(np.float32) + presence.astype(np.float32)
     logits[where] = values
 
 
@@ -62,6 +62,11 @@ def sample_row(row: np.ndarray, p: SamplerParams, rng: np.random.Generator) -> i
     peak = row.max()
     if not np.isfinite(peak):
         return None
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # huge parameters: inf, as in llama.cpp
+        return _truncate_and_draw(row, p, rng)
+
+
+def _truncate_and_draw(row: np.ndarray, p: SamplerParams, rng: np.random.Generator) -> int:
     ids = top_k_candidates(row, min(p.top_k, row.size))
     logits = row[ids].astype(np.float32)
     if p.top_p < 1.0:  # softmax over the candidates, then the shortest head whose mass reaches top_p
