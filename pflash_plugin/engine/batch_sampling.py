@@ -42,10 +42,10 @@ def penalize_rows(logits: np.ndarray, rows: list[tuple[int, SamplerParams, list[
     logits[where] = values
 
 
-def top_k_candidates(row: np.ndarray, k: int) -> np.ndarray:
-    """The ids of the row's k largest logits, largest first: a margin below the max is widened
-    (counting only) until k tokens are in it, then those alone are sorted."""
-    peak, margin = row.max(), 1.0
+def top_k_candidates(row: np.ndarray, k: int, peak: float) -> np.ndarray:
+    """The ids of the row's k largest logits, largest first: a margin below the max (`peak`) is
+    widened (counting only) until k tokens are in it, then those alone are sorted."""
+    margin = 1.0
     while np.count_nonzero(row >= peak - margin) < k and margin < 1e6:
         margin *= 4.0
     ids = np.flatnonzero(row >= peak - margin)
@@ -63,11 +63,11 @@ def sample_row(row: np.ndarray, p: SamplerParams, rng: np.random.Generator) -> i
     if not np.isfinite(peak):
         return None
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # huge parameters: inf, as in llama.cpp
-        return _truncate_and_draw(row, p, rng)
+        return _truncate_and_draw(row, peak, p, rng)
 
 
-def _truncate_and_draw(row: np.ndarray, p: SamplerParams, rng: np.random.Generator) -> int:
-    ids = top_k_candidates(row, min(p.top_k, row.size))
+def _truncate_and_draw(row: np.ndarray, peak: float, p: SamplerParams, rng: np.random.Generator) -> int:
+    ids = top_k_candidates(row, min(p.top_k, row.size), peak)
     logits = row[ids].astype(np.float32)
     if p.top_p < 1.0:  # softmax over the candidates, then the shortest head whose mass reaches top_p
         probs = np.exp(logits - logits[0])

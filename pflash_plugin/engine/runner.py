@@ -80,7 +80,11 @@ class LlamaRunner:
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
         start = time.perf_counter()
         self.ctx.decode(batch)
-        outputs: dict[int, TokenOutput | Exception] = self._batch_rows(rows)
+        outputs: dict[int, TokenOutput | Exception] = {}
+        if rows:
+            logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
+            self._suppress_eog(logits, rows)
+            outputs = self._batch_rows(logits, rows)
         for request, row in rows:
             if request.request_id in outputs:
                 continue
@@ -92,31 +96,27 @@ class LlamaRunner:
             self.decode_threads.record(threads, len(step.items), time.perf_counter() - start)
         return outputs
 
-    def _batch_rows(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
+    def _batch_rows(self, logits: np.ndarray, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
         """The tokens of the rows whose chain allows it (`SamplerChain.batch`), taken from
-        llama.cpp's logits buffer together (engine/batch_sampling.py): min_tokens, then every row's
-        penalties in one pass, then one argmax over the greedy rows and the chain's truncation and
-        draw on each sampled row's top-k. Log-probabilities come from the row as the chain's path
-        takes them (after min_tokens, before penalties). A row whose maximum is not a number is left
+        llama.cpp's logits buffer together (engine/batch_sampling.py): every row's penalties in one
+        pass, then one argmax over the greedy rows and the chain's truncation and draw on each
+        sampled row's top-k. Log-probabilities come from the row as the chain's path takes them
+        (after min_tokens, before penalties). A row whose maximum is not a number is left
         to its sampler, as before (which penalizes it again: such a row means nothing either way).
         The chains accept the tokens, so their penalty windows stay whole."""
         picked = [(k, request, self._samplers[request.held_slot]) for k, (request, _) in enumerate(rows)
                   if self._samplers[request.held_slot].batch is not None]
         if not picked:
             return {}
-        logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
-        before_penalties: dict[int, np.ndarray] = {}
-        for k, request, _ in picked:
-            if len(request.output_tokens) < request.params.min_tokens:
-                logits[k, self._eog()] = -np.inf
-            if self._logprobs.get(request.held_slot) is not None:
-                before_penalties[k] = logits[k].copy()
+        before_penalties = {k: logits[k].copy() for k, request, _ in picked
+                            if self._logprobs.get(request.held_slot) is not None}
         penalize_rows(logits, [(k, chain.params, request.output_tokens) for k, request, chain in picked])
         argmax = logits.argmax(axis=1) if any(chain.batch == "argmax" for _, _, chain in picked) else None
         outputs: dict[int, TokenOutput | Exception] = {}
         for k, request, chain in picked:
+            token: int | None
             if argmax is not None and chain.batch == "argmax":
-                token: int | None = int(argmax[k]) if not np.isnan(logits[k, argmax[k]]) else None
+                token = int(argmax[k]) if not np.isnan(logits[k, argmax[k]]) else None
             else:
                 token = sample_row(logits[k], chain.params, self._rng)
             if token is not None:
@@ -126,8 +126,6 @@ class LlamaRunner:
         return outputs
 
     def _sample(self, request: Request, row: int) -> TokenOutput:
-        if len(request.output_tokens) < request.params.min_tokens:
-            self._suppress_eog(row)
         top_n = self._logprobs.get(request.held_slot)
         logits = self.ctx.logits(row) if top_n is not None else None
         try:
@@ -136,10 +134,13 @@ class LlamaRunner:
             token = self._eog()[0]
         return _with_logprobs(token, logits, top_n)
 
-    def _suppress_eog(self, row: int) -> None:
-        """min_tokens: end-of-generation tokens get -inf before the sampler sees the row (where a
-        grammar allows nothing else, the sampler still ends the generation)."""
-        self.ctx.set_logits(row, self._eog(), float("-inf"))
+    def _suppress_eog(self, logits: np.ndarray, rows: list[tuple[Request, int]]) -> None:
+        """min_tokens: end-of-generation tokens get -inf in the rows of requests short of it, before
+        any sampler sees them (where a grammar allows nothing else, the sampler still ends the
+        generation)."""
+        for k, (request, _) in enumerate(rows):
+            if len(request.output_tokens) < request.params.min_tokens:
+                logits[k, self._eog()] = -np.inf
 
     def _eog(self) -> list[int]:
         if self._eog_tokens is None:

@@ -219,10 +219,10 @@ class Scheduler:
     def _hand_off(self) -> None:
         """Hand off waiting requests that asked for compression, unless the prefix cache already
         holds most of the prompt (measured here: the compression thread never reads the cache)."""
+        reuse_turns = self.config.can_compress and self.config.reuse_compressed
         for request in [r for r in self.waiting if r.compression is not None]:
             assert request.compression is not None
-            extends = self.config.can_compress and self.config.reuse_compressed
-            extended = self._compressed_source(request.prompt_tokens) if extends else None
+            extended = self._compressed_source(request.prompt_tokens) if reuse_turns else None
             if extended is not None:
                 self._reuse_compressed(request, extended)
                 continue

@@ -134,12 +134,6 @@ class Context:
         ptr = C.llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.model.n_vocab))
 
-    def set_logits(self, index: int, tokens: list[int], value: float) -> None:
-        """Overwrite logits of batch row `index` in place (the sampler reads this buffer)."""
-        ptr = C.llama_get_logits_ith(self.ptr, index)
-        for token in tokens:
-            ptr[token] = value
-
     def embeddings_seq(self, seq_id: int, n_embd: int) -> np.ndarray | None:
         ptr = C.llama_get_embeddings_seq(self.ptr, seq_id)
         if not ptr:

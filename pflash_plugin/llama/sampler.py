@@ -113,19 +113,27 @@ class SamplerParams:
     mirostat_eta: float = 0.1
 
 
+def _batch_path(p: SamplerParams) -> str | None:
+    """What the engine may do for many rows at once instead of the chain's own pass, which builds
+    a candidate array of the whole vocabulary per row (0.7 ms a row for 262K tokens): "argmax"
+    (greedy) or "sample" (top-k, top-p, min-p, temperature and an unseeded draw); penalties and
+    `accept` stay the chain's (engine/batch_sampling.py). None: the chain samples."""
+    if p.grammar or p.logit_bias:
+        return None
+    if p.temperature <= 0:
+        return "argmax"
+    if p.mirostat == 0 and p.typical_p >= 1.0 and p.top_k > 0 and p.seed is None:
+        return "sample"
+    return None
+
+
 class SamplerChain:
     """[grammar] -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     (or temp -> mirostat v1/v2). Temperature <= 0 means greedy. The chain owns its samplers; `close` frees all of them.
     """
 
     def __init__(self, model: Model, p: SamplerParams) -> None:
-        # what the engine may do for many rows at once instead of the chain's own pass, which builds a
-        # candidate array of the whole vocabulary per row (0.7 ms a row for 262K tokens): "argmax"
-        # (greedy) or "sample" (top-k, top-p, min-p, temperature and an unseeded draw); penalties
-        # and `accept` stay the chain's (engine/batch_sampling.py)
-        plain = not p.grammar and not p.logit_bias
-        sampled = p.mirostat == 0 and p.typical_p >= 1.0 and p.top_k > 0 and p.seed is None
-        self.batch: str | None = ("argmax" if p.temperature <= 0 else "sample" if sampled else None) if plain else None
+        self.batch = _batch_path(p)
         self.params = p
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
