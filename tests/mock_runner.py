@@ -1,14 +1,17 @@
-"""A model-free runner that simulates llama.cpp's unified KV cache faithfully enough to check the
-scheduler's accounting.
+"""A model-free runner that simulates llama.cpp's KV cache faithfully enough to check the
+scheduler's accounting, unified or with one stream per slot (`kv_unified = false`).
 
-The KV is a fixed array of `n_ctx` cells; a used cell has a position, the token written there and
-the set of sequence ids (slots) that see it, exactly like llama.cpp's `llama_kv_cells`:
+The KV is a fixed array of `n_ctx` cells, split into `n_streams` equal streams (stream k holds
+sequence k when there are several); a used cell has a position, the token written there and the
+set of sequence ids (slots) that see it, exactly like llama.cpp's `llama_kv_cells`:
 
-* `seq_cp(src, dst, n)` adds `dst` to every cell of `src` with pos < n (no new cell is used),
+* `seq_cp(src, dst, n)` in one stream adds `dst` to every cell of `src` with pos < n (no new cell
+  is used); across streams it copies src's whole stream over dst's and removes positions >= n
+  (what the runner does, since llama.cpp copies only whole streams),
 * `seq_rm(slot, start)` removes `slot` from its cells with pos >= start and frees cells left
   with no sequence,
-* `execute(step)` writes each item's tokens at positions start_pos.. into free cells, raising
-  `DecodeError(1)` before writing anything when there are not enough free cells.
+* `execute(step)` writes each item's tokens at positions start_pos.. into free cells of the item's
+  stream, raising `DecodeError(1)` before writing anything when a stream has too few free cells.
 
 Every step is recorded, and `check_scheduler` verifies after every admission and step that the
 scheduler's view (slot tokens, pages, refcounts) matches the simulated cells and that the page
@@ -34,6 +37,7 @@ from pflash_plugin.engine.request import (
     TextEvent,
     TokenOutput,
 )
+from pflash_plugin.engine.prefix_cache import PrefixCache
 from pflash_plugin.engine.scheduler import Scheduler, SchedulerConfig, Step
 from pflash_plugin.llama import DecodeError
 from pflash_plugin.pflash.report import PflashReport
@@ -85,13 +89,15 @@ class MockRunner:
     def __init__(
         self,
         n_ctx: int,
-        pool: PagePool | None = None,
+        pool: PagePool | PrefixCache | None = None,
         scheduler: Scheduler | None = None,
         check_every_step: bool = True,
+        n_streams: int = 1,
     ) -> None:
         self.n_ctx = n_ctx
         self.cells: list[Cell | None] = [None] * n_ctx
-        self.pool = pool
+        self.n_streams, self.stream_size = n_streams, n_ctx // n_streams
+        self.pool = pool  # whose used pages must cover the cells in use
         self.scheduler = scheduler
         self.check_every_step = check_every_step
         self.scripts: dict[int, list[int]] = {}  # request_id -> tokens to sample, in order
@@ -116,6 +122,11 @@ class MockRunner:
     def free_cells(self) -> int:
         return self.n_ctx - self.cells_used
 
+    def stream_range(self, seq: int) -> range:
+        """The cell indices of `seq`'s stream."""
+        k = seq if self.n_streams > 1 else 0
+        return range(k * self.stream_size, (k + 1) * self.stream_size)
+
     def seq_cells(self, seq: int) -> list[Cell]:
         return sorted((c for c in self.cells if c is not None and seq in c.seqs), key=lambda c: c.pos)
 
@@ -132,6 +143,9 @@ class MockRunner:
     # ---- KVOps -----------------------------------------------------------------------------
     def seq_rm(self, slot: int, start: int) -> None:
         self.ops.append(("seq_rm", slot, start))
+        self._remove(slot, start)
+
+    def _remove(self, slot: int, start: int) -> None:
         for i, cell in enumerate(self.cells):
             if cell is not None and slot in cell.seqs and cell.pos >= start:
                 cell.seqs.discard(slot)
@@ -141,6 +155,12 @@ class MockRunner:
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None:
         self.ops.append(("seq_cp", src, dst, n_tokens))
         assert src != dst
+        if self.n_streams > 1:  # a whole-stream copy, then the tail removed
+            for i, j in zip(self.stream_range(src), self.stream_range(dst)):
+                cell = self.cells[i]
+                self.cells[j] = Cell(cell.pos, cell.token, {dst}) if cell is not None and src in cell.seqs else None
+            self._remove(dst, n_tokens)
+            return
         dst_positions = {c.pos for c in self.cells if c is not None and dst in c.seqs}
         for cell in self.cells:
             if cell is not None and src in cell.seqs and cell.pos < n_tokens:
@@ -207,7 +227,7 @@ class MockRunner:
         if failure is not None and not failure[1]:
             record.error = failure[0]
             raise failure[0]
-        if self.free_cells < step.n_tokens:
+        if any(self._free_in(item.request.slot) < len(item.tokens) for item in step.items) or self.free_cells < step.n_tokens:
             record.error = DecodeError(1)
             raise record.error  # llama.cpp finds the slots of the whole batch before computing
         for item in step.items:
@@ -231,8 +251,12 @@ class MockRunner:
         record.ok = True
         return outputs
 
+    def _free_in(self, slot: int | None) -> int:
+        assert slot is not None
+        return sum(1 for i in self.stream_range(slot) if self.cells[i] is None)
+
     def _write(self, slot: int, tokens: list[int], start: int) -> None:
-        free = (i for i, c in enumerate(self.cells) if c is None)
+        free = (i for i in self.stream_range(slot) if self.cells[i] is None)
         for offset, token in enumerate(tokens):
             self.cells[next(free)] = Cell(start + offset, token, {slot})
 
@@ -260,9 +284,9 @@ class MockRunner:
 def check_pages_cover_cells(sched: Scheduler, runner: MockRunner) -> None:
     """Every cell in use is covered by a page of every slot that sees it, and no page covers
     more than page_size distinct cells; hence cells in use <= used_pages * page_size."""
-    pool = sched.pool
-    page = pool.page_size
-    cells_of_page: dict[int, set[int]] = defaultdict(set)
+    cache = sched.cache
+    page = cache.page_size
+    cells_of_page: dict[tuple[int, int], set[int]] = defaultdict(set)
     for index, cell in enumerate(runner.cells):
         if cell is None:
             continue
@@ -272,22 +296,23 @@ def check_pages_cover_cells(sched: Scheduler, runner: MockRunner) -> None:
             assert k < len(slot.pages), (
                 f"slot {seq} has a cell at pos {cell.pos} but only {len(slot.pages)} pages"
             )
-            cells_of_page[slot.pages[k]].add(index)
+            assert index in runner.stream_range(seq), f"slot {seq} sees cell {index} outside its stream"
+            cells_of_page[(id(slot.pool), slot.pages[k])].add(index)
     for p, cells in cells_of_page.items():
         assert len(cells) <= page, f"page {p} stands for {len(cells)} distinct cells (> {page})"
-    assert runner.cells_used <= pool.used_pages * page, (
-        f"page accounting undercounts: {runner.cells_used} cells, {pool.used_pages} pages of {page}"
+    assert runner.cells_used <= cache.used_pages * page, (
+        f"page accounting undercounts: {runner.cells_used} cells, {cache.used_pages} pages of {page}"
     )
 
 
 def check_scheduler(sched: Scheduler, runner: MockRunner) -> None:
     """The scheduler's bookkeeping matches the simulated KV, between steps."""
-    pool = sched.pool
-    holders: dict[int, int] = defaultdict(int)
+    cache = sched.cache
+    holders: dict[tuple[int, int], int] = defaultdict(int)
     for slot in sched.slots:
         assert len(set(slot.pages)) == len(slot.pages), f"slot {slot.index} holds a page twice"
         for p in slot.pages:
-            holders[p] += 1
+            holders[(id(slot.pool), p)] += 1
         # the slot's KV sequence holds exactly slot.tokens at positions 0..n-1
         cells = runner.seq_cells(slot.index)
         assert [c.pos for c in cells] == list(range(len(cells))), (
@@ -297,20 +322,22 @@ def check_scheduler(sched: Scheduler, runner: MockRunner) -> None:
             f"slot {slot.index}: KV holds {[c.token for c in cells]}, scheduler thinks {slot.tokens}"
         )
         if slot.request is None:
-            assert len(slot.pages) == pool.pages_for(len(slot.tokens)), (
+            assert len(slot.pages) == cache.pages_for(len(slot.tokens)), (
                 f"idle slot {slot.index}: {len(slot.pages)} pages for {len(slot.tokens)} tokens"
             )
         else:
             request = slot.request
             assert request.slot == slot.index
             assert request in sched.running
-            assert len(slot.pages) == pool.pages_for(request.reserve_tokens)
+            assert len(slot.pages) == cache.pages_for(request.reserve_tokens)
             assert len(slot.tokens) == request.n_prefilled + max(len(request.output_tokens) - 1, 0)
-    assert pool.used_pages == len(holders), (
-        f"pool says {pool.used_pages} pages used, slots hold {len(holders)}"
+    assert cache.used_pages == len(holders), (
+        f"pool says {cache.used_pages} pages used, slots hold {len(holders)}"
     )
-    for p, n in holders.items():
-        assert pool.shared(p) == (n > 1), f"page {p} held by {n} slots, shared={pool.shared(p)}"
+    pools = {id(p): p for p in cache.pools}
+    for (pool_id, p), n in holders.items():
+        shared = pools[pool_id].shared(p)
+        assert shared == (n > 1), f"page {p} held by {n} slots, shared={shared}"
     for request in sched.running:
         assert sched.slots[request.slot].request is request
     check_pages_cover_cells(sched, runner)
@@ -384,16 +411,20 @@ def make_scheduler(
     n_ctx: int | None = None,
     piece: Callable[[int], bytes] = default_piece,
     check_every_step: bool = True,
+    per_slot: bool = False,
     **scheduler_kw,
 ) -> tuple[Scheduler, MockRunner]:
-    """A scheduler over a mock runner whose KV has exactly the pool's cells (unless n_ctx)."""
-    pool = PagePool(n_pages, page_size)
-    runner = MockRunner(n_ctx if n_ctx is not None else n_pages * page_size, pool, check_every_step=check_every_step)
+    """A scheduler over a mock runner whose KV has exactly the pool's cells (unless n_ctx).
+    `per_slot`: each slot has a KV stream (and a pool) of n_pages pages of its own."""
+    n_streams = n_slots if per_slot else 1
+    pools = [PagePool(n_pages, page_size) for _ in range(n_slots)] if per_slot else [PagePool(n_pages, page_size)] * n_slots
+    n_cells = n_ctx if n_ctx is not None else n_pages * page_size * n_streams
+    runner = MockRunner(n_cells, check_every_step=check_every_step, n_streams=n_streams)
     ticks = itertools.count(1)
     config = SchedulerConfig(n_slots=n_slots, max_batch_tokens=max_batch_tokens, max_ctx=max_ctx,
                              max_queue=max_queue, **scheduler_kw)
-    sched = Scheduler(runner, pool, config, piece, is_eog, clock=lambda: float(next(ticks)))
-    runner.scheduler = sched
+    sched = Scheduler(runner, pools, config, piece, is_eog, clock=lambda: float(next(ticks)))
+    runner.scheduler, runner.pool = sched, sched.cache
     return sched, runner
 
 
@@ -421,7 +452,7 @@ def run_until_idle(sched: Scheduler, runner: MockRunner, max_steps: int = 10_000
 
 def idle_pages(sched: Scheduler) -> int:
     """Pages the idle caches hold (shared pages counted once): the pool's figure when idle."""
-    return len({p for s in sched.slots if s.request is None for p in s.pages})
+    return len({(id(s.pool), p) for s in sched.slots if s.request is None for p in s.pages})
 
 
 class FakeCompressor:

@@ -322,7 +322,7 @@ def test_a_prompt_that_leaves_the_compressed_one_or_outlives_its_cache_is_compre
     sched.add(other)
     sched.schedule()
     assert sched.take_handed() == [other]
-    sched.evict_idle()  # the compressed cells are gone: the same follow-up is compressed
+    sched.cache.evict_idle()  # the compressed cells are gone: the same follow-up is compressed
     follow = long_request(LONG + first.output_tokens + [77])
     sched.add(follow)
     sched.schedule()

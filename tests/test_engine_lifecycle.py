@@ -49,7 +49,7 @@ def run_four_with_one_fault(build, fault) -> tuple[list, object]:
             assert sink_of(request).errors == [] and sink_of(request).finish.reason == "length"
             assert len(request.output_tokens) == request.params.max_tokens
     assert bad.status is RequestStatus.FINISHED_ERROR and bad.slot == requests[0].slot
-    assert not sched.running and sched.pool.used_pages == idle_pages(sched)
+    assert not sched.running and sched.cache.used_pages == idle_pages(sched)
     check_scheduler(sched, runner)
     return requests, bad
 
@@ -133,7 +133,7 @@ def test_a_cancel_frees_the_pages_before_the_next_step(build):
             in_step.set()
             assert release.wait(TIMEOUT)
         elif index == 4:
-            seen_next.append(({i.request.request_id for i in step.items}, sched.pool.used_pages, idle_pages(sched)))
+            seen_next.append(({i.request.request_id for i in step.items}, sched.cache.used_pages, idle_pages(sched)))
             next_step.set()
 
     runner.hook = hook
@@ -146,7 +146,7 @@ def test_a_cancel_frees_the_pages_before_the_next_step(build):
     assert next_step.wait(TIMEOUT)
     items, used, idle = seen_next[0]
     assert items == {b.request_id}, "the cancelled request ran another step"
-    assert used == idle + sched.pool.pages_for(b.reserve_tokens), "its reservation was not released"
+    assert used == idle + sched.cache.pages_for(b.reserve_tokens), "its reservation was not released"
 
 
 def test_the_status_a_finished_client_reads_no_longer_holds_its_request(build):
@@ -238,7 +238,7 @@ def test_shutdown_finishes_what_it_can_within_the_grace_and_cancels_the_rest(bui
     assert sink_of(endless).finish.reason == "cancelled" and 0 < len(endless.output_tokens) < 900
     assert sink_of(scored).finish.reason == "cancelled" and scored.compression.cancelled.is_set()
     assert engine.health().state == "stopped" and not engine.health().ok
-    assert not sched.running and sched.pool.used_pages == idle_pages(sched)
+    assert not sched.running and sched.cache.used_pages == idle_pages(sched)
     check_scheduler(sched, runner)
 
 

@@ -8,6 +8,7 @@ import pytest
 from pflash_plugin.engine.embedder import Embedder
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams, TextEvent
+from pflash_plugin.engine.prefix_cache import common_prefix
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
 
@@ -40,11 +41,6 @@ def test_same_seed_same_concurrency_same_output(tiny_model):
     assert len({tuple(o) for o in outputs[0]}) == 4
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 @pytest.mark.demo
@@ -93,8 +89,8 @@ def test_shutdown_cancels_what_runs_and_leaves_the_kv_as_the_pool_says(tiny_mode
     assert not sched.live and all(s.request is None for s in sched.slots)
     for slot in sched.slots:  # the real KV holds exactly what each idle cache says
         assert ctx.seq_pos_max(slot.index) == len(slot.tokens) - 1
-        assert len(slot.pages) == sched.pool.pages_for(len(slot.tokens))
-    assert sched.pool.used_pages == sum(len(s.pages) for s in sched.slots)
+        assert len(slot.pages) == sched.cache.pages_for(len(slot.tokens))
+    assert sched.cache.used_pages == sum(len(s.pages) for s in sched.slots)
     engine.close()
     assert ctx.ptr is None
 

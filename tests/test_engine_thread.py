@@ -73,7 +73,7 @@ def test_requests_from_many_threads_all_finish(harness):
     settle(engine)
     assert not sched.has_work
     check_scheduler(sched, runner)
-    assert sched.pool.used_pages == idle_pages(sched)
+    assert sched.cache.used_pages == idle_pages(sched)
     assert engine.steps == sum(s.ok for s in runner.steps)
 
 
@@ -107,7 +107,7 @@ def test_cancel_running_request_from_another_thread(harness):
     assert b.cached_tokens == 3
     settle(engine)
     check_scheduler(sched, runner)
-    assert sched.pool.used_pages == idle_pages(sched)
+    assert sched.cache.used_pages == idle_pages(sched)
 
 
 def test_cancel_waiting_requests(harness):
@@ -252,7 +252,7 @@ def test_status_is_published(harness):
     wait_done(b)
     status = engine.status()
     assert status["steps"] >= 4
-    assert status["kv_pages_total"] == sched.pool.n_pages
+    assert status["kv_pages_total"] == sched.cache.n_pages
 
 
 def test_unexpected_start_request_error_does_not_leak_the_slot(harness):

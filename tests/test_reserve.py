@@ -75,7 +75,9 @@ def config(**kw) -> EngineConfig:
 
 
 def test_pool_without_reserve_is_slots_times_max_ctx_or_explicit():
-    assert pool_tokens(config(), 100) == 4000
+    # a slot's max_ctx in whole llama.cpp KV streams (256 cells), so that each slot can have its own
+    assert pool_tokens(config(), 100) == 4 * 1024 + 4  # whole pages of 10
+    assert pool_tokens(config(max_ctx=1024, page_size=32), 100) == 4096
     assert pool_tokens(config(kv_pool_tokens=1234), 100) == 1240  # whole pages
 
 

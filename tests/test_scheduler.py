@@ -13,7 +13,8 @@ import random
 import pytest
 
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestStatus, TextEvent
-from pflash_plugin.engine.scheduler import AdmissionError, common_prefix
+from pflash_plugin.engine.prefix_cache import common_prefix
+from pflash_plugin.engine.scheduler import AdmissionError
 
 from mock_runner import (
         EOG,
@@ -184,8 +185,8 @@ def test_shortest_remaining_prefill_goes_first():
     assert len(short.output_tokens) == 1
     step_once(sched, runner)
     items = runner.steps[-1].items
-    assert [i.request_id for i in items] == [short.request_id, long.request_id]
-    assert (items[1].start_pos, len(items[1].tokens)) == (8, 7)  # then the long one resumes
+    assert [i.request_id for i in items] == [long.request_id, short.request_id]  # in slot order
+    assert (items[0].start_pos, len(items[0].tokens)) == (8, 7)  # the long one resumes beside its decode
     run_until_idle(sched, runner)
 
 
@@ -289,7 +290,7 @@ def test_prefix_reuse_skips_the_slot_without_the_prefix():
 @pytest.mark.parametrize("reuse", [5, 8, 9])
 def test_prefix_reuse_from_busy_slot_through_seq_cp(reuse):
     sched, runner = make_scheduler(n_slots=2, n_pages=32, page_size=4, max_batch_tokens=16, max_ctx=64)
-    pool = sched.pool
+    pool = sched.cache.pools[0]
     a = make_request(P, max_tokens=20)  # 30 tokens: 8 pages
     sched.add(a)
     step_once(sched, runner)
@@ -318,7 +319,7 @@ def test_prefix_reuse_from_busy_slot_through_seq_cp(reuse):
 
 def test_copy_on_write_of_a_shared_partial_page():
     sched, runner = make_scheduler(n_slots=2, n_pages=32, page_size=4, max_batch_tokens=16, max_ctx=64)
-    pool = sched.pool
+    pool = sched.cache.pools[0]
     a = make_request(P, max_tokens=20)
     sched.add(a)
     step_once(sched, runner)
@@ -354,7 +355,7 @@ def test_in_place_reuse_keeps_an_unshared_partial_page():
     step_once(sched, runner)
     assert b.cached_tokens == 6
     assert sched.slots[0].pages[:2] == before[:2]
-    assert sched.pool.used_pages == sched.pool.pages_for(b.reserve_tokens)
+    assert sched.cache.used_pages == sched.cache.pages_for(b.reserve_tokens)
     run_until_idle(sched, runner)
 
 
@@ -370,7 +371,7 @@ def test_full_pool_queues_and_admits_as_pages_free():
         step = step_once(sched, runner)
         assert step.items
         most = max(most, len(sched.running))
-        assert sched.pool.used_pages <= 6
+        assert sched.cache.used_pages <= 6
     assert most == 2
     assert runner.started == [r.request_id for r in requests], "admission must stay FIFO"
     for request in requests:
@@ -385,10 +386,10 @@ def _three_caches():
     b = run_alone(sched, runner, list(range(101, 109)))
     c = run_alone(sched, runner, list(range(201, 209)))
     assert (a.slot, b.slot, c.slot) == (0, 1, 2)
-    assert sched.pool.used_pages == 9  # 11 tokens each
+    assert sched.cache.used_pages == 9  # 11 tokens each
     a2 = run_alone(sched, runner, a.prompt_tokens)  # A is now the most recently used cache
     assert (a2.slot, a2.cached_tokens) == (0, 7)
-    assert sched.pool.used_pages == 9
+    assert sched.cache.used_pages == 9
     return sched, runner, a, b, c
 
 
@@ -430,7 +431,7 @@ def test_reuse_kept_for_a_request_that_needs_the_whole_pool():
     assert b.status.running
     assert b.cached_tokens == 8
     assert sched.slots[other.slot].tokens == []
-    assert sched.pool.used_pages == 6
+    assert sched.cache.used_pages == 6
     run_until_idle(sched, runner)
     assert sink_of(b).finish.reason == "length"
 
@@ -444,7 +445,7 @@ def test_cancel_waiting_request():
     sched.add(b)
     step_once(sched, runner)
     assert b in sched.waiting and b.slot is None
-    used = sched.pool.used_pages
+    used = sched.cache.used_pages
     sched.finish(b, RequestStatus.FINISHED_CANCELLED)
     sched.emit()
     assert b not in sched.waiting
@@ -452,7 +453,7 @@ def test_cancel_waiting_request():
     assert [type(e) for e in sink_of(b).events] == [FinishEvent]
     assert sink_of(b).finish.reason == "cancelled"
     assert sink_of(b).finish.usage["completion_tokens"] == 0
-    assert sched.pool.used_pages == used
+    assert sched.cache.used_pages == used
     sched.finish(b, RequestStatus.FINISHED_CANCELLED)  # a second cancel is a no-op
     sched.emit()
     assert len(sink_of(b).events) == 1
@@ -462,7 +463,7 @@ def test_cancel_waiting_request():
 
 def test_cancel_running_request_frees_its_reservation():
     sched, runner = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_batch_tokens=8)
-    pool = sched.pool
+    pool = sched.cache.pools[0]
     a = make_request(list(range(1, 11)), max_tokens=30)  # reserves 40 tokens = 10 pages
     sched.add(a)
     for _ in range(3):
@@ -496,7 +497,7 @@ def test_cancel_during_prefill_keeps_only_the_written_chunks():
     sched.finish(a, RequestStatus.FINISHED_CANCELLED)
     sched.emit()
     assert sched.slots[0].tokens == a.prompt_tokens[:8]
-    assert sched.pool.used_pages == 2
+    assert sched.cache.used_pages == 2
     assert sink_of(a).finish.reason == "cancelled"
     assert sink_of(a).text == ""
     check_scheduler(sched, runner)
@@ -517,7 +518,7 @@ def test_fail_running_request_emits_error_and_frees():
     assert sink.errors[0].message == f"request {a.request_id}: testing failed: RuntimeError: boom"
     assert (a.status, a.finish_reason) == (RequestStatus.FINISHED_ERROR, "error")
     assert a not in sched.running and sched.slots[a.slot].request is None
-    assert sched.pool.used_pages == idle_pages(sched) == sched.pool.pages_for(6)
+    assert sched.cache.used_pages == idle_pages(sched) == sched.cache.pages_for(6)
     check_scheduler(sched, runner)
 
 
@@ -556,7 +557,7 @@ def test_start_request_value_error_fails_only_that_request(cached_prefix):
     assert good.cached_tokens == (len(P) if cached_prefix else 0)
     run_until_idle(sched, runner)
     assert sink_of(good).finish.reason == "length"
-    assert sched.pool.used_pages == idle_pages(sched)
+    assert sched.cache.used_pages == idle_pages(sched)
 
 
 # ---- stop conditions ---------------------------------------------------------------------------
@@ -664,15 +665,18 @@ def test_status_reports_slots_and_pages():
     assert states[b.request_id] == "decode" and states[c.request_id] == "prefill"
     assert states[None] == "idle"
     assert status["running"] == 2 and status["waiting"] == 0
-    assert status["kv_pages_used"] == sched.pool.used_pages
+    assert status["kv_pages_used"] == sched.cache.used_pages
     assert status["prefix_cache_tokens"] == len(a.prompt_tokens) + 1
 
 
 # ---- random load ------------------------------------------------------------------------------
-@pytest.mark.parametrize("seed, page_size", [(1, 4), (2, 3), (3, 1), (4, 16)])
-def test_random_mixed_load_returns_to_idle(seed, page_size):
+@pytest.mark.parametrize("seed, page_size, per_slot", [(1, 4, False), (2, 3, False), (3, 1, False), (4, 16, False),
+                                                      (5, 4, True), (6, 3, True), (7, 16, True)])
+def test_random_mixed_load_returns_to_idle(seed, page_size, per_slot):
+    """Every invariant of check_scheduler after every step, unified or with a KV stream per slot
+    (where each slot's cells must stay in its own stream and prefixes are copied whole-stream)."""
     rng = random.Random(seed)
-    n_pages = 96 // page_size
+    n_pages = (48 if per_slot else 96) // page_size
     sched, runner = make_scheduler(
         n_slots=4,
         n_pages=n_pages,
@@ -680,6 +684,8 @@ def test_random_mixed_load_returns_to_idle(seed, page_size):
         max_batch_tokens=rng.choice([4, 8, 16]),
         max_ctx=48,
         max_queue=8,
+        per_slot=per_slot,
+        min_copy_tokens=4 if per_slot else 0,
     )
     bases = [[rng.randrange(1, 200) for _ in range(24)] for _ in range(4)]
     requests = []
@@ -741,14 +747,14 @@ def test_random_mixed_load_returns_to_idle(seed, page_size):
     assert not sched.running and not sched.waiting
     check_scheduler(sched, runner)
     for slot in sched.slots:
-        assert len(slot.pages) == sched.pool.pages_for(len(slot.tokens))
-    assert sched.pool.used_pages == idle_pages(sched)
+        assert len(slot.pages) == sched.cache.pages_for(len(slot.tokens))
+    assert sched.cache.used_pages == idle_pages(sched)
     assert sum(r.cached_tokens for r in requests) > 0, "the load never reused a prefix"
     assert runner.ops_of("seq_cp"), "the load never copied a prefix between slots"
     caches = sum(1 for s in sched.slots if s.tokens)
-    assert caches > 0 and sched.evict_idle() == caches
-    assert sched.pool.used_pages == 0 and runner.cells_used == 0
-    assert sched.evict_idle() == 0
+    assert caches > 0 and sched.cache.evict_idle() == caches
+    assert sched.cache.used_pages == 0 and runner.cells_used == 0
+    assert sched.cache.evict_idle() == 0
 
 
 # ---- regressions found in review -----------------------------------------------------------------

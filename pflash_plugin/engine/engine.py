@@ -246,7 +246,7 @@ class Engine:
                 self._guarded(message.request, "resuming after compression", self.scheduler.resume,
                               message.request, message.tokens, message.report)
             elif isinstance(message, ClearCache):
-                self.scheduler.evict_idle()
+                self.scheduler.cache.evict_idle()
             elif isinstance(message, Shutdown):
                 self._deadline = min(message.deadline, self._deadline or message.deadline)
 
@@ -300,7 +300,7 @@ class Engine:
         self.scheduler.update(step, outputs)
 
     def _on_decode_error(self, step: Step, error: DecodeError) -> None:
-        if error.code == 1 and self.scheduler.evict_idle():
+        if error.code == 1 and self.scheduler.cache.evict_idle():
             return  # nothing was written; retry the same work next step with the caches freed
         if error.code == 2 and self._aborts < 3:
             self._aborts += 1

@@ -40,6 +40,7 @@ class EngineConfig:
     n_slots: int = 4
     max_ctx: int | None = None  # per-request limit on prompt + max_tokens; None: the model's
     kv_pool_tokens: int | None = None  # None: every slot can hold a full max_ctx request
+    kv_layout: str = "auto"  # "per_slot", "unified" or "auto" (kv_layout())
     page_size: int = 32
     prefill_chunk: int = 128  # per-prompt prefill tokens per step while others are active
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
@@ -78,7 +79,8 @@ def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | 
     that does not leave it free is refused, saying how many tokens fit."""
     assert config.max_ctx is not None
     page = config.page_size
-    wanted = config.kv_pool_tokens or config.n_slots * config.max_ctx
+    # automatic: a whole llama.cpp KV stream of max_ctx for every slot
+    wanted = config.kv_pool_tokens or config.n_slots * -(-config.max_ctx // STREAM_ALIGN) * STREAM_ALIGN
     if budget is None or budget.reserve_bytes <= 0:
         return -(-wanted // page) * page
     reserve_bytes, available = budget.reserve_bytes, budget.available_bytes
@@ -96,6 +98,44 @@ def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | 
             f"max_ctx ({config.max_ctx}): lower --max_ctx or turn PFlash off"
         )
     return min(-(-wanted // page) * page, fit)
+
+
+# per-slot streams: a prefix is copied from another slot's stream when it is at least this fraction
+# of a stream longer than what the chosen slot reuses in place (llama.cpp copies the whole stream)
+MIN_COPY_FRACTION = 32
+STREAM_ALIGN = 256  # llama.cpp pads one sequence's KV stream (n_ctx / n_seq_max) to a multiple of this
+LAYOUTS = ("auto", "per_slot", "unified")
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How the pool's tokens map onto llama.cpp's KV cache: one stream per slot (`kv_unified =
+    false`: a ubatch attends to and masks its own slot's cells only) or one stream for all."""
+
+    per_slot: bool
+    slot_tokens: int  # KV tokens one slot can hold: its stream's, or the whole pool's
+
+    def pools(self, n_slots: int, page_size: int) -> list[PagePool]:
+        """One page pool per slot; the same pool for every slot when the KV is unified."""
+        if self.per_slot:
+            return [PagePool(self.slot_tokens // page_size, page_size) for _ in range(n_slots)]
+        return [PagePool(self.slot_tokens // page_size, page_size)] * n_slots
+
+
+def kv_layout(config: EngineConfig, pool: int) -> KVLayout:
+    """`auto` gives each slot its own stream when every stream can hold a max_ctx request (the
+    automatic pool size does), and keeps one unified pool when the pool is smaller than that: an
+    oversubscribed pool serves more by letting the slots share its cells."""
+    assert config.max_ctx is not None
+    if config.kv_layout not in LAYOUTS:
+        raise ValueError(f"unknown kv_layout {config.kv_layout!r}: choose one of {', '.join(LAYOUTS)}")
+    stream = pool // config.n_slots // STREAM_ALIGN * STREAM_ALIGN
+    if config.kv_layout == "per_slot" and stream == 0:
+        raise ValueError(f"kv_layout per_slot: {pool} KV tokens give {config.n_slots} slots less than "
+                         f"{STREAM_ALIGN} tokens each")
+    per_slot = config.n_slots > 1 and (config.kv_layout == "per_slot"
+                                       or (config.kv_layout == "auto" and stream >= config.max_ctx))
+    return KVLayout(True, stream) if per_slot else KVLayout(False, pool)
 
 
 def load_model(path: str | os.PathLike, config: EngineConfig) -> Model:
@@ -120,11 +160,12 @@ def build_engine(
     """Context sized for the slots (within `budget`, which leaves the drafter's reserve free),
     pool, scheduler, runner; the engine thread is started."""
     assert config.max_ctx is not None
-    tokens = pool_tokens(config, model.kv_bytes_per_token(), budget)
+    layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token(), budget))
     ctx = Context(
         model,
         ContextConfig(
-            n_ctx=tokens,
+            n_ctx=layout.slot_tokens * config.n_slots if layout.per_slot else layout.slot_tokens,
+            kv_unified=not layout.per_slot,
             n_batch=config.n_batch,
             n_ubatch=config.n_ubatch,
             n_seq_max=config.n_slots,
@@ -141,9 +182,9 @@ def build_engine(
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=config.prefill_chunk,
                              reuse_compressed=config.reuse_compressed,
+                             min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
                              can_compress=compressor is not None)
-    scheduler = Scheduler(runner, PagePool(tokens // config.page_size, config.page_size), limits,
-                          model.piece, model.is_eog)
+    scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog)
     engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s)
     engine.start()
     return engine

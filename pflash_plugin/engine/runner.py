@@ -37,7 +37,13 @@ class LlamaRunner:
         self.ctx.seq_rm(slot, start, -1)
 
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None:
-        self.ctx.seq_cp(src, dst, 0, n_tokens)
+        """`dst` (empty) gets the first `n_tokens` of `src`: cells shared in place in a unified KV;
+        across streams llama.cpp copies only whole streams, so the copy's tail is removed."""
+        if self.ctx.config.kv_unified:
+            self.ctx.seq_cp(src, dst, 0, n_tokens)
+        else:
+            self.ctx.seq_cp(src, dst, -1, -1)
+            self.ctx.seq_rm(dst, n_tokens, -1)
 
     def start_request(self, slot: int, request: Request) -> None:
         p = request.params

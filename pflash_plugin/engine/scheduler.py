@@ -1,4 +1,4 @@
-"""Continuous batching over slots that share one paged KV pool.
+"""Continuous batching over slots whose KV the prefix cache (engine/prefix_cache.py) accounts for.
 
 Pure Python: the scheduler decides, a runner executes. Each step decodes one token for every
 generating slot and fills the rest of the token budget with prefill chunks, so a long prefill
@@ -16,9 +16,10 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 from .kv_pool import PagePool
+from .prefix_cache import KVOps, PrefixCache, Slot
 from .request import (
     ErrorEvent,
     Event,
@@ -35,32 +36,10 @@ log = logging.getLogger(__name__)
 _ENDED_CLEANLY = (RequestStatus.FINISHED_STOP, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_CANCELLED)
 
 
-class KVOps(Protocol):
-    """The KV operations the scheduler asks of the runner (llama_memory_* on a real context)."""
-
-    def seq_rm(self, slot: int, start: int) -> None: ...
-    def seq_cp(self, src: int, dst: int, n_tokens: int) -> None: ...
-    def start_request(self, slot: int, request: Request) -> None: ...
-    def end_request(self, slot: int) -> None: ...
-
-
 class AdmissionError(Exception):
     def __init__(self, status: int, message: str, type_: str) -> None:
         super().__init__(message)
         self.status, self.message, self.type = status, message, type_
-
-
-@dataclass
-class Slot:
-    index: int
-    tokens: list[int] = field(default_factory=list)  # what its KV sequence holds
-    pages: list[int] = field(default_factory=list)
-    request: Request | None = None
-    last_used: float = 0.0
-    # the client's prompt whose compressed form is tokens[:source_len] (PFlash), while it is cached:
-    # a later prompt that extends it reuses those cells instead of being compressed again
-    source: list[int] | None = None
-    source_len: int = 0
 
 
 @dataclass
@@ -89,14 +68,6 @@ class Step:
         return sum(len(item.tokens) for item in self.items)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduler's limits and policies."""
@@ -117,20 +88,25 @@ class SchedulerConfig:
     # prefills those compressed cells plus its new tokens instead of being compressed again: no
     # draft, but the kept segments were chosen for the earlier prompt's question
     reuse_compressed: bool = False
+    # per-slot KV streams: a prefix another slot holds is copied (a whole stream) only when it is
+    # this many tokens longer than what the chosen slot reuses in place (PrefixCache)
+    min_copy_tokens: int = 0
 
 
 class Scheduler:
     def __init__(
         self,
         kv: KVOps,
-        pool: PagePool,
+        pools: list[PagePool],
         config: SchedulerConfig,
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.kv, self.pool, self.config = kv, pool, config
-        self.slots = [Slot(i) for i in range(config.n_slots)]
+        assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
+        self.kv, self.config = kv, config
+        self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed)
+        self.slots: list[Slot] = self.cache.slots
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
         self.waiting: deque[Request] = deque()  # new arrivals, first come first served
         self.prepared: deque[Request] = deque()  # back from compression: ahead of new arrivals
@@ -171,11 +147,13 @@ class Scheduler:
                 f"({self.config.max_ctx} tokens)",
                 "context_length_exceeded",
             )
-        if self.pool.pages_for(request.reserve_tokens) > self.pool.n_pages:
+        capacity = self.cache.slot_capacity
+        if self.cache.pages_for(request.reserve_tokens) * self.cache.page_size > capacity:
+            where = "a slot's KV stream holds" if self.cache.per_slot else "the KV pool holds"
             raise AdmissionError(
                 400,
-                f"the request needs {request.reserve_tokens} KV tokens, the pool holds "
-                f"{self.pool.n_pages * self.pool.page_size}",
+                f"the request needs {request.reserve_tokens} KV tokens (prompt + max_tokens), {where} "
+                f"{capacity}",
                 "context_length_exceeded",
             )
 
@@ -200,7 +178,7 @@ class Scheduler:
             self.refuse(requests, error)
             return error
         for request in requests:
-            if request.compression is None and not self.waiting and not self.prepared and self._place(request):
+            if request.compression is None and not self.waiting and not self.prepared and self.cache.place(request):
                 self._start(request)
             else:
                 self.add(request)
@@ -222,11 +200,11 @@ class Scheduler:
         reuse_turns = self.config.can_compress and self.config.reuse_compressed
         for request in [r for r in self.waiting if r.compression is not None]:
             assert request.compression is not None
-            extended = self._compressed_source(request.prompt_tokens) if reuse_turns else None
+            extended = self.cache.compressed_source(request.prompt_tokens) if reuse_turns else None
             if extended is not None:
                 self._reuse_compressed(request, extended)
                 continue
-            _, reuse = self.best_prefix(request.prompt_tokens)
+            _, reuse = self.cache.best_prefix(request.prompt_tokens)
             if not self.config.can_compress or reuse * 2 >= len(request.prompt_tokens):
                 reason = f"{reuse} prompt tokens are cached" if self.config.can_compress else "no compressor"
                 request.pflash = request.compression.skipped(reason)
@@ -236,17 +214,6 @@ class Scheduler:
             request.status = RequestStatus.COMPRESSING
             self.compressing.append(request)
             self._handed.append(request)
-
-    def _compressed_source(self, prompt: list[int]) -> Slot | None:
-        """The slot whose cached compressed prompt stands for the longest prefix of `prompt` (an
-        earlier turn of the same conversation, say); None if no slot holds one."""
-        best: Slot | None = None
-        for slot in self.slots:
-            source = slot.source
-            if (source is not None and len(slot.tokens) >= slot.source_len and len(source) < len(prompt)
-                    and (best is None or len(source) > len(best.source or ())) and prompt[:len(source)] == source):
-                best = slot
-        return best
 
     def _reuse_compressed(self, request: Request, slot: Slot) -> None:
         """Prefill the compressed prompt `slot` caches in place of the original it extends, then the
@@ -282,7 +249,7 @@ class Scheduler:
         for queue in (self.prepared, self.waiting):
             while queue:
                 request = queue[0]
-                if not self._place(request):
+                if not self.cache.place(request):
                     return
                 queue.popleft()
                 self._start(request)
@@ -299,85 +266,6 @@ class Scheduler:
         except Exception as error:
             self.fail(request, error, "starting")
 
-    def best_prefix(self, tokens: list[int]) -> tuple[Slot | None, int]:
-        """The slot holding the longest prefix of `tokens` (at most len - 1: one token must run)."""
-        best, best_len = None, 0
-        for slot in self.slots:
-            n = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
-            if n > best_len:
-                best, best_len = slot, n
-        return best, best_len
-
-    def _place(self, request: Request) -> bool:
-        """Bind an idle slot holding the best prefix to the request, evicting idle caches LRU
-        until its pages fit; False (nothing changed but evictions) if they never do."""
-        idle = [s for s in self.slots if s.request is None]
-        if not idle:
-            return False
-        tokens = request.prefill_tokens
-
-        def usable(slot: Slot) -> int:
-            return min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
-
-        src, reuse = self.best_prefix(tokens)
-        # in place: the idle slot with the longest prefix; on a tie an empty one (no cache lost)
-        in_place = max(idle, key=lambda s: (usable(s), not s.tokens, -s.last_used))
-        if src is None or reuse <= usable(in_place) or src is in_place:
-            dst, src, reuse = in_place, None, usable(in_place)
-        else:  # copy the prefix from another slot into an empty or least recently used idle one
-            dst = min(idle, key=lambda s: (bool(s.tokens), s.last_used))
-        needed = self.pool.pages_for(request.reserve_tokens)
-        victims = sorted((s for s in idle if s is not dst and s is not src and s.pages), key=lambda s: s.last_used)
-        while True:
-            kept = self._reused_pages(dst, src, reuse)
-            if needed - kept <= self.pool.free_pages + self._droppable(dst, kept if src is None else 0):
-                self._bind(request, dst, src, reuse, needed)
-                return True
-            if not victims:
-                return False
-            self._evict(victims.pop(0))
-
-    def _reused_pages(self, dst: Slot, src: Slot | None, reuse: int) -> int:
-        """Pages `dst` keeps (in place) or shares (from `src`) for a prefix of `reuse` tokens.
-
-        Only whole pages are shared; in place, a partial last page is kept unless another slot
-        shares it (then its new tokens get new cells: copy-on-write)."""
-        if src is not None:
-            return reuse // self.pool.page_size
-        keep = self.pool.pages_for(reuse)
-        if reuse % self.pool.page_size and self.pool.shared(dst.pages[keep - 1]):
-            keep -= 1
-        return keep
-
-    def _droppable(self, slot: Slot, keep_pages: int) -> int:
-        """Pages of `slot` past its first `keep_pages` that would become free when released."""
-        return sum(1 for p in slot.pages[keep_pages:] if not self.pool.shared(p))
-
-    def _evict(self, slot: Slot) -> None:
-        self.kv.seq_rm(slot.index, 0)
-        self.pool.release(slot.pages)
-        slot.pages, slot.tokens, slot.source = [], [], None
-
-    def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> None:
-        """Give `dst` to the request with `reuse` tokens of prefix in place."""
-        kept = self._reused_pages(dst, src, reuse)
-        if src is None:
-            self.pool.release(dst.pages[kept:])
-            dst.pages = dst.pages[:kept]
-            self.kv.seq_rm(dst.index, reuse)
-        else:
-            self.kv.seq_rm(dst.index, 0)
-            self.pool.release(dst.pages)
-            dst.pages = self.pool.share(src.pages[:kept])
-            self.kv.seq_cp(src.index, dst.index, reuse)
-        dst.pages += self.pool.allocate(needed - len(dst.pages))
-        dst.tokens = list(request.prefill_tokens[:reuse])
-        compressed = self.config.reuse_compressed and request.prefill_tokens != request.prompt_tokens
-        dst.source, dst.source_len = (request.prompt_tokens, len(request.prefill_tokens)) if compressed else (None, 0)
-        dst.request = request
-        request.slot = dst.index
-        request.cached_tokens = request.n_prefilled = reuse
-
     # ---- stepping --------------------------------------------------------------------------
     def schedule(self) -> Step:
         self.admit()
@@ -388,28 +276,31 @@ class Scheduler:
                 slot = self.slots[request.held_slot]
                 items.append(BatchItem(request, [request.output_tokens[-1]], len(slot.tokens), True))
                 budget -= 1
-        busy = len(self.running) > 1
-        cap = self.config.prefill_chunk if busy and self.config.prefill_chunk else budget
         # shortest remaining prefill first (a short prompt beside a long one starts at once),
         # aged: every step a prompt was left out of counts as `aging` fewer tokens left
         prefilling = sorted((r for r in self.running if r.status is RequestStatus.PREFILLING), key=self._urgency)
+        prefill_budget = budget
+        if items and self.config.prefill_chunk:  # others are decoding: keep their steps short
+            prefill_budget = min(budget, self.config.prefill_chunk * len(prefilling))
         # those that finish their prefill now go alone: a long chunk would delay their first token
-        finishing = [r for r in prefilling if self._urgency(r) <= min(cap, budget)]
+        finishing = [r for r in prefilling if self._urgency(r) <= prefill_budget]
         served: set[int] = set()
         for request in finishing or prefilling:
-            if budget <= 0:
+            if prefill_budget <= 0:
                 break
             start = request.n_prefilled
-            n = min(budget, cap, request.prefill_left)
+            n = min(prefill_budget, request.prefill_left)
             done = start + n == len(request.prefill_tokens)
             chunk = request.prefill_tokens[start : start + n]
             items.append(BatchItem(request, chunk, len(self.slots[request.held_slot].tokens), done))
-            budget -= n
+            prefill_budget -= n
             served.add(request.request_id)
         for request in prefilling:
             if request.request_id not in served:
                 self._live[request.request_id].starved += 1
-        return Step(items)
+        # in slot order: llama.cpp puts a run of consecutive sequences in one ubatch when each slot
+        # has a KV stream of its own, and any order serves a unified one
+        return Step(sorted(items, key=lambda item: item.request.held_slot))
 
     def _urgency(self, request: Request) -> int:
         return request.prefill_left - self.config.aging * self._live[request.request_id].starved
@@ -424,8 +315,7 @@ class Scheduler:
         """A decode was aborted: drop whatever it wrote past each slot's known tokens (earlier
         ubatches of a multi-ubatch step may have landed) so the step can be redone."""
         for item in step.items:
-            slot = self.slots[item.request.held_slot]
-            self.kv.seq_rm(slot.index, len(slot.tokens))
+            self.cache.trim(self.slots[item.request.held_slot])
 
     def update(self, step: Step, outputs: dict[int, TokenOutput | Exception]) -> None:
         """Apply a successful decode: extend the slots, take the sampled tokens, finish some.
@@ -437,7 +327,7 @@ class Scheduler:
                 # finished while the step ran: drop what the step wrote past the slot's tokens
                 slot = self.slots[request.held_slot]
                 if slot.request is None:
-                    self.kv.seq_rm(slot.index, len(slot.tokens))
+                    self.cache.trim(slot)
                 continue
             try:
                 self._apply(item, outputs.get(request.request_id), now)
@@ -507,7 +397,7 @@ class Scheduler:
                 tail = live.stream.flush()
                 if tail:
                     self._emit(request, TextEvent(tail, live.pending))
-            self._release_slot(self.slots[request.held_slot], forget_kv)
+            self.cache.release(self.slots[request.held_slot], forget_kv)
         self._emit(request, error or FinishEvent(status.value, request.usage()))
 
     def fail(self, request: Request, error: BaseException, what: str) -> None:
@@ -515,24 +405,6 @@ class Scheduler:
         log.error("request %s: %s failed", request.request_id, what, exc_info=error)
         message = f"request {request.request_id}: {what} failed: {type(error).__name__}: {error}"
         self.finish(request, RequestStatus.FINISHED_ERROR, ErrorEvent(500, message))
-
-    def _release_slot(self, slot: Slot, forget_kv: bool) -> None:
-        self.kv.end_request(slot.index)
-        slot.request = None
-        slot.last_used = self.clock()
-        keep = self.pool.pages_for(len(slot.tokens))
-        self.pool.release(slot.pages[keep:])
-        slot.pages = slot.pages[:keep]
-        if forget_kv:
-            self._evict(slot)
-
-    def evict_idle(self) -> int:
-        """Free every idle cache (after llama.cpp reported no free cells despite our accounting);
-        returns how many slots had one."""
-        idle = [s for s in self.slots if s.request is None and s.pages]
-        for slot in idle:
-            self._evict(slot)
-        return len(idle)
 
     # ---- output ------------------------------------------------------------------------------
     def _emit(self, request: Request, event: Event) -> None:
@@ -576,7 +448,7 @@ class Scheduler:
 
     def status(self) -> dict:
         cached = sum(len(s.tokens) for s in self.slots if s.request is None)
-        active = {page for s in self.slots if s.request is not None for page in s.pages}
+        active = {(id(s.pool), page) for s in self.slots if s.request is not None for page in s.pages}
         return {
             "slots": [
                 {
@@ -600,10 +472,11 @@ class Scheduler:
                 for r in self.compressing
             ],
             "waiting_prepared": len(self.prepared),
-            "kv_pages_used": self.pool.used_pages,
+            "kv_layout": "per_slot" if self.cache.per_slot else "unified",
+            "kv_pages_used": self.cache.used_pages,
             "kv_pages_active": len(active),  # held by requests in slots; the rest of the used are idle caches
-            "kv_pages_total": self.pool.n_pages,
-            "kv_page_size": self.pool.page_size,
+            "kv_pages_total": self.cache.n_pages,
+            "kv_page_size": self.cache.page_size,
             "prefix_cache_tokens": cached,
         }
 

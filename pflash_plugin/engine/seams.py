@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from .request import CompressionJob, Report, TokenOutput
-from .scheduler import KVOps, Step
+from .prefix_cache import KVOps
+from .scheduler import Step
 
 
 class Runner(KVOps, Protocol):

@@ -181,6 +181,7 @@ def engine_config(s: ModelSettings, target: ModelParams) -> EngineConfig:
         n_slots=s.max_concurrency,
         max_ctx=s.max_ctx or s.n_ctx or None,
         kv_pool_tokens=s.kv_pool_tokens,
+        kv_layout=s.kv_layout,
         page_size=s.kv_page_size,
         prefill_chunk=s.prefill_chunk,
         reuse_compressed=s.pflash_reuse_compressed,

@@ -33,7 +33,13 @@ class ModelSettings(StockModelSettings):
         default=physical_cores(), ge=0, description="Threads of prefill, drafting and embeddings: the physical cores."
     )
     kv_pool_tokens: Optional[int] = Field(
-        default=None, ge=1, description="KV cells shared by all slots (default: max_concurrency x max_ctx)."
+        default=None, ge=1, description="KV cells of all slots together (default: max_concurrency x max_ctx)."
+    )
+    kv_layout: Literal["auto", "per_slot", "unified"] = Field(
+        default="auto",
+        description="per_slot: a llama.cpp KV stream of kv_pool_tokens / max_concurrency cells per slot (attention "
+        "and masks cover one slot's cells; a longer request gets 400). unified: one pool shared by all slots. "
+        "auto: per_slot when every stream holds max_ctx, else unified.",
     )
     max_ctx: Optional[int] = Field(
         default=None, ge=1, description="Per-request limit on prompt + max_tokens (default: n_ctx)."

@@ -1,0 +1,209 @@
+"""The slots' KV sequences: what each holds, the pages that account for it, and which slot a
+request gets (the prefix it reuses, the idle caches evicted for it).
+
+Pure Python, like the scheduler that uses it (nano-vllm's BlockManager, vLLM's KVCacheManager).
+Two layouts of llama.cpp's KV cache:
+
+* unified: one pool of cells for all slots. A cell can belong to several sequences, so a prefix
+  is shared in place (`seq_cp` costs no copy) and idle caches of every slot compete for one pool.
+* per-slot: one KV stream per slot (llama.cpp's `kv_unified = false`): a ubatch attends to, and
+  llama.cpp masks, only its own slot's cells. Each slot has a pool of its own; a prefix held by
+  another slot is copied (llama.cpp copies a whole stream, then the tail is removed), which pays
+  only for long prefixes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from .kv_pool import PagePool
+from .request import Request
+
+
+class KVOps(Protocol):
+    """The KV operations the scheduler asks of the runner (llama_memory_* on a real context)."""
+
+    def seq_rm(self, slot: int, start: int) -> None: ...
+    def seq_cp(self, src: int, dst: int, n_tokens: int) -> None: ...
+    def start_request(self, slot: int, request: Request) -> None: ...
+    def end_request(self, slot: int) -> None: ...
+
+
+@dataclass
+class Slot:
+    index: int
+    pool: PagePool  # where its pages come from: every slot's one pool, or its stream's own
+    tokens: list[int] = field(default_factory=list)  # what its KV sequence holds
+    pages: list[int] = field(default_factory=list)
+    request: Request | None = None
+    last_used: float = 0.0
+    # the client's prompt whose compressed form is tokens[:source_len] (PFlash), while it is cached:
+    # a later prompt that extends it reuses those cells instead of being compressed again
+    source: list[int] | None = None
+    source_len: int = 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    """The slots and their pages. `pools` holds one PagePool for every slot (unified) or one per
+    slot (per-slot streams). A prefix is copied from another slot's stream only when it is at least
+    `min_copy_tokens` longer than what the chosen slot reuses in place (a stream copy moves the
+    whole stream, whatever the prefix's length)."""
+
+    def __init__(self, kv: KVOps, pools: list[PagePool], clock: Callable[[], float],
+                 min_copy_tokens: int = 0, reuse_compressed: bool = False) -> None:
+        self.kv, self.clock = kv, clock
+        self.slots = [Slot(i, pool) for i, pool in enumerate(pools)]
+        self.pools = list({id(p): p for p in pools}.values())
+        self.per_slot = len(self.pools) > 1
+        self.min_copy_tokens = min_copy_tokens
+        self.reuse_compressed = reuse_compressed
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def page_size(self) -> int:
+        return self.pools[0].page_size
+
+    def pages_for(self, n_tokens: int) -> int:
+        return self.pools[0].pages_for(n_tokens)
+
+    @property
+    def slot_capacity(self) -> int:
+        """The most KV tokens one request can hold: its stream's, or the whole pool's."""
+        return self.pools[0].n_pages * self.page_size
+
+    @property
+    def used_pages(self) -> int:
+        return sum(p.used_pages for p in self.pools)
+
+    @property
+    def n_pages(self) -> int:
+        return sum(p.n_pages for p in self.pools)
+
+    # ---- lookups -----------------------------------------------------------------------------
+    def best_prefix(self, tokens: list[int]) -> tuple[Slot | None, int]:
+        """The slot holding the longest prefix of `tokens` (at most len - 1: one token must run)."""
+        best, best_len = None, 0
+        for slot in self.slots:
+            n = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
+            if n > best_len:
+                best, best_len = slot, n
+        return best, best_len
+
+    def compressed_source(self, prompt: list[int]) -> Slot | None:
+        """The slot whose cached compressed prompt stands for the longest prefix of `prompt` (an
+        earlier turn of the same conversation, say); None if no slot holds one."""
+        best: Slot | None = None
+        for slot in self.slots:
+            source = slot.source
+            if (source is not None and len(slot.tokens) >= slot.source_len and len(source) < len(prompt)
+                    and (best is None or len(source) > len(best.source or ())) and prompt[:len(source)] == source):
+                best = slot
+        return best
+
+    # ---- placing a request -------------------------------------------------------------------
+    def place(self, request: Request) -> bool:
+        """Bind an idle slot holding the best prefix to the request, evicting idle caches LRU
+        until its pages fit; False (nothing changed but evictions) if they never do."""
+        idle = [s for s in self.slots if s.request is None]
+        if not idle:
+            return False
+        tokens = request.prefill_tokens
+
+        def usable(slot: Slot) -> int:
+            return min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
+
+        src, reuse = self.best_prefix(tokens)
+        # in place: the idle slot with the longest prefix; on a tie an empty one (no cache lost)
+        in_place = max(idle, key=lambda s: (usable(s), not s.tokens, -s.last_used))
+        copy_gain = reuse - usable(in_place)
+        if src is None or src is in_place or copy_gain <= 0 or (src.pool is not in_place.pool
+                                                                 and copy_gain < self.min_copy_tokens):
+            dst, src, reuse = in_place, None, usable(in_place)
+        else:  # copy the prefix from another slot into an empty or least recently used idle one
+            dst = min(idle, key=lambda s: (bool(s.tokens), s.last_used))
+        needed = self.pages_for(request.reserve_tokens)
+        victims = sorted((s for s in idle if s is not dst and s is not src and s.pages and s.pool is dst.pool),
+                         key=lambda s: s.last_used)
+        while True:
+            kept = self._reused_pages(dst, src, reuse)
+            if needed - kept <= dst.pool.free_pages + self._droppable(dst, kept if src is None else 0):
+                self._bind(request, dst, src, reuse, needed)
+                return True
+            if not victims:
+                return False
+            self.evict(victims.pop(0))
+
+    def _reused_pages(self, dst: Slot, src: Slot | None, reuse: int) -> int:
+        """Pages `dst` keeps (in place) or shares (from `src` in the same pool) for a prefix of
+        `reuse` tokens; a prefix copied from another stream takes fresh pages.
+
+        Only whole pages are shared; in place, a partial last page is kept unless another slot
+        shares it (then its new tokens get new cells: copy-on-write)."""
+        if src is not None:
+            return reuse // self.page_size if src.pool is dst.pool else 0
+        keep = self.pages_for(reuse)
+        if reuse % self.page_size and dst.pool.shared(dst.pages[keep - 1]):
+            keep -= 1
+        return keep
+
+    def _droppable(self, slot: Slot, keep_pages: int) -> int:
+        """Pages of `slot` past its first `keep_pages` that would become free when released."""
+        return sum(1 for p in slot.pages[keep_pages:] if not slot.pool.shared(p))
+
+    def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> None:
+        """Give `dst` to the request with `reuse` tokens of prefix in place."""
+        kept = self._reused_pages(dst, src, reuse)
+        if src is None:
+            dst.pool.release(dst.pages[kept:])
+            dst.pages = dst.pages[:kept]
+            self.kv.seq_rm(dst.index, reuse)
+        else:
+            self.kv.seq_rm(dst.index, 0)
+            dst.pool.release(dst.pages)
+            dst.pages = dst.pool.share(src.pages[:kept])
+            self.kv.seq_cp(src.index, dst.index, reuse)
+        dst.pages += dst.pool.allocate(needed - len(dst.pages))
+        dst.tokens = list(request.prefill_tokens[:reuse])
+        compressed = self.reuse_compressed and request.prefill_tokens != request.prompt_tokens
+        dst.source, dst.source_len = (request.prompt_tokens, len(request.prefill_tokens)) if compressed else (None, 0)
+        dst.request = request
+        request.slot = dst.index
+        request.cached_tokens = request.n_prefilled = reuse
+
+    # ---- giving back -------------------------------------------------------------------------
+    def release(self, slot: Slot, forget_kv: bool) -> None:
+        """The slot's request ended: its KV stays as a prefix cache (its reserve beyond the tokens
+        written is freed) unless `forget_kv`."""
+        self.kv.end_request(slot.index)
+        slot.request = None
+        slot.last_used = self.clock()
+        keep = self.pages_for(len(slot.tokens))
+        slot.pool.release(slot.pages[keep:])
+        slot.pages = slot.pages[:keep]
+        if forget_kv:
+            self.evict(slot)
+
+    def trim(self, slot: Slot) -> None:
+        """Drop whatever the KV holds past the slot's known tokens (an aborted or dropped write)."""
+        self.kv.seq_rm(slot.index, len(slot.tokens))
+
+    def evict(self, slot: Slot) -> None:
+        self.kv.seq_rm(slot.index, 0)
+        slot.pool.release(slot.pages)
+        slot.pages, slot.tokens, slot.source = [], [], None
+
+    def evict_idle(self) -> int:
+        """Free every idle cache (after llama.cpp reported no free cells despite our accounting);
+        returns how many slots had one."""
+        idle = [s for s in self.slots if s.request is None and s.pages]
+        for slot in idle:
+            self.evict(slot)
+        return len(idle)
