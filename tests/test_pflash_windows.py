@@ -147,3 +147,26 @@ def test_windows_side_by_side_score_as_one_window_at_a_time(model, scorer, batch
 def test_side_by_side_windows_need_windows(model):
     with pytest.raises(DrafterError, match="needs pflash_drafter_window > 0"):
         Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", batch_windows=2))
+
+
+def test_drafter_ubatch_and_side_by_side_windows_are_server_settings(tiny_model):
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.settings import ModelSettings
+
+    settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1, n_threads_batch=1,
+                    pflash_drafter_window=256, pflash_drafter_sink=16, pflash_drafter_causal_max=0)
+    served = ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=272, pflash_drafter_batch_windows=3))
+    try:
+        drafter = served.compression.compressor._drafter
+        assert drafter is not None and (drafter.n_batch, drafter.batch_windows) == (272, 3)
+        assert drafter.ctx.n_batch == 3 * 272 and drafter.ctx.config.n_seq_max == 3
+    finally:
+        served.close()
+    served = ServedModel(ModelSettings(**{**settings, "pflash_drafter_window": 0}, pflash_drafter_batch_windows=3))
+    try:  # no windows: nothing to draft side by side, one sequence
+        drafter = served.compression.compressor._drafter
+        assert drafter is not None and (drafter.n_batch, drafter.batch_windows) == (512, 1)
+    finally:
+        served.close()
+    with pytest.raises(ValueError, match="below the drafter's ubatch"):
+        ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=273))
