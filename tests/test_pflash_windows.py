@@ -170,3 +170,20 @@ def test_drafter_ubatch_and_side_by_side_windows_are_server_settings(tiny_model)
         served.close()
     with pytest.raises(ValueError, match="below the drafter's ubatch"):
         ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=273))
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_a_layout_that_does_not_cover_the_ubatch_is_a_capture_error(model, scorer):
+    from pflash_plugin.llama import Batch
+
+    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS, batch_windows=2))
+    batch = Batch(128, 1)
+    try:
+        drafter.scorer.begin(40, 48)
+        drafter.scorer.layout([(0, 30), (30, 10)])  # 40 rows laid out for a ubatch of 48
+        batch.add_sequence(tokens_of(model, 48), 0, 0, False)
+        drafter.ctx.decode(batch)
+        assert "layout covers 40 rows" in (drafter.scorer.error() or "")
+    finally:
+        batch.close()
+        drafter.close()
