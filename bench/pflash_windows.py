@@ -6,7 +6,7 @@ by the target (greedy, in-process, no HTTP), and the 4-digit code must be in the
 overlap is |kept windowed ∩ kept causal| / |kept causal|. Arms alternate per prompt.
 
 Usage: python bench/pflash_windows.py [--lengths 8192 16384] [--window 2048] [--sink 64] [--keep 0.1]
-       [--n_gpu_layers 0] [--model PATH]
+       [--n_gpu_layers 0] [--model PATH] [--ubatch 512] [--batch_windows 1]
 Writes bench/results/pflash_windows.json (--out) and prints one JSON line per prompt and a summary.
 """
 from __future__ import annotations
@@ -43,10 +43,12 @@ def fit(served: ServedModel, n_tokens: int, kind: str, depth: float, seed: int) 
 def compressors(served: ServedModel, args: argparse.Namespace, max_tokens: int) -> dict[str, Compressor]:
     model = served.model
     layers = scoring_layers(model, None)
-    arms = {"causal": DraftWindows(0), "windowed": DraftWindows(args.window, args.sink, causal_max=0)}
+    windowed = DraftWindows(args.window, args.sink, causal_max=0)
+    arms = {"causal": DraftOptions(n_batch=512, n_threads=args.n_threads),
+            "windowed": DraftOptions(n_batch=args.ubatch, n_threads=args.n_threads, windows=windowed,
+                                     batch_windows=args.batch_windows)}
     out = {}
-    for arm, windows in arms.items():
-        options = DraftOptions(n_batch=512, n_threads=args.n_threads, windows=windows)
+    for arm, options in arms.items():
         out[arm] = Compressor(served.pflash, model.piece,
                               lambda options=options: Drafter(model, layers, max_tokens, options), persistent=True)
     return out
@@ -93,6 +95,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--sink", type=int, default=64)
+    parser.add_argument("--ubatch", type=int, default=512, help="tokens of a window per drafter ubatch (windowed arm)")
+    parser.add_argument("--batch_windows", type=int, default=1, help="windows drafted side by side (windowed arm)")
     parser.add_argument("--keep", type=float, default=0.1)
     parser.add_argument("--n_gpu_layers", type=int, default=0)
     parser.add_argument("--n_threads", type=int, default=0, help="0: llama.cpp's default")

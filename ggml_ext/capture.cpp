@@ -80,6 +80,7 @@ struct pfx_capture {
     std::vector<Store> stores[2];     // per kind, per scoring layer
     std::vector<int64_t> rows[2];     // tokens seen per kind, per scoring layer
     std::vector<int64_t> saved[2];    // rows at the last checkpoint
+    std::vector<int64_t> layout;      // (position, count) pairs of the next ubatches' rows; empty: in order
     bool last_done[2] = {false, false};
     pfx_stats stats{};
     std::string error;
@@ -101,7 +102,8 @@ struct pfx_capture {
         return i;
     }
 
-    // Copies the rows of node t that scoring needs: keys before the query, the query rows.
+    // Copies the rows of node t that scoring needs: keys before the query, the query rows. Without a
+    // layout the ubatch's rows are the prompt positions after those seen; with one, its segments.
     bool copy(const ggml_tensor * t, Kind kind, int i) {
         if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16) {
             error = std::string("captured tensor ") + t->name + " has unsupported type " + ggml_type_name(t->type);
@@ -111,15 +113,33 @@ struct pfx_capture {
             error = std::string("captured tensor ") + t->name + " is not contiguous";
             return false;
         }
-        const int64_t row0 = rows[kind][i], n = t->ne[2];
-        const int64_t lo = kind == K ? row0 : std::max<int64_t>(row0, query_start);
-        const int64_t hi = kind == K ? std::min<int64_t>(row0 + n, query_start) : std::min<int64_t>(row0 + n, query_end);
+        const int64_t n = t->ne[2];
+        if (layout.empty()) return copy_rows(t, kind, i, 0, rows[kind][i], n);
+        int64_t laid = 0;
+        for (size_t j = 0; j < layout.size(); j += 2) laid += layout[j + 1];
+        if (laid != n) {
+            error = std::string("the ubatch layout covers ") + std::to_string(laid) + " rows, but " + t->name +
+                    " has " + std::to_string(n);
+            return false;
+        }
+        int64_t src = 0;
+        for (size_t j = 0; j < layout.size(); j += 2) {
+            if (!copy_rows(t, kind, i, src, layout[j], layout[j + 1])) return false;
+            src += layout[j + 1];
+        }
+        return true;
+    }
+
+    // Copies rows [src, src + n) of node t, the prompt positions [pos, pos + n), where scoring needs them.
+    bool copy_rows(const ggml_tensor * t, Kind kind, int i, int64_t src, int64_t pos, int64_t n) {
+        const int64_t lo = kind == K ? pos : std::max<int64_t>(pos, query_start);
+        const int64_t hi = kind == K ? std::min<int64_t>(pos + n, query_start) : std::min<int64_t>(pos + n, query_end);
         if (lo >= hi) return true;
         const size_t row_elems = (size_t)head_dim * heads(kind);
         const int64_t dst_row = kind == K ? lo : lo - query_start;
         float * dst = stores[kind][i].data() + dst_row * row_elems;
         const size_t elems = (size_t)(hi - lo) * row_elems, elem_size = ggml_type_size(t->type);
-        const size_t offset = (size_t)(lo - row0) * row_elems * elem_size;
+        const size_t offset = (size_t)(src + lo - pos) * row_elems * elem_size;
         const bool f16 = t->type == GGML_TYPE_F16;
 #ifdef PFX_GPU
         if (on_gpu) return pfx_gpu_copy(dst, (const char *)t->data + offset, elems, f16, device, error);
@@ -217,11 +237,25 @@ bool pfx_capture_reset(pfx_capture * cap, int32_t query_start, int32_t query_end
     }
     cap->query_start = query_start;
     cap->query_end = query_end;
+    cap->layout.clear();
     for (int kind = 0; kind < 2; ++kind) {
         std::fill(cap->rows[kind].begin(), cap->rows[kind].end(), 0);
         std::fill(cap->saved[kind].begin(), cap->saved[kind].end(), 0);
         for (auto & store : cap->stores[kind])
             if (!store.reserve(cap->store_floats((Kind)kind), cap->error)) return false;
+    }
+    return true;
+}
+
+bool pfx_capture_layout(pfx_capture * cap, const int32_t * positions, const int32_t * counts, int32_t n_segments) {
+    cap->layout.clear();
+    for (int32_t j = 0; j < n_segments; ++j) {
+        if (positions[j] < 0 || counts[j] < 0) {
+            cap->error = "a ubatch layout segment has a negative position or count";
+            return false;
+        }
+        cap->layout.push_back(positions[j]);
+        cap->layout.push_back(counts[j]);
     }
     return true;
 }

@@ -39,6 +39,10 @@ bool pfx_capture_on_gpu(const pfx_capture * cap);
 // Begin a prompt: keys [0, query_start) and queries [query_start, query_end) will be kept.
 // Returns false (see pfx_capture_error) when storage cannot be allocated.
 bool pfx_capture_reset(pfx_capture * cap, int32_t query_start, int32_t query_end);
+// The prompt positions of the next ubatches' rows, in row order: segment j is counts[j] rows from
+// positions[j] on (a ubatch carrying several windows, one sequence each). n_segments 0: each ubatch
+// continues where the last one ended. pfx_capture_reset clears it. False on a negative value.
+bool pfx_capture_layout(pfx_capture * cap, const int32_t * positions, const int32_t * counts, int32_t n_segments);
 // Remember the capture's progress before a decode, and return to it when that decode was aborted.
 void pfx_capture_checkpoint(pfx_capture * cap);
 void pfx_capture_rollback(pfx_capture * cap);

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash_plugin.llama import Model
+from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter, DrafterError
 from pflash_plugin.pflash.windows import DraftWindows, Stage
 from pflash_plugin.testing import cached_tiny_llama
@@ -115,3 +115,75 @@ def test_an_explicit_window_that_cannot_work_stops_the_server_at_start(tiny_mode
         ServedModel(ModelSettings(**settings, pflash_drafter_window=100))
     with pytest.raises(ValueError, match="exceed the longest prompt"):
         ServedModel(ModelSettings(**settings, pflash_drafter_window=4096))
+
+
+NATIVE = native.load() is not None
+SCORERS = ["numpy", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="ggml_ext not built"))]
+
+
+def draft(model: Model, tokens: list[int], scorer: str, n_batch: int = 64, batch_windows: int = 1):
+    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=n_batch, scorer=scorer, windows=WINDOWS,
+                                                     batch_windows=batch_windows))
+    result = drafter.run(tokens, len(tokens) - 10)
+    q, k = (x.copy() for x in drafter.scorer.tensors(2))
+    drafter.close()
+    return result, q, k
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+@pytest.mark.parametrize("batch_windows, n_batch", [(2, 64), (3, 64), (4, 144), (1, 144)])
+def test_windows_side_by_side_score_as_one_window_at_a_time(model, scorer, batch_windows, n_batch):
+    # 1200 tokens: a first stage, then 9 whole windows of 128 (rounds of 2 and of 4 end with one);
+    # ubatches of 64 tokens a window interleave the windows' rows; 144 (sink + window) take them whole
+    tokens = tokens_of(model, 1200, seed=7)
+    serial, q0, k0 = draft(model, tokens, scorer)
+    side, q1, k1 = draft(model, tokens, scorer, n_batch, batch_windows)
+    assert side.windows == serial.windows == 10
+    np.testing.assert_allclose(k1, k0, rtol=1e-3, atol=1e-4)  # every key at its own position
+    np.testing.assert_allclose(q1, q0, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(side.mass, serial.mass, rtol=1e-3, atol=1e-6)
+
+
+def test_side_by_side_windows_need_windows(model):
+    with pytest.raises(DrafterError, match="needs pflash_drafter_window > 0"):
+        Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", batch_windows=2))
+
+
+def test_drafter_ubatch_and_side_by_side_windows_are_server_settings(tiny_model):
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.settings import ModelSettings
+
+    settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1, n_threads_batch=1,
+                    pflash_drafter_window=256, pflash_drafter_sink=16, pflash_drafter_causal_max=0)
+    served = ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=272, pflash_drafter_batch_windows=3))
+    try:
+        drafter = served.compression.compressor._drafter
+        assert drafter is not None and (drafter.n_batch, drafter.batch_windows) == (272, 3)
+        assert drafter.ctx.n_batch == 3 * 272 and drafter.ctx.config.n_seq_max == 3
+    finally:
+        served.close()
+    served = ServedModel(ModelSettings(**{**settings, "pflash_drafter_window": 0}, pflash_drafter_batch_windows=3))
+    try:  # no windows: nothing to draft side by side, one sequence
+        drafter = served.compression.compressor._drafter
+        assert drafter is not None and (drafter.n_batch, drafter.batch_windows) == (512, 1)
+    finally:
+        served.close()
+    with pytest.raises(ValueError, match="below the drafter's ubatch"):
+        ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=273))
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_a_layout_that_does_not_cover_the_ubatch_is_a_capture_error(model, scorer):
+    from pflash_plugin.llama import Batch
+
+    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS, batch_windows=2))
+    batch = Batch(128, 1)
+    try:
+        drafter.scorer.begin(40, 48)
+        drafter.scorer.layout([(0, 30), (30, 10)])  # 40 rows laid out for a ubatch of 48
+        batch.add_sequence(tokens_of(model, 48), 0, 0, False)
+        drafter.ctx.decode(batch)
+        assert "layout covers 40 rows" in (drafter.scorer.error() or "")
+    finally:
+        batch.close()
+        drafter.close()

@@ -1,10 +1,15 @@
 """The drafter's forward alone: seconds and microseconds per token, causal against windowed, per
-prompt length and drafter ubatch. Linear cost shows as a flat per-token time.
+prompt length, drafter ubatch and windows side by side. Linear cost shows as a flat per-token time.
 
     python bench/gpu/draft_forward.py --model D.gguf --layers 27 --out draft.json [--n_gpu_layers -1]
-        [--plain D.gguf D10.gguf] [--cut]
+        [--plain D.gguf D10.gguf] [--cut] [--configs W2048-ub512 W2048-ub2112 W2048-ub512-k4 ...]
 
-Configurations run interleaved per repetition (A, B, C, ... then again), on random tokens.
+A configuration is named by what it sets: `causal-ub512` (one causal pass, ubatch 512), or
+`W<window>-ub<tokens of a window per ubatch>[-k<windows side by side>]` (pflash_drafter_window,
+pflash_drafter_ubatch, pflash_drafter_batch_windows; sink --sink). Configurations run interleaved per
+repetition (A, B, C, ... then again), on random tokens, after one warm-up draft each; every
+configuration's mass is compared with the first one's on the same tokens (`max_diff`: largest
+difference over the largest mass; `top10_overlap`: share of the top 10% tokens both keep).
 `--plain` adds, per model, the same windows (W 2048, ubatch 512, no sink) decoded by a context
 without the capture callback: every layer runs and nothing is captured. With a copy of the drafter
 cut to the layers the draft runs (a model written with fewer layers), the gap to W2048-ub512 is
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -27,9 +33,26 @@ from pflash_plugin.pflash.windows import DraftWindows
 
 import numpy as np  # after llama_cpp (see pflash_gpu.py)
 
-# (label, window, sink, n_batch); every window is drafted for every length (causal_max 0)
-CONFIGS = [("causal-ub512", 0, 64, 512), ("W2048-ub512", 2048, 64, 512), ("W2048-ub2048", 2048, 64, 2048),
-           ("W4096-ub1024", 4096, 64, 1024), ("W1024-ub512", 1024, 64, 512)]
+CONFIGS = ["causal-ub512", "W2048-ub512", "W2048-ub2048", "W4096-ub1024", "W1024-ub512"]
+LABEL = re.compile(r"(?:causal|W(\d+))-ub(\d+)(?:-k(\d+))?")
+
+
+def options(label: str, sink: int) -> DraftOptions:
+    """The drafter options a configuration label names; every window is drafted for every length
+    (causal_max 0)."""
+    match = LABEL.fullmatch(label)
+    if match is None:
+        raise SystemExit(f"configuration {label!r} is not causal-ub<N> or W<window>-ub<N>[-k<K>]")
+    window, n_batch, k = (int(group) if group else None for group in match.groups())
+    assert n_batch is not None
+    return DraftOptions(n_batch=n_batch, windows=DraftWindows(window or 0, sink, causal_max=0), batch_windows=k or 1)
+
+
+def agreement(mass: np.ndarray, base: np.ndarray) -> dict[str, float]:
+    """How far a mass is from the first configuration's on the same tokens."""
+    top = max(1, len(base) // 10)
+    kept = set(np.argpartition(mass, -top)[-top:]) & set(np.argpartition(base, -top)[-top:])
+    return {"max_diff": float(np.abs(mass - base).max() / np.abs(base).max()), "top10_overlap": len(kept) / top}
 
 
 class PlainForward:
@@ -67,7 +90,9 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--layers", type=int, nargs="+", required=True, help="scoring layers (the draft stops after the last)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
-    parser.add_argument("--configs", nargs="+", default=[c[0] for c in CONFIGS])
+    parser.add_argument("--configs", nargs="+", default=CONFIGS)
+    parser.add_argument("--sink", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=8192, help="tokens of each configuration's warm-up draft")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--n_gpu_layers", type=int, default=-1)
     parser.add_argument("--plain", nargs="*", default=[], help="models to time without the capture callback")
@@ -80,23 +105,26 @@ def main() -> None:
         cut = cached_cut(args.model, max(args.layers) + 1)
         assert cut is not None, "the cut copy could not be written (see the warning)"
         models["-cut"] = Model(cut, n_gpu_layers=args.n_gpu_layers)
-    max_tokens = max(args.lengths)
-    drafters = {label + suffix: Drafter(drafted, args.layers, max_tokens,
-                                        DraftOptions(n_batch=n_batch, windows=DraftWindows(window, sink, causal_max=0)))
-                for label, window, sink, n_batch in CONFIGS if label in args.configs
-                for suffix, drafted in models.items()}
+    max_tokens = max(*args.lengths, args.warmup)
+    drafters = {label + suffix: Drafter(drafted, args.layers, max_tokens, options(label, args.sink))
+                for label in args.configs for suffix, drafted in models.items()}
     plain = {f"plain-{Path(path).stem}": PlainForward(path, args.n_gpu_layers) for path in args.plain}
     rng = np.random.default_rng(0)
+    warmup = [int(t) for t in rng.integers(100, model.n_vocab, args.warmup)]
+    for drafter in drafters.values():
+        drafter.run(warmup, len(warmup) - 8)
     rows = []
     for n in args.lengths:
         tokens = [int(t) for t in rng.integers(100, model.n_vocab, n)]
         for rep in range(args.reps):
+            base = None
             for label, drafter in drafters.items():
                 start = time.perf_counter()
                 result = drafter.run(tokens, n - 8)
                 wall = time.perf_counter() - start
+                base = result.mass if base is None else base
                 rows.append({"config": label, "tokens": n, "rep": rep, "wall_s": round(wall, 4),
-                             "windows": result.windows, **result.timings})
+                             "windows": result.windows, **result.timings, **agreement(result.mass, base)})
                 print(json.dumps(rows[-1]), flush=True)
             for label, forward in plain.items():
                 start = time.perf_counter()
@@ -109,8 +137,11 @@ def main() -> None:
         for n in args.lengths:
             walls = [r["wall_s"] for r in rows if r["config"] == label and r["tokens"] == n]
             forward = [r["forward_ms"] for r in rows if r["config"] == label and r["tokens"] == n]
+            worst = [r["max_diff"] for r in rows if r["config"] == label and r["tokens"] == n and "max_diff" in r]
             summary.append({"config": label, "tokens": n, "wall_s": statistics.median(walls),
-                            "forward_us_per_token": round(1000 * statistics.median(forward) / n, 2)})
+                            "forward_us_per_token": round(1000 * statistics.median(forward) / n, 2),
+                            "wall_us_per_token": round(1e6 * statistics.median(walls) / n, 2),
+                            **({"max_diff": max(worst)} if worst else {})})
             print(json.dumps(summary[-1]), flush=True)
     args.out.write_text(json.dumps({"model": args.model, "layers": args.layers, "rows": rows, "summary": summary}, indent=1))
     for closable in [*drafters.values(), *plain.values(), *models.values()]:

@@ -68,14 +68,24 @@ class CaptureSpec:
 class Captured:
     q: dict[int, list[np.ndarray]] = field(default_factory=dict)  # layer -> per-ubatch [n, n_head, head_dim]
     k: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    q_pos: dict[int, list[np.ndarray]] = field(default_factory=dict)  # prompt positions of those rows
+    k_pos: dict[int, list[np.ndarray]] = field(default_factory=dict)
     nodes_seen: int = 0
     capture_ms: float = 0.0  # time spent in the callback (every node)
     ubatches_stopped: int = 0  # ubatches whose graph stopped right after the last scoring layer
     error: str | None = None
 
     def tensors(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Q and K of every token at `layer`, ubatches concatenated in order."""
-        return np.concatenate(self.q[layer]), np.concatenate(self.k[layer])
+        """Q and K of every token at `layer`, in prompt order."""
+        return _in_order(self.q[layer], self.q_pos[layer]), _in_order(self.k[layer], self.k_pos[layer])
+
+
+def _in_order(chunks: list[np.ndarray], positions: list[np.ndarray]) -> np.ndarray:
+    """The rows of `chunks` sorted by their prompt positions (ubatches of several windows interleave them)."""
+    rows, where = np.concatenate(chunks), np.concatenate(positions)
+    if (np.diff(where) == 1).all():
+        return rows
+    return rows[np.argsort(where, kind="stable")]
 
 
 class QKCapture:
@@ -99,12 +109,19 @@ class QKCapture:
                 self._wanted[f"{kind}cur_normed-{layer}"] = (kind, layer)
         self._pre: dict[tuple[str, int], np.ndarray] = {}
         self._ubatch_done: set[str] = set()
+        self._layout: list[tuple[int, int]] = []
         self.callback = C.ggml_backend_sched_eval_callback(self._on_node)
 
     def reset(self) -> None:
         self.result = Captured()
         self._pre.clear()
         self._ubatch_done.clear()
+        self._layout = []
+
+    def layout(self, segments: list[tuple[int, int]]) -> None:
+        """Prompt positions of the next ubatches' rows: (first position, rows) per segment, in row
+        order (a ubatch of several windows); [] for rows that continue the prompt in order."""
+        self._layout = list(segments)
 
     def checkpoint(self) -> dict[tuple[str, int], int]:
         """How many ubatches each capture list holds (to undo an aborted ubatch)."""
@@ -114,7 +131,8 @@ class QKCapture:
                 for layer, chunks in store.items()}
 
     def rollback(self, kept: dict[tuple[str, int], int]) -> None:
-        for kind, store in (("q", self.result.q), ("k", self.result.k)):
+        r = self.result
+        for kind, store in (("q", r.q), ("k", r.k), ("q", r.q_pos), ("k", r.k_pos)):
             for layer in list(store):
                 del store[layer][kept.get((kind, layer), 0):]
         self._pre.clear()
@@ -143,7 +161,10 @@ class QKCapture:
                 self._pre[target] = _read(tensor)  # the last one before RoPE wins
             return True
         data = _read(tensor) if self.spec.rope == "post" else self._pre.pop(target)
-        (self.result.q if kind == "Q" else self.result.k).setdefault(layer, []).append(data)
+        store, where = (self.result.q, self.result.q_pos) if kind == "Q" else (self.result.k, self.result.k_pos)
+        chunks = store.setdefault(layer, [])
+        where.setdefault(layer, []).append(self._positions(sum(len(chunk) for chunk in chunks), len(data)))
+        chunks.append(data)
         if layer == self.last_layer:
             self._ubatch_done.add(kind)
             if self._ubatch_done == {"Q", "K"}:
@@ -151,6 +172,15 @@ class QKCapture:
                 self.result.ubatches_stopped += 1
                 return False  # nothing after the last scoring layer is needed
         return True
+
+    def _positions(self, seen: int, n: int) -> np.ndarray:
+        """Prompt positions of a ubatch's n rows, `seen` rows having come before."""
+        if not self._layout:
+            return np.arange(seen, seen + n)
+        where = np.concatenate([np.arange(pos, pos + count) for pos, count in self._layout])
+        if len(where) != n:
+            raise ValueError(f"the ubatch layout covers {len(where)} rows, but the captured tensor has {n}")
+        return where
 
     def _is_head_tensor(self, tensor: int, kind: str) -> bool:
         """3-D [head_dim, heads, n_tokens] (not the 2-D matmul output of the same name)."""

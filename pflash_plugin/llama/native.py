@@ -57,6 +57,7 @@ def load() -> ctypes.CDLL | None:
         "pfx_capture_free": ([p], None),
         "pfx_capture_on_gpu": ([p], ctypes.c_bool),
         "pfx_capture_reset": ([p, i32, i32], ctypes.c_bool),
+        "pfx_capture_layout": ([p, ctypes.POINTER(i32), ctypes.POINTER(i32), i32], ctypes.c_bool),
         "pfx_capture_checkpoint": ([p], None),
         "pfx_capture_rollback": ([p], None),
         "pfx_capture_error": ([p], ctypes.c_char_p),
@@ -125,6 +126,14 @@ class NativeCapture:
         self.query_start, self.query_end = query_start, query_end
         if not self._lib.pfx_capture_reset(self._ptr, query_start, query_end):
             raise NativeError(self.error or "could not allocate the capture")
+
+    def layout(self, segments: list[tuple[int, int]]) -> None:
+        """Prompt positions of the next ubatches' rows: (first position, rows) per segment, in row
+        order; [] for rows that continue the prompt in order."""
+        positions = (ctypes.c_int32 * len(segments))(*(pos for pos, _ in segments))
+        counts = (ctypes.c_int32 * len(segments))(*(n for _, n in segments))
+        if not self._lib.pfx_capture_layout(self._ptr, positions, counts, len(segments)):
+            raise NativeError(self.error or f"invalid ubatch layout {segments}")
 
     def checkpoint(self) -> None:
         self._lib.pfx_capture_checkpoint(self._ptr)

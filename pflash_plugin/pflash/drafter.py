@@ -55,16 +55,25 @@ class Alone:
 @dataclass(frozen=True)
 class DraftOptions:
     rope: str = "post"  # score post- or pre-RoPE Q/K
-    n_batch: int = 512  # tokens per drafter chunk (and ubatch)
+    n_batch: int = 512  # tokens of a window per drafter chunk (and ubatch)
     n_threads: int = 0  # CPU threads (0: llama.cpp's default)
     scorer: str = "auto"  # auto | native | numpy | a pflash_plugin.scorers entry point (scorers.make_scorer)
     device: int = 0  # GPU of the native scorer's captures, when the model's layers are on a GPU
     shared_duty: float = 1.0  # share of time the drafter computes while slots decode (it pauses the rest)
     windows: DraftWindows = DraftWindows()  # one causal pass, or windows beside a sink (linear cost)
+    batch_windows: int = 1  # windows drafted side by side, a KV stream each: a ubatch carries this many
 
 
 class DrafterError(RuntimeError):
     """The drafter cannot score (bad configuration or capture failure)."""
+
+
+def check_batch_windows(batch_windows: int, windows: DraftWindows) -> None:
+    """Refuse side by side windows where there are no windows (at start)."""
+    if batch_windows < 1:
+        raise ValueError(f"pflash_drafter_batch_windows must be >= 1, not {batch_windows}")
+    if batch_windows > 1 and windows.window == 0:
+        raise ValueError("pflash_drafter_batch_windows drafts windows side by side: it needs pflash_drafter_window > 0")
 
 
 class Cancelled(Exception):
@@ -129,8 +138,10 @@ class Drafter:
         self.model, self.layers, self.max_tokens = model, layers, max_tokens
         self.owns_model = owns_model
         self.n_batch, self.shared_duty, self.windows = options.n_batch, options.shared_duty, options.windows
+        self.batch_windows = options.batch_windows
         try:
             self.windows.check(self.n_batch, max_tokens)
+            check_batch_windows(self.batch_windows, self.windows)
         except ValueError as error:
             raise DrafterError(str(error)) from None
         n_threads = options.n_threads
@@ -140,21 +151,30 @@ class Drafter:
                                       n_threads=n_threads)
         except ScoringError as error:
             raise DrafterError(str(error)) from None
+        if self.batch_windows > 1 and not hasattr(self.scorer, "layout"):
+            self.scorer.close()
+            raise DrafterError(f"the {options.scorer} scorer takes no ubatch layout: it can only draft one window "
+                               "at a time (pflash_drafter_batch_windows 1)")
         self._abort_if: Callable[[], bool] = _never
         self.aborted_chunks = 0  # chunks aborted for interactive work and redone
         # swa_full: with the trimmed SWA cache, a ubatch's first tokens lose part of their window
-        # (measured: K at layer 5 of gemma-3-270m off by 10% after 2 ubatches); full is exact
+        # (measured: K at layer 5 of gemma-3-270m off by 10% after 2 ubatches); full is exact.
+        # Side by side windows: a KV stream per window (kv_unified off), so that each attends, and
+        # llama.cpp's host mask spans, only its own cells and sink.
+        k = self.batch_windows
         self.ctx = Context(
             self.model,
             ContextConfig(
-                n_ctx=self.windows.context_tokens(max_tokens),
-                n_batch=self.n_batch,
-                n_ubatch=self.n_batch,
+                n_ctx=k * self.windows.context_tokens(max_tokens),
+                n_batch=k * self.n_batch,
+                n_ubatch=k * self.n_batch,
+                n_seq_max=k,
+                kv_unified=k == 1,
                 n_threads=n_threads,
                 n_threads_batch=n_threads,
                 swa_full=True,
                 flash_attn=True,
-                n_outputs_max=1,  # the drafter reads no logits
+                n_outputs_max=k,  # the drafter reads no logits (llama.cpp reserves a row per sequence)
             ),
             eval_callback=self.scorer.callback,
             eval_callback_data=self.scorer.callback_data,
@@ -187,19 +207,19 @@ class Drafter:
         query_end = len(tokens) if query_end is None else query_end
         if not 1 <= query_start < query_end <= len(tokens):
             raise DrafterError(f"query [{query_start}, {query_end}) does not fit {len(tokens)} tokens")
-        ctx, batch = self.ctx, Batch(self.n_batch, 1)
+        ctx, batch = self.ctx, Batch(self.batch_windows * self.n_batch, 1)
         try:
             ctx.clear()
             self.scorer.begin(query_start, query_end)
             forward_start = time.perf_counter()
-            bridge = -1  # position of the sink's last cell, which joins each window (-1: no sink yet)
-            stages = self.windows.stages(query_end)
-            for stage in stages:
-                if stage.start > 0:
-                    bridge = self._enter_window(stage, bridge)
-                self._draft_stage(tokens[stage.start:stage.end], stage.start, batch, should_stop, progress, neighbours)
-                if stage.start == 0:
-                    bridge = min(self.windows.sink, stage.end) - 1
+            first, *rest = stages = self.windows.stages(query_end)
+            self._draft_round([first], tokens, batch, should_stop, progress, neighbours)
+            bridges = self._open_streams(min(self.windows.sink, first.end) - 1, len(rest))
+            for at in range(0, len(rest), self.batch_windows):
+                windows = rest[at:at + self.batch_windows]
+                for seq, stage in enumerate(windows):
+                    bridges[seq] = self._enter_window(seq, stage, bridges[seq])
+                self._draft_round(windows, tokens, batch, should_stop, progress, neighbours)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:
@@ -210,25 +230,42 @@ class Drafter:
         return DraftResult(mass, max(self.layers) + 1, self.scorer.name, len(stages),
                            {"forward_ms": round(forward_ms, 3), **self.scorer.timings()})
 
-    def _enter_window(self, stage: Stage, bridge: int) -> int:
+    def _open_streams(self, bridge: int, n_windows: int) -> list[int]:
+        """The sink's last cell per sequence: the other sequences' streams start as copies of the
+        first one (llama.cpp copies whole streams), whose cells past the sink each window drops."""
+        streams = min(self.batch_windows, n_windows)
+        if bridge >= 0:
+            for seq in range(1, streams):
+                self.ctx.seq_cp(0, seq, -1, -1)
+        return [bridge] * max(1, streams)
+
+    def _enter_window(self, seq: int, stage: Stage, bridge: int) -> int:
         """Drop the previous window's cells, keeping the sink, and move the sink's last cell to just
         before this window: llama.cpp wants each sequence to continue at its last position + 1, and
         a cell of the previous window there would carry that window into this one."""
-        self.ctx.seq_rm(0, bridge + 1, -1)
+        self.ctx.seq_rm(seq, bridge + 1, -1)
         if bridge < 0:
             return -1  # no sink: the sequence is empty, and may start anywhere
-        self.ctx.seq_add(0, bridge, bridge + 1, stage.start - 1 - bridge)
+        self.ctx.seq_add(seq, bridge, bridge + 1, stage.start - 1 - bridge)
         return stage.start - 1
 
-    def _draft_stage(self, tokens: list[int], pos: int, batch: Batch, should_stop: Callable[[], bool],
+    def _draft_round(self, windows: list[Stage], tokens: list[int], batch: Batch, should_stop: Callable[[], bool],
                      progress: Callable[[int], None], neighbours: Neighbours) -> None:
-        """Decode `tokens` from position `pos` on, chunk by chunk and politely (see `run`)."""
+        """Decode windows of equal length side by side (window i as sequence i), chunk by chunk and
+        politely (see `run`): each chunk takes the same tokens of every window, in sequence order, as
+        llama.cpp's ubatch of several streams lays them out, and tells the scorer their positions."""
+        length = windows[0].end - windows[0].start
+        assert all(w.end - w.start == length for w in windows), "side by side windows must be equally long"
         done = 0
-        while done < len(tokens):
+        while done < length:
             shared = neighbours.slots_decoding()
-            end = min(done + (min(self.n_batch, SHARED_CHUNK) if shared else self.n_batch), len(tokens))
+            chunk = max(1, min(self.n_batch, SHARED_CHUNK // len(windows))) if shared else self.n_batch
+            end = min(done + chunk, length)
             batch.clear()
-            batch.add_sequence(tokens[done:end], pos + done, 0, False)
+            for seq, window in enumerate(windows):
+                batch.add_sequence(tokens[window.start + done:window.start + end], window.start + done, seq, False)
+            if self.batch_windows > 1:
+                self.scorer.layout([(window.start + done, end - done) for window in windows])
             chunk_start = time.perf_counter()
             self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
             if self.scorer.error():
@@ -236,7 +273,7 @@ class Drafter:
             if shared and self.shared_duty < 1.0:
                 time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.shared_duty - 1.0))
             done = end
-            progress(pos + done)
+            progress(windows[0].start + len(windows) * done)
 
     def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool],
                          interactive_waiting: Callable[[], bool]) -> None:

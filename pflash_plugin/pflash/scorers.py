@@ -27,6 +27,9 @@ class Scorer(Protocol):
     callback_data: Any
 
     def begin(self, query_start: int, query_end: int) -> None: ...
+    # prompt positions of the next ubatches' rows as (first, count) segments when they interleave
+    # windows; [] (and begin): in order. Optional: without it a drafter drafts one window at a time.
+    def layout(self, segments: list[tuple[int, int]]) -> None: ...
     def checkpoint(self) -> None: ...
     def rollback(self) -> None: ...
     def error(self) -> str | None: ...
@@ -53,6 +56,9 @@ class NumpyScorer:
     def begin(self, query_start: int, query_end: int) -> None:
         self.capture.reset()
         self._query = (query_start, query_end)
+
+    def layout(self, segments: list[tuple[int, int]]) -> None:
+        self.capture.layout(segments)
 
     def checkpoint(self) -> None:
         self._kept = self.capture.checkpoint()
@@ -110,6 +116,12 @@ class NativeScorer:
     def begin(self, query_start: int, query_end: int) -> None:
         try:
             self.capture.reset(query_start, query_end)
+        except native.NativeError as error:
+            raise ScoringError(str(error)) from None
+
+    def layout(self, segments: list[tuple[int, int]]) -> None:
+        try:
+            self.capture.layout(segments)
         except native.NativeError as error:
             raise ScoringError(str(error)) from None
 

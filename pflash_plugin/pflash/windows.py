@@ -42,10 +42,10 @@ class DraftWindows:
             raise ValueError("pflash_drafter_window, pflash_drafter_sink and pflash_drafter_causal_max must be >= 0")
         if self.window == 0:
             return
-        if self.window < n_batch:
+        if self.sink + self.window < n_batch:  # sink + window in one ubatch is the most a window takes
             raise ValueError(
-                f"pflash_drafter_window {self.window} is below the drafter's ubatch ({n_batch} tokens): "
-                f"use at least {n_batch}, or 0 for one causal pass"
+                f"pflash_drafter_window {self.window} is below the drafter's ubatch ({n_batch} tokens) less the "
+                f"sink ({self.sink}): use at least {n_batch - self.sink}, or 0 for one causal pass"
             )
         if self.sink + self.window > max_tokens:
             raise ValueError(

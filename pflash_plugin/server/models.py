@@ -167,14 +167,15 @@ class ServedModel:
         assert self.config.max_ctx is not None
         max_tokens = self.config.max_ctx + MAX_EXPLICIT_QUERY
         drafter_on_gpu = on_gpu and probe.n_gpu_layers != 0
-        n_batch = min(s.n_batch, DRAFT_BATCH)
+        n_batch = min(s.n_batch, DRAFT_BATCH) if s.pflash_drafter_ubatch is None else s.pflash_drafter_ubatch
 
         windows = (DraftWindows.default(s.pflash_drafter_sink, s.pflash_drafter_causal_max, max_tokens)
                    if s.pflash_drafter_window is None
                    else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
         windows.check(n_batch, max_tokens)  # at start, also for drafters loaded per prompt
+        k = s.pflash_drafter_batch_windows if windows.window else 1  # no windows (small max_ctx): one sequence
         options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
-                               s.pflash_shared_duty, windows)
+                               s.pflash_shared_duty, windows, k)
 
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent
@@ -182,11 +183,11 @@ class ServedModel:
             return Drafter(model, layers, max_tokens, options, owns_model=separate)
 
         # the reserve is memory of the device the drafter runs on: the pool's only when they match
-        reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=drafter_on_gpu)
+        reserve = drafter_reserve(probe, layers, k * n_batch, drafter_path is not None, gpu=drafter_on_gpu)
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
-        kv_tokens = windows.context_tokens(max_tokens)
+        kv_tokens = k * windows.context_tokens(max_tokens)
         pool_reserve = reserve.bytes_for(max_tokens, kv_tokens) if drafter_on_gpu == on_gpu else 0
         return CompressionWorker(compressor, name=self.name), pool_reserve
 

@@ -114,6 +114,16 @@ class ModelSettings(StockModelSettings):
     pflash_drafter_causal_max: int = Field(
         default=16384, ge=0, description="Prompts up to this many tokens are drafted in one causal pass."
     )
+    pflash_drafter_ubatch: Optional[int] = Field(
+        default=None, ge=1,
+        description="Tokens of each drafter window per ubatch (default: 512, capped by n_batch); up to "
+        "pflash_drafter_sink + pflash_drafter_window, which drafts a window in one ubatch.",
+    )
+    pflash_drafter_batch_windows: int = Field(
+        default=1, ge=1, le=64,
+        description="Drafter windows decoded side by side, a KV stream each: a ubatch carries this many windows "
+        "(pflash_drafter_ubatch tokens of each), and the drafter holds this many times its KV cells.",
+    )
     pflash_calibrate: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="With --pflash auto, time one long prompt at start, in full and with PFlash, and compress "
