@@ -111,13 +111,18 @@ class ServedModel:
         return calibrate(self, s.pflash_min_speedup)
 
     def pflash_status(self) -> dict[str, Any]:
-        """What /status says of auto mode: its threshold, and the start-up measurement behind it."""
+        """What /status says of PFlash: its mode and keep ratio (or curve); in auto mode its
+        threshold, and the start-up measurement behind it."""
+        mode: dict[str, Any] = {"pflash": self.settings.pflash}
+        if self.settings.pflash == "off":
+            return mode
+        mode |= {"pflash_keep_ratio": self.pflash.keep_ratio, "pflash_curve": self.settings.pflash_curve}
         if self.settings.pflash != "auto":
-            return {}
+            return mode
         calibration = None
         if self.calibration is not None:
             calibration = {**asdict(self.calibration), "speedup": round(self.calibration.speedup, 3)}
-        return {"pflash_threshold": self.pflash.threshold, "pflash_calibration": calibration}
+        return mode | {"pflash_threshold": self.pflash.threshold, "pflash_calibration": calibration}
 
     @property
     def pflash_scorer(self) -> str | None:
