@@ -30,11 +30,15 @@ def chat_formatter(model: Model, chat_format: str | None) -> Any:
             eos_token=model.piece(model.eos).decode("utf-8", errors="replace"),
             bos_token=model.piece(model.bos).decode("utf-8", errors="replace"),
         )
-    if chat_format in REFUSED_CHAT_FORMATS:
-        raise ValueError(f"chat_format {chat_format!r} is llama_cpp's own tool-calling handler, which this server "
+    return named_formatter(chat_format or "llama-2")  # llama_cpp's own fallback when a GGUF has no template
+
+
+def named_formatter(name: str) -> Any:
+    """llama_cpp's chat format `name`; raises ValueError (at start) for one this server does not run."""
+    if name in REFUSED_CHAT_FORMATS:
+        raise ValueError(f"chat_format {name!r} is llama_cpp's own tool-calling handler, which this server "
                          "does not run: leave chat_format unset, and tools work through the model's chat template "
                          "(docs/tools.md)")
-    name = chat_format or "llama-2"  # llama_cpp's own fallback when a GGUF has no template
     for attr in (f"format_{name.replace('-', '_')}", f"format_{name.replace('-', '')}"):
         formatter = getattr(llama_chat_format, attr, None)
         if formatter is not None:
