@@ -1,7 +1,6 @@
 """`python -m pflash_plugin.server`: the flags and config file of `python -m llama_cpp.server`, plus ours."""
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import json
 import logging
@@ -11,11 +10,12 @@ import sys
 from typing import cast
 
 import uvicorn
-from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+from llama_cpp.server.cli import parse_model_from_args
 
 from ..plugins import plugin_routers, server_plugins
 from .app import create_app
-from .settings import ConfigFileSettings, ModelSettings, ServerSettings, Settings
+from .cli import build_parser
+from .settings import ConfigFileSettings, ModelSettings, ServerSettings
 from .startup import START_ERRORS, log_summary, start_error
 
 
@@ -35,10 +35,7 @@ def read_config_file(path: str) -> ConfigFileSettings:
 
 
 def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[ModelSettings]]:
-    parser = argparse.ArgumentParser(description="pflash-plugin: concurrent llama.cpp server with PFlash")
-    add_args_from_model(parser, Settings)
-    parser.add_argument("--config_file", type=str, help="Path to a config file to load.")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     config_file = os.environ.get("CONFIG_FILE", args.config_file)
     if config_file:
         config = read_config_file(config_file)

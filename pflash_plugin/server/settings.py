@@ -24,7 +24,7 @@ class ModelSettings(StockModelSettings):
         default=None, description="Use flash attention (default: llama.cpp decides per backend)."
     )
     verbose: bool = Field(  # stock's default is True: 2,000 lines of llama.cpp's load log
-        default=False, description="Log all of llama.cpp's lines (default: its warnings and errors only)."
+        default=False, description="Log all of llama.cpp's lines, not only its warnings and errors."
     )
     max_concurrency: int = Field(default=4, ge=1, le=256, description="Slots decoding together.")
     n_threads: int = Field(
