@@ -11,7 +11,8 @@ import pytest
 from conftest import live_server
 from pflash_plugin.server.prompts import chat_formatter
 from pflash_plugin.server.responses import ChatChoice
-from pflash_plugin.server.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolCallReader, ToolRequest, syntax_for
+from pflash_plugin.server.tool_requests import ToolRequest
+from pflash_plugin.server.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolCallReader, syntax_for
 from pflash_plugin.testing import cached_tiny_llama
 from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
 
@@ -182,7 +183,7 @@ WRITTEN = [
 
 
 def _reader(syntax, parallel: bool = True) -> ToolCallReader:
-    return ToolCallReader(ToolRequest(syntax, TOOLS, None, parallel))
+    return ToolCallReader(syntax, parallel)
 
 
 @pytest.mark.parametrize("syntax, text, content", WRITTEN)

@@ -18,6 +18,7 @@ from ..llama import GrammarError, check_grammar
 from ..pflash.planning import PlanError, PromptFacts
 from .generation import Generation
 from .models import ServedModel
+from .prompts import ChatPrompt
 from .protocol import (
     MAX_N,
     ChatCompletionRequest,
@@ -28,7 +29,8 @@ from .protocol import (
     sampling_params,
 )
 from .responses import ChatChoice, CompletionChoice, new_id
-from .tools import GENERIC, ToolCallReader, ToolRequest, plain_history
+from .tool_requests import ToolRequest, plain_history
+from .tools import GENERIC, ToolCallReader
 
 
 def _samples(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -108,16 +110,25 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolR
     return _checked_grammar(served, grammar, "response_format")
 
 
+def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
+    """A choice's reader of the tool calls the model writes (none when the request has no tools)."""
+    return ToolCallReader(tools.syntax, tools.parallel is not False) if tools else None
+
+
+def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
+    """The conversation through the chat template, with the tools unless tool_choice is none."""
+    messages = chat_messages(body.messages)
+    if tools is not None:
+        return served.prompts.render_chat(tools.messages(messages), tools.tools, body.tool_choice)
+    plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
+    return served.prompts.render_chat(plain_history(messages) if plain else messages)
+
+
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
     if not body.messages:
         raise RequestError(400, "messages must contain at least one message", param="messages")
     tools = ToolRequest.of(body, served.prompts.tool_syntax)
-    messages = chat_messages(body.messages)
-    if tools is None:
-        plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
-        rendered = served.prompts.render_chat(plain_history(messages) if plain else messages)
-    else:
-        rendered = served.prompts.render_chat(tools.messages(messages), tools.tools, body.tool_choice)
+    rendered = _render(served, body, tools)
     grammar = _chat_grammar(served, body, tools)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
@@ -135,7 +146,6 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
         request = EngineRequest(rendered.tokens, sample)
         _plan_compression(served, request, body.pflash, facts)
         requests.append(request)
-    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), ToolCallReader(tools) if tools else None)
-               for i in range(len(requests))]
+    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools)) for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",
                       len(rendered.tokens), _include_usage(body), new_id("chatcmpl"))
