@@ -76,5 +76,6 @@ def test_compression_time_is_compress_ms_not_queue_ms(server):
     assert timings["pflash"]["status"] == "compressed"
     # the compression (waiting for the thread, drafting, selection) is inside compress_ms
     assert timings["compress_ms"] >= timings["pflash"]["draft_ms"] > 0
-    assert timings["queue_ms"] < timings["compress_ms"]  # an idle server: nothing else to wait for
+    # the three are parts of the time to first token (each rounded to 1 us)
+    assert timings["queue_ms"] + timings["compress_ms"] + timings["prefill_ms"] <= timings["ttft_ms"] + 0.005
     assert short["compress_ms"] == 0.0
