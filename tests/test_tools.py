@@ -186,6 +186,18 @@ def _reader(syntax, parallel: bool = True) -> ToolCallReader:
     return ToolCallReader(syntax, parallel)
 
 
+def _accumulated(deltas: list[dict]) -> list[tuple[int, str, dict]]:
+    """Tool-call deltas accumulated by index, as OpenAI clients do: (index, name, arguments)."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for part in delta.get("tool_calls", []):
+            assert ("id" in part) == (part["index"] not in calls)  # a call's first delta carries its id
+            call = calls.setdefault(part["index"], {"name": "", "arguments": ""})
+            call["name"] += part["function"].get("name", "")
+            call["arguments"] += part["function"].get("arguments", "")
+    return [(i, c["name"], json.loads(c["arguments"])) for i, c in sorted(calls.items())]
+
+
 @pytest.mark.parametrize("syntax, text, content", WRITTEN)
 @pytest.mark.parametrize("step", [1, 3, 1000])
 def test_written_calls_parse_whether_streamed_in_pieces_or_whole(syntax, text, content, step):
@@ -193,11 +205,13 @@ def test_written_calls_parse_whether_streamed_in_pieces_or_whole(syntax, text, c
     deltas = [choice.chunk(text[i:i + step], [], None)["delta"] for i in range(0, len(text), step)]
     last = choice.chunk("", [], "stop")
     assert "".join(d.get("content", "") for d in deltas + [last["delta"]]) == content
-    assert not any("tool_calls" in d for d in deltas)  # the calls come whole, once the answer ends
     assert last["finish_reason"] == "tool_calls"
-    calls = [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"]))
-             for c in last["delta"]["tool_calls"]]
-    assert calls == [(0, "get_time", {"zone": "UTC"}), (1, "get_weather", {"city": "Oslo", "days": 1})]
+    expected = [(0, "get_time", {"zone": "UTC"}), (1, "get_weather", {"city": "Oslo", "days": 1})]
+    assert _accumulated(deltas + [last["delta"]]) == expected
+    if step == 1:  # the first call's name goes out before its arguments, and both before the answer ends
+        first = next(d["tool_calls"][0] for d in deltas if "tool_calls" in d)
+        assert first["function"] == {"name": "get_time", "arguments": ""} and first["id"]
+        assert _accumulated(deltas)[:1] == expected[:1]
     whole = ChatChoice(0, lambda t: b"", False, _reader(syntax))
     whole.add(text, [])
     final = whole.final("stop")
@@ -205,9 +219,22 @@ def test_written_calls_parse_whether_streamed_in_pieces_or_whole(syntax, text, c
     assert final["message"]["content"] == (content or None)
 
 
+def test_a_call_cut_short_ends_as_length():
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zo'
+    choice = ChatChoice(0, lambda t: b"", False, _reader(HERMES))
+    deltas = [choice.chunk(c, [], None)["delta"] for c in text]
+    last = choice.chunk("", [], "length")
+    assert last["finish_reason"] == "length"
+    streamed = "".join(p["function"]["arguments"] for d in deltas for p in d.get("tool_calls", []))
+    assert streamed == '{"zo'  # streamed as OpenAI streams a call that max_tokens cut
+    whole = ChatChoice(0, lambda t: b"", False, _reader(HERMES))
+    whole.add(text, [])
+    final = whole.final("length")  # whole, the text that does not parse is content
+    assert final["finish_reason"] == "length" and final["message"] == {"role": "assistant", "content": text}
+
+
 @pytest.mark.parametrize("syntax, text", [
     (HERMES, "No tools needed: <tool_call is a tag I know."),
-    (HERMES, '<tool_call>\n{"name": "get_time", "arguments": {"zone": '),  # cut by max_tokens
     (LLAMA3, '{"answer": 42} is JSON, not a call'),
     (MISTRAL, "[1, 2] are numbers"),
     (GENERIC, "Plain words <tool_"),
@@ -217,6 +244,9 @@ def test_text_that_is_not_a_call_is_content(syntax, text):
     released = "".join(reader.feed(c) for c in text)
     rest, calls = reader.finish()
     assert calls == [] and released + rest == text
+    choice = ChatChoice(0, lambda t: b"", False, _reader(syntax))
+    deltas = [choice.chunk(c, [], None)["delta"] for c in text] + [choice.chunk("", [], "length")["delta"]]
+    assert not any("tool_calls" in d for d in deltas) and "".join(d.get("content", "") for d in deltas) == text
 
 
 def test_parallel_false_keeps_the_first_written_call():

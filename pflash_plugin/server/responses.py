@@ -254,19 +254,15 @@ class ChatChoice:
         # the role alone, as stock sends it: a client that checks each content delta is non-empty passes
         return {"index": self.index, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
 
-    def _read(self, text: str, finish: str | None) -> tuple[str, list[dict], str | None]:
-        """The content to release, the tool calls (once finished) and the finish reason."""
+    def _read(self, text: str, finish: str | None, stream: bool) -> tuple[str, list[dict], str | None]:
+        """The content to release, the tool calls and the finish reason."""
         if self.tools is None:
             return text, [], finish
-        text = self.tools.feed(text)
-        if finish is None:
-            return text, [], None
-        rest, calls = self.tools.finish()
-        return text + rest, calls, "tool_calls" if calls else finish
+        return self.tools.read(text, finish, stream)
 
     def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
         logprobs = {"content": chat_logprobs(self.piece, outputs)} if self.logprobs is not None else None
-        text, calls, finish = self._read(text, finish)
+        text, calls, finish = self._read(text, finish, stream=True)
         delta: dict[str, Any] = {"content": text} if text else {}
         if calls:
             delta["tool_calls"] = calls
@@ -278,7 +274,7 @@ class ChatChoice:
             self.logprobs.extend(chat_logprobs(self.piece, outputs))
 
     def final(self, finish: str) -> dict:
-        content, calls, finish_reason = self._read("".join(self.texts), finish)
+        content, calls, finish_reason = self._read("".join(self.texts), finish, stream=False)
         message: dict[str, Any] = {"role": "assistant", "content": None if calls and not content.strip() else content}
         if calls:
             message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in calls]

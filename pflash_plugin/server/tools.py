@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .tool_stream import CallScanner
+
 CALL_RULE = "tool-call"  # the call object's rule in the forced grammar (the schema's root, renamed)
 
 
@@ -132,6 +134,19 @@ class ToolCallReader:
         self.pending = ""  # text not yet released: it may start a call
         self.capturing = False  # a marker was seen: the rest is calls
         self.started = False  # content other than whitespace was released
+        self.scanner = CallScanner(("arguments", "parameters"), syntax.call_id, parallel)
+
+    def read(self, text: str, finish: str | None, stream: bool) -> tuple[str, list[dict], str | None]:
+        """The content of `text` to release now; the tool calls: streamed, the deltas the calls
+        written so far add, else the whole calls once finished; the finish reason."""
+        content = self.feed(text)
+        deltas = self.scanner.feed(self.pending) if stream and self.capturing else []
+        if finish is None:
+            return content, deltas, None
+        rest, calls = self.finish()
+        if stream and self.scanner.started:  # the started calls went out as deltas: send the others whole
+            return content, deltas + calls[self.scanner.started:], "tool_calls" if calls else finish
+        return content + rest, calls, "tool_calls" if calls else finish
 
     def feed(self, text: str) -> str:
         """The content of `text` that is safe to release now."""
