@@ -13,7 +13,7 @@ from pflash_plugin.server.prompts import chat_formatter
 from pflash_plugin.server.responses import ChatChoice
 from pflash_plugin.server.tool_requests import ToolRequest
 from pflash_plugin.server.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolCallReader, syntax_for
-from pflash_plugin.testing import cached_tiny_llama
+from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
 from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
 
 openai = pytest.importorskip("openai")
@@ -38,6 +38,8 @@ TOOLS = [
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 FAMILIES = ["hermes", "llama3", "mistral", "chatml"]  # chatml: a template that renders no tools
+# a template that renders the tools in a format the server does not know
+ODD_TEMPLATE = "{% if tools %}<|im_start|>functions\n{{ tools | tojson }}<|im_end|>\n{% endif %}" + CHATML_TEMPLATE
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def server():
                 "n_threads": 1, "n_threads_batch": 1}
 
     models = [model(name, chat_template=template) for name, template in TOOL_TEMPLATES.items()]
-    with live_server([*models, model("chatml")]) as live:
+    with live_server([*models, model("chatml"), model("odd", chat_template=ODD_TEMPLATE)]) as live:
         yield live
 
 
@@ -125,6 +127,15 @@ def test_a_conversation_with_calls_and_results_renders_in_every_template(sdk):
     for family in FAMILIES:
         reply = sdk.chat.completions.create(model=family, messages=messages, tools=TOOLS, max_tokens=4, temperature=0)
         assert reply.choices[0].finish_reason == "length"
+
+
+def test_a_template_with_an_unknown_tool_format_gets_the_tools_in_the_system_prompt_only(sdk):
+    assert syntax_for(ODD_TEMPLATE) is GENERIC
+    with_tools = sdk.chat.completions.create(model="odd", messages=ASK, tools=TOOLS, max_tokens=1)
+    described = ToolRequest(GENERIC, TOOLS, None, None).messages(ASK)
+    as_text = sdk.chat.completions.create(model="odd", messages=described, max_tokens=1)
+    assert described[0]["role"] == "system" and "<tools>" in described[0]["content"]
+    assert with_tools.usage.prompt_tokens == as_text.usage.prompt_tokens  # not also the template's own rendering
 
 
 def test_tool_choice_none_leaves_the_answer_free(server, sdk):

@@ -118,8 +118,10 @@ def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
 def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
     """The conversation through the chat template, with the tools unless tool_choice is none."""
     messages = chat_messages(body.messages)
-    if tools is not None:
-        return served.prompts.render_chat(tools.messages(messages), tools.tools, body.tool_choice)
+    if tools is not None and tools.syntax.renders_tools:
+        return served.prompts.render_chat(messages, tools.tools, body.tool_choice)
+    if tools is not None:  # the system prompt describes them: a template's own format would be one we cannot read
+        return served.prompts.render_chat(tools.messages(messages))
     plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
     return served.prompts.render_chat(plain_history(messages) if plain else messages)
 

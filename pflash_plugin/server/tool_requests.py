@@ -58,9 +58,8 @@ class ToolRequest:
         return cls(syntax, tools, [name], parallel=False)  # a named choice: that one call, as OpenAI
 
     def messages(self, messages: list[dict]) -> list[dict]:
-        """The conversation with the tools described in its system message, if the template does not."""
-        if self.syntax.renders_tools:
-            return messages
+        """For a template that renders no tools: the conversation with the tools described in its
+        system message, and earlier calls and results as text."""
         messages = plain_history(messages)
         prompt = _system_prompt(self.tools)
         if messages and messages[0].get("role") == "system":

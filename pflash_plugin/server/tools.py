@@ -65,7 +65,8 @@ REFUSED_CHAT_FORMATS = ("chatml-function-calling", "functionary", "functionary-v
 
 
 def syntax_for(template: str | None) -> ToolSyntax:
-    """The syntax a chat template teaches its model, by the markers it writes."""
+    """The syntax a chat template teaches its model, by the markers it writes; generic for one
+    that renders no tools, or renders them in a format not known here."""
     if not template or "tools" not in template:
         return GENERIC
     if "<tool_call>" in template:
