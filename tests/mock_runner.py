@@ -478,8 +478,12 @@ def compressed_request(prompt: list[int], max_tokens: int = 3) -> Request:
     """A request that asks for compression (its job: a cancel flag, a progress counter, the report
     of a skip)."""
     request = make_request(prompt, max_tokens=max_tokens)
+
+    def skipped(reason: str, cause: str) -> PflashReport:
+        return PflashReport.skipped(len(prompt), reason, cause)
+
     request.compression = SimpleNamespace(cancelled=threading.Event(), progress=0, tokens=request.prompt_tokens,
-                                          skipped=lambda reason: PflashReport.skipped(len(prompt), reason))
+                                          skipped=skipped)
     return request
 
 

@@ -16,7 +16,8 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    settings = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 256, "max_concurrency": 2,
+    # n_ctx 512: room for the system prompt that describes the tools to a template that renders none
+    settings = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 512, "max_concurrency": 2,
                 "n_threads": 1, "n_threads_batch": 1, "embedding": True}
     with live_server([settings]) as live:
         yield live

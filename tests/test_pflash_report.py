@@ -21,7 +21,7 @@ def test_a_compressed_report_keeps_its_keys_and_their_order():
 
 
 def test_a_skip_before_drafting_leads_with_its_reason():
-    assert json.dumps(PflashReport.skipped(12, "no compressor").to_json()) == (
+    assert json.dumps(PflashReport.skipped(12, "no compressor", "no_compressor").to_json()) == (
         '{"status": "skipped", "reason": "no compressor", "original_tokens": 12}')
 
 

@@ -60,6 +60,8 @@ class Timings:
     """Wall-clock marks (time.perf_counter seconds); the server derives the reported ms."""
 
     arrival: float = field(default_factory=time.perf_counter)
+    handed: float | None = None  # to the compression thread
+    resumed: float | None = None  # back from it
     admitted: float | None = None
     prefill_done: float | None = None
     first_token: float | None = None
@@ -70,8 +72,10 @@ class Timings:
         def ms(a: float | None, b: float | None) -> float:
             return round((b - a) * 1000.0, 3) if a is not None and b is not None else 0.0
 
+        compress = ms(self.handed, self.resumed)
         return {
-            "queue_ms": ms(self.arrival, self.admitted),
+            "queue_ms": round(max(ms(self.arrival, self.admitted) - compress, 0.0), 3),
+            "compress_ms": compress,
             "prefill_ms": ms(self.admitted, self.prefill_done),
             "ttft_ms": ms(self.arrival, self.first_token),
             "decode_ms": ms(self.first_token, self.finished),
@@ -98,6 +102,7 @@ class TextEvent:
 class FinishEvent:
     reason: str  # "stop" | "length" | "cancelled" (errors and refusals end with an ErrorEvent)
     usage: dict[str, Any]
+    pflash: Report | None = None  # the compression report, for the server's metrics
 
 
 @dataclass
@@ -123,7 +128,7 @@ class CompressionJob(Protocol):
     cancelled: threading.Event  # set by the engine when the request ends first
     progress: int  # tokens drafted so far (for /status)
 
-    def skipped(self, reason: str) -> Report: ...
+    def skipped(self, reason: str, cause: str) -> Report: ...
 
 
 @dataclass(eq=False)

@@ -206,12 +206,15 @@ class Scheduler:
                 continue
             _, reuse = self.cache.best_prefix(request.prompt_tokens)
             if not self.config.can_compress or reuse * 2 >= len(request.prompt_tokens):
-                reason = f"{reuse} prompt tokens are cached" if self.config.can_compress else "no compressor"
-                request.pflash = request.compression.skipped(reason)
+                if self.config.can_compress:
+                    request.pflash = request.compression.skipped(f"{reuse} prompt tokens are cached", "cached")
+                else:
+                    request.pflash = request.compression.skipped("no compressor", "no_compressor")
                 request.compression = None
                 continue
             self.waiting.remove(request)
             request.status = RequestStatus.COMPRESSING
+            request.timings.handed = self.clock()
             self.compressing.append(request)
             self._handed.append(request)
 
@@ -223,7 +226,7 @@ class Scheduler:
         request.prefill_tokens = slot.tokens[:slot.source_len] + request.prompt_tokens[n_source:]
         request.pflash = request.compression.skipped(
             f"extends a prompt compressed earlier: its first {n_source} tokens reuse the {slot.source_len} "
-            "cached cells of its compressed form")
+            "cached cells of its compressed form", "extends_compressed")
         request.compression = None
 
     def take_handed(self) -> list[Request]:
@@ -236,6 +239,7 @@ class Scheduler:
         if request.status is not RequestStatus.COMPRESSING:
             return  # finished meanwhile (cancelled): the late result is dropped
         self.compressing.remove(request)
+        request.timings.resumed = self.clock()
         request.compression = None
         request.prefill_tokens = list(tokens)
         request.pflash = report
@@ -398,7 +402,7 @@ class Scheduler:
                 if tail:
                     self._emit(request, TextEvent(tail, live.pending))
             self.cache.release(self.slots[request.held_slot], forget_kv)
-        self._emit(request, error or FinishEvent(status.value, request.usage()))
+        self._emit(request, error or FinishEvent(status.value, request.usage(), request.pflash))
 
     def fail(self, request: Request, error: BaseException, what: str) -> None:
         """An exception tied to one request fails that request alone (500, naming it)."""

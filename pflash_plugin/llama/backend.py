@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 
 import llama_cpp
-from llama_cpp import _logger
+
+from .log import route_llama_log
 
 _lock = threading.Lock()
 _done = False
@@ -17,8 +18,7 @@ _done = False
 def init_backend(verbose: bool = False) -> None:
     global _done
     with _lock:
-        # llama_cpp._logger installed its (module-global, never collected) log callback on import
-        _logger.set_verbose(verbose)
+        route_llama_log(verbose)
         if not _done:
             llama_cpp.llama_backend_init()
             _done = True

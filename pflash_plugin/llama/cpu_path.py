@@ -84,7 +84,10 @@ def decide(setting: str, amx: bool, probe: Callable[[], CpuPath]) -> CpuPath:
         return CpuPath(True, f"{'amx' if amx else 'default'} ({ENV}=on, not probed)")
     if setting != "auto":
         raise ValueError(f"{ENV} must be auto, on or off, got {setting!r}")
-    return probe() if amx else CpuPath(True, "default")
+    if not amx:
+        return CpuPath(True, "default")
+    log.info("the CPU and this build have AMX: probing it in a child process (%s=on or off skips this)", ENV)
+    return probe()
 
 
 _lock = threading.Lock()

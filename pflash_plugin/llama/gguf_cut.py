@@ -90,6 +90,7 @@ def cached_cut(src: str | os.PathLike, n_layers: int, cache_dir: str | os.PathLi
     if dst.exists():
         return dst
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+    log.info("writing the drafter %s cut to %d layers, once, to %s", src, n_layers, dst)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         done = subprocess.run([sys.executable, "-m", __name__, os.fspath(src), os.fspath(tmp), str(n_layers)],

@@ -48,9 +48,9 @@ class CompressionJob:
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: int = 0  # tokens drafted so far (written by the compression thread)
 
-    def skipped(self, reason: str) -> PflashReport:
+    def skipped(self, reason: str, cause: str) -> PflashReport:
         """The report of this job when it is not run (the engine decided against it)."""
-        return PflashReport.skipped(len(self.tokens), reason)
+        return PflashReport.skipped(len(self.tokens), reason, cause)
 
 
 @dataclass
@@ -125,7 +125,7 @@ class Compressor:
 
     @staticmethod
     def _skip(tokens: list[int], report: PflashReport, reason: str) -> CompressionResult:
-        return CompressionResult(tokens, report.ending("skipped", reason))
+        return CompressionResult(tokens, report.ending("skipped", reason, "over_budget"))
 
     @staticmethod
     def _fallback(tokens: list[int], report: PflashReport, reason: str) -> CompressionResult:

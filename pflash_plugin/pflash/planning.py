@@ -64,20 +64,20 @@ class Planner:
         """A job to run, or a `skipped` report saying why not, or neither. Raises PlanError."""
         n = len(tokens)
         mode = ask.mode if ask else None
-        reason = skip_reason(self.config, n, mode, facts.has_tools, facts.json_format)
-        if reason == "off" and mode is None:
+        skip = skip_reason(self.config, n, mode, facts.has_tools, facts.json_format)
+        if skip is not None and skip[0] == "off" and mode is None:
             return Plan()  # PFlash is off and the request did not ask: report nothing
-        if reason is None and not self.enabled:
-            reason = NOT_ENABLED
-        if reason is not None:
-            return Plan(report=PflashReport.skipped(n, reason))
+        if skip is None and not self.enabled:
+            skip = ("not_enabled", NOT_ENABLED)
+        if skip is not None:
+            return Plan(report=PflashReport.skipped(n, skip[1], skip[0]))
         explicit = self._explicit_query(ask.query if ask else None)
         pieces = [self.model.piece(t) for t in tokens]
         query = plan_query(pieces, self.config.query_tokens, last_user=facts.last_user, system=facts.system,
                           explicit=explicit, min_head=self.config.segment_min)
         ratio = self.config.ratio_for(n, ask.keep_ratio if ask else None)
         if not query.fits(n, budget_for(n, ratio)):
-            return Plan(report=PflashReport.skipped(n, MANDATORY_OVER_BUDGET))
+            return Plan(report=PflashReport.skipped(n, MANDATORY_OVER_BUDGET, "over_budget"))
         return Plan(job=CompressionJob(tokens, query, ratio))
 
     def _explicit_query(self, query: str | None) -> list[int] | None:
@@ -95,18 +95,19 @@ def skip_reason(
     mode_override: str | None,
     has_tools: bool = False,
     json_format: bool = False,
-) -> str | None:
-    """None when the prompt should be compressed, else why not.
+) -> tuple[str, str] | None:
+    """None when the prompt should be compressed, else why not: (the label /metrics counts it
+    under, the reason the report gives).
 
     Tool calls and JSON output depend on exact prompt details (schemas, examples), so they are
     compressed only when the request itself asks for it.
     """
     mode = mode_override or config.mode
     if mode == "off":
-        return "off"
+        return "off", "off"
     if (has_tools or json_format) and mode_override is None:
-        return "tools or a JSON response format (set pflash.mode to compress anyway)"
+        return "tools_or_json", "tools or a JSON response format (set pflash.mode to compress anyway)"
     if mode == "auto" and n_tokens <= config.threshold:
         note = f"; {config.threshold_note}" if config.threshold_note else ""
-        return f"prompt of {n_tokens} tokens is not over the threshold ({config.threshold}{note})"
+        return "below_threshold", f"prompt of {n_tokens} tokens is not over the threshold ({config.threshold}{note})"
     return None

@@ -26,15 +26,16 @@ class PflashReport:
     select_ms: float | None = None
     segments_total: int | None = None
     segments_kept: int | None = None
+    cause: str | None = None  # a skip's reason as a label of few values, for /metrics (not in to_json)
 
     @classmethod
-    def skipped(cls, original_tokens: int, reason: str) -> PflashReport:
+    def skipped(cls, original_tokens: int, reason: str, cause: str) -> PflashReport:
         """Not compressed, decided before any drafting."""
-        return cls("skipped", original_tokens, reason)
+        return cls("skipped", original_tokens, reason, cause=cause)
 
-    def ending(self, status: str, reason: str) -> PflashReport:
-        """This report, ended as skipped or fallback for `reason`."""
-        return replace(self, status=status, reason=reason)
+    def ending(self, status: str, reason: str, cause: str | None = None) -> PflashReport:
+        """This report, ended as skipped (for `cause`) or fallback, for `reason`."""
+        return replace(self, status=status, reason=reason, cause=cause)
 
     def to_json(self) -> dict[str, Any]:
         """The set fields, in the key order clients have seen: measurements first, then the outcome;

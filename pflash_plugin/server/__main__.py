@@ -1,21 +1,22 @@
 """`python -m pflash_plugin.server`: the flags and config file of `python -m llama_cpp.server`, plus ours."""
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import json
+import logging
 import os
 import signal
 import sys
 from typing import cast
 
 import uvicorn
-from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+from llama_cpp.server.cli import parse_model_from_args
 
 from ..plugins import plugin_routers, server_plugins
 from .app import create_app
-from .llama_params import SettingsRefused
-from .settings import ConfigFileSettings, ModelSettings, ServerSettings, Settings
+from .cli import build_parser
+from .settings import ConfigFileSettings, ModelSettings, ServerSettings
+from .startup import START_ERRORS, log_summary, start_error
 
 
 def read_config_file(path: str) -> ConfigFileSettings:
@@ -25,15 +26,16 @@ def read_config_file(path: str) -> ConfigFileSettings:
         if path.endswith((".yaml", ".yml")):
             import yaml
 
-            return ConfigFileSettings.model_validate_json(json.dumps(yaml.safe_load(f)))
+            try:
+                loaded = yaml.safe_load(f)
+            except yaml.YAMLError as error:
+                raise ValueError(f"{path} is not YAML: {' '.join(str(error).split())}") from None
+            return ConfigFileSettings.model_validate_json(json.dumps(loaded))
         return ConfigFileSettings.model_validate_json(f.read())
 
 
 def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[ModelSettings]]:
-    parser = argparse.ArgumentParser(description="pflash-plugin: concurrent llama.cpp server with PFlash")
-    add_args_from_model(parser, Settings)
-    parser.add_argument("--config_file", type=str, help="Path to a config file to load.")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     config_file = os.environ.get("CONFIG_FILE", args.config_file)
     if config_file:
         config = read_config_file(config_file)
@@ -52,20 +54,20 @@ def main(argv: list[str] | None = None) -> None:
     faulthandler.enable()
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    try:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    try:  # a bad setting, a missing file, an unknown name: one line, exit 2
         server_settings, model_settings = parse_settings(argv)
-    except Exception as error:
-        print(error, file=sys.stderr)
-        sys.exit(1)
-    try:
         app = create_app(server_settings, model_settings, extra_routers=plugin_routers(server_plugins()))
-    except SettingsRefused as error:  # a stock key set to what the engine cannot honour: say which
-        print(f"refused: {error}", file=sys.stderr)
+    except START_ERRORS as error:
+        print(start_error(error), file=sys.stderr)
         sys.exit(2)
+    host, port = os.getenv("HOST", server_settings.host), int(os.getenv("PORT", server_settings.port))
+    log_summary(app.state.models, server_settings, host, port)
     uvicorn.run(
         app,
-        host=os.getenv("HOST", server_settings.host),
-        port=int(os.getenv("PORT", server_settings.port)),
+        host=host,
+        port=port,
         ssl_keyfile=server_settings.ssl_keyfile,
         ssl_certfile=server_settings.ssl_certfile,
         # a backstop: the engines drain within the grace at the signal (server/shutdown.py)

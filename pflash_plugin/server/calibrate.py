@@ -47,6 +47,7 @@ def calibrate(served: ServedModel, min_speedup: float) -> Calibration | None:
     n_tokens = calibration_length(config.threshold, served.max_ctx)
     if n_tokens is None:
         return None
+    log.info("model %s: timing a %d-token prompt in full and with PFlash (pflash_calibrate)", served.name, n_tokens)
     calibration = measure(served, n_tokens)
     threshold = effective_threshold(config.threshold, calibration, min_speedup)
     if threshold != config.threshold:

@@ -109,7 +109,7 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
 def _finish(ctx: ServerContext, gen: Generation, index: int, event: FinishEvent | ErrorEvent) -> None:
     gen.done.add(index)
     if isinstance(event, FinishEvent):
-        ctx.metrics.finished(gen.served.name, event.reason, event.usage)
+        ctx.metrics.finished(gen.served.name, event.reason, event.usage, event.pflash)
     else:
         ctx.metrics.errors.labels(gen.served.name, str(event.status)).inc()
 

@@ -1,12 +1,13 @@
 """Prometheus metrics for /metrics, on a registry of the app's own (several apps per process in tests)."""
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
+_RATIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
 
 
 class Metrics:
@@ -26,9 +27,11 @@ class Metrics:
                               buckets=_LATENCY_BUCKETS, registry=registry)
         self.itl = Histogram("pflash_inter_token_latency_seconds", "Mean time between generated tokens, per request",
                              labels, buckets=_LATENCY_BUCKETS, registry=registry)
+        self.pflash = _PflashMetrics(registry)
         self.registry.register(_EngineCollector(engine_status))
 
-    def finished(self, model: str, reason: str, usage: dict) -> None:
+    def finished(self, model: str, reason: str, usage: dict, pflash: Any = None) -> None:
+        """One finished request; `pflash`: its compression report (pflash.report.PflashReport), if any."""
         timings = usage["timings"]
         self.requests.labels(model, reason).inc()
         self.prompt_tokens.labels(model).inc(usage["prompt_tokens"])
@@ -38,9 +41,42 @@ class Metrics:
             self.ttft.labels(model).observe(timings["ttft_ms"] / 1000.0)
         if usage["completion_tokens"] > 1:
             self.itl.labels(model).observe(timings["decode_ms"] / 1000.0 / (usage["completion_tokens"] - 1))
+        if pflash is not None:
+            self.pflash.count(model, pflash)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PflashMetrics:
+    """What PFlash did to each finished request's prompt, from its report."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["model_name"]
+        self.compressed = Counter("pflash_prompts_compressed", "Prompts PFlash compressed", labels, registry=registry)
+        self.skipped = Counter("pflash_prompts_skipped", "Prompts PFlash did not compress, by reason",
+                               labels + ["reason"], registry=registry)
+        self.failed = Counter("pflash_prompts_failed", "Prompts whose compression failed: prefilled in full",
+                              labels, registry=registry)
+        self.saved = Counter("pflash_prompt_tokens_saved", "Prompt tokens compression left out of the prefill",
+                             labels, registry=registry)
+        self.draft = Histogram("pflash_draft_seconds", "Drafter time per drafted prompt (forward, capture, scoring)",
+                               labels, buckets=_LATENCY_BUCKETS, registry=registry)
+        self.kept = Histogram("pflash_kept_ratio", "Fraction of the prompt kept, per compressed prompt", labels,
+                              buckets=_RATIO_BUCKETS, registry=registry)
+
+    def count(self, model: str, report: Any) -> None:
+        """`report`: a pflash.report.PflashReport."""
+        if report.draft_ms is not None:
+            self.draft.labels(model).observe(report.draft_ms / 1000.0)
+        if report.status == "compressed":
+            self.compressed.labels(model).inc()
+            self.saved.labels(model).inc(report.original_tokens - report.kept_tokens)
+            self.kept.labels(model).observe(report.keep_ratio)
+        elif report.status == "skipped":
+            self.skipped.labels(model, report.cause or "other").inc()
+        else:
+            self.failed.labels(model).inc()
 
 
 class _EngineCollector:

@@ -18,6 +18,7 @@ from ..llama import GrammarError, check_grammar
 from ..pflash.planning import PlanError, PromptFacts
 from .generation import Generation
 from .models import ServedModel
+from .prompts import ChatPrompt
 from .protocol import (
     MAX_N,
     ChatCompletionRequest,
@@ -28,6 +29,8 @@ from .protocol import (
     sampling_params,
 )
 from .responses import ChatChoice, CompletionChoice, new_id
+from .tool_requests import ToolRequest, plain_history
+from .tools import GENERIC, ToolCallReader
 
 
 def _samples(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -88,9 +91,15 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
                       sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
 
 
-def _chat_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | None:
-    """response_format json_object or json_schema (strict or not: the grammar enforces the schema
-    either way) becomes a grammar; otherwise the request's own grammar, if any."""
+def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> str | None:
+    """A forced tool call's grammar; response_format json_object or json_schema (strict or not: the
+    grammar enforces the schema either way); otherwise the request's own grammar, if any."""
+    forced = tools.grammar() if tools else None
+    if forced:
+        if body.grammar or body.response_format is not None and body.response_format.type != "text":
+            raise RequestError(400, "a required or named tool_choice constrains the answer to a tool call: it "
+                               "cannot be combined with response_format or grammar", param="tool_choice")
+        return _checked_grammar(served, forced, "tools")
     if body.response_format is None or body.response_format.type == "text":
         return _checked_grammar(served, body.grammar, "grammar")
     schema = body.response_format.schema_for_grammar()
@@ -101,11 +110,28 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest) -> str | Non
     return _checked_grammar(served, grammar, "response_format")
 
 
+def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
+    """A choice's reader of the tool calls the model writes (none when the request has no tools)."""
+    return ToolCallReader(tools.syntax, tools.parallel is not False) if tools else None
+
+
+def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
+    """The conversation through the chat template, with the tools unless tool_choice is none."""
+    messages = chat_messages(body.messages)
+    if tools is not None and tools.syntax.renders_tools:
+        return served.prompts.render_chat(messages, tools.tools, body.tool_choice)
+    if tools is not None:  # the system prompt describes them: a template's own format would be one we cannot read
+        return served.prompts.render_chat(tools.messages(messages))
+    plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
+    return served.prompts.render_chat(plain_history(messages) if plain else messages)
+
+
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
     if not body.messages:
         raise RequestError(400, "messages must contain at least one message", param="messages")
-    rendered = served.prompts.render_chat(chat_messages(body.messages), body.tools, body.tool_choice)
-    grammar = _chat_grammar(served, body)
+    tools = ToolRequest.of(body, served.prompts.tool_syntax)
+    rendered = _render(served, body, tools)
+    grammar = _chat_grammar(served, body, tools)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
         body,
@@ -122,6 +148,6 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
         request = EngineRequest(rendered.tokens, sample)
         _plan_compression(served, request, body.pflash, facts)
         requests.append(request)
-    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs)) for i in range(len(requests))]
+    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools)) for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",
                       len(rendered.tokens), _include_usage(body), new_id("chatcmpl"))

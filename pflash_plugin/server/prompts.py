@@ -9,6 +9,7 @@ from llama_cpp import llama_chat_format
 
 from ..llama import Model
 from .protocol import RequestError
+from .tools import REFUSED_CHAT_FORMATS, syntax_for
 
 
 @dataclass
@@ -29,7 +30,15 @@ def chat_formatter(model: Model, chat_format: str | None) -> Any:
             eos_token=model.piece(model.eos).decode("utf-8", errors="replace"),
             bos_token=model.piece(model.bos).decode("utf-8", errors="replace"),
         )
-    name = chat_format or "llama-2"  # llama_cpp's own fallback when a GGUF has no template
+    return named_formatter(chat_format or "llama-2")  # llama_cpp's own fallback when a GGUF has no template
+
+
+def named_formatter(name: str) -> Any:
+    """llama_cpp's chat format `name`; raises ValueError (at start) for one this server does not run."""
+    if name in REFUSED_CHAT_FORMATS:
+        raise ValueError(f"chat_format {name!r} is llama_cpp's own tool-calling handler, which this server "
+                         "does not run: leave chat_format unset, and tools work through the model's chat template "
+                         "(docs/tools.md)")
     for attr in (f"format_{name.replace('-', '_')}", f"format_{name.replace('-', '')}"):
         formatter = getattr(llama_chat_format, attr, None)
         if formatter is not None:
@@ -44,6 +53,8 @@ class Prompts:
         self.model = model
         self._formatter = chat_formatter(model, chat_format)
         self._template_kwargs = chat_template_kwargs
+        # the tool-call syntax the template teaches (a named chat_format renders no tools)
+        self.tool_syntax = syntax_for(model.chat_template() if chat_format is None else None)
 
     def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None) -> ChatPrompt:
         try:

@@ -119,6 +119,8 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
                                     description="The conversation; content as text or a list of text parts.")
     response_format: Optional[ResponseFormat] = None  # type: ignore[assignment]  # adds json_schema
     n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples of the conversation.")
+    parallel_tool_calls: Optional[bool] = Field(
+        default=None, description="false: at most one tool call per answer (default: any number).")
 
 
 class EmbeddingRequest(BaseModel):

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Union
 from pydantic import BaseModel, ConfigDict
 
 from ..engine.request import TokenOutput
+from .tools import ToolCallReader
 
 Piece = Callable[[int], bytes]
 
@@ -49,9 +50,21 @@ class CompletionResponse(_Response):
     choices: List[CompletionChoiceModel]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
+    tool_calls: Optional[List[ToolCall]] = None
 
 
 class ChatChoiceModel(BaseModel):
@@ -229,8 +242,11 @@ class CompletionChoice:
 
 
 class ChatChoice:
-    def __init__(self, index: int, piece: Piece, logprobs: bool) -> None:
-        self.index, self.piece = index, piece
+    """A chat choice; with a tool-call reader, the text that makes tool calls is held back and
+    becomes `tool_calls` when the choice finishes."""
+
+    def __init__(self, index: int, piece: Piece, logprobs: bool, tools: ToolCallReader | None = None) -> None:
+        self.index, self.piece, self.tools = index, piece, tools
         self.texts: list[str] = []
         self.logprobs: list | None = [] if logprobs else None
 
@@ -238,10 +254,19 @@ class ChatChoice:
         # the role alone, as stock sends it: a client that checks each content delta is non-empty passes
         return {"index": self.index, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
 
+    def _read(self, text: str, finish: str | None, stream: bool) -> tuple[str, list[dict], str | None]:
+        """The content to release, the tool calls and the finish reason."""
+        if self.tools is None:
+            return text, [], finish
+        return self.tools.read(text, finish, stream)
+
     def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
         logprobs = {"content": chat_logprobs(self.piece, outputs)} if self.logprobs is not None else None
-        return {"index": self.index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
-                "finish_reason": finish}
+        text, calls, finish = self._read(text, finish, stream=True)
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = calls
+        return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def add(self, text: str, outputs: list[TokenOutput]) -> None:
         self.texts.append(text)
@@ -249,6 +274,9 @@ class ChatChoice:
             self.logprobs.extend(chat_logprobs(self.piece, outputs))
 
     def final(self, finish: str) -> dict:
-        message = {"role": "assistant", "content": "".join(self.texts)}
+        content, calls, finish_reason = self._read("".join(self.texts), finish, stream=False)
+        message: dict[str, Any] = {"role": "assistant", "content": None if calls and not content.strip() else content}
+        if calls:
+            message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in calls]
         logprobs = {"content": self.logprobs} if self.logprobs is not None else None
-        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -23,6 +23,9 @@ class ModelSettings(StockModelSettings):
     flash_attn: Optional[bool] = Field(  # type: ignore[assignment]
         default=None, description="Use flash attention (default: llama.cpp decides per backend)."
     )
+    verbose: bool = Field(  # stock's default is True: 2,000 lines of llama.cpp's load log
+        default=False, description="Log all of llama.cpp's lines, not only its warnings and errors."
+    )
     max_concurrency: int = Field(default=4, ge=1, le=256, description="Slots decoding together.")
     n_threads: int = Field(
         default=decode_threads(), ge=1,

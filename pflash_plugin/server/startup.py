@@ -1,0 +1,54 @@
+"""What `python -m pflash_plugin.server` says at start: a start-up error as one line (the operator's
+mistake, not the program's, so no traceback), and one summary line per model once it serves."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from .llama_params import SettingsRefused
+from .models import ModelRegistry
+from .settings import ModelSettings, ServerSettings
+
+log = logging.getLogger("pflash_plugin.server")
+
+# errors whose message alone says what to fix: a bad setting, a missing file, an unknown name
+START_ERRORS = (ValidationError, SettingsRefused, FileNotFoundError, ValueError)
+
+
+def _place(key: str, loc: tuple) -> str:
+    """Where a key the settings do not have belongs, when it belongs elsewhere."""
+    at_top = len(loc) == 1
+    if at_top and key in ModelSettings.model_fields:
+        return f"{key} is a model key: put it under one of models: (- model: ... {key}: ...)"
+    if not at_top and key in ServerSettings.model_fields:
+        return f"{'.'.join(map(str, loc))} is a server key: put it at the top level, beside models:"
+    return f"{'.'.join(map(str, loc))}: no such setting (python -m pflash_plugin.server --help lists them)"
+
+
+def _validation_line(error: ValidationError) -> str:
+    problems = []
+    for problem in error.errors():
+        loc = tuple(problem["loc"])
+        if problem["type"] == "extra_forbidden":
+            problems.append(_place(str(loc[-1]), loc))
+        else:
+            problems.append(f"{'.'.join(map(str, loc)) or 'settings'}: {problem['msg']} (got {problem['input']!r})")
+    return "; ".join(problems)
+
+
+def start_error(error: BaseException) -> str:
+    """The one line that says what stopped the start."""
+    if isinstance(error, ValidationError):
+        return f"bad settings: {_validation_line(error)}"
+    if isinstance(error, SettingsRefused):
+        return f"refused: {error}"
+    return f"cannot start: {error}"
+
+
+def log_summary(registry: ModelRegistry, settings: ServerSettings, host: str, port: Any) -> None:
+    """One line per model: where it serves and how."""
+    scheme = "https" if settings.ssl_certfile else "http"
+    for name, served in registry.models.items():
+        log.info("serving %s at %s://%s:%s/v1: %s", name, scheme, host, port, served.summary())

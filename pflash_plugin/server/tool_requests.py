@@ -1,0 +1,123 @@
+"""A chat request's tools as the server serves them: its tool_choice checked, the grammar that forces
+a call whose arguments follow the function's JSON schema, and the tools described in the prompt
+for a template that renders none."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from llama_cpp import llama_grammar
+
+from .protocol import ChatCompletionRequest, RequestError
+from .tools import CALL_RULE, MISTRAL, ToolSyntax
+
+
+def _system_prompt(tools: list[dict]) -> str:
+    """The tools described as Hermes and Qwen are taught them, for templates that render none."""
+    listed = "\n".join(json.dumps(tool) for tool in tools)
+    return ("You may call one or more functions to assist with the user query.\n\n"
+            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n"
+            "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+            '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+            "<args-json-object>}\n</tool_call>")
+
+
+@dataclass
+class ToolRequest:
+    """A chat request's tools as the server serves them: `forced` names the functions one of
+    which must be called (None: the model chooses). `parallel` is the request's
+    parallel_tool_calls: False keeps the first call the model writes; a forced grammar allows
+    several calls only when it is True (small models, forced, repeat calls until max_tokens)."""
+
+    syntax: ToolSyntax
+    tools: list[dict]
+    forced: list[str] | None
+    parallel: bool | None
+
+    @classmethod
+    def of(cls, body: ChatCompletionRequest, syntax: ToolSyntax) -> ToolRequest | None:
+        """None when the request has no tools or tool_choice is none."""
+        tools: list[dict[str, Any]] = [dict(tool) for tool in body.tools or []]
+        choice = body.tool_choice or ("auto" if tools else "none")
+        if choice == "none":
+            return None
+        names = [tool["function"]["name"] for tool in tools]  # their shape is validated with the body
+        if not tools:
+            raise RequestError(400, f"tool_choice {choice!r} needs tools", param="tool_choice")
+        parallel = body.parallel_tool_calls
+        if choice == "auto":
+            return cls(syntax, tools, None, parallel)
+        if choice == "required":
+            return cls(syntax, tools, names, parallel)
+        name = _named_choice(choice)
+        if name not in names:
+            raise RequestError(400, f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
+                               param="tool_choice")
+        return cls(syntax, tools, [name], parallel=False)  # a named choice: that one call, as OpenAI
+
+    def messages(self, messages: list[dict]) -> list[dict]:
+        """For a template that renders no tools: the conversation with the tools described in its
+        system message, and earlier calls and results as text."""
+        messages = plain_history(messages)
+        prompt = _system_prompt(self.tools)
+        if messages and messages[0].get("role") == "system":
+            first = messages[0]
+            return [{**first, "content": f"{first.get('content') or ''}\n\n{prompt}".lstrip()}, *messages[1:]]
+        return [{"role": "system", "content": prompt}, *messages]
+
+    def grammar(self) -> str | None:
+        """A forced call's grammar: the syntax around calls whose arguments follow their schemas."""
+        if self.forced is None:
+            return None
+        schemas = [self._call_schema(tool) for tool in self.tools if tool["function"]["name"] in self.forced]
+        schema: dict[str, Any] = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        several = self.parallel is True
+        if self.syntax is MISTRAL:
+            schema = {"type": "array", "items": schema, "minItems": 1, **({} if several else {"maxItems": 1})}
+        try:
+            gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        except Exception as error:
+            raise RequestError(400, f"a tool's parameters are not a usable JSON schema: {error}",
+                               param="tools") from None
+        renamed = re.sub(r"^root ::=", f"{CALL_RULE} ::=", gbnf, count=1, flags=re.MULTILINE)
+        return f"{self.syntax.root_rule(several)}\n{renamed}"
+
+    def _call_schema(self, tool: dict) -> dict[str, Any]:
+        function = tool["function"]
+        parameters = function.get("parameters") or {"type": "object"}
+        return {"type": "object", "properties": {"name": {"const": function["name"]}, self.syntax.args_key: parameters},
+                "required": ["name", self.syntax.args_key]}
+
+
+def plain_history(messages: list[dict]) -> list[dict]:
+    """Earlier calls and their results as text, for a template that renders neither: a call in
+    `<tool_call>` tags in its assistant message, results in `<tool_response>` tags in one user
+    message (as Qwen's template writes them), so that roles still alternate."""
+    plain: list[dict] = []
+    for message in messages:
+        if message.get("role") == "tool":
+            result = f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"
+            if plain and plain[-1].get("tool_results"):
+                plain[-1] = {**plain[-1], "content": f"{plain[-1]['content']}\n{result}"}
+            else:
+                plain.append({"role": "user", "content": result, "tool_results": True})
+            continue
+        calls = message.get("tool_calls")
+        if calls:
+            written = [f'<tool_call>\n{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
+                       f'{c["function"]["arguments"]}}}\n</tool_call>' for c in calls]
+            message = {k: v for k, v in message.items() if k != "tool_calls"}
+            message["content"] = "\n".join(filter(None, [message.get("content"), *written]))
+        plain.append(message)
+    return [{k: v for k, v in m.items() if k != "tool_results"} for m in plain]
+
+
+def _named_choice(choice: Any) -> str:
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if isinstance(name, str):
+            return name
+    raise RequestError(400, "tool_choice is none, auto, required, or {'type': 'function', 'function': {'name': ...}}",
+                       param="tool_choice")

