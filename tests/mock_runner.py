@@ -227,7 +227,8 @@ class MockRunner:
         if failure is not None and not failure[1]:
             record.error = failure[0]
             raise failure[0]
-        if any(self._free_in(item.request.slot) < len(item.tokens) for item in step.items) or self.free_cells < step.n_tokens:
+        short = any(self._free_in(item.request.slot) < len(item.tokens) for item in step.items)
+        if short or self.free_cells < step.n_tokens:
             record.error = DecodeError(1)
             raise record.error  # llama.cpp finds the slots of the whole batch before computing
         for item in step.items:
@@ -417,7 +418,8 @@ def make_scheduler(
     """A scheduler over a mock runner whose KV has exactly the pool's cells (unless n_ctx).
     `per_slot`: each slot has a KV stream (and a pool) of n_pages pages of its own."""
     n_streams = n_slots if per_slot else 1
-    pools = [PagePool(n_pages, page_size) for _ in range(n_slots)] if per_slot else [PagePool(n_pages, page_size)] * n_slots
+    shared = PagePool(n_pages, page_size)
+    pools = [PagePool(n_pages, page_size) if per_slot else shared for _ in range(n_slots)]
     n_cells = n_ctx if n_ctx is not None else n_pages * page_size * n_streams
     runner = MockRunner(n_cells, check_every_step=check_every_step, n_streams=n_streams)
     ticks = itertools.count(1)
