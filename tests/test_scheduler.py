@@ -813,3 +813,44 @@ def test_each_flush_runs_once_per_step_after_its_sinks_and_a_failing_one_fails_i
     assert a.status.name == b.status.name == "FINISHED_LENGTH" and c.status.name == "FINISHED_ERROR"
     assert log.count("flush") == 3  # one per step that gave a or b an event
     check_scheduler(sched, runner)
+
+
+# ---- a KV stream per slot ----------------------------------------------------------------------
+def test_per_slot_streams_copy_a_busy_slots_prefix_only_when_it_is_long_enough():
+    """A prefix in another slot's stream is copied (whole stream, then trimmed) when it beats the
+    chosen slot's own reuse by min_copy_tokens; a shorter one is prefilled again. The source
+    stream is never touched, and each slot's cells stay in its own stream (check_scheduler)."""
+    sched, runner = make_scheduler(n_slots=3, n_pages=16, page_size=4, max_batch_tokens=32, max_ctx=64,
+                                   per_slot=True, min_copy_tokens=8)
+    base = list(range(100, 120))
+    a = make_request(base, max_tokens=30)
+    sched.add(a)
+    step_once(sched, runner)
+    assert a.slot == 0 and a.status is RequestStatus.DECODING
+    short = make_request(base[:6] + [900, 901], max_tokens=2)  # shares 6 < 8 tokens: not worth a copy
+    sched.add(short)
+    step_once(sched, runner)
+    assert short.cached_tokens == 0 and not runner.ops_of("seq_cp")
+    long = make_request(base[:12] + [700, 701], max_tokens=2)  # shares 12 >= 8 tokens: copied
+    sched.add(long)
+    step_once(sched, runner)
+    assert long.cached_tokens == 12 and runner.ops_of("seq_cp") == [("seq_cp", 0, long.slot, 12)]
+    assert runner.seq_tokens(long.slot)[:12] == base[:12]
+    assert runner.seq_tokens(0)[:20] == base, "the source stream changed"
+    run_until_idle(sched, runner)
+    assert all(sink_of(r).finish.reason == "length" for r in (a, short, long))
+
+
+def test_a_request_fills_a_stream_exactly_and_one_token_more_is_refused_naming_both_sizes():
+    sched, runner = make_scheduler(n_slots=2, n_pages=8, page_size=4, max_batch_tokens=16, max_ctx=64, per_slot=True)
+    exact = make_request(list(range(1, 25)), max_tokens=8)  # 32 tokens: the 8 pages of one stream
+    sched.add(exact)
+    run_until_idle(sched, runner)
+    assert sink_of(exact).finish.reason == "length"
+    over = make_request(list(range(1, 25)), max_tokens=9)
+    with pytest.raises(AdmissionError) as refused:
+        sched.check(over)
+    assert refused.value.status == 400 and refused.value.type == "context_length_exceeded"
+    assert "33 KV tokens" in refused.value.message and "a slot's KV stream holds 32" in refused.value.message
+    unified, _ = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_ctx=64)  # the same cells, shared
+    unified.check(over)

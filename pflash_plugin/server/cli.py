@@ -27,8 +27,9 @@ GROUPS = {
 _MODEL_KEYS = {"model", "model_alias", "chat_format", "chat_template_kwargs", "n_gpu_layers", "split_mode", "main_gpu",
                "tensor_split", "lora_path", "lora_scale", "embedding", "verbose", "seed", "use_mmap", "use_mlock",
                "kv_overrides", "rpc_servers", "numa", "type_k", "type_v", "offload_kqv"}
-_CONCURRENCY_KEYS = {"max_concurrency", "max_queue", "kv_pool_tokens", "max_ctx", "kv_page_size", "prefill_chunk",
-                     "max_step_s", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn"}
+_CONCURRENCY_KEYS = {"max_concurrency", "max_queue", "kv_pool_tokens", "kv_layout", "max_ctx", "kv_page_size",
+                     "prefill_chunk", "max_step_s", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch",
+                     "flash_attn"}
 NO_EFFECT = {
     "interrupt_requests": "requests run together in slots: none interrupts another",
     **ALWAYS_SO,

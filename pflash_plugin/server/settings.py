@@ -40,9 +40,8 @@ class ModelSettings(StockModelSettings):
     )
     kv_layout: Literal["auto", "per_slot", "unified"] = Field(
         default="auto",
-        description="per_slot: a llama.cpp KV stream of kv_pool_tokens / max_concurrency cells per slot (attention "
-        "and masks cover one slot's cells; a longer request gets 400). unified: one pool shared by all slots. "
-        "auto: per_slot when every stream holds max_ctx, else unified.",
+        description="per_slot: a KV stream of kv_pool_tokens / max_concurrency cells per slot (longer requests get "
+        "400); unified: one pool for all slots; auto: per_slot when a stream holds max_ctx.",
     )
     max_ctx: Optional[int] = Field(
         default=None, ge=1, description="Per-request limit on prompt + max_tokens (default: n_ctx)."
