@@ -20,6 +20,7 @@ accounting never undercounts the cells in use.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from pflash_plugin.engine.engine import Engine
+from pflash_plugin.engine.host_cache import HostCache
 from pflash_plugin.engine.kv_pool import PagePool
 from pflash_plugin.engine.request import (
     ErrorEvent,
@@ -166,6 +168,23 @@ class MockRunner:
             if cell is not None and src in cell.seqs and cell.pos < n_tokens:
                 assert cell.pos not in dst_positions, f"seq_cp would give seq {dst} two cells at pos {cell.pos}"
                 cell.seqs.add(dst)
+
+    def save(self, slot: int) -> bytes:
+        """The slot's cells, serialized (llama_state_seq_get_data)."""
+        self.ops.append(("save", slot))
+        return json.dumps([[c.pos, c.token] for c in self.seq_cells(slot)]).encode()
+
+    def restore(self, slot: int, data: bytes, n_tokens: int) -> None:
+        """Write every saved cell into `slot`'s stream (llama.cpp fails with too few free cells),
+        then drop those at positions >= n_tokens, as the runner does."""
+        self.ops.append(("restore", slot, n_tokens))
+        assert not self.seq_cells(slot), f"restore into slot {slot}, which is not empty"
+        cells = json.loads(data)
+        assert self._free_in(slot) >= len(cells), f"restoring {len(cells)} cells, {self._free_in(slot)} free"
+        free = (i for i in self.stream_range(slot) if self.cells[i] is None)
+        for pos, token in cells:
+            self.cells[next(free)] = Cell(pos, token, {slot})
+        self._remove(slot, n_tokens)
 
     def start_request(self, slot: int, request: Request) -> None:
         self.ops.append(("start", slot, request.request_id))
@@ -413,6 +432,7 @@ def make_scheduler(
     piece: Callable[[int], bytes] = default_piece,
     check_every_step: bool = True,
     per_slot: bool = False,
+    host: HostCache | None = None,
     **scheduler_kw,
 ) -> tuple[Scheduler, MockRunner]:
     """A scheduler over a mock runner whose KV has exactly the pool's cells (unless n_ctx).
@@ -425,7 +445,7 @@ def make_scheduler(
     ticks = itertools.count(1)
     config = SchedulerConfig(n_slots=n_slots, max_batch_tokens=max_batch_tokens, max_ctx=max_ctx,
                              max_queue=max_queue, **scheduler_kw)
-    sched = Scheduler(runner, pools, config, piece, is_eog, clock=lambda: float(next(ticks)))
+    sched = Scheduler(runner, pools, config, piece, is_eog, clock=lambda: float(next(ticks)), host=host)
     runner.scheduler, runner.pool = sched, sched.cache
     return sched, runner
 

@@ -44,7 +44,7 @@ def test_help_comes_in_groups_with_our_defaults_and_meanings():
     assert "--port" in groups[SERVER] and "--port" not in groups[MODEL]
     for key in REFUSED:
         assert flag_help(groups[STOCK], key).split(" ", 2)[2].startswith("REFUSED"), key
-    assert "Accepted, no effect" in flag_help(groups[STOCK], "cache")
+    assert "host RAM" in flag_help(groups[STOCK], "cache")
     assert "Accepted, no effect" in flag_help(groups[SERVER], "interrupt_requests")
     assert "docs/tools.md" in flag_help(groups[MODEL], "chat_format")
     # shorter than the 311 lines of the ungrouped help, with 3 flags more since (kv_layout, drafter ubatch, windows)

@@ -45,7 +45,7 @@ class Compressed:
 
 @dataclass(frozen=True)
 class ClearCache:
-    """Drop the idle slots' prefix caches (tests and benchmarks that must run from scratch)."""
+    """Drop the idle slots' prefix caches and the host tier (tests and benchmarks that must run from scratch)."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,7 @@ class Engine:
                 self._guarded(message.request, "resuming after compression", self.scheduler.resume,
                               message.request, message.tokens, message.report)
             elif isinstance(message, ClearCache):
-                self.scheduler.cache.evict_idle()
+                self.scheduler.cache.clear()
             elif isinstance(message, Shutdown):
                 self._deadline = min(message.deadline, self._deadline or message.deadline)
 

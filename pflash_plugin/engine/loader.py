@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..llama import Context, ContextConfig, Model, ModelParams
 from .engine import Engine
+from .host_cache import HostCache
 from .kv_pool import PagePool
 from .runner import LlamaRunner
 from .scheduler import Scheduler, SchedulerConfig
@@ -41,6 +42,8 @@ class EngineConfig:
     max_ctx: int | None = None  # per-request limit on prompt + max_tokens; None: the model's
     kv_pool_tokens: int | None = None  # None: every slot can hold a full max_ctx request
     kv_layout: str = "auto"  # "per_slot", "unified" or "auto" (kv_layout())
+    host_cache_bytes: int = 0  # the host-RAM tier of saved sequences (engine/host_cache.py); 0: none
+    host_cache_min_tokens: int = 256  # shorter sequences are not saved, nor restored for a smaller gain
     page_size: int = 32
     prefill_chunk: int = 128  # per-prompt prefill tokens per step while others are active
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
@@ -184,7 +187,9 @@ def build_engine(
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
                              can_compress=compressor is not None)
-    scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog)
+    host = HostCache(config.host_cache_bytes, config.host_cache_min_tokens) if config.host_cache_bytes else None
+    scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog,
+                          host=host)
     engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s)
     engine.start()
     return engine

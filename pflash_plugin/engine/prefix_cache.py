@@ -14,10 +14,13 @@ Two layouts of llama.cpp's KV cache:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from .kv_pool import PagePool
 from .request import Request
+
+if TYPE_CHECKING:  # the host tier uses common_prefix from here
+    from .host_cache import HostCache, Saved
 
 
 class KVOps(Protocol):
@@ -25,6 +28,8 @@ class KVOps(Protocol):
 
     def seq_rm(self, slot: int, start: int) -> None: ...
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None: ...
+    def save(self, slot: int) -> bytes: ...
+    def restore(self, slot: int, data: bytes, n_tokens: int) -> None: ...
     def start_request(self, slot: int, request: Request) -> None: ...
     def end_request(self, slot: int) -> None: ...
 
@@ -43,7 +48,24 @@ class Slot:
     source_len: int = 0
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+@dataclass(frozen=True)
+class _Prefix:
+    """The prefix a request reuses: `n` tokens in place, or from another slot, or a saved state."""
+
+    n: int
+    slot: Slot | None = None
+    saved: Saved | None = None
+
+    @property
+    def in_place(self) -> bool:
+        return self.slot is None and self.saved is None
+
+    @property
+    def kind(self) -> str:
+        return "in_place" if self.in_place else "copied" if self.slot is not None else "restored"
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -58,8 +80,9 @@ class PrefixCache:
     whole stream, whatever the prefix's length)."""
 
     def __init__(self, kv: KVOps, pools: list[PagePool], clock: Callable[[], float],
-                 min_copy_tokens: int = 0, reuse_compressed: bool = False) -> None:
-        self.kv, self.clock = kv, clock
+                 min_copy_tokens: int = 0, reuse_compressed: bool = False, host: HostCache | None = None) -> None:
+        self.kv, self.clock, self.host = kv, clock, host
+        self.reused_tokens = {"in_place": 0, "copied": 0, "restored": 0}  # prefix tokens by where they came from
         self.slots = [Slot(i, pool) for i, pool in enumerate(pools)]
         self.pools = list({id(p): p for p in pools}.values())
         self.per_slot = len(self.pools) > 1
@@ -120,37 +143,51 @@ class PrefixCache:
         def usable(slot: Slot) -> int:
             return min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
 
-        src, reuse = self.best_prefix(tokens)
         # in place: the idle slot with the longest prefix; on a tie an empty one (no cache lost)
         in_place = max(idle, key=lambda s: (usable(s), not s.tokens, -s.last_used))
-        copy_gain = reuse - usable(in_place)
-        if src is None or src is in_place or copy_gain <= 0 or (src.pool is not in_place.pool
-                                                                 and copy_gain < self.min_copy_tokens):
-            dst, src, reuse = in_place, None, usable(in_place)
-        else:  # copy the prefix from another slot into an empty or least recently used idle one
-            dst = min(idle, key=lambda s: (bool(s.tokens), s.last_used))
+        prefix = self._best_source(tokens, in_place, usable(in_place))
+        # a prefix from elsewhere goes into an empty or the least recently used idle slot
+        dst = in_place if prefix.in_place else min(idle, key=lambda s: (bool(s.tokens), s.last_used))
         needed = self.pages_for(request.reserve_tokens)
-        victims = sorted((s for s in idle if s is not dst and s is not src and s.pages and s.pool is dst.pool),
+        # a restore writes the whole saved sequence before its tail is trimmed
+        peak = max(needed, self.pages_for(len(prefix.saved.tokens))) if prefix.saved else needed
+        victims = sorted((s for s in idle if s is not dst and s is not prefix.slot and s.pages and s.pool is dst.pool),
                          key=lambda s: s.last_used)
         while True:
-            kept = self._reused_pages(dst, src, reuse)
-            if needed - kept <= dst.pool.free_pages + self._droppable(dst, kept if src is None else 0):
-                self._bind(request, dst, src, reuse, needed)
+            kept = self._reused_pages(dst, prefix)
+            if peak - kept <= dst.pool.free_pages + self._droppable(dst, kept if prefix.in_place else 0):
+                self._bind(request, dst, prefix, needed)
                 return True
             if not victims:
                 return False
             self.evict(victims.pop(0))
 
-    def _reused_pages(self, dst: Slot, src: Slot | None, reuse: int) -> int:
-        """Pages `dst` keeps (in place) or shares (from `src` in the same pool) for a prefix of
-        `reuse` tokens; a prefix copied from another stream takes fresh pages.
+    def _best_source(self, tokens: list[int], in_place: Slot, own: int) -> _Prefix:
+        """The longest prefix for `tokens`: `in_place`'s own `own` tokens, another slot's (shared in
+        one pool; copied across streams only when it is min_copy_tokens longer), or a saved state's
+        (restored when it is the host tier's min_tokens longer)."""
+        best = _Prefix(own)
+        src, n = self.best_prefix(tokens)
+        if src is not None and src is not in_place:
+            gain = self.min_copy_tokens if src.pool is not in_place.pool else 1
+            if n - own >= max(gain, 1):
+                best = _Prefix(n, slot=src)
+        if self.host is not None:
+            saved, n = self.host.best(tokens)
+            if saved is not None and n - best.n >= max(self.host.min_tokens, 1):
+                best = _Prefix(n, saved=saved)
+        return best
+
+    def _reused_pages(self, dst: Slot, prefix: _Prefix) -> int:
+        """Pages `dst` keeps (in place) or shares (from a slot in the same pool) for the prefix; a
+        prefix copied from another stream or restored takes fresh pages.
 
         Only whole pages are shared; in place, a partial last page is kept unless another slot
         shares it (then its new tokens get new cells: copy-on-write)."""
-        if src is not None:
-            return reuse // self.page_size if src.pool is dst.pool else 0
-        keep = self.pages_for(reuse)
-        if reuse % self.page_size and dst.pool.shared(dst.pages[keep - 1]):
+        if not prefix.in_place:
+            return prefix.n // self.page_size if prefix.slot is not None and prefix.slot.pool is dst.pool else 0
+        keep = self.pages_for(prefix.n)
+        if prefix.n % self.page_size and dst.pool.shared(dst.pages[keep - 1]):
             keep -= 1
         return keep
 
@@ -158,25 +195,31 @@ class PrefixCache:
         """Pages of `slot` past its first `keep_pages` that would become free when released."""
         return sum(1 for p in slot.pages[keep_pages:] if not slot.pool.shared(p))
 
-    def _bind(self, request: Request, dst: Slot, src: Slot | None, reuse: int, needed: int) -> None:
-        """Give `dst` to the request with `reuse` tokens of prefix in place."""
-        kept = self._reused_pages(dst, src, reuse)
-        if src is None:
+    def _bind(self, request: Request, dst: Slot, prefix: _Prefix, needed: int) -> None:
+        """Give `dst` to the request with the prefix's tokens in its KV."""
+        kept = self._reused_pages(dst, prefix)
+        self._save(dst, prefix.n if prefix.in_place else 0)
+        if prefix.in_place:
             dst.pool.release(dst.pages[kept:])
             dst.pages = dst.pages[:kept]
-            self.kv.seq_rm(dst.index, reuse)
+            self.kv.seq_rm(dst.index, prefix.n)
         else:
             self.kv.seq_rm(dst.index, 0)
             dst.pool.release(dst.pages)
-            dst.pages = dst.pool.share(src.pages[:kept])
-            self.kv.seq_cp(src.index, dst.index, reuse)
+            dst.pages = []
+            if prefix.slot is not None:
+                dst.pages = dst.pool.share(prefix.slot.pages[:kept])
+                self.kv.seq_cp(prefix.slot.index, dst.index, prefix.n)
+            elif prefix.saved is not None:
+                self.kv.restore(dst.index, prefix.saved.data, prefix.n)
+        self.reused_tokens[prefix.kind] += prefix.n
         dst.pages += dst.pool.allocate(needed - len(dst.pages))
-        dst.tokens = list(request.prefill_tokens[:reuse])
+        dst.tokens = list(request.prefill_tokens[:prefix.n])
         compressed = self.reuse_compressed and request.prefill_tokens != request.prompt_tokens
         dst.source, dst.source_len = (request.prompt_tokens, len(request.prefill_tokens)) if compressed else (None, 0)
         dst.request = request
         request.slot = dst.index
-        request.cached_tokens = request.n_prefilled = reuse
+        request.cached_tokens = request.n_prefilled = prefix.n
 
     # ---- giving back -------------------------------------------------------------------------
     def release(self, slot: Slot, forget_kv: bool) -> None:
@@ -188,17 +231,36 @@ class PrefixCache:
         keep = self.pages_for(len(slot.tokens))
         slot.pool.release(slot.pages[keep:])
         slot.pages = slot.pages[:keep]
-        if forget_kv:
-            self.evict(slot)
+        if forget_kv:  # a failed decode left the cells unknown: nothing to save
+            self._drop(slot)
 
     def trim(self, slot: Slot) -> None:
         """Drop whatever the KV holds past the slot's known tokens (an aborted or dropped write)."""
         self.kv.seq_rm(slot.index, len(slot.tokens))
 
     def evict(self, slot: Slot) -> None:
+        """Free the slot's cells, saved first to the host tier if it has one."""
+        self._save(slot, 0)
+        self._drop(slot)
+
+    def _drop(self, slot: Slot) -> None:
         self.kv.seq_rm(slot.index, 0)
         slot.pool.release(slot.pages)
         slot.pages, slot.tokens, slot.source = [], [], None
+
+    def _save(self, slot: Slot, keep: int) -> None:
+        """Save the slot's cells to the host tier before those past `keep` are dropped."""
+        host = self.host
+        if host is not None and len(slot.tokens) - keep >= host.min_tokens and host.worth_saving(slot.tokens):
+            host.put(slot.tokens, self.kv.save(slot.index))
+
+    def clear(self) -> None:
+        """Drop every idle cache and the host tier (a run that must start from scratch)."""
+        for slot in self.slots:
+            if slot.request is None and slot.pages:
+                self._drop(slot)
+        if self.host is not None:
+            self.host.clear()
 
     def evict_idle(self) -> int:
         """Free every idle cache (after llama.cpp reported no free cells despite our accounting);

@@ -45,6 +45,15 @@ class LlamaRunner:
             self.ctx.seq_cp(src, dst, -1, -1)
             self.ctx.seq_rm(dst, n_tokens, -1)
 
+    def save(self, slot: int) -> bytes:
+        return self.ctx.state_seq_get(slot)
+
+    def restore(self, slot: int, data: bytes, n_tokens: int) -> None:
+        """`slot` (emptied) gets the first `n_tokens` of a saved sequence."""
+        self.ctx.seq_rm(slot, 0, -1)
+        self.ctx.state_seq_set(slot, data)
+        self.ctx.seq_rm(slot, n_tokens, -1)
+
     def start_request(self, slot: int, request: Request) -> None:
         p = request.params
         seed = p.seed if p.seed is not None or self._seeds is None else self._seeds.getrandbits(32)

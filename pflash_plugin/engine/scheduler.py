@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .kv_pool import PagePool
+from .host_cache import HostCache
 from .prefix_cache import KVOps, PrefixCache, Slot
 from .request import (
     ErrorEvent,
@@ -102,10 +103,11 @@ class Scheduler:
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
         clock: Callable[[], float] = time.perf_counter,
+        host: HostCache | None = None,
     ) -> None:
         assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
         self.kv, self.config = kv, config
-        self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed)
+        self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host)
         self.slots: list[Slot] = self.cache.slots
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
         self.waiting: deque[Request] = deque()  # new arrivals, first come first served
@@ -482,7 +484,16 @@ class Scheduler:
             "kv_pages_total": self.cache.n_pages,
             "kv_page_size": self.cache.page_size,
             "prefix_cache_tokens": cached,
+            "prefix_reused_tokens": dict(self.cache.reused_tokens),  # since start: in place, copied, restored
+            **self._host_status(),
         }
+
+    def _host_status(self) -> dict:
+        host = self.cache.host
+        if host is None:
+            return {}
+        return {"host_cache_entries": len(host), "host_cache_bytes": host.bytes_used,
+                "host_cache_capacity_bytes": host.capacity_bytes, "host_cache_saved": host.saved}
 
 
 def _discard(event: Event) -> None:

@@ -167,6 +167,19 @@ class Context:
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
 
+    def state_seq_get(self, seq_id: int) -> bytes:
+        """One sequence's cells (positions, K and V) as llama.cpp serializes them: copied to host RAM."""
+        size = C.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        return ctypes.string_at(buf, written)
+
+    def state_seq_set(self, seq_id: int, data: bytes) -> None:
+        """Load a sequence saved by `state_seq_get` into `seq_id` (which must be empty)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) == 0:
+            raise RuntimeError(f"llama.cpp could not restore {len(data)} bytes of state into sequence {seq_id}")
+
     def synchronize(self) -> None:
         """Wait for the computation llama_decode queued (a GPU decode returns before it ends)."""
         C.llama_synchronize(self.ptr)

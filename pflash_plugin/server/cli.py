@@ -50,6 +50,9 @@ def group_of(key: str) -> str:
 OUR_MEANING = {
     "chat_format": "One of llama_cpp's chat formats, instead of the GGUF's chat template (default: the template). "
     "chatml-function-calling and functionary* are refused: tools work through the template (docs/tools.md).",
+    "cache": "Keep the KV of prefixes evicted from the slots in host RAM and restore it for a prompt that "
+    "extends one (the prefix cache in the KV pool is always on).",
+    "cache_size": "Bytes of host RAM for --cache (saved sequence states, least recently used out first).",
 }
 
 

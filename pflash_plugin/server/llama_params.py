@@ -43,8 +43,7 @@ REFUSED: dict[str, str] = {
     "hf_model_repo_id": _HF,
     "hf_tokenizer_config_path": _HF,
     "hf_pretrained_model_name_or_path": _HF,
-    "cache_type": "there is no disk prompt cache: the prefix cache lives in the KV pool's cells",
-    "cache_size": "the prefix cache lives in the KV pool's cells: size it with --kv_pool_tokens",
+    "cache_type": "there is no disk prompt cache: --cache keeps evicted prefixes in host RAM (--cache_size bytes)",
     "mul_mat_q": "llama.cpp has no such switch any more (its backends choose their matmul kernels); "
     "llama-cpp-python 0.3.36 ignores it too",
 }
@@ -63,8 +62,6 @@ NO_ROW_SPLIT = ("2 (row) needs split buffers, which this llama.cpp build's GPU b
 
 # Accepted with any value: what the key asks for is what the engine always does.
 ALWAYS_SO: dict[str, str] = {
-    "cache": "prompts that share a prefix always reuse its KV cells (the prefix cache); stock's "
-    "state cache is not needed on top of it",
     "logits_all": "logprobs are computed from each sampled row whatever its value, and no all-token "
     "logits buffer is kept",
 }
@@ -182,6 +179,7 @@ def engine_config(s: ModelSettings, target: ModelParams) -> EngineConfig:
         max_ctx=s.max_ctx or s.n_ctx or None,
         kv_pool_tokens=s.kv_pool_tokens,
         kv_layout=s.kv_layout,
+        host_cache_bytes=s.cache_size if s.cache else 0,
         page_size=s.kv_page_size,
         prefill_chunk=s.prefill_chunk,
         reuse_compressed=s.pflash_reuse_compressed,

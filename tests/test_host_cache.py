@@ -1,0 +1,124 @@
+"""The host-RAM tier of saved sequences: its bounds, the scheduler's use of it, a real restore."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from mock_runner import make_request, make_scheduler, run_until_idle, sink_of, step_once
+from conftest import live_server
+from test_kv_layout import THREADS, prefill
+
+from pflash_plugin.engine.host_cache import HostCache
+from pflash_plugin.engine.runner import LlamaRunner
+from pflash_plugin.llama import Batch, Context, ContextConfig, Model
+
+
+def test_the_byte_bound_holds_under_a_flood_of_distinct_prompts():
+    host = HostCache(capacity_bytes=10_000, min_tokens=4)
+    rng = random.Random(0)
+    for i in range(500):
+        tokens = [i] + [rng.randrange(1000) for _ in range(rng.randint(4, 40))]
+        host.put(tokens, bytes(rng.randint(100, 3000)))
+        assert host.bytes_used <= 10_000
+    assert host.bytes_used == sum(len(s.data) for s in host._entries.values())
+    assert 3 <= len(host) <= 100
+    host.put([1, 2, 3, 4], bytes(10_001))  # larger than the whole tier: not kept, nothing dropped
+    assert host.bytes_used <= 10_000 and host.best([1, 2, 3, 4, 5])[1] == 0
+
+
+def test_least_recently_used_goes_first_and_an_extension_replaces_its_prefix():
+    host = HostCache(capacity_bytes=300, min_tokens=2)
+    host.put([1, 2, 3], bytes(100))
+    host.put([7, 8, 9], bytes(100))
+    assert host.best([1, 2, 3, 4])[1] == 3  # [1, 2, 3] is now the most recently used
+    host.put([4, 5, 6], bytes(100))
+    host.put([5, 5, 5], bytes(100))  # evicts [7, 8, 9]
+    assert host.best([7, 8, 9, 1])[1] == 0 and host.best([1, 2, 3, 1])[1] == 3
+    host.put([1, 2, 3, 4, 5], bytes(100))  # holds all of [1, 2, 3]: that entry goes
+    assert len(host) == 3 and not host.worth_saving([1, 2, 3]) and host.worth_saving([1, 2, 4])
+
+
+@pytest.mark.parametrize("per_slot", [True, False])
+def test_a_turn_whose_cells_were_evicted_restores_them_and_counts_them_cached(per_slot):
+    host = HostCache(capacity_bytes=1 << 20, min_tokens=8)
+    sched, runner = make_scheduler(n_slots=1, n_pages=16, page_size=4, max_batch_tokens=32, max_ctx=64,
+                                   per_slot=per_slot, host=host)
+    turn1 = make_request(list(range(100, 130)), max_tokens=4)
+    sched.add(turn1)
+    run_until_idle(sched, runner)
+    other = make_request(list(range(500, 520)), max_tokens=2)  # takes the only slot: turn 1's cells go
+    sched.add(other)
+    run_until_idle(sched, runner)
+    assert runner.ops_of("save") == [("save", 0)] and len(host) == 1
+    history = turn1.prompt_tokens + turn1.output_tokens[:-1]  # what the slot held
+    turn2 = make_request(history + [900, 901], max_tokens=2)
+    sched.add(turn2)
+    step_once(sched, runner)
+    assert runner.ops_of("restore") == [("restore", 0, len(history))]
+    assert turn2.cached_tokens == len(history) and runner.seq_tokens(0)[:len(history)] == history
+    run_until_idle(sched, runner)
+    assert sink_of(turn2).finish.usage["prompt_tokens_details"]["cached_tokens"] == len(history)
+    assert sched.status()["prefix_reused_tokens"]["restored"] == len(history)
+    assert len(runner.ops_of("save")) == 2, "the other request's cells are saved when turn 2 takes the slot"
+
+
+def test_random_load_with_a_host_tier_keeps_every_invariant():
+    rng = random.Random(3)
+    host = HostCache(capacity_bytes=4000, min_tokens=6)
+    sched, runner = make_scheduler(n_slots=2, n_pages=12, page_size=4, max_batch_tokens=8, max_ctx=48,
+                                   per_slot=True, host=host, min_copy_tokens=4)
+    bases = [[rng.randrange(1, 200) for _ in range(30)] for _ in range(6)]
+    requests = []
+    for _ in range(120):
+        prompt = rng.choice(bases)[: rng.randint(1, 30)] + [rng.randrange(200, 400) for _ in range(rng.randint(0, 4))]
+        request = make_request(prompt or [1], max_tokens=rng.randint(1, 6))
+        requests.append(request)
+        sched.add(request)
+        for _ in range(rng.randint(0, 3)):
+            step_once(sched, runner)
+        assert host.bytes_used <= 4000
+    run_until_idle(sched, runner)
+    assert all(sink_of(r).finish is not None for r in requests)
+    assert runner.ops_of("restore") and sched.status()["prefix_reused_tokens"]["restored"] > 0
+
+
+def test_a_restored_state_gives_the_logits_of_a_fresh_prefill(tiny_model):
+    model = Model(tiny_model)
+    ctx = Context(model, ContextConfig(n_ctx=2 * 256, n_batch=128, n_seq_max=2, kv_unified=False, **THREADS))
+    runner, batch = LlamaRunner(model, ctx), Batch(128)
+    try:
+        tokens = model.tokenize("a conversation whose cells were evicted, then asked again " * 8)[:90]
+        prefill(ctx, batch, tokens[:60], 0, 0)
+        fresh = prefill(ctx, batch, tokens[60:], 60, 0)
+        saved = runner.save(0)
+        runner.seq_rm(0, 0)
+        prefill(ctx, batch, model.tokenize("something else entirely " * 4)[:40], 0, 0)  # the stream is reused
+        runner.restore(1, saved, 60)
+        assert ctx.seq_pos_max(1) == 59
+        restored = prefill(ctx, batch, tokens[60:], 60, 1)
+        np.testing.assert_array_equal(restored, fresh)
+    finally:
+        batch.close()
+        runner.close()
+
+
+def test_over_http_an_evicted_conversation_is_restored_with_cache_true(tiny_model):
+    """Stock's --cache / --cache_size: the next turn of a conversation whose cells another request
+    took gets them back from host RAM, counted in usage.prompt_tokens_details.cached_tokens."""
+    settings = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 1024, "max_concurrency": 1,
+                "cache": True, "cache_size": 64 << 20, **THREADS}
+    with live_server([settings]) as server, server.client() as client:
+        def complete(prompt: str) -> dict:
+            reply = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "temperature": 0})
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        first = complete("an earlier turn of a long conversation " * 40)
+        history = "an earlier turn of a long conversation " * 40 + first["choices"][0]["text"]
+        complete("an unrelated request takes the only slot " * 20)
+        second = complete(history + " and the next question")
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= first["usage"]["prompt_tokens"] - 8, second["usage"]  # to the retokenized boundary
+        status = client.get("/status").json()["models"]["tiny"]
+        assert status["prefix_reused_tokens"]["restored"] == cached and status["host_cache_entries"] >= 1
