@@ -53,9 +53,9 @@ async def decode(server, n: int, stream: bool, seed: int) -> dict[str, Any]:
             "client_s": [round(r["client_s"], 3) for r in rows]}
 
 
-async def mix(server, seed: int) -> dict[str, Any]:
+async def mix(server, seed: int, long_tokens: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    longs = [body(server, token_ids(22528, rng), 32, pflash="always") for _ in range(4)]
+    longs = [body(server, token_ids(long_tokens, rng), 32, pflash="always") for _ in range(4)]
     shorts = [body(server, token_ids(32, rng), 32) for _ in range(4)]
 
     async def timed(http, request) -> dict[str, Any]:
@@ -77,7 +77,8 @@ def main() -> None:
     parser.add_argument("--llama-server", dest="llama_server", default="none")
     parser.add_argument("--port", type=int, default=8500)
     parser.add_argument("--prefill_chunk", type=int, default=512)
-    parser.add_argument("--scale", type=float, default=0.1)  # n_ctx of the slots: 8,960 tokens
+    parser.add_argument("--scale", type=float, default=0.27)  # n_ctx of the slots: 23,808 tokens
+    parser.add_argument("--long", type=int, default=22528, help="mix8's long prompts (tokens)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     record = Record(args.out, {"results": {}, "machine": machine()}, arm="probe")
@@ -90,7 +91,7 @@ def main() -> None:
             for n in (1, 4):
                 for stream in (False, True):
                     record.add({"rep": rep, **asyncio.run(decode(server, n, stream, 10 + rep))})
-            record.add({"rep": rep, **asyncio.run(mix(server, 20 + rep))})
+            record.add({"rep": rep, **asyncio.run(mix(server, 20 + rep, args.long))})
     finally:
         server.stop()
     print(json.dumps(record.data["results"], indent=1)[:3000])
