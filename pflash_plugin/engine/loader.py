@@ -103,9 +103,10 @@ def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | 
     return min(-(-wanted // page) * page, fit)
 
 
-# per-slot streams: a prefix is copied from another slot's stream when it is at least this fraction
-# of a stream longer than what the chosen slot reuses in place (llama.cpp copies the whole stream)
-MIN_COPY_FRACTION = 32
+# per-slot streams: a prefix is copied from another slot's stream when it is at least 1/this of a
+# stream longer than what the chosen slot reuses in place (llama.cpp copies the whole stream): on the
+# demo model on 2 CPU cores a copy of 5,120 cells cost what 12-22 prompt tokens do (docs/prefix_reuse.md)
+MIN_COPY_FRACTION = 256
 STREAM_ALIGN = 256  # llama.cpp pads one sequence's KV stream (n_ctx / n_seq_max) to a multiple of this
 LAYOUTS = ("auto", "per_slot", "unified")
 
