@@ -122,3 +122,18 @@ def test_over_http_an_evicted_conversation_is_restored_with_cache_true(tiny_mode
         assert cached >= first["usage"]["prompt_tokens"] - 8, second["usage"]  # to the retokenized boundary
         status = client.get("/status").json()["models"]["tiny"]
         assert status["prefix_reused_tokens"]["restored"] == cached and status["host_cache_entries"] >= 1
+
+
+def test_metrics_count_prefix_tokens_by_source_and_the_tier_bytes(tiny_model):
+    settings = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 1024, "max_concurrency": 1,
+                "cache": True, "cache_size": 64 << 20, **THREADS}
+    with live_server([settings]) as server, server.client() as client:
+        keep = "a long conversation to keep "
+        for prompt in (keep * 60, "something else " * 40, keep * 61):
+            assert client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}).status_code == 200
+        text = client.get("/metrics").text
+    restored = [line for line in text.splitlines() if line.startswith("pflash_prefix_reused_tokens_total{")
+                and 'source="restored"' in line]
+    assert restored and float(restored[0].rsplit(" ", 1)[1]) > 300, restored
+    host = [line for line in text.splitlines() if line.startswith("pflash_host_cache_bytes{")]
+    assert host and float(host[0].rsplit(" ", 1)[1]) > 0

@@ -10,6 +10,8 @@ Two layouts of llama.cpp's KV cache:
   llama.cpp masks, only its own slot's cells. Each slot has a pool of its own; a prefix held by
   another slot is copied (llama.cpp copies a whole stream, then the tail is removed), which pays
   only for long prefixes.
+
+Below both, an optional host-RAM tier (engine/host_cache.py) keeps the cells a slot drops.
 """
 from __future__ import annotations
 
@@ -120,6 +122,11 @@ class PrefixCache:
                 best, best_len = slot, n
         return best, best_len
 
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """Tokens of `tokens` whose KV a slot or the host tier holds."""
+        _, n = self.best_prefix(tokens)
+        return max(n, self.host.best(tokens)[1]) if self.host is not None else n
+
     def compressed_source(self, prompt: list[int]) -> Slot | None:
         """The slot whose cached compressed prompt stands for the longest prefix of `prompt` (an
         earlier turn of the same conversation, say); None if no slot holds one."""
@@ -169,8 +176,8 @@ class PrefixCache:
         best = _Prefix(own)
         src, n = self.best_prefix(tokens)
         if src is not None and src is not in_place:
-            gain = self.min_copy_tokens if src.pool is not in_place.pool else 1
-            if n - own >= max(gain, 1):
+            copied = src.pool is not in_place.pool  # across streams: a copy of the whole stream
+            if n - own >= max(self.min_copy_tokens if copied else 0, 1):
                 best = _Prefix(n, slot=src)
         if self.host is not None:
             saved, n = self.host.best(tokens)

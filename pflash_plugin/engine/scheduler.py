@@ -206,7 +206,7 @@ class Scheduler:
             if extended is not None:
                 self._reuse_compressed(request, extended)
                 continue
-            _, reuse = self.cache.best_prefix(request.prompt_tokens)
+            reuse = self.cache.cached_prefix(request.prompt_tokens)
             if not self.config.can_compress or reuse * 2 >= len(request.prompt_tokens):
                 if self.config.can_compress:
                     request.pflash = request.compression.skipped(f"{reuse} prompt tokens are cached", "cached")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
 _RATIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
@@ -88,7 +88,7 @@ class _EngineCollector:
     def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
         self.engine_status = engine_status
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         label = ["model_name"]
         waiting = GaugeMetricFamily(
             "pflash_num_requests_waiting",
@@ -109,6 +109,12 @@ class _EngineCollector:
         info = GaugeMetricFamily(
             "pflash_cache_config_info", "KV pool geometry: block_size (tokens per page), num_gpu_blocks (pages)",
             labels=[*label, "block_size", "num_gpu_blocks"])
+        reused = CounterMetricFamily(
+            "pflash_prefix_reused_tokens", "Prompt tokens whose KV was reused instead of prefilled, by where it came "
+            "from: in_place (the slot's own cells), copied (another slot's), restored (the host-RAM tier, --cache)",
+            labels=[*label, "source"])
+        host = GaugeMetricFamily("pflash_host_cache_bytes", "Bytes of saved sequence states in the host-RAM tier",
+                                 labels=label)
         for name, status in self.engine_status().items():
             total = status["kv_pages_total"]
             waiting.add_metric([name], status["waiting"] + len(status["compressing"]))
@@ -117,4 +123,7 @@ class _EngineCollector:
             compressing.add_metric([name], len(status["compressing"]))
             prefix.add_metric([name], (status["kv_pages_used"] - status["kv_pages_active"]) / total)
             info.add_metric([name, str(status["kv_page_size"]), str(total)], 1)
-        yield from (waiting, running, kv, compressing, prefix, info)
+            for source, tokens in status["prefix_reused_tokens"].items():
+                reused.add_metric([name, source], tokens)
+            host.add_metric([name], status.get("host_cache_bytes", 0))
+        yield from (waiting, running, kv, compressing, prefix, info, reused, host)
