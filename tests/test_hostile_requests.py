@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -13,6 +14,16 @@ import pytest
 from pflash_plugin.testing.native_fuzz import COMPLETIONS, seed_cases, server_process, vocab_facts
 
 DEEP_GRAMMAR = "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000  # parsed recursively: overflows the stack
+
+
+def nested_optionals(depth: int) -> str:
+    """Issue 22's grammar: each level doubles llama.cpp's parse stacks, and every character re-expands
+    them (depth 8 is 2.4 s a token on the tiny model, depth 17 stalled the demo model for minutes)."""
+    return "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}? r{i + 1}?\n" for i in range(depth)) + f'r{depth} ::= "a"'
+
+
+def alternation(n: int) -> str:
+    return "root ::= " + " | ".join(f'"w{i}"' for i in range(n))
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +126,36 @@ def test_a_native_abort_leaves_its_cause_in_the_log(tiny_model, tmp_path):
         assert server.proc.wait(timeout=60) == -signal.SIGABRT
         log = server.log.read_text(errors="replace")
     assert "Fatal Python error: Aborted" in log and "most recent call first" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("grammar, why", [
+    (nested_optionals(8), "nested optionals"),
+    (nested_optionals(17), "nested optionals"),
+    (alternation(20_000), "large alternation"),
+], ids=["nested-optionals-8", "nested-optionals-17", "alternation-20000"])
+def test_a_grammar_that_would_stall_every_step_is_a_400_saying_why(server, grammar, why):
+    started = time.monotonic()
+    answer = post(server, COMPLETIONS, json.dumps({"prompt": "hi", "grammar": grammar, "max_tokens": 3}))
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "grammar", answer.text
+    assert why in answer.json()["error"]["message"]
+    assert time.monotonic() - started < 5
+    assert healthy(server)
+
+
+def chat_with_schema(schema: dict) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+
+
+def test_a_json_schema_enum_too_large_is_a_400(server):
+    answer = post(server, "/v1/chat/completions", chat_with_schema({"enum": [f"value{i}" for i in range(10_000)]}))
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "response_format", answer.text
+    assert "parse states" in answer.json()["error"]["message"]
+
+
+def test_large_real_schemas_stay_within_the_grammar_bounds(server):
+    """60 optional properties, an enum of 500 values: what real tools send is not refused."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(60)}
+              | {"kind": {"enum": [f"k{i}" for i in range(500)]}}}
+    answer = post(server, "/v1/chat/completions", chat_with_schema(schema))
+    assert answer.status_code == 200, answer.text

@@ -19,6 +19,7 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .context import Context
+from .grammar_cost import GrammarSyntaxError, grammar_cost
 from .model import Model
 
 
@@ -35,13 +36,21 @@ class GrammarExhausted(RuntimeError):
 # expands into up to n rules. These bounds sit far below that and far above real grammars.
 MAX_GRAMMAR_NESTING = 256
 MAX_GRAMMAR_RULES = 20_000
+# What llama.cpp's parse pays per token (grammar_cost.py): the 60-property JSON schema of optional
+# fields reaches 2,012 expansions and costs 8 ms a token on the tiny test model; nested optionals at
+# 2,016 cost 28 ms, and the next level (8,128) 0.25 s. An enum of 1,024 values is 1,024 stacks.
+MAX_GRAMMAR_STACKS = 1024
+MAX_GRAMMAR_EXPANSIONS = 4096
+MAX_GRAMMAR_ELEMENTS = 4_000_000  # 8 bytes each in llama.cpp; a repeated literal multiplies them
 # literals, classes, tokens, comments
 _GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]*')
 _GBNF_BOUND = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
 
 
 def check_grammar_size(grammar: str) -> None:
-    """Refuse a GBNF grammar whose nesting or rule count could overflow llama.cpp's stack."""
+    """Refuse a GBNF grammar whose nesting or rule count could overflow llama.cpp's stack (a cheap
+    scan first: it bounds what the parse of `grammar_cost` then reads), or whose parse would
+    stall every token step."""
     code = _GBNF_INERT.sub(" ", grammar)
     steps = np.frombuffer(code.encode("utf-8", "replace"), np.uint8)
     depth = np.cumsum((steps == ord("(")).astype(np.int64) - (steps == ord(")")))
@@ -51,6 +60,25 @@ def check_grammar_size(grammar: str) -> None:
     rules = code.count("::=") + code.count("(") + sum(code.count(op) for op in "*+?") + repeats
     if rules > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar expands to over {MAX_GRAMMAR_RULES} rules")
+    _check_grammar_cost(grammar)
+
+
+def _check_grammar_cost(grammar: str) -> None:
+    try:
+        cost = grammar_cost(grammar)
+    except GrammarSyntaxError as error:
+        raise GrammarError(str(error)) from None
+    except RecursionError:  # groups nested within MAX_GRAMMAR_NESTING, on a thread already deep
+        raise GrammarError("the grammar nests groups too deep") from None
+    if cost.stacks > MAX_GRAMMAR_STACKS:
+        raise GrammarError(f"the grammar keeps {cost.stacks} parse states at once, over {MAX_GRAMMAR_STACKS} "
+                           "(llama.cpp pays for each at every token: a large alternation or enum, or nested "
+                           "optionals)")
+    if cost.expansions > MAX_GRAMMAR_EXPANSIONS:
+        raise GrammarError(f"the grammar re-expands up to {cost.expansions} parse states per character, over "
+                           f"{MAX_GRAMMAR_EXPANSIONS} (nested optionals such as `a ::= b? b?` multiply them)")
+    if cost.elements > MAX_GRAMMAR_ELEMENTS:
+        raise GrammarError(f"the grammar expands to {cost.elements} elements, over {MAX_GRAMMAR_ELEMENTS}")
 
 
 def _count(digits: str) -> int:
