@@ -159,3 +159,19 @@ def test_large_real_schemas_stay_within_the_grammar_bounds(server):
               | {"kind": {"enum": [f"k{i}" for i in range(500)]}}}
     answer = post(server, "/v1/chat/completions", chat_with_schema(schema))
     assert answer.status_code == 200, answer.text
+
+
+POST_ROUTES = ["/v1/completions", "/v1/engines/copilot-codex/completions", "/v1/chat/completions", "/v1/embeddings",
+               "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize"]
+
+
+@pytest.mark.parametrize("depth", [200, 1_000, 100_000])
+def test_json_nested_too_deep_is_a_400_on_every_route(server, depth):
+    bodies = ['{"prompt": ' + "[" * depth + "]" * depth + "}", '{"a": ' + '{"a": ' * depth + "1" + "}" * (depth + 1),
+              "[" * depth + "]" * depth]
+    for path in POST_ROUTES:
+        for raw in bodies:
+            answer = post(server, path, raw)
+            assert answer.status_code == 400, (path, raw[:20], answer.text[:300])
+            assert "nests JSON over 128 levels" in answer.json()["error"]["message"]
+    assert healthy(server)
