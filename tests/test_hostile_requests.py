@@ -175,3 +175,16 @@ def test_json_nested_too_deep_is_a_400_on_every_route(server, depth):
             assert answer.status_code == 400, (path, raw[:20], answer.text[:300])
             assert "nests JSON over 128 levels" in answer.json()["error"]["message"]
     assert healthy(server)
+
+
+@pytest.mark.parametrize("stop, status, param", [
+    (["x" * 1024] * 32, 200, None),
+    ([f"s{i}" for i in range(33)], 400, "stop"),
+    (["ok", "y" * 1025], 400, "stop.1"),
+])
+def test_stop_strings_are_capped_in_number_and_length(server, stop, status, param):
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for path, body in [(COMPLETIONS, {"prompt": "hi"}), ("/v1/chat/completions", chat)]:
+        answer = post(server, path, json.dumps(body | {"max_tokens": 2, "stop": stop}))
+        assert answer.status_code == status, answer.text
+        assert status == 200 or answer.json()["error"]["param"] == param

@@ -75,7 +75,7 @@ class Engine:
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
         self.max_step_s = max_step_s
-        self._step_started: float | None = None  # monotonic start of the step llama.cpp runs now
+        self._step_started: float | None = None  # monotonic start of the busy round running now
         self.activity = Activity()
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -158,8 +158,9 @@ class Engine:
         return Health("ok")
 
     def _stalled(self) -> str | None:
-        """Why the engine is stalled: a step (one llama_decode) has run past max_step_s, so
-        llama.cpp is not returning (on two H200s a GPU hang held a step for minutes); None if not.
+        """Why the engine is stalled: a step (one llama_decode and the host work of its round) has run
+        past max_step_s, so the engine is not returning (on two H200s a GPU hang held a step for
+        minutes; a costly stop list or grammar holds it on the host); None if not.
         /health then answers 503, so that a supervisor restarts the server."""
         started = self._step_started
         if not self.max_step_s or started is None:
@@ -167,7 +168,7 @@ class Engine:
         running = time.monotonic() - started
         if running <= self.max_step_s:
             return None
-        return f"one step has run for {running:.0f} s (max_step_s {self.max_step_s:g}): llama.cpp is not returning"
+        return f"one step has run for {running:.0f} s (max_step_s {self.max_step_s:g}): the engine is not returning"
 
     def status(self) -> dict:
         with self._status_lock:
@@ -201,8 +202,17 @@ class Engine:
             self.scheduler.emit()
 
     def _iterate(self) -> bool:
-        """One round: messages, then one step. False once a shutdown has drained everything."""
+        """One round: messages, then one step. False once a shutdown has drained everything. The
+        watchdog times the whole round, not only llama.cpp's decode: the host work around it
+        (admission, sampling, stop strings, events) stalls every client just the same."""
         self._arrival.clear()
+        self._step_started = time.monotonic()
+        try:
+            return self._round()
+        finally:
+            self._step_started = None
+
+    def _round(self) -> bool:
         self._drain_inbox()
         if self._deadline is not None and self._drained():
             return False
@@ -211,6 +221,7 @@ class Engine:
         self._publish_status()  # before the events go out: a client that got its answer sees it
         self.scheduler.emit()
         if not step.items:
+            self._step_started = None  # idle: waiting is no stall
             timeout = 0.5 if self._deadline is None else max(0.0, min(0.5, self._deadline - time.monotonic()))
             self._wake.wait(timeout)
             self._wake.clear()
@@ -280,7 +291,6 @@ class Engine:
 
     def _run(self, step: Step) -> None:
         self._preemptible = self.scheduler.preemptible(step)
-        self._step_started = time.monotonic()
         try:
             outputs = self.runner.execute(step)
         except DecodeError as error:
@@ -295,7 +305,6 @@ class Engine:
             return
         finally:
             self._preemptible = False
-            self._step_started = None
         self._aborts = 0
         self.scheduler.update(step, outputs)
 
