@@ -138,10 +138,14 @@ async def _collect(http: Request, ctx: ServerContext, gen: Generation, events: a
     return envelope(gen.rid, gen.object, gen.served.name, [finals[i] for i in sorted(finals)], usage)
 
 
-async def _put_on_disconnect(http: Request, events: asyncio.Queue) -> None:
-    """The body is read: the next ASGI message is the client's disconnect."""
+async def client_gone(http: Request) -> None:
+    """Returns once the client disconnects (the body is read: the next ASGI message says so)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
+
+
+async def _put_on_disconnect(http: Request, events: asyncio.Queue) -> None:
+    await client_gone(http)
     events.put_nowait((None, _GONE))
 
 
