@@ -136,6 +136,10 @@ class ServerSettings(StockServerSettings):
         "(/health always is).",
     )
     max_body_bytes: int = Field(default=8 * 2**20, ge=1, description="Largest request body in bytes; larger get 413.")
+    cors_origins: List[str] = Field(
+        default=["*"], description="Origins a browser page may call from: * any (without credentials: no "
+        "cookies, no HTTP auth), or the listed ones (credentials allowed); none given: no CORS headers at all.",
+    )
 
     @field_validator("public_routes")
     @classmethod
