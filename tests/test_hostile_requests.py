@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pflash_plugin.testing.native_fuzz import COMPLETIONS, seed_cases, server_process, vocab_facts
 
@@ -188,3 +189,32 @@ def test_stop_strings_are_capped_in_number_and_length(server, stop, status, para
         answer = post(server, path, json.dumps(body | {"max_tokens": 2, "stop": stop}))
         assert answer.status_code == status, answer.text
         assert status == 200 or answer.json()["error"]["param"] == param
+
+
+def counted(server) -> tuple[float, float, float]:
+    """(requests finished, of them cancelled, generated tokens) from /metrics."""
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=10).text)}
+    finished = [s for s in families["pflash_requests"].samples if s.name.endswith("_total")]
+    cancelled = sum(s.value for s in finished if s.labels.get("finish_reason") == "cancelled")
+    tokens = sum(s.value for s in families["pflash_generation_tokens"].samples if s.name.endswith("_total"))
+    return sum(s.value for s in finished), cancelled, tokens
+
+
+def test_requests_cancelled_by_a_disconnect_are_counted_with_their_tokens(server):
+    """Issue 22: the counters moved only when the HTTP side received the finish, which a gone client
+    never does (42 cancelled requests left no trace). 3 requests of 8 choices (4 rounds of the 2
+    slots), their clients gone at the first token: all 24 choices are counted, most as cancelled."""
+    finished, cancelled, tokens = counted(server)
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "min_tokens": 400, "n": 8}
+    for _ in range(2):
+        with pytest.raises(httpx.ReadTimeout):  # the client leaves before the answer
+            httpx.post(server.url + COMPLETIONS, json=body, timeout=httpx.Timeout(10, read=0.03))
+    with httpx.stream("POST", server.url + COMPLETIONS, json=body | {"stream": True}, timeout=10) as streamed:
+        next(streamed.iter_lines())  # the first event, then the client leaves
+    deadline = time.monotonic() + 30
+    while counted(server)[0] < finished + 24 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    now_finished, now_cancelled, now_tokens = counted(server)
+    assert now_finished == finished + 24
+    assert now_cancelled >= cancelled + 12
+    assert now_tokens > tokens
