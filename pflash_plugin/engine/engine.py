@@ -8,6 +8,7 @@ fails that request alone; only a failure of llama.cpp itself marks the model fai
 """
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..llama import DecodeError
-from .request import ErrorEvent, Report, Request, RequestStatus
+from .request import CompressionJob, ErrorEvent, Report, Request, RequestStatus
 from .scheduler import AdmissionError, Scheduler, Step
 from .seams import Activity, CompressionResult, Compressor, Runner
 
@@ -175,14 +176,21 @@ class Engine:
             return dict(self._status)
 
     def _hand_off(self) -> None:
-        """Give the compressor the requests the scheduler handed off."""
+        """Give the compressor the requests the scheduler handed off: a job that several requests
+        share (the n samples of one prompt) runs once, and its result goes to each."""
+        sharing: dict[int, tuple[CompressionJob, list[Request]]] = {}
         for request in self.scheduler.take_handed():
-            assert self.compressor is not None and request.compression is not None
+            job = request.compression
+            assert self.compressor is not None and job is not None
+            sharing.setdefault(id(job), (job, []))[1].append(request)
+        for job, requests in sharing.values():
+            assert self.compressor is not None
 
-            def deliver(result: CompressionResult, request: Request = request) -> None:
-                self._post(Compressed(request, result.tokens, result.report))  # on the compression thread
+            def deliver(result: CompressionResult, requests: list[Request] = requests) -> None:
+                for request in requests:  # on the compression thread
+                    self._post(Compressed(request, result.tokens, copy.copy(result.report)))
 
-            self.compressor.submit(request.compression, self.activity, deliver)
+            self.compressor.submit(job, self.activity, deliver)
 
     def _post(self, message: Message) -> None:
         self._inbox.put(message)

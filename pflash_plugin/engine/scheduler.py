@@ -499,7 +499,8 @@ class Scheduler:
         elif prior is RequestStatus.COMPRESSING:
             self.compressing.remove(request)
             assert request.compression is not None
-            request.compression.cancelled.set()  # the worker drops it at its next chunk
+            if not any(other.compression is request.compression for other in self.compressing):
+                request.compression.cancelled.set()  # no sample waits for it: the worker drops it at its next chunk
         else:
             self.running.remove(request)
             live = self._live.pop(request.request_id)
