@@ -218,3 +218,17 @@ def test_requests_cancelled_by_a_disconnect_are_counted_with_their_tokens(server
     assert now_finished == finished + 24
     assert now_cancelled >= cancelled + 12
     assert now_tokens > tokens
+
+
+def test_a_grammar_whose_steps_keep_growing_is_stopped_with_a_400(server):
+    """Past every estimate: an ambiguous grammar's parse grows about 4x a token; the token step over
+    max_grammar_step_s (1 s) ends the request instead of stalling the batch for ever longer."""
+    a = httpx.post(server.url + "/extras/tokenize", json={"input": "a"}, timeout=10).json()["tokens"][-1]
+    body = {"prompt": "hi", "max_tokens": 40, "temperature": 0, "logit_bias": {str(a): 100},
+            "grammar": 'root ::= r "x"\nr ::= "a" r "b" | "a" r "c" | "a"'}
+    started = time.monotonic()
+    answer = post(server, COMPLETIONS, json.dumps(body))
+    assert answer.status_code == 400 and "grow with every token" in answer.json()["error"]["message"], answer.text
+    assert time.monotonic() - started < 15
+    assert healthy(server)
+    assert post(server, COMPLETIONS, json.dumps({"prompt": "hi", "max_tokens": 3})).status_code == 200

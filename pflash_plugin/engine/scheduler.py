@@ -454,6 +454,9 @@ class Scheduler:
                 request.timings.prefill_done = now
         if not item.wants_logits:
             return
+        if isinstance(out, ValueError):  # the client's (a grammar too costly to go on): a 400
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(400, str(out), "invalid_request_error"))
+            return
         if isinstance(out, Exception):
             self.fail(request, out, "sampling")
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import random
 import re
+import time
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -29,6 +30,12 @@ class GrammarError(ValueError):
 
 class GrammarExhausted(RuntimeError):
     """The grammar allows no token at all here, not even end-of-generation."""
+
+
+class GrammarTooSlow(GrammarError):
+    """The grammar's part of one token step ran past its limit: an ambiguous grammar whose parse
+    stacks multiply with every token (`r ::= "a" r "b" | "a" r "c" | "a"`: 4x a token), which no
+    estimate before the first token sees."""
 
 
 # llama.cpp parses and checks grammars recursively: a grammar nested ~18K groups deep, or whose rule
@@ -139,6 +146,7 @@ class SamplerParams:
     mirostat: int = 0  # 0 off, 1 or 2: mirostat version
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    max_grammar_step_s: float = 1.0  # a grammar that takes longer for one token ends its request
 
 
 def _batch_path(p: SamplerParams) -> str | None:
@@ -216,9 +224,11 @@ class SamplerChain:
 
     def sample(self, ctx: Context, index: int) -> int:
         """Sample from batch row `index` and accept the token (penalties, grammar state).
-        Raises GrammarExhausted where the grammar allows nothing."""
+        Raises GrammarExhausted where the grammar allows nothing, GrammarTooSlow where its step
+        ran past max_grammar_step_s."""
         if self.grammar is None:  # no sampler left that can throw: the native path
             return C.llama_sampler_sample(self.ptr, ctx.ptr, index)
+        started = time.perf_counter()
         allowed = self._allowed()
         logits = np.where(allowed, ctx.logits(index), -np.inf)
         token = self.apply(logits)
@@ -226,6 +236,10 @@ class SamplerChain:
             token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
         C.llama_sampler_accept(self.grammar, token)
         C.llama_sampler_accept(self.ptr, token)
+        took = time.perf_counter() - started
+        if took > self.params.max_grammar_step_s:  # the next token would cost more: end it here
+            raise GrammarTooSlow(f"the grammar took {took:.2f} s for one token, over "
+                                 f"{self.params.max_grammar_step_s:g} s: its parse states grow with every token")
         return token
 
     def apply(self, logits: np.ndarray) -> int:
