@@ -9,6 +9,7 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from .protocol import RequestError, error_body
@@ -70,7 +71,7 @@ def unencodable_field(body: Any) -> str | None:
     return None
 
 
-async def _body_error(request: Request) -> JSONResponse | None:
+async def _body_error(request: Request) -> Response | None:
     """A 400 for a JSON body nested too deep, or holding text that cannot be encoded; checked
     before FastAPI parses the body (the parsed JSON is cached on the request and reused). A body
     that is not JSON is left to FastAPI's own error."""
@@ -79,6 +80,8 @@ async def _body_error(request: Request) -> JSONResponse | None:
     too_deep = error_response(400, f"the body nests JSON over {MAX_JSON_DEPTH} levels deep", "invalid_request_error")
     try:
         body = await request.json() if await request.body() else None
+    except ClientDisconnect:  # gone before its body arrived (or closed for taking too long)
+        return Response(status_code=499)
     except RecursionError:  # Python's parser ran out of stack: deeper still
         return too_deep
     except ValueError:
