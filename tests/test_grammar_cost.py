@@ -80,3 +80,20 @@ def test_left_recursion_is_refused_without_recursing():
     chain = "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1} \"a\"\n" for i in range(5000)) + "r5000 ::= r0"
     with pytest.raises(GrammarSyntaxError, match="left-recursive"):
         grammar_cost(chain)
+
+
+def test_a_grammar_that_passed_is_not_parsed_again(monkeypatch):
+    """The server checks a grammar on a worker thread; the engine's sampler checks it again on the
+    engine thread, where a Python parse of a 4 MB literal (about 1 s) would stall every client."""
+    from pflash_plugin.llama import sampler
+
+    grammar = 'root ::= "' + "a" * 100_000 + '" [0-9]'
+    sampler.check_grammar_size(grammar)
+
+    def parse_again(_: str):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(sampler, "grammar_cost", parse_again)
+    sampler.check_grammar_size(grammar)
+    with pytest.raises(AssertionError, match="parsed again"):
+        sampler.check_grammar_size(grammar + " ")  # another grammar is parsed

@@ -10,9 +10,12 @@ and only then accepts it.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import random
 import re
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -54,10 +57,51 @@ _GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]
 _GBNF_BOUND = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
 
 
+class _Passed:
+    """Digests of the grammars that passed the checks lately: the engine builds its sampler from a
+    grammar the server checked on a worker thread, and the check (a Python parse: 0.9 s for a 4 MB
+    literal) must not run again on the engine thread."""
+
+    SIZE = 256
+
+    def __init__(self) -> None:
+        self._digests: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def digest(grammar: str) -> bytes:
+        return hashlib.blake2b(grammar.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def __contains__(self, digest: bytes) -> bool:
+        with self._lock:
+            if digest in self._digests:
+                self._digests.move_to_end(digest)
+                return True
+            return False
+
+    def add(self, digest: bytes) -> None:
+        with self._lock:
+            self._digests[digest] = None
+            if len(self._digests) > self.SIZE:
+                self._digests.popitem(last=False)
+
+
+_PASSED = _Passed()
+
+
 def check_grammar_size(grammar: str) -> None:
     """Refuse a GBNF grammar whose nesting or rule count could overflow llama.cpp's stack (a cheap
     scan first: it bounds what the parse of `grammar_cost` then reads), or whose parse would
     stall every token step."""
+    digest = _PASSED.digest(grammar)
+    if digest in _PASSED:
+        return
+    _check_grammar_shape(grammar)
+    _check_grammar_cost(grammar)
+    _PASSED.add(digest)
+
+
+def _check_grammar_shape(grammar: str) -> None:
     code = _GBNF_INERT.sub(" ", grammar)
     steps = np.frombuffer(code.encode("utf-8", "replace"), np.uint8)
     depth = np.cumsum((steps == ord("(")).astype(np.int64) - (steps == ord(")")))
@@ -67,7 +111,6 @@ def check_grammar_size(grammar: str) -> None:
     rules = code.count("::=") + code.count("(") + sum(code.count(op) for op in "*+?") + repeats
     if rules > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar expands to over {MAX_GRAMMAR_RULES} rules")
-    _check_grammar_cost(grammar)
 
 
 def _check_grammar_cost(grammar: str) -> None:
