@@ -25,6 +25,7 @@ from .request import (
     FinishEvent,
     Report,
     Request,
+    RequestRefused,
     RequestStatus,
     TextEvent,
     TokenOutput,
@@ -454,7 +455,7 @@ class Scheduler:
                 request.timings.prefill_done = now
         if not item.wants_logits:
             return
-        if isinstance(out, ValueError):  # the client's (a grammar too costly to go on): a 400
+        if isinstance(out, RequestRefused):  # the client's (a grammar too costly to go on): a 400
             self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(400, str(out), "invalid_request_error"))
             return
         if isinstance(out, Exception):
