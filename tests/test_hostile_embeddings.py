@@ -65,13 +65,13 @@ def test_an_embedding_flood_neither_starves_completions_nor_outlives_its_clients
             time.sleep(0.5)
             beside = _timed(lambda: httpx.post(server.url + COMPLETIONS, json=completion, timeout=60))
             assert [a.result() for a in answers].count(200) == 60
-        assert beside < max(1.0, 10 * idle), (beside, idle)
+        assert beside < max(2.0, 10 * idle), (beside, idle)  # 7.2 s before
 
         with ThreadPoolExecutor(60) as pool:  # clients that give up after 0.3 s
             statuses = [a.result() for a in flood(server, pool, 60, timeout=0.3)]
         assert statuses.count(None) >= 50, statuses
         alone = _timed(lambda: httpx.post(server.url + "/v1/embeddings", json={"input": WORDS}, timeout=60))
-        assert alone < 1.5, alone  # not behind the ~10 s the gone clients had queued
+        assert alone < 2.5, alone  # not behind the ~10 s the gone clients had queued
 
 
 def _timed(call) -> float:
