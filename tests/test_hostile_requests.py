@@ -133,7 +133,8 @@ def test_a_native_abort_leaves_its_cause_in_the_log(tiny_model, tmp_path):
     (nested_optionals(8), "nested optionals"),
     (nested_optionals(17), "nested optionals"),
     (alternation(20_000), "large alternation"),
-], ids=["nested-optionals-8", "nested-optionals-17", "alternation-20000"])
+    ('root ::= "' + "a" * 2000 + '"{1000}', "elements"),  # 2 KB that llama.cpp holds as 2M elements
+], ids=["nested-optionals-8", "nested-optionals-17", "alternation-20000", "repeated-literal"])
 def test_a_grammar_that_would_stall_every_step_is_a_400_saying_why(server, grammar, why):
     started = time.monotonic()
     answer = post(server, COMPLETIONS, json.dumps({"prompt": "hi", "grammar": grammar, "max_tokens": 3}))

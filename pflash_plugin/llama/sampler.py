@@ -51,7 +51,7 @@ MAX_GRAMMAR_RULES = 20_000
 # 2,016 cost 28 ms, and the next level (8,128) 0.25 s. An enum of 1,024 values is 1,024 stacks.
 MAX_GRAMMAR_STACKS = 1024
 MAX_GRAMMAR_EXPANSIONS = 4096
-MAX_GRAMMAR_ELEMENTS = 4_000_000  # 8 bytes each in llama.cpp; a repeated literal multiplies them
+MAX_GRAMMAR_ELEMENTS = 1_000_000  # 8 bytes each in llama.cpp, ~20 ms of its parse on the engine thread
 # literals, classes, tokens, comments
 _GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]*')
 _GBNF_BOUND = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
