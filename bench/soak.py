@@ -13,7 +13,10 @@ Then (--fuzz_examples N, 0 to skip) schemathesis sends up to N generated request
 the server's OpenAPI schema to a second server with one tiny model (one model: any generated model
 name reaches it); none may get a 5xx or go unanswered.
 
-Usage: python bench/soak.py [--requests 500] [--concurrency 8] [--fuzz_examples 300] [--out bench/results/soak.json]
+With --hostile N, N more ordinary requests, then N with issue 22's hostile kinds among them
+(costly grammars and schemas, deep JSON, stop lists): the ordinary kinds' p99 latency in each.
+
+Usage: python bench/soak.py [--requests 500] [--concurrency 8] [--fuzz_examples 300] [--hostile 0] [--out bench/results/soak.json]
 Prints a markdown summary; docs/soak.md quotes a run.
 """
 from __future__ import annotations
@@ -38,7 +41,16 @@ from serving import code_state, host_info
 
 from pflash_plugin.testing import cached_tiny_llama
 from pflash_plugin.testing.fuzz import fuzz
-from pflash_plugin.testing.soak import FAILURES, Workload, abandoned_tail, plan, run, summarize, wait_idle
+from pflash_plugin.testing.soak import (
+    FAILURES,
+    HOSTILE,
+    Workload,
+    abandoned_tail,
+    plan,
+    run,
+    summarize,
+    wait_idle,
+)
 
 API_KEY = "soak-bench-key"
 
@@ -113,6 +125,17 @@ async def soak(w: Workload, n: int, seed: int, memory: MemorySampler) -> tuple[l
     return outcomes, wall, after, status
 
 
+async def hostile_mix(w: Workload, n: int, seed: int) -> dict:
+    """`n` requests of the ordinary kinds, then `n` with issue 22's hostile kinds among them: the
+    ordinary kinds' median and p99 latency in each, what failed, and the pool idle after."""
+    clean = summarize(await run(w, plan(n, seed), seed, first_index=2 * 10**6))
+    mixed = summarize(await run(w, plan(n, seed, hostile=True), seed, first_index=3 * 10**6))
+    idle_s, problems, _ = await wait_idle(w)
+    return {"requests": n, "clean": clean["normal_ok_seconds"], "hostile": mixed["normal_ok_seconds"],
+            "failures": mixed["failures"], "by_kind": {k: v for k, v in mixed["by_kind"].items() if k in HOSTILE},
+            "idle_after_s": round(idle_s, 2), "not_idle": problems}
+
+
 def run_fuzz(max_examples: int) -> dict:
     server = ServerProcess("fuzz", ["--model", str(cached_tiny_llama()), "--model_alias", "tiny", "--n_ctx", "256",
                                     "--max_concurrency", "2", "--n_threads", "1", "--n_threads_batch", "1", "--api_key", API_KEY], ready_paths=("/health",))
@@ -152,6 +175,14 @@ def markdown(result: dict) -> str:
     lines.append(f"\nThen {tail['requests']} clients that leave early ({tail['results']}) from requests of max_tokens "
                  f"{tail['max_tokens']}: the pool idle {tail['idle_after_s']} s after the last one left"
                  + (f", NOT IDLE: {json.dumps(tail['not_idle'])}" if tail["not_idle"] else "") + ".")
+    if result.get("hostile"):
+        h = result["hostile"]
+        lines.append(f"\nHostile mix ({h['requests']} requests, issue 22's shapes among the ordinary kinds): the "
+                     f"ordinary kinds' median/p99 {h['hostile']['median']:.2f}/{h['hostile']['p99']:.2f} s against "
+                     f"{h['clean']['median']:.2f}/{h['clean']['p99']:.2f} s in a clean run of as many; failures "
+                     f"{json.dumps(h['failures'])}; hostile kinds {json.dumps(h['by_kind'])}; pool idle "
+                     f"{h['idle_after_s']} s after" + (f", NOT IDLE: {json.dumps(h['not_idle'])}" if h["not_idle"] else "")
+                     + ".")
     if result.get("fuzz"):
         f = result["fuzz"]
         lines.append(f"\nFuzz: {f['sent']} generated requests (up to {f['max_examples']} per operation) in {f['seconds']} s: "
@@ -168,6 +199,8 @@ def main() -> None:
     parser.add_argument("--long_words", type=int, default=1200, help="words of a long prompt (~1.3 tokens each)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fuzz_examples", type=int, default=300, help="per operation; 0: no fuzz")
+    parser.add_argument("--hostile", type=int, default=0,
+                        help="then this many ordinary requests, and as many with hostile kinds among them; 0: skip")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json")
     args = parser.parse_args()
 
@@ -184,6 +217,8 @@ def main() -> None:
             result = {"machine": host_info(), "code": code, "args": {k: str(v) for k, v in vars(args).items()},
                       "wall_s": wall, "summary": summarize(outcomes), "after": after, "memory": memory.stop(),
                       "status_after": status}
+            if args.hostile:
+                result["hostile"] = asyncio.run(hostile_mix(workload, args.hostile, args.seed))
         finally:
             server.stop()
     result["fuzz"] = run_fuzz(args.fuzz_examples) if args.fuzz_examples else None

@@ -27,13 +27,15 @@ def main() -> None:
     print(f"prompt tokens {reply.usage.prompt_tokens}, TTFT {timings['ttft_ms']:.0f} ms, "
           f"pflash {timings.get('pflash')}")
 
-    stream = client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "Name three rivers."}], max_tokens=24,
+    # the demo model is a base model: it continues text (chat works with models that carry a chat
+    # template, e.g. client.chat.completions.create(messages=[...]))
+    stream = client.completions.create(
+        model="any", prompt="Three rivers of Europe: the Danube, the", max_tokens=24, temperature=0,
         stream=True, stream_options={"include_usage": True},
     )
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            print(chunk.choices[0].delta.content, end="", flush=True)
+        if chunk.choices and chunk.choices[0].text:
+            print(chunk.choices[0].text, end="", flush=True)
         if chunk.usage:
             print(f"\nusage: {chunk.usage.completion_tokens} tokens")
 

@@ -349,3 +349,60 @@ def test_the_next_chat_turn_reuses_the_compressed_prompt_over_http(tiny_model):
     assert reused["status"] == "skipped" and "compressed earlier" in reused["reason"], reused
     assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]  # the client's count
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= compressed["kept_tokens"]
+
+
+def samples_of(prompt: list[int], n: int) -> list:
+    """n samples of one prompt sharing one compression job, as prepare makes them for `n`."""
+    first = long_request(prompt)
+    rest = [long_request(prompt) for _ in range(n - 1)]
+    for request in rest:
+        request.compression = first.compression
+    return [first, *rest]
+
+
+def test_the_samples_of_one_prompt_are_compressed_once(engine_with_fake):
+    """Issue 22: n=3 on a compressed prompt drafted it 3 times (6.9 s against 3.2 s for n=1), and
+    held the compression thread n times as long. One job runs; each sample gets its result, and
+    cancelling one sample leaves the job to the others."""
+    engine, sched, fake = engine_with_fake(n_slots=3, n_pages=64, max_batch_tokens=16, max_ctx=128)
+    samples = samples_of(LONG, 3)
+    engine.submit(*samples)
+    assert fake.submitted.acquire(timeout=TIMEOUT)
+    engine.cancel(samples[0])
+    assert sink_of(samples[0]).done.wait(TIMEOUT) and sink_of(samples[0]).finish.reason == "cancelled"
+    assert len(fake.jobs) == 1 and not samples[1].compression.cancelled.is_set()
+    fake.deliver(0, [1, 2, 3, 40])
+    for request in samples[1:]:
+        assert sink_of(request).done.wait(TIMEOUT) and sink_of(request).finish.reason == "length"
+        assert request.pflash.status == "compressed" and request.pflash.kept_tokens == 4
+    assert samples[1].pflash is not samples[2].pflash  # each its own report
+
+
+def test_a_job_shared_by_samples_is_cancelled_once_all_of_them_are(engine_with_fake):
+    engine, sched, fake = engine_with_fake(n_slots=2, n_pages=64, max_batch_tokens=16, max_ctx=128)
+    samples = samples_of(LONG, 2)
+    engine.submit(*samples)
+    assert fake.submitted.acquire(timeout=TIMEOUT)
+    job_ = samples[0].compression
+    engine.cancel(samples[1])
+    assert sink_of(samples[1]).done.wait(TIMEOUT) and not job_.cancelled.is_set()
+    engine.cancel(samples[0])
+    assert sink_of(samples[0]).done.wait(TIMEOUT) and job_.cancelled.is_set()
+
+
+def test_n_samples_of_a_compressed_prompt_are_drafted_once_over_http(tiny_model):
+    from conftest import live_server
+
+    settings = {"model": str(tiny_model), "n_ctx": 2048, "max_concurrency": 3, "n_threads": 1, "n_threads_batch": 1,
+                "pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
+                "pflash_segment_max": 16}
+    notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
+    with live_server([settings]) as server, server.client(timeout=120) as client:
+        compressor = server.app.state.models.get(None).compression.compressor
+        drafted = []
+        compress = compressor.compress
+        compressor.compress = lambda job, neighbours: (drafted.append(job), compress(job, neighbours))[1]
+        answer = client.post("/v1/completions", json={"prompt": notes, "max_tokens": 2, "n": 3, "seed": 1})
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["choices"]) == 3 and len(drafted) == 1
+    assert answer.json()["usage"]["timings"]["pflash"]["status"] == "compressed"

@@ -312,6 +312,29 @@ def test_a_step_past_max_step_s_marks_the_engine_stalled_until_it_returns(build)
     assert engine.health().ok and sink_of(request).finish.reason == "length"
 
 
+def test_host_work_past_max_step_s_marks_the_engine_stalled_too(build):
+    """The watchdog times the round, not only the decode: a step's host work (sampling, stop
+    strings: issue 22's 1.4 s pushes) that hangs is a stall as well."""
+    engine, sched, runner = build(n_slots=2, max_step_s=0.05)
+    in_update, release = threading.Event(), threading.Event()
+    update = sched.update
+
+    def slow_update(step, outputs):  # the host work after the first decode hangs
+        if not in_update.is_set():
+            in_update.set()
+            assert release.wait(TIMEOUT)
+        update(step, outputs)
+
+    sched.update = slow_update
+    request = make_request([1, 2, 3], max_tokens=2)
+    engine.submit(request)
+    assert in_update.wait(TIMEOUT)
+    assert wait_for(lambda: engine.health().state == "stalled")
+    release.set()
+    wait_done(request)
+    assert engine.health().ok
+
+
 def test_without_max_step_s_a_long_step_is_no_stall(build):
     engine, sched, runner = build(n_slots=2)
     in_step, release = threading.Event(), threading.Event()

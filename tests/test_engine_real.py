@@ -213,3 +213,32 @@ def test_greedy_rows_with_logprobs_match_the_sampler_chain(tiny_model):
     finally:
         engine.stop()
     assert fast == chain and all(len(tokens) == 10 and tokens[0][1] is not None for tokens in fast)
+
+
+def test_a_grammar_whose_steps_keep_growing_ends_its_request_with_a_400(tiny_model):
+    """An ambiguous grammar multiplies llama.cpp's parse stacks with every token (about 4x here:
+    0.05 s at the 10th token, 2.7 s at the 14th), which no estimate before the first token sees: the
+    step that runs past max_grammar_step_s ends its request, and the request beside it goes on."""
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1))
+    try:
+        a = model.tokenize("a", add_special=False)[-1]
+        grammar = 'root ::= r "x"\nr ::= "a" r "b" | "a" r "c" | "a"'
+        hostile = Request(model.tokenize("hi"), SamplingParams(max_tokens=40, temperature=0, grammar=grammar,
+                                                               logit_bias={a: 100.0}, max_grammar_step_s=0.05))
+        beside = Request(model.tokenize("hello"), SamplingParams(max_tokens=30, temperature=0))
+        ends: dict[int, object] = {}
+        done = threading.Semaphore(0)
+        for request in (hostile, beside):
+            def sink(event, request=request):
+                if isinstance(event, (FinishEvent, ErrorEvent)):
+                    ends[request.request_id] = event
+                    done.release()
+            request.sink = sink
+        engine.submit(hostile, beside)
+        assert done.acquire(timeout=60) and done.acquire(timeout=60)
+    finally:
+        engine.stop()
+    error = ends[hostile.request_id]
+    assert isinstance(error, ErrorEvent) and error.status == 400 and "grow with every token" in error.message
+    assert 5 < len(hostile.output_tokens) < 20
+    assert isinstance(ends[beside.request_id], FinishEvent) and len(beside.output_tokens) == 30

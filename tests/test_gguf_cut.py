@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -54,6 +56,20 @@ def test_cache_writes_once_per_source_version(deep_path, tmp_path):
     os.utime(source, ns=(written + 10**9, written + 10**9))  # a changed source: a new copy
     second = cached_cut(source, 2, tmp_path / "cache")
     assert second is not None and second != first and Model(second).n_layer == 2
+
+
+def test_temporary_copies_of_dead_writers_are_removed_at_start(deep_path, tmp_path):
+    """Issue 22: a SIGKILL during the first start left a complete 207 MB `*.gguf.<pid>.tmp`."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = cache / f"drafter-0123456789abcdef-2l.gguf.{dead.pid}.tmp"
+    writing = cache / f"drafter-fedcba9876543210-2l.gguf.{os.getpid()}.tmp"  # a live writer's
+    left.write_bytes(b"x" * 1000)
+    writing.write_bytes(b"x")
+    assert cached_cut(deep_path, 2, cache) is not None
+    assert not left.exists() and writing.exists()
 
 
 def test_unwritable_cache_falls_back_to_the_whole_model(deep_path, tmp_path, caplog):

@@ -6,13 +6,25 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pflash_plugin.testing.native_fuzz import COMPLETIONS, seed_cases, server_process, vocab_facts
 
 DEEP_GRAMMAR = "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000  # parsed recursively: overflows the stack
+
+
+def nested_optionals(depth: int) -> str:
+    """Issue 22's grammar: each level doubles llama.cpp's parse stacks, and every character re-expands
+    them (depth 8 is 2.4 s a token on the tiny model, depth 17 stalled the demo model for minutes)."""
+    return "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}? r{i + 1}?\n" for i in range(depth)) + f'r{depth} ::= "a"'
+
+
+def alternation(n: int) -> str:
+    return "root ::= " + " | ".join(f'"w{i}"' for i in range(n))
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +127,109 @@ def test_a_native_abort_leaves_its_cause_in_the_log(tiny_model, tmp_path):
         assert server.proc.wait(timeout=60) == -signal.SIGABRT
         log = server.log.read_text(errors="replace")
     assert "Fatal Python error: Aborted" in log and "most recent call first" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("grammar, why", [
+    (nested_optionals(8), "nested optionals"),
+    (nested_optionals(17), "nested optionals"),
+    (alternation(20_000), "large alternation"),
+    ('root ::= "' + "a" * 2000 + '"{1000}', "elements"),  # 2 KB that llama.cpp holds as 2M elements
+], ids=["nested-optionals-8", "nested-optionals-17", "alternation-20000", "repeated-literal"])
+def test_a_grammar_that_would_stall_every_step_is_a_400_saying_why(server, grammar, why):
+    started = time.monotonic()
+    answer = post(server, COMPLETIONS, json.dumps({"prompt": "hi", "grammar": grammar, "max_tokens": 3}))
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "grammar", answer.text
+    assert why in answer.json()["error"]["message"]
+    assert time.monotonic() - started < 5
+    assert healthy(server)
+
+
+def chat_with_schema(schema: dict) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+
+
+def test_a_json_schema_enum_too_large_is_a_400(server):
+    answer = post(server, "/v1/chat/completions", chat_with_schema({"enum": [f"value{i}" for i in range(10_000)]}))
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "response_format", answer.text
+    assert "parse states" in answer.json()["error"]["message"]
+
+
+def test_large_real_schemas_stay_within_the_grammar_bounds(server):
+    """60 optional properties, an enum of 500 values: what real tools send is not refused."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(60)}
+              | {"kind": {"enum": [f"k{i}" for i in range(500)]}}}
+    answer = post(server, "/v1/chat/completions", chat_with_schema(schema))
+    assert answer.status_code == 200, answer.text
+
+
+POST_ROUTES = ["/v1/completions", "/v1/engines/copilot-codex/completions", "/v1/chat/completions", "/v1/embeddings",
+               "/extras/tokenize", "/extras/tokenize/count", "/extras/detokenize"]
+
+
+@pytest.mark.parametrize("depth", [200, 1_000, 100_000])
+def test_json_nested_too_deep_is_a_400_on_every_route(server, depth):
+    bodies = ['{"prompt": ' + "[" * depth + "]" * depth + "}", '{"a": ' + '{"a": ' * depth + "1" + "}" * (depth + 1),
+              "[" * depth + "]" * depth]
+    for path in POST_ROUTES:
+        for raw in bodies:
+            answer = post(server, path, raw)
+            assert answer.status_code == 400, (path, raw[:20], answer.text[:300])
+            assert "nests JSON over 128 levels" in answer.json()["error"]["message"]
+    assert healthy(server)
+
+
+@pytest.mark.parametrize("stop, status, param", [
+    (["x" * 1024] * 32, 200, None),
+    ([f"s{i}" for i in range(33)], 400, "stop"),
+    (["ok", "y" * 1025], 400, "stop.1"),
+])
+def test_stop_strings_are_capped_in_number_and_length(server, stop, status, param):
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for path, body in [(COMPLETIONS, {"prompt": "hi"}), ("/v1/chat/completions", chat)]:
+        answer = post(server, path, json.dumps(body | {"max_tokens": 2, "stop": stop}))
+        assert answer.status_code == status, answer.text
+        assert status == 200 or answer.json()["error"]["param"] == param
+
+
+def counted(server) -> tuple[float, float, float]:
+    """(requests finished, of them cancelled, generated tokens) from /metrics."""
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=10).text)}
+    finished = [s for s in families["pflash_requests"].samples if s.name.endswith("_total")]
+    cancelled = sum(s.value for s in finished if s.labels.get("finish_reason") == "cancelled")
+    tokens = sum(s.value for s in families["pflash_generation_tokens"].samples if s.name.endswith("_total"))
+    return sum(s.value for s in finished), cancelled, tokens
+
+
+def test_requests_cancelled_by_a_disconnect_are_counted_with_their_tokens(server):
+    """Issue 22: the counters moved only when the HTTP side received the finish, which a gone client
+    never does (42 cancelled requests left no trace). 3 requests of 8 choices (4 rounds of the 2
+    slots), their clients gone at the first token: all 24 choices are counted, most as cancelled."""
+    finished, cancelled, tokens = counted(server)
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "min_tokens": 400, "n": 8}
+    for _ in range(2):
+        with pytest.raises(httpx.ReadTimeout):  # the client leaves before the answer
+            httpx.post(server.url + COMPLETIONS, json=body, timeout=httpx.Timeout(10, read=0.03))
+    with httpx.stream("POST", server.url + COMPLETIONS, json=body | {"stream": True}, timeout=10) as streamed:
+        next(streamed.iter_lines())  # the first event, then the client leaves
+    deadline = time.monotonic() + 30
+    while counted(server)[0] < finished + 24 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    now_finished, now_cancelled, now_tokens = counted(server)
+    assert now_finished == finished + 24
+    assert now_cancelled >= cancelled + 12
+    assert now_tokens > tokens
+
+
+def test_a_grammar_whose_steps_keep_growing_is_stopped_with_a_400(server):
+    """Past every estimate: an ambiguous grammar's parse grows about 4x a token; the token step over
+    max_grammar_step_s (1 s) ends the request instead of stalling the batch for ever longer."""
+    a = httpx.post(server.url + "/extras/tokenize", json={"input": "a"}, timeout=10).json()["tokens"][-1]
+    body = {"prompt": "hi", "max_tokens": 40, "temperature": 0, "logit_bias": {str(a): 100},
+            "grammar": 'root ::= r "x"\nr ::= "a" r "b" | "a" r "c" | "a"'}
+    started = time.monotonic()
+    answer = post(server, COMPLETIONS, json.dumps(body))
+    assert answer.status_code == 400 and "grow with every token" in answer.json()["error"]["message"], answer.text
+    assert time.monotonic() - started < 15
+    assert healthy(server)
+    assert post(server, COMPLETIONS, json.dumps({"prompt": "hi", "max_tokens": 3})).status_code == 200

@@ -56,6 +56,15 @@ def test_skips_say_why(kw, tokens, facts, reason):
     assert reason in plan.report.reason
 
 
+@pytest.mark.parametrize(("tokens", "keep_ratio"), [(PROMPT[:1], None), (PROMPT[:1], 0.1), (PROMPT, 1.0)])
+def test_a_budget_that_keeps_every_token_is_a_skip_not_a_draft(tokens, keep_ratio):
+    """Issue 22: a 1-token prompt with mode always ran the drafter and reported a fallback; a keep
+    ratio of 1.0 drafted the whole prompt (23 s against 22 s of plain prefill) to keep all of it."""
+    plan = planner().plan(tokens, ask(mode="always", keep_ratio=keep_ratio))
+    assert plan.job is None and plan.report is not None and plan.report.status == "skipped"
+    assert f"keeps all {len(tokens)} tokens" in plan.report.reason
+
+
 def test_an_explicit_query_over_the_limit_is_refused_naming_the_field():
     with pytest.raises(PlanError, match=f"over {MAX_EXPLICIT_QUERY} tokens") as error:
         planner().plan(PROMPT, ask(mode="always", query="word " * (MAX_EXPLICIT_QUERY + 1)))

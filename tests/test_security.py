@@ -86,6 +86,28 @@ def test_cors_preflight_passes_and_401_carries_cors_headers(keyed_server):
         assert denied.headers["access-control-allow-origin"]
 
 
+def test_cors_never_sends_credentials_to_any_origin(keyed_server, tiny_model):
+    """Issue 22: every Origin was echoed with Access-Control-Allow-Credentials: true, 401s and
+    preflights included. By default any origin may call, without credentials; listed origins get
+    them, others nothing; an empty list sends no CORS headers."""
+    evil = {"Origin": "https://evil.example"}
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    with keyed_server.client() as client:
+        for response in (client.get("/status", headers=evil), client.options("/v1/completions",
+                                                                              headers={**evil, **preflight})):
+            assert response.headers["access-control-allow-origin"] == "*"
+            assert "access-control-allow-credentials" not in response.headers
+    model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model], cors_origins=["https://app.example"]) as server, server.client() as client:
+        listed = client.get("/health", headers={"Origin": "https://app.example"})
+        assert listed.headers["access-control-allow-origin"] == "https://app.example"
+        assert listed.headers["access-control-allow-credentials"] == "true"
+        other = client.options("/v1/completions", headers={**evil, **preflight})
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    with live_server([model], cors_origins=[]) as server, server.client() as client:
+        assert not [h for h in client.get("/health", headers=evil).headers if h.startswith("access-control")]
+
+
 def test_oversized_body_gets_413_with_and_without_content_length(keyed_server):
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     body = b'{"prompt": "' + b"a" * LIMIT + b'", "max_tokens": 1}'

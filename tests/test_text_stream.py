@@ -1,9 +1,13 @@
 """TextStream: incremental UTF-8 decoding and stop strings across token boundaries."""
 from __future__ import annotations
 
+import random
+import time
+
 import pytest
 
 from pflash_plugin.engine.text_stream import TextStream
+from pflash_plugin.server.protocol import MAX_STOP_CHARS, MAX_STOPS
 
 
 def feed(stream: TextStream, pieces: list[bytes]) -> list[str]:
@@ -122,3 +126,46 @@ def test_overlapping_stop_prefixes_hold_the_longest():
     assert stream.push(b"c") == ""  # "abc" may start "abcd", "bc" may start "bce"
     assert stream.push(b"e") == "a"  # "bce" found: cut before it
     assert stream.stopped
+
+
+def reference_release(pieces: list[str], stops: list[str]) -> tuple[list[str], bool]:
+    """The old matcher, slicing every stop's prefixes per push: what a push releases must not change."""
+    held, out = "", []
+    for piece in pieces:
+        held += piece
+        cut = min((i for i in (held.find(s) for s in stops if s) if i >= 0), default=-1)
+        if cut >= 0:
+            out.append(held[:cut])
+            return out, True
+        keep = max((n for s in stops if s for n in range(min(len(s) - 1, len(held)), 0, -1)
+                    if held.endswith(s[:n])), default=0)
+        out.append(held[:len(held) - keep])
+        held = held[len(held) - keep:]
+    return out, False
+
+
+def test_the_linear_matcher_releases_what_the_slicing_one_did():
+    rng = random.Random(7)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(0, 4))]
+        pieces = ["".join(rng.choice("abc") for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 12))]
+        stream = TextStream(stops)
+        out = []
+        for piece in pieces:
+            out.append(stream.push(piece.encode()))
+            if stream.stopped:
+                break
+        assert (out, stream.stopped) == reference_release(pieces, stops), (stops, pieces)
+
+
+def test_a_push_costs_time_linear_in_its_text_whatever_the_stops():
+    """Issue 22: 350 stops of 20,000 characters and pushes that match their prefixes made each push
+    slice every prefix (1.4 s a push at 1,000 tokens). At the server's caps (32 stops of 1,024
+    characters), 2,000 such pushes take well under a second (the old matcher: about 12 ms each)."""
+    # the last stop keeps 1,022 characters held; the others' prefixes were each sliced in turn
+    stops = ["c" * (MAX_STOP_CHARS - 1) + str(i) for i in range(MAX_STOPS - 1)] + [("ab" * 600)[:1023] + "z"]
+    stream = TextStream(stops)
+    started = time.perf_counter()
+    released = "".join(stream.push(b"ab") for _ in range(2000))
+    assert not stream.stopped and len(released) == 4000 - 1022
+    assert time.perf_counter() - started < 1.0

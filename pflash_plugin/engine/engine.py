@@ -8,6 +8,7 @@ fails that request alone; only a failure of llama.cpp itself marks the model fai
 """
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..llama import DecodeError
-from .request import ErrorEvent, Report, Request, RequestStatus
+from .request import CompressionJob, ErrorEvent, Report, Request, RequestStatus
 from .scheduler import AdmissionError, Scheduler, Step
 from .seams import Activity, CompressionResult, Compressor, Runner
 
@@ -75,7 +76,7 @@ class Engine:
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
         self.max_step_s = max_step_s
-        self._step_started: float | None = None  # monotonic start of the step llama.cpp runs now
+        self._step_started: float | None = None  # monotonic start of the busy round running now
         self.activity = Activity()
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -158,8 +159,9 @@ class Engine:
         return Health("ok")
 
     def _stalled(self) -> str | None:
-        """Why the engine is stalled: a step (one llama_decode) has run past max_step_s, so
-        llama.cpp is not returning (on two H200s a GPU hang held a step for minutes); None if not.
+        """Why the engine is stalled: a step (one llama_decode and the host work of its round) has run
+        past max_step_s, so the engine is not returning (on two H200s a GPU hang held a step for
+        minutes; a costly stop list or grammar holds it on the host); None if not.
         /health then answers 503, so that a supervisor restarts the server."""
         started = self._step_started
         if not self.max_step_s or started is None:
@@ -167,21 +169,28 @@ class Engine:
         running = time.monotonic() - started
         if running <= self.max_step_s:
             return None
-        return f"one step has run for {running:.0f} s (max_step_s {self.max_step_s:g}): llama.cpp is not returning"
+        return f"one step has run for {running:.0f} s (max_step_s {self.max_step_s:g}): the engine is not returning"
 
     def status(self) -> dict:
         with self._status_lock:
             return dict(self._status)
 
     def _hand_off(self) -> None:
-        """Give the compressor the requests the scheduler handed off."""
+        """Give the compressor the requests the scheduler handed off: a job that several requests
+        share (the n samples of one prompt) runs once, and its result goes to each."""
+        sharing: dict[int, tuple[CompressionJob, list[Request]]] = {}
         for request in self.scheduler.take_handed():
-            assert self.compressor is not None and request.compression is not None
+            job = request.compression
+            assert self.compressor is not None and job is not None
+            sharing.setdefault(id(job), (job, []))[1].append(request)
+        for job, requests in sharing.values():
+            assert self.compressor is not None
 
-            def deliver(result: CompressionResult, request: Request = request) -> None:
-                self._post(Compressed(request, result.tokens, result.report))  # on the compression thread
+            def deliver(result: CompressionResult, requests: list[Request] = requests) -> None:
+                for request in requests:  # on the compression thread
+                    self._post(Compressed(request, result.tokens, copy.copy(result.report)))
 
-            self.compressor.submit(request.compression, self.activity, deliver)
+            self.compressor.submit(job, self.activity, deliver)
 
     def _post(self, message: Message) -> None:
         self._inbox.put(message)
@@ -201,8 +210,17 @@ class Engine:
             self.scheduler.emit()
 
     def _iterate(self) -> bool:
-        """One round: messages, then one step. False once a shutdown has drained everything."""
+        """One round: messages, then one step. False once a shutdown has drained everything. The
+        watchdog times the whole round, not only llama.cpp's decode: the host work around it
+        (admission, sampling, stop strings, events) stalls every client just the same."""
         self._arrival.clear()
+        self._step_started = time.monotonic()
+        try:
+            return self._round()
+        finally:
+            self._step_started = None
+
+    def _round(self) -> bool:
         self._drain_inbox()
         if self._deadline is not None and self._drained():
             return False
@@ -211,6 +229,7 @@ class Engine:
         self._publish_status()  # before the events go out: a client that got its answer sees it
         self.scheduler.emit()
         if not step.items:
+            self._step_started = None  # idle: waiting is no stall
             timeout = 0.5 if self._deadline is None else max(0.0, min(0.5, self._deadline - time.monotonic()))
             self._wake.wait(timeout)
             self._wake.clear()
@@ -280,7 +299,6 @@ class Engine:
 
     def _run(self, step: Step) -> None:
         self._preemptible = self.scheduler.preemptible(step)
-        self._step_started = time.monotonic()
         try:
             outputs = self.runner.execute(step)
         except DecodeError as error:
@@ -295,7 +313,6 @@ class Engine:
             return
         finally:
             self._preemptible = False
-            self._step_started = None
         self._aborts = 0
         self.scheduler.update(step, outputs)
 

@@ -116,6 +116,10 @@ Event = TextEvent | FinishEvent | ErrorEvent
 _ids = itertools.count(1)
 
 
+class RequestRefused(Exception):
+    """The request's own input fails it mid-way (a grammar too costly to go on): a 400, not a 500."""
+
+
 class Report(Protocol):
     """A compression report (pflash.report.PflashReport): the engine only passes it on."""
 

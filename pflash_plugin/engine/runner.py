@@ -9,9 +9,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..llama import Batch, Context, GrammarExhausted, Model, SamplerChain
+from ..llama import Batch, Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain
 from .batch_sampling import penalize_rows, sample_row
-from .request import Request, TokenOutput
+from .request import Request, RequestRefused, TokenOutput
 from .scheduler import Step
 from .threads import DecodeThreads
 
@@ -147,6 +147,8 @@ class LlamaRunner:
             token = self._samplers[request.held_slot].sample(self.ctx, row)
         except GrammarExhausted:  # the grammar allows nothing more: the generation ends here
             token = self._eog()[0]
+        except GrammarTooSlow as error:  # the next token would take longer still: the client's grammar
+            raise RequestRefused(str(error)) from error
         return _with_logprobs(token, logits, top_n)
 
     def _suppress_eog(self, logits: np.ndarray, rows: list[tuple[Request, int]]) -> None:

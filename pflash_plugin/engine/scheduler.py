@@ -27,6 +27,7 @@ from .request import (
     FinishEvent,
     Report,
     Request,
+    RequestRefused,
     RequestStatus,
     TextEvent,
     TokenOutput,
@@ -350,6 +351,9 @@ class Scheduler:
                 request.timings.prefill_done = now
         if not item.wants_logits:
             return
+        if isinstance(out, RequestRefused):  # the client's (a grammar too costly to go on): a 400
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(400, str(out), "invalid_request_error"))
+            return
         if isinstance(out, Exception):
             self.fail(request, out, "sampling")
             return
@@ -395,7 +399,8 @@ class Scheduler:
         elif prior is RequestStatus.COMPRESSING:
             self.compressing.remove(request)
             assert request.compression is not None
-            request.compression.cancelled.set()  # the worker drops it at its next chunk
+            if not any(other.compression is request.compression for other in self.compressing):
+                request.compression.cancelled.set()  # no sample waits for it: the worker drops it at its next chunk
         else:
             self.running.remove(request)
             live = self._live.pop(request.request_id)

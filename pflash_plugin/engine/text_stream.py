@@ -2,31 +2,69 @@
 
 Token pieces are bytes and a UTF-8 character may span tokens, and a stop string may span tokens
 too: text is released only once it is valid UTF-8 and can no longer be the start of a stop string.
+
+Each stop string is matched as the text arrives (Knuth-Morris-Pratt: per stop, the length of the
+longest suffix of the text so far that starts it), so a push costs time linear in its new text
+times the number of stops, whatever their length; the server caps both (server/protocol.py).
 """
 from __future__ import annotations
 
 
+class _StopMatcher:
+    """One stop string and how much of it the text seen so far ends with."""
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.matched = 0
+        self._fallback = _prefix_function(stop)
+
+    def feed(self, text: str) -> bool:
+        """Advance over `text`; True once the stop string has occurred."""
+        stop, matched = self.stop, self.matched
+        for char in text:
+            while matched and stop[matched] != char:
+                matched = self._fallback[matched - 1]
+            if stop[matched] == char:
+                matched += 1
+                if matched == len(stop):
+                    self.matched = matched
+                    return True
+        self.matched = matched
+        return False
+
+
+def _prefix_function(s: str) -> list[int]:
+    """Per prefix s[:i + 1], the length of its longest proper prefix that is also its suffix."""
+    pi = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = pi[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        pi[i] = k
+    return pi
+
+
 class TextStream:
     def __init__(self, stop: list[str]) -> None:
-        self._stop = [s for s in stop if s]
+        self._stops = [_StopMatcher(s) for s in dict.fromkeys(s for s in stop if s)]
         self._bytes = b""
-        self._held = ""
+        self._held = ""  # the text that may start a stop string: at most the longest stop's length
         self.stopped = False
 
     def push(self, piece: bytes) -> str:
         """Add one token's bytes; return the text that is safe to emit now."""
         self._bytes += piece
         text, self._bytes = _decode_complete(self._bytes)
-        self._held += text
-        cut = min((i for i in (self._held.find(s) for s in self._stop) if i >= 0), default=-1)
-        if cut >= 0:
+        held = self._held + text
+        if any([stop.feed(text) for stop in self._stops]):  # every matcher sees the text
             self.stopped = True
-            out, self._held = self._held[:cut], ""
-            return out
-        keep = _longest_stop_prefix_suffix(self._held, self._stop)
-        out = self._held[: len(self._held) - keep]
-        self._held = self._held[len(self._held) - keep :]
-        return out
+            self._held = ""
+            return held[:min(i for i in (held.find(stop.stop) for stop in self._stops) if i >= 0)]
+        keep = max((stop.matched for stop in self._stops), default=0)
+        self._held = held[len(held) - keep:]
+        return held[:len(held) - keep]
 
     def flush(self) -> str:
         """The generation ended without a stop string: release what was held back."""
@@ -45,13 +83,3 @@ def _decode_complete(data: bytes) -> tuple[str, bytes]:
                 # invalid bytes in the middle: replace them rather than hold forever
                 return data.decode("utf-8", errors="replace"), b""
     return data.decode("utf-8", errors="replace"), b""
-
-
-def _longest_stop_prefix_suffix(text: str, stops: list[str]) -> int:
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best

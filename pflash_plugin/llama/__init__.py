@@ -3,7 +3,7 @@ from .backend import init_backend
 from .batch import Batch
 from .context import Context, ContextConfig, DecodeError
 from .model import Model, ModelParams, RopeParams
-from .sampler import GrammarError, GrammarExhausted, SamplerChain, SamplerParams, check_grammar
+from .sampler import GrammarError, GrammarExhausted, GrammarTooSlow, SamplerChain, SamplerParams, check_grammar
 
-__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "GrammarError", "GrammarExhausted", "Model",
-           "ModelParams", "RopeParams", "SamplerChain", "SamplerParams", "check_grammar", "init_backend"]
+__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "GrammarError", "GrammarExhausted", "GrammarTooSlow",
+           "Model", "ModelParams", "RopeParams", "SamplerChain", "SamplerParams", "check_grammar", "init_backend"]

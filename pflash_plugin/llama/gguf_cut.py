@@ -86,6 +86,7 @@ def cached_cut(src: str | os.PathLike, n_layers: int, cache_dir: str | os.PathLi
     process unless the cache has it; None (and a warning) where it cannot be written, so the
     caller loads the whole model instead."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    _remove_dead_writers(cache_dir)
     dst = cut_path(src, n_layers, cache_dir)
     if dst.exists():
         return dst
@@ -106,6 +107,27 @@ def cached_cut(src: str | os.PathLike, n_layers: int, cache_dir: str | os.PathLi
         with contextlib.suppress(OSError):  # no file, or no directory to hold one
             tmp.unlink()
         return None
+
+
+def _remove_dead_writers(cache_dir: Path) -> None:
+    """Delete the temporary copies (`*.gguf.<pid>.tmp`) whose writer is gone: a server killed while
+    cutting leaves one behind, as large as the cut model, that nothing else would remove."""
+    for tmp in cache_dir.glob("*.gguf.*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):  # another server removed it first
+                tmp.unlink()
+                log.info("removed %s, left by a server that died while writing it", tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 if __name__ == "__main__":

@@ -10,8 +10,12 @@ and only then accepts it.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import random
 import re
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -19,6 +23,7 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .context import Context
+from .grammar_cost import GrammarSyntaxError, grammar_cost
 from .model import Model
 
 
@@ -30,18 +35,73 @@ class GrammarExhausted(RuntimeError):
     """The grammar allows no token at all here, not even end-of-generation."""
 
 
+class GrammarTooSlow(GrammarError):
+    """The grammar's part of one token step ran past its limit: an ambiguous grammar whose parse
+    stacks multiply with every token (`r ::= "a" r "b" | "a" r "c" | "a"`: 4x a token), which no
+    estimate before the first token sees."""
+
+
 # llama.cpp parses and checks grammars recursively: a grammar nested ~18K groups deep, or whose rule
 # references chain ~50K rules deep, overflows an 8 MiB thread stack (SIGSEGV). Each `{m,n}` also
 # expands into up to n rules. These bounds sit far below that and far above real grammars.
 MAX_GRAMMAR_NESTING = 256
 MAX_GRAMMAR_RULES = 20_000
+# What llama.cpp's parse pays per token (grammar_cost.py): the 60-property JSON schema of optional
+# fields reaches 2,012 expansions and costs 8 ms a token on the tiny test model; nested optionals at
+# 2,016 cost 28 ms, and the next level (8,128) 0.25 s. An enum of 1,024 values is 1,024 stacks.
+MAX_GRAMMAR_STACKS = 1024
+MAX_GRAMMAR_EXPANSIONS = 4096
+MAX_GRAMMAR_ELEMENTS = 1_000_000  # 8 bytes each in llama.cpp, ~20 ms of its parse on the engine thread
 # literals, classes, tokens, comments
 _GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]*')
 _GBNF_BOUND = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
 
 
+class _Passed:
+    """Digests of the grammars that passed the checks lately: the engine builds its sampler from a
+    grammar the server checked on a worker thread, and the check (a Python parse: 0.9 s for a 4 MB
+    literal) must not run again on the engine thread."""
+
+    SIZE = 256
+
+    def __init__(self) -> None:
+        self._digests: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def digest(grammar: str) -> bytes:
+        return hashlib.blake2b(grammar.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def __contains__(self, digest: bytes) -> bool:
+        with self._lock:
+            if digest in self._digests:
+                self._digests.move_to_end(digest)
+                return True
+            return False
+
+    def add(self, digest: bytes) -> None:
+        with self._lock:
+            self._digests[digest] = None
+            if len(self._digests) > self.SIZE:
+                self._digests.popitem(last=False)
+
+
+_PASSED = _Passed()
+
+
 def check_grammar_size(grammar: str) -> None:
-    """Refuse a GBNF grammar whose nesting or rule count could overflow llama.cpp's stack."""
+    """Refuse a GBNF grammar whose nesting or rule count could overflow llama.cpp's stack (a cheap
+    scan first: it bounds what the parse of `grammar_cost` then reads), or whose parse would
+    stall every token step."""
+    digest = _PASSED.digest(grammar)
+    if digest in _PASSED:
+        return
+    _check_grammar_shape(grammar)
+    _check_grammar_cost(grammar)
+    _PASSED.add(digest)
+
+
+def _check_grammar_shape(grammar: str) -> None:
     code = _GBNF_INERT.sub(" ", grammar)
     steps = np.frombuffer(code.encode("utf-8", "replace"), np.uint8)
     depth = np.cumsum((steps == ord("(")).astype(np.int64) - (steps == ord(")")))
@@ -51,6 +111,24 @@ def check_grammar_size(grammar: str) -> None:
     rules = code.count("::=") + code.count("(") + sum(code.count(op) for op in "*+?") + repeats
     if rules > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar expands to over {MAX_GRAMMAR_RULES} rules")
+
+
+def _check_grammar_cost(grammar: str) -> None:
+    try:
+        cost = grammar_cost(grammar)
+    except GrammarSyntaxError as error:
+        raise GrammarError(str(error)) from None
+    except RecursionError:  # groups nested within MAX_GRAMMAR_NESTING, on a thread already deep
+        raise GrammarError("the grammar nests groups too deep") from None
+    if cost.stacks > MAX_GRAMMAR_STACKS:
+        raise GrammarError(f"the grammar keeps {cost.stacks} parse states at once, over {MAX_GRAMMAR_STACKS} "
+                           "(llama.cpp pays for each at every token: a large alternation or enum, or nested "
+                           "optionals)")
+    if cost.expansions > MAX_GRAMMAR_EXPANSIONS:
+        raise GrammarError(f"the grammar re-expands up to {cost.expansions} parse states per character, over "
+                           f"{MAX_GRAMMAR_EXPANSIONS} (nested optionals such as `a ::= b? b?` multiply them)")
+    if cost.elements > MAX_GRAMMAR_ELEMENTS:
+        raise GrammarError(f"the grammar expands to {cost.elements} elements, over {MAX_GRAMMAR_ELEMENTS}")
 
 
 def _count(digits: str) -> int:
@@ -111,6 +189,7 @@ class SamplerParams:
     mirostat: int = 0  # 0 off, 1 or 2: mirostat version
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    max_grammar_step_s: float = 1.0  # a grammar that takes longer for one token ends its request
 
 
 def _batch_path(p: SamplerParams) -> str | None:
@@ -188,9 +267,11 @@ class SamplerChain:
 
     def sample(self, ctx: Context, index: int) -> int:
         """Sample from batch row `index` and accept the token (penalties, grammar state).
-        Raises GrammarExhausted where the grammar allows nothing."""
+        Raises GrammarExhausted where the grammar allows nothing, GrammarTooSlow where its step
+        ran past max_grammar_step_s."""
         if self.grammar is None:  # no sampler left that can throw: the native path
             return C.llama_sampler_sample(self.ptr, ctx.ptr, index)
+        started = time.perf_counter()
         allowed = self._allowed()
         logits = np.where(allowed, ctx.logits(index), -np.inf)
         token = self.apply(logits)
@@ -198,6 +279,10 @@ class SamplerChain:
             token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
         C.llama_sampler_accept(self.grammar, token)
         C.llama_sampler_accept(self.ptr, token)
+        took = time.perf_counter() - started
+        if took > self.params.max_grammar_step_s:  # the next token would cost more: end it here
+            raise GrammarTooSlow(f"the grammar took {took:.2f} s for one token, over "
+                                 f"{self.params.max_grammar_step_s:g} s: its parse states grow with every token")
         return token
 
     def apply(self, logits: np.ndarray) -> int:

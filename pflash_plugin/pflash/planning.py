@@ -71,11 +71,13 @@ class Planner:
             skip = ("not_enabled", NOT_ENABLED)
         if skip is not None:
             return Plan(report=PflashReport.skipped(n, skip[1], skip[0]))
+        ratio = self.config.ratio_for(n, ask.keep_ratio if ask else None)
+        if budget_for(n, ratio) >= n:  # a 1-token prompt, a keep ratio of 1: a draft would change nothing
+            return Plan(report=PflashReport.skipped(n, f"a keep ratio of {ratio:g} keeps all {n} tokens", "keeps_all"))
         explicit = self._explicit_query(ask.query if ask else None)
         pieces = [self.model.piece(t) for t in tokens]
         query = plan_query(pieces, self.config.query_tokens, last_user=facts.last_user, system=facts.system,
                           explicit=explicit, min_head=self.config.segment_min)
-        ratio = self.config.ratio_for(n, ask.keep_ratio if ask else None)
         if not query.fits(n, budget_for(n, ratio)):
             return Plan(report=PflashReport.skipped(n, MANDATORY_OVER_BUDGET, "over_budget"))
         return Plan(job=CompressionJob(tokens, query, ratio))

@@ -15,6 +15,7 @@ from llama_cpp.server.cli import parse_model_from_args
 from ..plugins import plugin_routers, server_plugins
 from .app import create_app
 from .cli import build_parser
+from .connections import ConnectionLimits, default_max_connections, guarded_protocol
 from .settings import ConfigFileSettings, ModelSettings, ServerSettings
 from .startup import START_ERRORS, log_summary, start_error
 
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         ssl_certfile=server_settings.ssl_certfile,
         # a backstop: the engines drain within the grace at the signal (server/shutdown.py)
         timeout_graceful_shutdown=server_settings.shutdown_grace_s + SHUTDOWN_MARGIN_S,  # type: ignore[arg-type]
+        http=guarded_protocol(ConnectionLimits(server_settings.header_timeout_s, server_settings.body_timeout_s,
+                                               server_settings.max_connections or default_max_connections())),
     )
 
 

@@ -41,8 +41,9 @@ def create_app(
 
     app = FastAPI(title="pflash-plugin: concurrent llama.cpp server", lifespan=lifespan,
                   root_path=server_settings.root_path)
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
-                       allow_headers=["*"])
+    if server_settings.cors_origins:  # stock echoes any origin with credentials allowed: here only listed ones get them
+        app.add_middleware(CORSMiddleware, allow_origins=server_settings.cors_origins, allow_methods=["*"],
+                           allow_credentials="*" not in server_settings.cors_origins, allow_headers=["*"])
     install_security(app, server_settings)
     attach(app, context)
     for api in (*ROUTERS, *extra_routers):

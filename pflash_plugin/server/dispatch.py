@@ -85,6 +85,8 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
+            if isinstance(event, (FinishEvent, ErrorEvent)):  # counted whether or not the client still listens
+                _count(ctx, gen.served.name, event)
             mailbox.stage(events, (i, event))
 
         request.sink, request.flush = sink, mailbox.wake
@@ -106,12 +108,12 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
         gen.cancel_unfinished()
 
 
-def _finish(ctx: ServerContext, gen: Generation, index: int, event: FinishEvent | ErrorEvent) -> None:
-    gen.done.add(index)
+def _count(ctx: ServerContext, model: str, event: FinishEvent | ErrorEvent) -> None:
+    """A request's end in the metrics: a cancelled one (its client gone) too, with its tokens."""
     if isinstance(event, FinishEvent):
-        ctx.metrics.finished(gen.served.name, event.reason, event.usage, event.pflash)
+        ctx.metrics.finished(model, event.reason, event.usage, event.pflash)
     else:
-        ctx.metrics.errors.labels(gen.served.name, str(event.status)).inc()
+        ctx.metrics.errors.labels(model, str(event.status)).inc()
 
 
 async def _collect(http: Request, ctx: ServerContext, gen: Generation, events: asyncio.Queue) -> Response | dict:
@@ -127,10 +129,10 @@ async def _collect(http: Request, ctx: ServerContext, gen: Generation, events: a
             if isinstance(event, TextEvent):
                 choice.add(event.text, event.tokens)
             elif isinstance(event, FinishEvent):
-                _finish(ctx, gen, index, event)
+                gen.done.add(index)
                 usages[index], finals[index] = event.usage, choice.final(event.reason)
             elif isinstance(event, ErrorEvent):
-                _finish(ctx, gen, index, event)
+                gen.done.add(index)
                 return error_response(event.status, event.message, event.type, code=event.type)
     finally:
         watcher.cancel()
@@ -138,10 +140,14 @@ async def _collect(http: Request, ctx: ServerContext, gen: Generation, events: a
     return envelope(gen.rid, gen.object, gen.served.name, [finals[i] for i in sorted(finals)], usage)
 
 
-async def _put_on_disconnect(http: Request, events: asyncio.Queue) -> None:
-    """The body is read: the next ASGI message is the client's disconnect."""
+async def client_gone(http: Request) -> None:
+    """Returns once the client disconnects (the body is read: the next ASGI message says so)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
+
+
+async def _put_on_disconnect(http: Request, events: asyncio.Queue) -> None:
+    await client_gone(http)
     events.put_nowait((None, _GONE))
 
 
@@ -161,11 +167,11 @@ async def _publish(ctx: ServerContext, gen: Generation, events: asyncio.Queue) -
         if isinstance(event, TextEvent):
             yield _data(envelope(gen.rid, gen.chunk_object, model, [choice.chunk(event.text, event.tokens, None)]))
         elif isinstance(event, FinishEvent):
-            _finish(ctx, gen, index, event)
+            gen.done.add(index)
             usages[index] = event.usage
             yield _data(envelope(gen.rid, gen.chunk_object, model, [choice.chunk("", [], event.reason)]))
         elif isinstance(event, ErrorEvent):
-            _finish(ctx, gen, index, event)
+            gen.done.add(index)
             yield _data(error_body(event.message, event.type, code=event.type))
             return
     if gen.include_usage:

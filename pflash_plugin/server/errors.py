@@ -9,6 +9,7 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from .protocol import RequestError, error_body
@@ -42,6 +43,23 @@ def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{path}.{i}" if path else str(i))
 
 
+# Deeper than any OpenAI body (a JSON schema of 30 nested objects is ~64 deep), far below where
+# Python's parser and the recursive code after it run out of stack (~1,000).
+MAX_JSON_DEPTH = 128
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests lists and objects over `limit` deep (iteratively)."""
+    todo = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return True
+            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def unencodable_field(body: Any) -> str | None:
     """The first field holding text that UTF-8 cannot encode (JSON lets a lone surrogate such as
     "\\udcff" through; llama.cpp takes bytes), as a dotted path; None if all text is fine."""
@@ -53,30 +71,41 @@ def unencodable_field(body: Any) -> str | None:
     return None
 
 
-async def _unencodable_request_field(request: Request) -> str | None:
-    """Checked before FastAPI parses the body (the parsed JSON is cached on the request and
-    reused); a body that is not JSON is left to FastAPI's own error."""
+async def _body_error(request: Request) -> Response | None:
+    """A 400 for a JSON body nested too deep, or holding text that cannot be encoded; checked
+    before FastAPI parses the body (the parsed JSON is cached on the request and reused). A body
+    that is not JSON is left to FastAPI's own error."""
     if "json" not in request.headers.get("content-type", "json"):
         return None
+    too_deep = error_response(400, f"the body nests JSON over {MAX_JSON_DEPTH} levels deep", "invalid_request_error")
     try:
         body = await request.json() if await request.body() else None
+    except ClientDisconnect:  # gone before its body arrived (or closed for taking too long)
+        return Response(status_code=499)
+    except RecursionError:  # Python's parser ran out of stack: deeper still
+        return too_deep
     except ValueError:
         return None
-    return unencodable_field(body)
+    if deeper_than(body, MAX_JSON_DEPTH):
+        return too_deep
+    field = unencodable_field(body)
+    if field is None:
+        return None
+    message = f"{field}: the text is not valid Unicode (a lone surrogate cannot be encoded as UTF-8)"
+    return error_response(400, message, "invalid_request_error", field)
 
 
 class OpenAIRoute(APIRoute):
     """Turns validation errors, RequestError and HTTPException into OpenAI error bodies, and
-    refuses text that cannot be encoded before anything reads it."""
+    refuses bodies nested too deep or with text that cannot be encoded before anything reads them."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
-            field = await _unencodable_request_field(request)
-            if field is not None:
-                message = f"{field}: the text is not valid Unicode (a lone surrogate cannot be encoded as UTF-8)"
-                return error_response(400, message, "invalid_request_error", field)
+            refused = await _body_error(request)
+            if refused is not None:
+                return refused
             try:
                 return await handler(request)
             except RequestValidationError as error:

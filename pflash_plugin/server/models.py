@@ -90,7 +90,7 @@ class ServedModel:
             budget = self._memory_budget(reserve, gpu_free, n_gpus, free_at_load)
         self.engine = build_engine(self.model, self.config, self.name, self.compression, budget)
         self.embedder = (
-            Embedder(self.model, self.max_ctx, self.config.n_batch, self.config.n_threads_batch)
+            Embedder(self.model, self.max_ctx, self.config.n_batch, self.config.n_threads_batch, settings.max_queue)
             if self.params.embedding
             else None
         )
@@ -251,9 +251,10 @@ class ModelRegistry:
             ) from None
 
     def drain(self, grace_s: float) -> None:
-        """Every engine stops admitting (503) and drains within `grace_s`, all at once."""
-        threads = [threading.Thread(target=served.engine.shutdown, args=(grace_s,), name=f"drain-{name}")
-                   for name, served in self.models.items()]
+        """Every engine and embedder stops admitting (503) and drains within `grace_s`, all at once."""
+        threads = [threading.Thread(target=part.shutdown, args=(grace_s,), name=f"drain-{name}")
+                   for name, served in self.models.items()
+                   for part in (served.engine, served.embedder) if part is not None]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -58,14 +58,18 @@ def _checked_grammar(served: ServedModel, grammar: str | None, param: str) -> st
     return grammar
 
 
-def _plan_compression(served: ServedModel, request: EngineRequest, ask: PflashOverride | None,
-                      facts: PromptFacts) -> None:
-    """The request's PFlash plan: its compression job, or the report of why there is none."""
+def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingParams, n: int,
+                     ask: PflashOverride | None, facts: PromptFacts) -> list[EngineRequest]:
+    """The n samples of one prompt, sharing its PFlash plan: one compression job for all of them
+    (the engine runs it once and hands its result to each), or the report of why there is none."""
     try:
-        plan = served.planner.plan(request.prompt_tokens, ask, facts)
+        plan = served.planner.plan(tokens, ask, facts)
     except PlanError as error:
         raise RequestError(400, str(error), param=error.param) from None
-    request.compression, request.pflash = plan.job, plan.report
+    requests = [EngineRequest(tokens, sample) for sample in _samples(params, n)]
+    for request in requests:
+        request.compression, request.pflash = plan.job, plan.report
+    return requests
 
 
 def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
@@ -81,9 +85,8 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
     for tokens, text in prompts:
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
                                  logprobs=body.logprobs, grammar=grammar, logit_bias=bias)
-        for sample in _samples(params, body.n or 1):
-            request = EngineRequest(tokens, sample)
-            _plan_compression(served, request, body.pflash, PromptFacts(json_format=bool(grammar)))
+        for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash,
+                                        PromptFacts(json_format=bool(grammar))):
             requests.append(request)
             choices.append(CompletionChoice(len(choices), served.model.piece, text if body.echo else "",
                                             body.logprobs is not None))
@@ -143,11 +146,7 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
     params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
                         json_format=bool(grammar))
-    requests: list[EngineRequest] = []
-    for sample in _samples(params, body.n or 1):
-        request = EngineRequest(rendered.tokens, sample)
-        _plan_compression(served, request, body.pflash, facts)
-        requests.append(request)
+    requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts)
     choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools)) for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",
                       len(rendered.tokens), _include_usage(body), new_id("chatcmpl"))

@@ -172,6 +172,10 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+# OpenAI takes 4 stop strings; clients that send a chat template's turn markers and their own
+# (role play front ends, agent loops) send a dozen or two, each a few words long
+MAX_STOPS = 32
+MAX_STOP_CHARS = 1024
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range is -100..100
 
 
@@ -188,6 +192,18 @@ def _check_sampling_numbers(body: CompletionRequest | ChatCompletionRequest, log
                                param="logit_bias")
 
 
+def _stop_strings(body: CompletionRequest | ChatCompletionRequest) -> list[str]:
+    """The request's stop strings, within the caps (each one is matched against every token)."""
+    stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
+    if len(stop) > MAX_STOPS:
+        raise RequestError(400, f"at most {MAX_STOPS} stop strings ({len(stop)} given)", param="stop")
+    for i, text in enumerate(stop):
+        if len(text) > MAX_STOP_CHARS:
+            raise RequestError(400, f"stop.{i}: at most {MAX_STOP_CHARS} characters ({len(text)} given)",
+                               param=f"stop.{i}")
+    return stop
+
+
 def sampling_params(
     body: CompletionRequest | ChatCompletionRequest,
     *,
@@ -196,7 +212,7 @@ def sampling_params(
     grammar: str | None,
     logit_bias: dict[int, float],
 ) -> SamplingParams:
-    stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
+    stop = _stop_strings(body)
     _check_sampling_numbers(body, logit_bias)
     if logprobs is not None and logprobs > MAX_LOGPROBS:  # each token would carry that many alternatives
         param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"

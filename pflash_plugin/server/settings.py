@@ -154,6 +154,19 @@ class ServerSettings(StockServerSettings):
         "(/health always is).",
     )
     max_body_bytes: int = Field(default=8 * 2**20, ge=1, description="Largest request body in bytes; larger get 413.")
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="A connection must send a request's headers within this long, else it is "
+        "closed (uvicorn waits for ever; python -m pflash_plugin.server only).")
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="Each part of a request's body must arrive within this long of the one "
+        "before, else the connection is closed (python -m pflash_plugin.server only).")
+    max_connections: Optional[int] = Field(
+        default=None, ge=1, description="Open connections at most; more are closed as soon as accepted. Default: "
+        "the open-file limit less 128 (python -m pflash_plugin.server only).")
+    cors_origins: List[str] = Field(
+        default=["*"], description="Origins a browser page may call from: * any (without credentials: no "
+        "cookies, no HTTP auth), or the listed ones (credentials allowed); none given: no CORS headers at all.",
+    )
 
     @field_validator("public_routes")
     @classmethod

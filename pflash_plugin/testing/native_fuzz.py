@@ -47,11 +47,15 @@ GRAMMARS = [
     'root ::= "é" | "\\u00ff"', 'root ::= ("a" ("b" ("c")?)?)*', 'root ::= x{0,50}\nx ::= "x"',
     "root ::= (", "root ::= undefined", "start ::= \"a\"", "root ::= " + "(" * 300 + '"a"' + ")" * 300,
     "root ::= " + " ".join('"a"{0,2000}' for _ in range(12)),
+    # what would stall every token step (issue 22): nested optionals, a flat alternation
+    "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}? r{i + 1}?\n" for i in range(8)) + 'r8 ::= "a"',
+    "root ::= " + " | ".join(f'"w{i}"' for i in range(3000)),
 ]
 SCHEMAS = [
     {"type": "boolean"}, {"type": "integer"}, {"enum": ["x", "y"]}, {"type": "string", "maxLength": 3},
     {"type": "object", "properties": {"a": {"type": "number"}}, "required": ["a"]},
     {"type": "array", "items": {"type": "null"}, "minItems": 2, "maxItems": 2}, {"type": "nonsense"},
+    {"enum": [f"v{i}" for i in range(3000)]},
 ]
 FLOATS = [0.0, 1e-30, 1e-8, 0.5, 1.0, 2.0, 100.0, 1e30, float("nan"), float("inf"), -1.0]
 

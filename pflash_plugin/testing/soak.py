@@ -238,9 +238,65 @@ KINDS: dict[str, tuple[int, str | frozenset[int], Kind]] = {
 }
 
 
-def plan(n: int, seed: int, api_key: bool = True) -> list[str]:
-    """n request kinds in proportion to their weights: shuffled blocks holding each kind `weight` times."""
-    block = [k for k, (weight, _, _) in KINDS.items() if api_key or k != "no_key" for _ in range(weight)]
+# ---- hostile kinds (issue 22): each must get its 400 fast and leave the others' latency alone ----
+def nested_optionals(depth: int) -> str:
+    """llama.cpp's parse states double per level (17 levels held the engine for minutes)."""
+    return "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}? r{i + 1}?\n" for i in range(depth)) + f'r{depth} ::= "a"'
+
+
+def grammar_body(w: Workload, rng: random.Random, grammar: str) -> dict:
+    return {"model": w.model, "prompt": short_prompt(rng), "max_tokens": 3, "grammar": grammar}
+
+
+async def ambiguous_grammar(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Reply:
+    """A grammar whose parse states multiply with every token, forced down that path by a bias: the
+    token step over the engine's limit ends it with a 400."""
+    tokens = await client.post("/extras/tokenize", json={"model": w.model, "input": "a"}, headers=w.headers)
+    bias = {str(tokens.json()["tokens"][-1]): 100}
+    body = grammar_body(w, rng, 'root ::= r "x"\nr ::= "a" r "b" | "a" r "c" | "a"')
+    return await post(client, "/v1/completions", body | {"max_tokens": 40, "temperature": 0, "logit_bias": bias},
+                      headers=w.headers)
+
+
+def huge_enum(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    schema = {"name": "e", "schema": {"enum": [f"value{i}" for i in range(2_000)]}}
+    body = chat_body(w, rng) | {"response_format": {"type": "json_schema", "json_schema": schema}}
+    return post(client, "/v1/chat/completions", body, headers=w.headers)
+
+
+def deep_json(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    depth = rng.choice([200, 5_000])
+    return post(client, "/v1/completions", content=b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}",
+                headers=w.headers)
+
+
+def heavy_stops(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    """As many stop strings as allowed, as long as allowed: answered, at no cost to the others."""
+    stops = [f"{i:02d}" + "z" * 1022 for i in range(32)]
+    return post(client, "/v1/completions", completion_body(w, rng) | {"stop": stops}, headers=w.headers)
+
+
+HOSTILE: dict[str, tuple[int, str | frozenset[int], Kind]] = {
+    "nested_optionals": (2, frozenset({400}), lambda w, c, r: post(
+        c, "/v1/completions", grammar_body(w, r, nested_optionals(17)), headers=w.headers)),
+    "huge_alternation": (2, frozenset({400}), lambda w, c, r: post(
+        c, "/v1/completions", grammar_body(w, r, "root ::= " + " | ".join(f'"w{i}"' for i in range(5_000))),
+        headers=w.headers)),
+    "ambiguous_grammar": (1, frozenset({400}), ambiguous_grammar),
+    "huge_enum": (2, frozenset({400}), huge_enum),
+    "deep_json": (2, frozenset({400}), deep_json),
+    "too_many_stops": (2, frozenset({400}), lambda w, c, r: post(
+        c, "/v1/completions", completion_body(w, r) | {"stop": [f"s{i}" for i in range(33)]}, headers=w.headers)),
+    "heavy_stops": (2, OK, heavy_stops),
+}
+ALL_KINDS = KINDS | HOSTILE
+
+
+def plan(n: int, seed: int, api_key: bool = True, hostile: bool = False) -> list[str]:
+    """n request kinds in proportion to their weights: shuffled blocks holding each kind `weight` times
+    (the hostile kinds too, with `hostile`)."""
+    kinds = ALL_KINDS if hostile else KINDS
+    block = [k for k, (weight, _, _) in kinds.items() if api_key or k != "no_key" for _ in range(weight)]
     rng, order = random.Random(seed), list[str]()
     while len(order) < n:
         rng.shuffle(block)
@@ -249,7 +305,7 @@ def plan(n: int, seed: int, api_key: bool = True) -> list[str]:
 
 
 def judge(kind: str, reply: Reply) -> str:
-    expected = KINDS[kind][1]
+    expected = ALL_KINDS[kind][1]
     if reply.status is not None and reply.status >= 500:
         return "5xx"
     if reply.stream_error:
@@ -275,7 +331,7 @@ async def run(w: Workload, kinds: list[str], seed: int, first_index: int = 0) ->
         async with gate, httpx.AsyncClient(base_url=w.url, timeout=w.deadline_s + 5) as client:
             t0 = time.perf_counter()
             try:
-                reply = await asyncio.wait_for(KINDS[kind][2](w, client, rng), w.deadline_s)
+                reply = await asyncio.wait_for(ALL_KINDS[kind][2](w, client, rng), w.deadline_s)
             except asyncio.TimeoutError:
                 reply = None
             seconds = time.perf_counter() - t0
@@ -286,9 +342,14 @@ async def run(w: Workload, kinds: list[str], seed: int, first_index: int = 0) ->
     return list(await asyncio.gather(*(one(first_index + i, k) for i, k in enumerate(kinds))))
 
 
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
 def summarize(outcomes: list[Outcome]) -> dict:
     results = Counter(o.result for o in outcomes)
     ok = sorted(o.seconds for o in outcomes if o.result == "ok")
+    normal = sorted(o.seconds for o in outcomes if o.result == "ok" and o.kind in KINDS)
     by_kind: dict[str, Counter] = {}
     for o in outcomes:
         by_kind.setdefault(o.kind, Counter())[o.result] += 1
@@ -299,6 +360,8 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
         "pflash_compressed": sum(1 for o in outcomes if o.pflash == "compressed"),
         "ok_seconds": {"median": statistics.median(ok), "max": ok[-1]} if ok else None,
+        # the ordinary kinds' answers alone: what a hostile mix may cost everyone else
+        "normal_ok_seconds": {"median": statistics.median(normal), "p99": percentile(normal, 0.99)} if normal else None,
         "failed_examples": [o.__dict__ for o in outcomes if o.result in FAILURES][:10],
     }
 
@@ -348,8 +411,8 @@ class SoakReport:
     status: dict = field(repr=False)
 
 
-async def soak(w: Workload, n: int, seed: int = 0) -> SoakReport:
+async def soak(w: Workload, n: int, seed: int = 0, hostile: bool = False) -> SoakReport:
     """The whole soak: `n` planned requests, then the pool must come back to idle."""
-    outcomes = await run(w, plan(n, seed, api_key=w.api_key is not None), seed)
+    outcomes = await run(w, plan(n, seed, api_key=w.api_key is not None, hostile=hostile), seed)
     idle_s, problems, status = await wait_idle(w)
     return SoakReport(summarize(outcomes), idle_s, problems, status)

@@ -1,0 +1,89 @@
+"""Slow and numerous connections against a real server process (issue 22): partial headers or a
+trickled body no longer hold a connection for ever, connections over max_connections are closed at
+once, and the refusals are logged at a bounded rate."""
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from pflash_plugin.testing.native_fuzz import COMPLETIONS, server_process
+
+PARTIAL_HEADERS = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+BODY = b'{"prompt": "hi", "max_tokens": 2}'
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("connections") / "server.log"
+    with server_process(tiny_model, log, "--header_timeout_s", "1", "--body_timeout_s", "1",
+                        "--max_connections", "20") as server:
+        yield server
+
+
+def connect(server, data: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(data)
+    return sock
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """Whether the server closed the connection within `within_s` (it answers nothing first)."""
+    sock.settimeout(within_s)
+    try:
+        return sock.recv(65536) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.close()
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response (its body by Content-Length), however the server's packets split it."""
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def completion_works(server) -> bool:
+    return httpx.post(server.url + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}, timeout=30).status_code == 200
+
+
+def test_partial_headers_are_closed_after_header_timeout_s(server):
+    socks = [connect(server, PARTIAL_HEADERS) for _ in range(15)]
+    started = time.monotonic()
+    assert all(closed_by_server(s, 5) for s in socks)
+    assert time.monotonic() - started < 3
+    assert completion_works(server)
+
+
+def test_a_trickled_body_is_closed_after_body_timeout_s(server):
+    head = PARTIAL_HEADERS + f"Content-Length: {len(BODY) + 100}\r\n\r\n".encode()
+    sock = connect(server, head + BODY[:5])
+    assert closed_by_server(sock, 5)
+    whole = connect(server, PARTIAL_HEADERS + f"Content-Length: {len(BODY)}\r\n\r\n".encode() + BODY)
+    assert read_response(whole).startswith(b"HTTP/1.1 200")  # a whole request on time is answered
+    whole.sendall(PARTIAL_HEADERS)  # then a next request on the kept-alive connection that stalls
+    assert closed_by_server(whole, 5)
+
+
+def test_connections_over_max_connections_are_closed_at_once_and_logged_at_a_bounded_rate(server):
+    held = [connect(server, b"") for _ in range(20)]
+    time.sleep(0.2)
+    extra = [connect(server, PARTIAL_HEADERS) for _ in range(30)]
+    assert sum(closed_by_server(s, 0.5) for s in extra) >= 25  # accepted beyond the 20, then closed
+    assert all(closed_by_server(s, 5) for s in held)  # sent nothing: closed after header_timeout_s
+    assert completion_works(server)
+    log = server.log.read_text(errors="replace")
+    assert 1 <= log.count("closed a new connection") <= 2 and "Traceback" not in log, log[-2000:]
