@@ -90,3 +90,18 @@ def tiny_server(tiny_model: Path) -> Iterator[LiveServer]:
              "n_threads": 1, "n_threads_batch": 1}
     with live_server([model]) as server:
         yield server
+
+
+@pytest.fixture
+def two_streams(tiny_model: Path):
+    """A context of 2 sequences with a KV stream each (kv_unified false), its runner and a batch."""
+    from pflash_plugin.engine.runner import LlamaRunner
+    from pflash_plugin.llama import Batch, Context, ContextConfig, Model
+
+    model = Model(tiny_model)
+    ctx = Context(model, ContextConfig(n_ctx=2 * 256, n_batch=128, n_seq_max=2, kv_unified=False, n_threads=1,
+                                       n_threads_batch=1))
+    runner, batch = LlamaRunner(model, ctx), Batch(128)
+    yield model, ctx, runner, batch
+    batch.close()
+    runner.close()

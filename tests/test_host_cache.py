@@ -10,8 +10,6 @@ from conftest import live_server
 from test_kv_layout import THREADS, prefill
 
 from pflash_plugin.engine.host_cache import HostCache
-from pflash_plugin.engine.runner import LlamaRunner
-from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 
 
 def test_the_byte_bound_holds_under_a_flood_of_distinct_prompts():
@@ -83,24 +81,18 @@ def test_random_load_with_a_host_tier_keeps_every_invariant():
     assert runner.ops_of("restore") and sched.status()["prefix_reused_tokens"]["restored"] > 0
 
 
-def test_a_restored_state_gives_the_logits_of_a_fresh_prefill(tiny_model):
-    model = Model(tiny_model)
-    ctx = Context(model, ContextConfig(n_ctx=2 * 256, n_batch=128, n_seq_max=2, kv_unified=False, **THREADS))
-    runner, batch = LlamaRunner(model, ctx), Batch(128)
-    try:
-        tokens = model.tokenize("a conversation whose cells were evicted, then asked again " * 8)[:90]
-        prefill(ctx, batch, tokens[:60], 0, 0)
-        fresh = prefill(ctx, batch, tokens[60:], 60, 0)
-        saved = runner.save(0)
-        runner.seq_rm(0, 0)
-        prefill(ctx, batch, model.tokenize("something else entirely " * 4)[:40], 0, 0)  # the stream is reused
-        runner.restore(1, saved, 60)
-        assert ctx.seq_pos_max(1) == 59
-        restored = prefill(ctx, batch, tokens[60:], 60, 1)
-        np.testing.assert_array_equal(restored, fresh)
-    finally:
-        batch.close()
-        runner.close()
+def test_a_restored_state_gives_the_logits_of_a_fresh_prefill(two_streams):
+    model, ctx, runner, batch = two_streams
+    tokens = model.tokenize("a conversation whose cells were evicted, then asked again " * 8)[:90]
+    prefill(ctx, batch, tokens[:60], 0, 0)
+    fresh = prefill(ctx, batch, tokens[60:], 60, 0)
+    saved = runner.save(0)
+    runner.seq_rm(0, 0)
+    prefill(ctx, batch, model.tokenize("something else entirely " * 4)[:40], 0, 0)  # the stream is reused
+    runner.restore(1, saved, 60)
+    assert ctx.seq_pos_max(1) == 59
+    restored = prefill(ctx, batch, tokens[60:], 60, 1)
+    np.testing.assert_array_equal(restored, fresh)
 
 
 def test_over_http_an_evicted_conversation_is_restored_with_cache_true(tiny_model):

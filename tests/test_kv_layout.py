@@ -7,9 +7,8 @@ import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import Request, SamplingParams
-from pflash_plugin.engine.runner import LlamaRunner
 from pflash_plugin.engine.scheduler import AdmissionError
-from pflash_plugin.llama import Batch, Context, ContextConfig, Model
+from pflash_plugin.llama import Batch, Context
 
 from test_engine_real import run_together
 
@@ -53,21 +52,15 @@ def prefill(ctx: Context, batch: Batch, tokens: list[int], start: int, seq: int)
     return ctx.logits(batch.n_tokens - 1)
 
 
-def test_a_prefix_copied_across_streams_gives_the_logits_of_a_fresh_prefill(tiny_model):
+def test_a_prefix_copied_across_streams_gives_the_logits_of_a_fresh_prefill(two_streams):
     """The runner copies slot 0's whole stream into slot 1 and trims it to the prefix (llama.cpp
     asserts on a partial copy across streams); slot 1 then continues as if it had prefilled."""
-    model = Model(tiny_model)
-    ctx = Context(model, ContextConfig(n_ctx=2 * 256, n_batch=128, n_seq_max=2, kv_unified=False, **THREADS))
-    runner, batch = LlamaRunner(model, ctx), Batch(128)
-    try:
-        tokens = model.tokenize("a prefix shared by two requests, and then their own words " * 8)[:90]
-        prefill(ctx, batch, tokens[:60], 0, 0)
-        fresh = prefill(ctx, batch, tokens[60:], 60, 0)
-        runner.seq_cp(0, 1, 60)
-        assert ctx.seq_pos_max(1) == 59 and ctx.seq_pos_max(0) == 89
-        copied = prefill(ctx, batch, tokens[60:], 60, 1)
-        np.testing.assert_array_equal(copied, fresh)
-        assert ctx.seq_pos_max(0) == 89, "the source stream changed"
-    finally:
-        batch.close()
-        runner.close()
+    model, ctx, runner, batch = two_streams
+    tokens = model.tokenize("a prefix shared by two requests, and then their own words " * 8)[:90]
+    prefill(ctx, batch, tokens[:60], 0, 0)
+    fresh = prefill(ctx, batch, tokens[60:], 60, 0)
+    runner.seq_cp(0, 1, 60)
+    assert ctx.seq_pos_max(1) == 59 and ctx.seq_pos_max(0) == 89
+    copied = prefill(ctx, batch, tokens[60:], 60, 1)
+    np.testing.assert_array_equal(copied, fresh)
+    assert ctx.seq_pos_max(0) == 89, "the source stream changed"

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from multi_gpu import Record, Server, body, client, first_token_s, log_dir, machine, throughput, token_ids
+from multi_gpu import (Record, Server, body, client, first_token_s, log_dir, models_parser, run_arms, throughput,
+                       token_ids)
 
 WORKLOADS = {  # name: (long prompts, their tokens, tokens out, short prompts, short tokens out)
     "qa8": (8, 22528, 16, 0, 0),
@@ -125,10 +125,7 @@ def decode64(args: argparse.Namespace, record: Record) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", required=True)
-    parser.add_argument("--llama-server", dest="llama_server", required=True)
+    parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--groups", nargs="+", default=["ours", "llama-server"],
                         help="ours (4 slots + serial), ours-unified (4 slots, --kv_layout unified), llama-server, decode64")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
@@ -138,24 +135,16 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="prompt and output sizes times this (a CPU smoke test)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    data: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
-    data["machine"] = machine()
-    record = Record(args.out, data)
     groups = {
         "ours": lambda: [ours("ours-4", args.port, args, SLOTS), ours("ours-serial", args.port + 1, args, 1)],
         "ours-unified": lambda: [ours("ours-4-unified", args.port + 2, args, SLOTS, "--kv_layout", "unified")],
         "llama-server": lambda: [llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))],
     }
-    for group in args.groups:
-        start = time.perf_counter()
-        record.arm = group
-        data["results"].pop(group, None)
-        try:
-            decode64(args, record) if group == "decode64" else run_group(groups[group](), args, record)
-        except Exception as error:  # the next group still runs; the failure is on record
-            record.add({"kind": "error", "error": f"{type(error).__name__}: {error}"[:2000]})
-        print(f"{group}: {time.perf_counter() - start:.0f} s", flush=True)
 
+    def run(group: str, record: Record) -> None:
+        decode64(args, record) if group == "decode64" else run_group(groups[group](), args, record)
+
+    run_arms(args.out, args.groups, run)
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
 """Where ours' time goes in two spots of docs/concurrent_gpu.md: a decode step of 4 slots, and the
 short requests of mix8 beside compressed long prompts. A probe, not a comparison.
 
-On the CUDA machine, after `source bench/gpu/setup.sh` (NO_LLAMA_SERVER is fine):
-    python bench/gpu/decode_probe.py --target T.gguf --drafter D.gguf --out r.json
+On the CUDA machine, after `source bench/gpu/setup.sh` (it needs no llama-server):
+    python bench/gpu/decode_probe.py --target T.gguf --drafter D.gguf --llama-server none --out r.json
 
 - decode: 1 and 4 requests at once (512-token prompts, 256 tokens out, every token generated),
   streamed and not: the client's time from the first token to the last over the tokens after the
@@ -13,7 +13,6 @@ On the CUDA machine, after `source bench/gpu/setup.sh` (NO_LLAMA_SERVER is fine)
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from concurrent_gpu import ours
-from multi_gpu import Record, body, client, complete, machine, token_ids
+from multi_gpu import Record, body, client, complete, machine, models_parser, token_ids
 
 OUT_TOKENS = 256
 
@@ -71,10 +70,7 @@ async def mix(server, seed: int, long_tokens: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", required=True)
-    parser.add_argument("--llama-server", dest="llama_server", default="none")
+    parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8500)
     parser.add_argument("--prefill_chunk", type=int, default=512)
     parser.add_argument("--scale", type=float, default=0.27)  # n_ctx of the slots: 23,808 tokens

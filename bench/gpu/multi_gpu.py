@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -297,11 +297,17 @@ def replicas(args: argparse.Namespace, record: Record, how: Replicas) -> None:
             server.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def models_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments bench/gpu/servers.sh passes every script: the models and llama-server's binary."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--target", required=True)
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--llama-server", dest="llama_server", required=True)
+    return parser
+
+
+def main() -> None:
+    parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--arms", nargs="+", default=["layer", "replicas", "none"],
                         help=f"none, layer, row, or {', '.join(REPLICAS)}")
     parser.add_argument("--reps", type=int, default=2)
@@ -310,22 +316,32 @@ def main() -> None:
     parser.add_argument("--beside", type=int, default=32768, help="the prompt prefilled beside the short ones")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    data: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
+
+    def run(arm: str, record: Record) -> None:
+        if arm.startswith("replicas"):
+            replicas(args, record, REPLICAS[arm])
+        else:
+            servers = [ours(f"ours-{arm}", args.port, args, arm),
+                       llama_server(f"llama-server-{arm}", args.port + 1, args, arm),
+                       llama_server(f"llama-server-{arm}-cache-ram-0", args.port + 2, args, arm, "--cache-ram", "0")]
+            side_by_side(servers, args, record)
+
+    run_arms(args.out, args.arms, run)
+
+
+def run_arms(out: Path, arms: list[str], run: Callable[[str, Record], None]) -> None:
+    """Each arm in turn into one results file (kept across calls, an arm run again replaced), written
+    after every row; an arm that fails is on record and the next one still runs."""
+    data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {"results": {}}
     data["machine"] = machine()
-    record = Record(args.out, data)
-    for arm in args.arms:
+    record = Record(out, data)
+    for arm in arms:
         start = time.perf_counter()
         record.arm = arm
         data["results"].pop(arm, None)
         try:
-            if arm.startswith("replicas"):
-                replicas(args, record, REPLICAS[arm])
-            else:
-                servers = [ours(f"ours-{arm}", args.port, args, arm),
-                           llama_server(f"llama-server-{arm}", args.port + 1, args, arm),
-                           llama_server(f"llama-server-{arm}-cache-ram-0", args.port + 2, args, arm, "--cache-ram", "0")]
-                side_by_side(servers, args, record)
-        except Exception as error:  # the next arm still runs; the failure is on record
+            run(arm, record)
+        except Exception as error:
             record.add({"kind": "error", "error": f"{type(error).__name__}: {error}"[:2000]})
         print(f"{arm}: {time.perf_counter() - start:.0f} s", flush=True)
 
