@@ -129,3 +129,22 @@ def test_metrics_count_prefix_tokens_by_source_and_the_tier_bytes(tiny_model):
     assert restored and float(restored[0].rsplit(" ", 1)[1]) > 300, restored
     host = [line for line in text.splitlines() if line.startswith("pflash_host_cache_bytes{")]
     assert host and float(host[0].rsplit(" ", 1)[1]) > 0
+
+
+def test_a_restore_llama_cpp_cannot_place_prefills_instead():
+    host = HostCache(capacity_bytes=1 << 20, min_tokens=8)
+    sched, runner = make_scheduler(n_slots=1, n_pages=16, page_size=4, max_batch_tokens=32, max_ctx=64,
+                                   per_slot=True, host=host)
+    for prompt in (list(range(100, 130)), list(range(500, 520))):  # the second evicts the first: saved
+        sched.add(make_request(prompt, max_tokens=2))
+        run_until_idle(sched, runner)
+
+    def cannot_place(slot: int, data: bytes, n_tokens: int) -> None:
+        raise RuntimeError("llama.cpp could not restore")
+
+    runner.restore = cannot_place  # type: ignore[method-assign]
+    turn = make_request(list(range(100, 131)) + [7], max_tokens=2)
+    sched.add(turn)
+    run_until_idle(sched, runner)  # check_scheduler after every step: the slot's KV is what it says
+    assert turn.cached_tokens == 0 and sink_of(turn).finish.reason == "length"
+    assert sched.status()["prefix_reused_tokens"]["restored"] == 0

@@ -15,6 +15,7 @@ Below both, an optional host-RAM tier (engine/host_cache.py) keeps the cells a s
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
@@ -23,6 +24,8 @@ from .request import Request
 
 if TYPE_CHECKING:  # the host tier uses common_prefix from here
     from .host_cache import HostCache, Saved
+
+log = logging.getLogger(__name__)
 
 
 class KVOps(Protocol):
@@ -218,7 +221,7 @@ class PrefixCache:
                 dst.pages = dst.pool.share(prefix.slot.pages[:kept])
                 self.kv.seq_cp(prefix.slot.index, dst.index, prefix.n)
             elif prefix.saved is not None:
-                self.kv.restore(dst.index, prefix.saved.data, prefix.n)
+                prefix = self._restore(dst, prefix.saved, prefix.n)
         self.reused_tokens[prefix.kind] += prefix.n
         dst.pages += dst.pool.allocate(needed - len(dst.pages))
         dst.tokens = list(request.prefill_tokens[:prefix.n])
@@ -227,6 +230,17 @@ class PrefixCache:
         dst.request = request
         request.slot = dst.index
         request.cached_tokens = request.n_prefilled = prefix.n
+
+    def _restore(self, dst: Slot, saved: Saved, n: int) -> _Prefix:
+        """Load a saved state into `dst`; where llama.cpp cannot place its cells, the request
+        prefills instead (nothing reused)."""
+        try:
+            self.kv.restore(dst.index, saved.data, n)
+            return _Prefix(n, saved=saved)
+        except RuntimeError as error:
+            log.warning("slot %d: restoring %d saved tokens failed (%s): prefilling them", dst.index, n, error)
+            self.kv.seq_rm(dst.index, 0)
+            return _Prefix(0)
 
     # ---- giving back -------------------------------------------------------------------------
     def release(self, slot: Slot, forget_kv: bool) -> None:
