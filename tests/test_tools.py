@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
+import openai
 import pytest
 
 from conftest import live_server
@@ -15,9 +17,6 @@ from pflash_plugin.server.tool_requests import ToolRequest
 from pflash_plugin.server.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolCallReader, syntax_for
 from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
 from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
-
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
 
 WEATHER_PARAMETERS = {
     "type": "object",

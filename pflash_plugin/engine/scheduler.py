@@ -78,8 +78,8 @@ class SchedulerConfig:
     max_batch_tokens: int  # tokens of one step (decode tokens first, prefill chunks in the rest)
     max_ctx: int  # per request: prompt + max_tokens
     max_queue: int  # live requests beyond the slots; more are refused for load
-    # while other requests are active, a prompt prefills at most this many tokens per step, so
-    # steps stay short and the others keep their latency (None: the whole budget)
+    # while requests decode, a step prefills at most this many tokens per prefilling prompt (given
+    # shortest first), so steps stay short and the decoding ones keep their latency (None: no cap)
     prefill_chunk: int | None = None
     # each step a prefilling prompt is left out of counts as this many fewer tokens left, so a
     # long prompt gets through a steady stream of short ones
