@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multi_gpu import (Record, Server, body, client, first_token_s, log_dir, models_parser, run_arms, throughput,
-                       token_ids)
+from multi_gpu import (Record, Server, body, client, first_token_s, log_dir, models_parser, run_arms, streamed,
+                       throughput, token_ids)
 
 WORKLOADS = {  # name: (long prompts, their tokens, tokens out, short prompts, short tokens out)
     "qa8": (8, 22528, 16, 0, 0),
@@ -63,8 +63,8 @@ async def workload(server: Server, name: str, pflash: str | None, seed: int, sca
     n_long, long_tokens, long_out, n_short, short_out = WORKLOADS[name]
     long_tokens, long_out = int(long_tokens * scale), max(int(long_out * scale), 2)
     rng = random.Random(seed)
-    longs = [body(server, token_ids(long_tokens, rng), long_out, pflash=pflash) for _ in range(n_long)]
-    shorts = [body(server, token_ids(32, rng), short_out, pflash=pflash) for _ in range(n_short)]
+    longs = [streamed(body(server, token_ids(long_tokens, rng), long_out, pflash=pflash)) for _ in range(n_long)]
+    shorts = [streamed(body(server, token_ids(32, rng), short_out, pflash=pflash)) for _ in range(n_short)]
     async with client() as http:
         start = time.perf_counter()
         ttfts = await asyncio.gather(*(first_token_s(http, server, r) for r in longs + shorts))
