@@ -64,6 +64,15 @@ def test_nested_optionals_double_the_stacks_per_level(depth):
     assert cost.expansions >= min(4**depth // 4, 10**18)  # every character re-expands them all
 
 
+@pytest.mark.parametrize("empty", ["[]", "[^]"])
+def test_an_empty_character_class_hides_no_nested_optionals(empty):
+    """llama.cpp expands through `[]`; counted as a terminal it hid 2^16 stacks whose build took
+    seconds on the engine thread (a review found it)."""
+    grammar = "root ::= r0\n" + "".join(f"r{i} ::= {empty} r{i + 1}? r{i + 1}?\n" for i in range(16)) + 'r16 ::= "a"'
+    assert grammar_cost(grammar).stacks == 2**16
+    assert grammar_cost(f'root ::= {empty} "a"').stacks == 1  # not a reference to rule 0 (left recursion)
+
+
 def test_an_alternation_keeps_one_stack_per_literal_and_re_expands_none():
     cost = grammar_cost("root ::= " + " | ".join(f'"w{i}"' for i in range(5000)))
     assert (cost.stacks, cost.expansions) == (5000, 0)

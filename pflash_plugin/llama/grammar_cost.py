@@ -283,7 +283,10 @@ class _Parser:
             self.pos += 1
             if self._peek() == "^":
                 self.pos += 1
-            return [-self._chars("]", ranges=True)]
+            n = self._chars("]", ranges=True)
+            # an empty class: llama.cpp's parse expands through it as through nothing, so it is
+            # counted as nothing (as a 1-character terminal it would hide what follows it)
+            return [-n] if n else []
         if c in ("<", "!"):
             self._token(c == "!")
             return [-1]

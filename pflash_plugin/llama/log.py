@@ -19,27 +19,33 @@ log = logging.getLogger("llama.cpp")
 _LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _CONT = 5
 
-_lock = threading.Lock()  # the engine and compression threads log concurrently
-_partial: list[str] = []  # the current line's text so far
-_level = logging.INFO
+class _Line(threading.local):
+    """The line a thread is writing (the engine and compression threads log concurrently)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.level = logging.INFO
+
+
+_line = _Line()
 
 
 @llama_cpp.llama_log_callback
 def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    global _level
     try:
-        with _lock:
-            if level != _CONT:
-                _level = _LEVELS.get(level, logging.INFO)
-            if not log.isEnabledFor(_level):
-                return
-            _partial.append(text.decode("utf-8", errors="replace"))
-            if not _partial[-1].endswith("\n"):
-                return
-            line = "".join(_partial).rstrip("\n")
-            _partial.clear()
-        if line:
-            log.log(_level, "%s", line)
+        line = _line
+        if level != _CONT:  # a new message: whatever the last one left unfinished is dropped
+            line.parts.clear()
+            line.level = _LEVELS.get(level, logging.INFO)
+        if not log.isEnabledFor(line.level):
+            return
+        line.parts.append(text.decode("utf-8", errors="replace"))
+        if not line.parts[-1].endswith("\n"):
+            return
+        whole = "".join(line.parts).rstrip("\n")
+        line.parts.clear()
+        if whole:
+            log.log(line.level, "%s", whole)
     except Exception:  # an exception must not cross into C
         pass
 
@@ -49,7 +55,8 @@ _installed = False
 
 def route_llama_log(verbose: bool) -> None:
     """Send llama.cpp's log to the `llama.cpp` logger: every line when `verbose`, else warnings
-    and errors. The callback is a module global, so it is never collected while C holds it."""
+    and errors (the log is process-wide: the model loaded last sets it). The callback is a module
+    global, so it is never collected while C holds it."""
     global _installed
     log.setLevel(logging.DEBUG if verbose else logging.WARNING)
     if verbose and not log.handlers and not logging.getLogger().handlers:
