@@ -61,7 +61,7 @@ def is_eog(token: int) -> bool:
 @dataclass
 class Cell:
     pos: int
-    token: int
+    token: int | None  # None: a stream copy llama.cpp has not made yet
     seqs: set[int]
 
 
@@ -98,6 +98,8 @@ class MockRunner:
     ) -> None:
         self.n_ctx = n_ctx
         self.cells: list[Cell | None] = [None] * n_ctx
+        self.data: list[int | None] = [None] * n_ctx  # what each cell's K/V holds: kept when the cell is freed
+        self.pending_copies: list[tuple[int, int]] = []  # (from, to) cell indices, copied at the next execute
         self.n_streams, self.stream_size = n_streams, n_ctx // n_streams
         self.pool = pool  # whose used pages must cover the cells in use
         self.scheduler = scheduler
@@ -158,9 +160,13 @@ class MockRunner:
         self.ops.append(("seq_cp", src, dst, n_tokens))
         assert src != dst
         if self.n_streams > 1:  # a whole-stream copy, then the tail removed
+            # llama.cpp copies the cells' positions now and their data at the next decode: until
+            # then the copied cells hold no known token (None), and the data comes from wherever
+            # src's buffer is then
             for i, j in zip(self.stream_range(src), self.stream_range(dst)):
                 cell = self.cells[i]
-                self.cells[j] = Cell(cell.pos, cell.token, {dst}) if cell is not None and src in cell.seqs else None
+                self.cells[j] = Cell(cell.pos, None, {dst}) if cell is not None and src in cell.seqs else None
+                self.pending_copies.append((i, j))
             self._remove(dst, n_tokens)
             return
         dst_positions = {c.pos for c in self.cells if c is not None and dst in c.seqs}
@@ -169,10 +175,11 @@ class MockRunner:
                 assert cell.pos not in dst_positions, f"seq_cp would give seq {dst} two cells at pos {cell.pos}"
                 cell.seqs.add(dst)
 
-    def save(self, slot: int) -> bytes:
-        """The slot's cells, serialized (llama_state_seq_get_data)."""
+    def save(self, slot: int, max_bytes: int) -> bytes | None:
+        """The slot's cells, serialized (llama_state_seq_get_data); None when over `max_bytes`."""
         self.ops.append(("save", slot))
-        return json.dumps([[c.pos, c.token] for c in self.seq_cells(slot)]).encode()
+        data = json.dumps([[c.pos, c.token] for c in self.seq_cells(slot)]).encode()
+        return data if len(data) <= max_bytes else None
 
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None:
         """Write every saved cell into `slot`'s stream (llama.cpp fails with too few free cells),
@@ -183,15 +190,25 @@ class MockRunner:
         assert self._free_in(slot) >= len(cells), f"restoring {len(cells)} cells, {self._free_in(slot)} free"
         free = (i for i in self.stream_range(slot) if self.cells[i] is None)
         for pos, token in cells:
-            self.cells[next(free)] = Cell(pos, token, {slot})
+            index = next(free)
+            self.cells[index], self.data[index] = Cell(pos, token, {slot}), token  # written at once
         self._remove(slot, n_tokens)
+
+    def _copy_pending(self) -> None:
+        """The stream copies llama.cpp makes at the start of a decode."""
+        for i, j in self.pending_copies:
+            self.data[j] = self.data[i]
+            if self.cells[j] is not None:
+                self.cells[j].token = self.data[i]
+        self.pending_copies.clear()
 
     def start_request(self, slot: int, request: Request) -> None:
         self.ops.append(("start", slot, request.request_id))
         assert slot not in self.active, f"start_request on slot {slot} that is still active"
         # the slot's KV must hold exactly the reused prefix of the request
         assert request.slot == slot
-        assert self.seq_tokens(slot) == request.prefill_tokens[: request.cached_tokens], (
+        known = [t if t is not None else e for t, e in zip(self.seq_tokens(slot), request.prefill_tokens)]  # copies due
+        assert known == request.prefill_tokens[: request.cached_tokens], (
             f"slot {slot} KV {self.seq_tokens(slot)} is not the reused prefix "
             f"{request.prefill_tokens[: request.cached_tokens]}"
         )
@@ -226,6 +243,7 @@ class MockRunner:
             ],
         )
         self.steps.append(record)
+        self._copy_pending()
         if self.scheduler is not None and self.check_every_step:
             check_scheduler(self.scheduler, self)  # admission (seq_rm / seq_cp) kept everything right
         if self.hook is not None:
@@ -278,7 +296,8 @@ class MockRunner:
     def _write(self, slot: int, tokens: list[int], start: int) -> None:
         free = (i for i in self.stream_range(slot) if self.cells[i] is None)
         for offset, token in enumerate(tokens):
-            self.cells[next(free)] = Cell(start + offset, token, {slot})
+            index = next(free)
+            self.cells[index], self.data[index] = Cell(start + offset, token, {slot}), token
 
     def _sample(self, item) -> int:
         script = self.scripts.get(item.request.request_id)

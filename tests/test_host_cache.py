@@ -10,6 +10,7 @@ from conftest import live_server
 from test_kv_layout import THREADS, prefill
 
 from pflash_plugin.engine.host_cache import HostCache
+from pflash_plugin.engine.request import RequestStatus
 
 
 def test_the_byte_bound_holds_under_a_flood_of_distinct_prompts():
@@ -29,7 +30,9 @@ def test_least_recently_used_goes_first_and_an_extension_replaces_its_prefix():
     host = HostCache(capacity_bytes=300, min_tokens=2)
     host.put([1, 2, 3], bytes(100))
     host.put([7, 8, 9], bytes(100))
-    assert host.best([1, 2, 3, 4])[1] == 3  # [1, 2, 3] is now the most recently used
+    saved, n = host.best([1, 2, 3, 4])
+    assert n == 3 and host.best([7, 8, 9, 1])[1] == 3  # a lookup alone changes no order
+    host.touch(saved)  # restored: [1, 2, 3] is now the most recently used
     host.put([4, 5, 6], bytes(100))
     host.put([5, 5, 5], bytes(100))  # evicts [7, 8, 9]
     assert host.best([7, 8, 9, 1])[1] == 0 and host.best([1, 2, 3, 1])[1] == 3
@@ -86,7 +89,7 @@ def test_a_restored_state_gives_the_logits_of_a_fresh_prefill(two_streams):
     tokens = model.tokenize("a conversation whose cells were evicted, then asked again " * 8)[:90]
     prefill(ctx, batch, tokens[:60], 0, 0)
     fresh = prefill(ctx, batch, tokens[60:], 60, 0)
-    saved = runner.save(0)
+    saved = runner.save(0, 1 << 30)
     runner.seq_rm(0, 0)
     prefill(ctx, batch, model.tokenize("something else entirely " * 4)[:40], 0, 0)  # the stream is reused
     runner.restore(1, saved, 60)
@@ -148,3 +151,25 @@ def test_a_restore_llama_cpp_cannot_place_prefills_instead():
     run_until_idle(sched, runner)  # check_scheduler after every step: the slot's KV is what it says
     assert turn.cached_tokens == 0 and sink_of(turn).finish.reason == "length"
     assert sched.status()["prefix_reused_tokens"]["restored"] == 0
+
+
+def test_a_stream_copy_llama_cpp_has_not_made_yet_is_neither_saved_nor_overwritten_by_a_restore():
+    """llama.cpp copies a stream's data at the next decode. A copy's destination that its request
+    leaves at once (a grammar refused at start) and a restore into that slot in the same round must
+    not mix: the slot's cells would be saved before their data came, or the copy would land on the
+    restored cells (a review found it)."""
+    host = HostCache(capacity_bytes=1 << 20, min_tokens=8)
+    sched, runner = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_batch_tokens=64, max_ctx=64,
+                                   per_slot=True, host=host, min_copy_tokens=4)
+    saved_prompt, busy_prompt = list(range(100, 120)), list(range(200, 220))
+    for prompt, max_tokens in ((saved_prompt, 2), (busy_prompt, 40), (list(range(300, 320)), 2)):
+        sched.add(make_request(prompt, max_tokens=max_tokens))
+        step_once(sched, runner)
+        step_once(sched, runner)
+    assert len(host) == 1 and sched.slots[0].request is None and sched.slots[1].request is not None
+    refused = make_request(busy_prompt[:15] + [7], grammar="bad")  # copied from the busy slot, then refused
+    extends = make_request(saved_prompt + [1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=2)
+    assert sched.submit(refused, extends) is None
+    assert runner.ops_of("seq_cp") == [("seq_cp", 1, 0, 15)] and refused.status is RequestStatus.FINISHED_REJECTED
+    run_until_idle(sched, runner)  # check_scheduler after every step: each slot's cells hold its tokens
+    assert sink_of(extends).finish.reason == "length"

@@ -54,15 +54,18 @@ class HostCache:
 
     def best(self, tokens: list[int]) -> tuple[Saved | None, int]:
         """The entry sharing the longest prefix with `tokens` (at most len - 1: one token must
-        run), marked recently used."""
+        run)."""
         best, best_len = None, 0
         for saved in self._entries.values():
             n = min(common_prefix(saved.tokens, tokens), len(tokens) - 1)
             if n > best_len:
                 best, best_len = saved, n
-        if best is not None:
-            self._entries.move_to_end(best.tokens)
         return best, best_len
+
+    def touch(self, saved: Saved) -> None:
+        """`saved` was restored: the last to go."""
+        if saved.tokens in self._entries:
+            self._entries.move_to_end(saved.tokens)
 
     def clear(self) -> None:
         self._entries.clear()

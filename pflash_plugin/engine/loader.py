@@ -45,7 +45,7 @@ class EngineConfig:
     host_cache_bytes: int = 0  # the host-RAM tier of saved sequences (engine/host_cache.py); 0: none
     host_cache_min_tokens: int = 256  # shorter sequences are not saved, nor restored for a smaller gain
     page_size: int = 32
-    prefill_chunk: int = 128  # while requests decode: prefill tokens per step per prefilling prompt
+    prefill_chunk: int = 128  # while requests decode: prefill tokens per step, times the prompts prefilling
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
     n_batch: int = 512
     n_ubatch: int = 512

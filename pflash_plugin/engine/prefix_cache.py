@@ -33,7 +33,7 @@ class KVOps(Protocol):
 
     def seq_rm(self, slot: int, start: int) -> None: ...
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None: ...
-    def save(self, slot: int) -> bytes: ...
+    def save(self, slot: int, max_bytes: int) -> bytes | None: ...  # None: the state is larger
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None: ...
     def start_request(self, slot: int, request: Request) -> None: ...
     def end_request(self, slot: int) -> None: ...
@@ -88,6 +88,7 @@ class PrefixCache:
                  min_copy_tokens: int = 0, reuse_compressed: bool = False, host: HostCache | None = None) -> None:
         self.kv, self.clock, self.host = kv, clock, host
         self.reused_tokens = {"in_place": 0, "copied": 0, "restored": 0}  # prefix tokens by where they came from
+        self._copying: set[int] = set()  # slots a stream copy reads or writes at the next decode
         self.slots = [Slot(i, pool) for i, pool in enumerate(pools)]
         self.pools = list({id(p): p for p in pools}.values())
         self.per_slot = len(self.pools) > 1
@@ -155,11 +156,24 @@ class PrefixCache:
 
         # in place: the idle slot with the longest prefix; on a tie an empty one (no cache lost)
         in_place = max(idle, key=lambda s: (usable(s), not s.tokens, -s.last_used))
-        prefix = self._best_source(tokens, in_place, usable(in_place))
-        # a prefix from elsewhere goes into an empty or the least recently used idle slot
-        dst = in_place if prefix.in_place else min(idle, key=lambda s: (bool(s.tokens), s.last_used))
+        own = _Prefix(usable(in_place))
+        prefix = self._best_source(tokens, in_place, own.n)
+        # a prefix from elsewhere goes into an empty or the least recently used idle slot; a restore
+        # never into one whose stream a copy llama.cpp has not made yet reads or writes
+        targets = [s for s in idle if prefix.saved is None or s.index not in self._copying]
+        if not targets:
+            prefix = own
+        dst = in_place if prefix.in_place else min(targets, key=lambda s: (bool(s.tokens), s.last_used))
+        if self._fit(request, dst, prefix, idle):
+            return True
+        # a restore writes the whole saved sequence before its tail is trimmed: if that never fits
+        # beside the running requests, prefill what is not in place
+        return prefix.saved is not None and self._fit(request, in_place, own, idle)
+
+    def _fit(self, request: Request, dst: Slot, prefix: _Prefix, idle: list[Slot]) -> bool:
+        """Bind `dst` with `prefix` once its pages fit, evicting other idle caches of its pool LRU;
+        False if they never do."""
         needed = self.pages_for(request.reserve_tokens)
-        # a restore writes the whole saved sequence before its tail is trimmed
         peak = max(needed, self.pages_for(len(prefix.saved.tokens))) if prefix.saved else needed
         victims = sorted((s for s in idle if s is not dst and s is not prefix.slot and s.pages and s.pool is dst.pool),
                          key=lambda s: s.last_used)
@@ -220,6 +234,8 @@ class PrefixCache:
             if prefix.slot is not None:
                 dst.pages = dst.pool.share(prefix.slot.pages[:kept])
                 self.kv.seq_cp(prefix.slot.index, dst.index, prefix.n)
+                if prefix.slot.pool is not dst.pool:  # llama.cpp copies the stream's data at the next decode
+                    self._copying |= {prefix.slot.index, dst.index}
             elif prefix.saved is not None:
                 prefix = self._restore(dst, prefix.saved, prefix.n)
         self.reused_tokens[prefix.kind] += prefix.n
@@ -236,8 +252,10 @@ class PrefixCache:
         prefills instead (nothing reused)."""
         try:
             self.kv.restore(dst.index, saved.data, n)
+            if self.host is not None:
+                self.host.touch(saved)
             return _Prefix(n, saved=saved)
-        except RuntimeError as error:
+        except Exception as error:
             log.warning("slot %d: restoring %d saved tokens failed (%s): prefilling them", dst.index, n, error)
             self.kv.seq_rm(dst.index, 0)
             return _Prefix(0)
@@ -270,10 +288,24 @@ class PrefixCache:
         slot.pages, slot.tokens, slot.source = [], [], None
 
     def _save(self, slot: Slot, keep: int) -> None:
-        """Save the slot's cells to the host tier before those past `keep` are dropped."""
+        """Save the slot's cells to the host tier before those past `keep` are dropped (not while a
+        stream copy llama.cpp has not made yet is due to write them). A save is a cache's: when it
+        fails, the cells are dropped unsaved."""
         host = self.host
-        if host is not None and len(slot.tokens) - keep >= host.min_tokens and host.worth_saving(slot.tokens):
-            host.put(slot.tokens, self.kv.save(slot.index))
+        if (host is None or len(slot.tokens) - keep < host.min_tokens or slot.index in self._copying
+                or not host.worth_saving(slot.tokens)):
+            return
+        try:
+            data = self.kv.save(slot.index, host.capacity_bytes)
+        except Exception as error:
+            log.warning("slot %d: saving %d tokens to host RAM failed: %s", slot.index, len(slot.tokens), error)
+            return
+        if data is not None:
+            host.put(slot.tokens, data)
+
+    def decoded(self) -> None:
+        """A decode ran: llama.cpp made the stream copies it owed."""
+        self._copying.clear()
 
     def clear(self) -> None:
         """Drop every idle cache and the host tier (a run that must start from scratch)."""

@@ -45,8 +45,8 @@ class LlamaRunner:
             self.ctx.seq_cp(src, dst, -1, -1)
             self.ctx.seq_rm(dst, n_tokens, -1)
 
-    def save(self, slot: int) -> bytes:
-        return self.ctx.state_seq_get(slot)
+    def save(self, slot: int, max_bytes: int) -> bytes | None:
+        return self.ctx.state_seq_get(slot, max_bytes)
 
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None:
         """`slot` (emptied) gets the first `n_tokens` of a saved sequence."""

@@ -78,8 +78,9 @@ class SchedulerConfig:
     max_batch_tokens: int  # tokens of one step (decode tokens first, prefill chunks in the rest)
     max_ctx: int  # per request: prompt + max_tokens
     max_queue: int  # live requests beyond the slots; more are refused for load
-    # while requests decode, a step prefills at most this many tokens per prefilling prompt (given
-    # shortest first), so steps stay short and the decoding ones keep their latency (None: no cap)
+    # while requests decode, a step prefills at most this many tokens times the prompts prefilling,
+    # all of it to the shortest first, so steps stay short and the decoding ones keep their latency
+    # (None: no cap)
     prefill_chunk: int | None = None
     # each step a prefilling prompt is left out of counts as this many fewer tokens left, so a
     # long prompt gets through a steady stream of short ones
@@ -321,12 +322,14 @@ class Scheduler:
     def rollback(self, step: Step) -> None:
         """A decode was aborted: drop whatever it wrote past each slot's known tokens (earlier
         ubatches of a multi-ubatch step may have landed) so the step can be redone."""
+        self.cache.decoded()
         for item in step.items:
             self.cache.trim(self.slots[item.request.held_slot])
 
     def update(self, step: Step, outputs: dict[int, TokenOutput | Exception]) -> None:
         """Apply a successful decode: extend the slots, take the sampled tokens, finish some.
         `outputs` holds an exception for a request whose sampling failed: that request fails."""
+        self.cache.decoded()
         now = self.clock()
         for item in step.items:
             request = item.request

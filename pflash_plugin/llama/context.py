@@ -167,11 +167,16 @@ class Context:
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
 
-    def state_seq_get(self, seq_id: int) -> bytes:
-        """One sequence's cells (positions, K and V) as llama.cpp serializes them: copied to host RAM."""
+    def state_seq_get(self, seq_id: int, max_bytes: int) -> bytes | None:
+        """One sequence's cells (positions, K and V) as llama.cpp serializes them, copied to host
+        RAM; None when that is over `max_bytes` (nothing is copied)."""
         size = C.llama_state_seq_get_size(self.ptr, seq_id)
+        if size > max_bytes:
+            return None
         buf = (ctypes.c_uint8 * size)()
         written = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        if written != size:
+            raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of sequence {seq_id}'s state")
         return ctypes.string_at(buf, written)
 
     def state_seq_set(self, seq_id: int, data: bytes) -> None:

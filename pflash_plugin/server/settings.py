@@ -55,8 +55,8 @@ class ModelSettings(StockModelSettings):
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
     prefill_chunk: int = Field(
         default=128, ge=1,
-        description="While requests decode, a step prefills at most this many tokens per prompt waiting for its first "
-        "token, shortest prompt first (so decode steps stay short).",
+        description="While requests decode, a step prefills at most this many tokens times the prompts waiting for "
+        "their first token, shortest prompt first (so decode steps stay short).",
     )
     # PFlash prefill compression
     pflash: Literal["off", "auto", "always"] = Field(
