@@ -90,6 +90,8 @@ def run_start(args: list[str], tmp_path: Path, config: str | None = None) -> sub
     ([], "models:\n  - model: MODEL\n    port: 9000\n", "models.0.port is a server key: put it at the top level"),
     ([], "models:\n  - model: MODEL\n    n_ctxx: 512\n", "models.0.n_ctxx: no such setting"),
     ([], "models:\n  - model: MODEL\n  n_ctx: [\n", "is not YAML"),
+    ([], "api_key: 12\nmodels:\n  - model: MODEL\n", "api_key: Input should be a valid string (value not shown)"),
+    ([], "released: 2024-05-01\nmodels:\n  - model: MODEL\n", "released: no such setting"),  # a YAML date
 ])
 def test_start_errors_are_one_line_and_exit_2(tiny_model, tmp_path, args, config, says):
     model_args = [] if config is not None or "--model" in args else ["--model", str(tiny_model)]

@@ -31,7 +31,7 @@ def read_config_file(path: str) -> ConfigFileSettings:
                 loaded = yaml.safe_load(f)
             except yaml.YAMLError as error:
                 raise ValueError(f"{path} is not YAML: {' '.join(str(error).split())}") from None
-            return ConfigFileSettings.model_validate_json(json.dumps(loaded))
+            return ConfigFileSettings.model_validate_json(json.dumps(loaded, default=str))  # YAML dates
         return ConfigFileSettings.model_validate_json(f.read())
 
 
@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> None:
                         datefmt="%H:%M:%S")
     try:  # a bad setting, a missing file, an unknown name: one line, exit 2
         server_settings, model_settings = parse_settings(argv)
+        host, port = os.getenv("HOST", server_settings.host), int(os.getenv("PORT", server_settings.port))
         app = create_app(server_settings, model_settings, extra_routers=plugin_routers(server_plugins()))
     except START_ERRORS as error:
         print(start_error(error), file=sys.stderr)
         sys.exit(2)
-    host, port = os.getenv("HOST", server_settings.host), int(os.getenv("PORT", server_settings.port))
     log_summary(app.state.models, server_settings, host, port)
     uvicorn.run(
         app,

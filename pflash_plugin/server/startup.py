@@ -34,8 +34,17 @@ def _validation_line(error: ValidationError) -> str:
         if problem["type"] == "extra_forbidden":
             problems.append(_place(str(loc[-1]), loc))
         else:
-            problems.append(f"{'.'.join(map(str, loc)) or 'settings'}: {problem['msg']} (got {problem['input']!r})")
+            problems.append(f"{'.'.join(map(str, loc)) or 'settings'}: {problem['msg']} ({_shown(problem)})")
     return "; ".join(problems)
+
+
+def _shown(problem: dict) -> str:
+    """What the setting was given, short, and never a secret: a whole config file, an API key."""
+    where = ".".join(map(str, problem["loc"]))
+    if not where or "key" in where:
+        return "value not shown"
+    text = repr(problem["input"])
+    return f"got {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def start_error(error: BaseException) -> str:
