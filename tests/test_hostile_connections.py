@@ -78,6 +78,19 @@ def test_a_trickled_body_is_closed_after_body_timeout_s(server):
     assert closed_by_server(whole, 5)
 
 
+def test_a_body_trickled_a_byte_at_a_time_is_closed_at_one_deadline(server):
+    """A byte every 0.5 s, under the 1 s limit each time: the body's one deadline still closes it."""
+    sock = connect(server, PARTIAL_HEADERS + f"Content-Length: {len(BODY)}\r\n\r\n".encode())
+    started = time.monotonic()
+    for byte in BODY[:12]:  # 6 s of trickle: without the one deadline it would live past it
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            break
+        time.sleep(0.5)
+    assert closed_by_server(sock, 3) and time.monotonic() - started < 5
+
+
 def test_connections_over_max_connections_are_closed_at_once_and_logged_at_a_bounded_rate(server):
     held = [connect(server, b"") for _ in range(20)]
     time.sleep(0.2)

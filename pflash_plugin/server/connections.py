@@ -90,7 +90,8 @@ class _Guarded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]  # h11 or ht
 
     def _watch(self, data_arrived: bool = False) -> None:
         """Time what the connection still owes: its headers (one deadline from their first byte, or
-        from the connection), or the rest of its body (a deadline per part)."""
+        from the connection), or its body (one deadline from its headers: a deadline per part would
+        let a byte every few seconds hold the connection for ever)."""
         cycle = self.cycle
         if cycle is None or cycle.response_complete:
             owed = "headers" if data_arrived or cycle is None else None
@@ -98,7 +99,7 @@ class _Guarded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]  # h11 or ht
             owed = "body" if cycle.more_body else None
         if owed is None:
             self._stop_timer()
-        elif owed != self._waiting_for or owed == "body":
+        elif owed != self._waiting_for:
             self._stop_timer()
             timeout = self.LIMITS.header_timeout_s if owed == "headers" else self.LIMITS.body_timeout_s
             self._waiting_for = owed

@@ -160,8 +160,8 @@ class ServerSettings(StockServerSettings):
         default=10.0, gt=0, description="A connection must send a request's headers within this long, else it is "
         "closed (uvicorn waits for ever; python -m pflash_plugin.server only).")
     body_timeout_s: float = Field(
-        default=30.0, gt=0, description="Each part of a request's body must arrive within this long of the one "
-        "before, else the connection is closed (python -m pflash_plugin.server only).")
+        default=30.0, gt=0, description="A request's whole body must arrive within this long of its headers, else "
+        "the connection is closed (python -m pflash_plugin.server only).")
     max_connections: Optional[int] = Field(
         default=None, ge=1, description="Open connections at most; more are closed as soon as accepted. Default: "
         "the open-file limit less 128 (python -m pflash_plugin.server only).")
