@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .prefix_cache import common_prefix
+from .prefix_cache import reusable
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class HostCache:
         run)."""
         best, best_len = None, 0
         for saved in self._entries.values():
-            n = min(common_prefix(saved.tokens, tokens), len(tokens) - 1)
+            n = reusable(saved.tokens, tokens)
             if n > best_len:
                 best, best_len = saved, n
         return best, best_len

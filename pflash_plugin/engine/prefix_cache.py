@@ -78,6 +78,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def reusable(held: Sequence[int], tokens: Sequence[int]) -> int:
+    """Tokens of `tokens` whose KV cells holding `held` can serve: their common prefix, short of
+    the last token (one token must run to give the next one's logits)."""
+    return min(common_prefix(held, tokens), len(tokens) - 1)
+
+
 class PrefixCache:
     """The slots and their pages. `pools` holds one PagePool for every slot (unified) or one per
     slot (per-slot streams). A prefix is copied from another slot's stream only when it is at least
@@ -121,7 +127,7 @@ class PrefixCache:
         """The slot holding the longest prefix of `tokens` (at most len - 1: one token must run)."""
         best, best_len = None, 0
         for slot in self.slots:
-            n = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
+            n = reusable(slot.tokens, tokens)
             if n > best_len:
                 best, best_len = slot, n
         return best, best_len
@@ -152,7 +158,7 @@ class PrefixCache:
         tokens = request.prefill_tokens
 
         def usable(slot: Slot) -> int:
-            return min(common_prefix(slot.tokens, tokens), len(tokens) - 1)
+            return reusable(slot.tokens, tokens)
 
         # in place: the idle slot with the longest prefix; on a tie an empty one (no cache lost)
         in_place = max(idle, key=lambda s: (usable(s), not s.tokens, -s.last_used))
