@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from .llama_params import SettingsRefused
 from .models import ModelRegistry
@@ -38,7 +39,7 @@ def _validation_line(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def _shown(problem: dict) -> str:
+def _shown(problem: ErrorDetails) -> str:
     """What the setting was given, short, and never a secret: a whole config file, an API key."""
     where = ".".join(map(str, problem["loc"]))
     if not where or "key" in where:
