@@ -106,16 +106,17 @@ def test_a_named_call_is_forced_and_its_arguments_validate(sdk, family, stream):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_required_calls_one_of_the_tools_and_parallel_false_allows_one(sdk, family):
-    names = set()
     for seed in range(4):
         reply = sdk.chat.completions.create(model=family, messages=ASK, tools=TOOLS, tool_choice="required",
                                             parallel_tool_calls=False, max_tokens=300, temperature=1.0, seed=seed)
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
         call = choice.message.tool_calls[0].function
+        assert call.name in SCHEMAS
         _check(call.name, call.arguments)
-        names.add(call.name)
-    assert names <= set(SCHEMAS)
+    # and either may be called: the grammar offers both
+    grammar = ToolRequest(syntax_for(TOOL_TEMPLATES.get(family)), TOOLS, list(SCHEMAS), False).grammar()
+    assert grammar is not None and all(f'\\"{name}\\"' in grammar for name in SCHEMAS)
 
 
 def test_a_conversation_with_calls_and_results_renders_in_every_template(sdk):
@@ -229,18 +230,136 @@ def test_written_calls_parse_whether_streamed_in_pieces_or_whole(syntax, text, c
     assert final["message"]["content"] == (content or None)
 
 
-def test_a_call_cut_short_ends_as_length():
-    text = '<tool_call>\n{"name": "get_time", "arguments": {"zo'
-    choice = ChatChoice(0, lambda t: b"", False, _reader(HERMES))
-    deltas = [choice.chunk(c, [], None)["delta"] for c in text]
-    last = choice.chunk("", [], "length")
-    assert last["finish_reason"] == "length"
-    streamed = "".join(p["function"]["arguments"] for d in deltas for p in d.get("tool_calls", []))
-    assert streamed == '{"zo'  # streamed as OpenAI streams a call that max_tokens cut
-    whole = ChatChoice(0, lambda t: b"", False, _reader(HERMES))
+NAMES = frozenset(SCHEMAS)
+
+
+def _streamed_and_whole(syntax, text: str, finish: str, step: int = 1, names=NAMES, parallel: bool = True):
+    """The reply read streamed (in `step`-character pieces) and whole: for each, its content, its
+    calls as (name, arguments text) and its finish reason."""
+    choice = ChatChoice(0, lambda t: b"", False, ToolCallReader(syntax, parallel, names))
+    deltas = [choice.chunk(text[i:i + step], [], None)["delta"] for i in range(0, len(text), step)]
+    last = choice.chunk("", [], finish)
+    calls: dict[int, list[str]] = {}
+    for delta in deltas + [last["delta"]]:
+        for part in delta.get("tool_calls", []):
+            assert ("id" in part) == (part["index"] not in calls)  # a call's first delta carries its id
+            call = calls.setdefault(part["index"], ["", ""])
+            call[0] += part["function"].get("name", "")
+            call[1] += part["function"].get("arguments", "")
+    content = "".join(d.get("content", "") for d in deltas + [last["delta"]])
+    streamed = (content, [tuple(calls[i]) for i in sorted(calls)], last["finish_reason"])
+    whole = ChatChoice(0, lambda t: b"", False, ToolCallReader(syntax, parallel, names))
     whole.add(text, [])
-    final = whole.final("length")  # whole, the text that does not parse is content
-    assert final["finish_reason"] == "length" and final["message"] == {"role": "assistant", "content": text}
+    final = whole.final(finish)
+    message = final["message"]
+    whole_calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    return streamed, (message["content"] or "", whole_calls, final["finish_reason"])
+
+
+def _parsed(calls: list[tuple[str, str]]) -> list[tuple[str, dict]]:
+    return [(name, json.loads(arguments)) for name, arguments in calls]
+
+
+TIME_UTC = ("get_time", {"zone": "UTC"})
+# (syntax, what the model wrote, the content, the calls) - the same streamed and whole
+READ = [
+    # complete call objects are the calls, and text after them is ignored
+    (LLAMA3, '{"name": "get_time", "parameters": {"zone": "UTC"}} That is the call I would make.', "", [TIME_UTC]),
+    (HERMES, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\nDone. {"x": 1}',
+     "", [TIME_UTC]),
+    (MISTRAL, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}] and then words', "", [TIME_UTC]),
+    (HERMES, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n<tool_call>\n'
+             '{"name": "get_time", "arguments": "not json"}\n</tool_call>', "", [TIME_UTC]),
+    # arguments that are not a JSON object: not a call, in both ways
+    (HERMES, 'Hm. <tool_call>\n{"name": "get_time", "arguments": "not json"}\n</tool_call>', None, []),
+    (LLAMA3, '{"name": "get_time", "parameters": 42}', None, []),
+    (MISTRAL, '[TOOL_CALLS][{"name": "get_time", "arguments": [1]}]', None, []),
+    (LLAMA3, '{"name": "get_time", "parameters": nul}', None, []),
+    # null arguments are none: {}
+    (HERMES, '<tool_call>\n{"name": "get_time", "arguments": null}\n</tool_call>', "", [("get_time", {})]),
+    (LLAMA3, '{"name": "get_time", "parameters": null, "id": "x"}', "", [("get_time", {})]),
+    # a function that is not a tool, or no arguments: content
+    (LLAMA3, '{"name": "Bob", "age": 3}', None, []),
+    (LLAMA3, '{"name": "Bob", "parameters": {"age": 3}}', None, []),
+    (LLAMA3, '{"name": "get_time"}', None, []),
+    (HERMES, '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>', None, []),
+    # after content that was not a call, a call still counts
+    (MISTRAL, '[1, 2] are numbers. [TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+     "[1, 2] are numbers. ", [TIME_UTC]),
+    # the keys in another order
+    (LLAMA3, '{"parameters": {"zone": "UTC"}, "name": "get_time"}', "", [TIME_UTC]),
+]
+
+
+@pytest.mark.parametrize("syntax, text, content, calls", READ, ids=[f"read{i}" for i in range(len(READ))])
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_streamed_and_whole_replies_read_the_same(syntax, text, content, calls, step):
+    streamed, whole = _streamed_and_whole(syntax, text, "stop", step)
+    assert (streamed[0], _parsed(streamed[1]), streamed[2]) == (whole[0], _parsed(whole[1]), whole[2])
+    assert whole[0] == (text if content is None else content)
+    assert _parsed(whole[1]) == calls
+    assert whole[2] == ("tool_calls" if calls else "stop")
+
+
+def test_a_call_of_an_unknown_function_streams_no_header():
+    """The header waits until the name is checked against the tools."""
+    reader = ToolCallReader(LLAMA3, True, NAMES)
+    text = '{"name": "Bob", "age": 3}'
+    reads = [reader.read(c, None, True) for c in text]
+    assert not any(calls for _, calls, _ in reads)
+    assert "".join(content for content, _, _ in reads) == text  # content as soon as the name is not a tool's
+    assert ToolCallReader(LLAMA3, True, NAMES).read('{"name": "Bob"', None, True)[0] == '{"name": "Bob"'
+
+
+def test_request_readers_know_the_tools():
+    reader = ToolRequest(HERMES, TOOLS, None, None).reader()
+    assert reader.names == NAMES and reader.parallel
+    assert not ToolRequest(HERMES, TOOLS, None, False).reader().parallel
+
+
+@pytest.mark.parametrize("syntax, text", [
+    (MISTRAL, "[1, 2, 3] and a long answer after it"),
+    (LLAMA3, '{"answer": 42} and a long answer after it'),
+    (HERMES, "<tool_call> is a tag, and a long answer after it"),
+])
+def test_an_answer_that_only_starts_like_calls_streams_as_it_comes(syntax, text):
+    reader = ToolCallReader(syntax, True, NAMES)
+    cut = text.index(" and a long")
+    released = "".join(reader.read(c, None, True)[0] for c in text[:cut + 1])
+    assert released == text[:cut + 1]  # not held until the answer ends
+    rest = "".join(reader.read(c, None, True)[0] for c in text[cut + 1:])
+    assert released + rest + reader.read("", "stop", True)[0] == text
+
+
+CUT = [
+    (HERMES, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n<tool_call>\n'
+             '{"name": "get_weather", "arguments": {"city": "Os'),
+    (HERMES, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n<tool_call>\n'
+             '{"name": "get_wea'),
+    (LLAMA3, '{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "get_weather", "parameters": {"ci'),
+    (MISTRAL, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_weather", "argum'),
+]
+
+
+@pytest.mark.parametrize("syntax, text", CUT, ids=[f"cut{i}" for i in range(len(CUT))])
+@pytest.mark.parametrize("step", [1, 1000])
+def test_a_reply_cut_at_max_tokens_keeps_its_complete_calls(syntax, text, step):
+    streamed, whole = _streamed_and_whole(syntax, text, "length", step)
+    assert whole == ("", [("get_time", '{"zone": "UTC"}')], "length")
+    assert streamed[0] == "" and streamed[2] == "length" and _parsed(streamed[1][:1]) == [TIME_UTC]
+
+
+def test_a_call_cut_short_ends_as_length():
+    """The one way streamed and whole differ: the cut call's header and arguments went out as the
+    model wrote them (as OpenAI streams a call that max_tokens cut); whole, it is dropped, and
+    with no complete call the text is content."""
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"zo'
+    streamed, whole = _streamed_and_whole(HERMES, text, "length")
+    assert streamed == ("", [("get_time", '{"zo')], "length")
+    assert whole == (text, [], "length")
+    # cut before the call was known to be one: content, both ways
+    streamed, whole = _streamed_and_whole(HERMES, text[:text.index('"arguments')], "length")
+    assert streamed == whole == (text[:text.index('"arguments')], [], "length")
 
 
 @pytest.mark.parametrize("syntax, text", [
@@ -295,5 +414,30 @@ def test_every_forced_grammar_is_one_llama_cpp_takes(tiny_model, syntax, paralle
             check_grammar(model, grammar)
             if syntax is not MISTRAL:  # whose array's schema bounds the count instead
                 assert ("*" in grammar.splitlines()[0]) == (parallel is True)
+    finally:
+        model.close()
+
+
+def _defs_tool(name: str, unit: list[str]) -> dict:
+    """A tool whose parameters use `$defs` (as pydantic writes them), with a def name another tool shares."""
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"place": {"$ref": "#/$defs/Place"}}, "required": ["place"],
+        "$defs": {"Place": {"type": "object", "properties": {"unit": {"$ref": "#/definitions/Unit"}},
+                            "required": ["unit"]}},
+        "definitions": {"Unit": {"enum": unit}}}}}
+
+
+@pytest.mark.parametrize("syntax", [HERMES, MISTRAL])
+def test_a_schema_with_defs_and_refs_makes_a_grammar(tiny_model, syntax):
+    from pflash_plugin.llama import Model, check_grammar
+
+    tools = [_defs_tool("a", ["km"]), _defs_tool("b", ["mi"])]
+    grammars = [ToolRequest(syntax, tools, forced, True).grammar() for forced in (["a"], ["a", "b"])]
+    assert '\\"km\\"' in grammars[1] and '\\"mi\\"' in grammars[1]  # each tool keeps its own Unit
+    assert '\\"mi\\"' not in grammars[0]
+    model = Model(str(tiny_model), verbose=False)
+    try:
+        for grammar in grammars:
+            check_grammar(model, grammar)
     finally:
         model.close()

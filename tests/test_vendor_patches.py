@@ -158,7 +158,8 @@ def test_patched_stock_with_pflash_serves_streams_concurrently_with_our_flags(pa
         watcher = threading.Thread(target=watch)
         watcher.start()
         with cf.ThreadPoolExecutor(6) as pool:
-            results = list(pool.map(lambda i: stream(process.url, f"stream {i} of six", 120), range(6)))
+            # long enough that the streams overlap however late a loaded machine starts some of them
+            results = list(pool.map(lambda i: stream(process.url, f"stream {i} of six", 400), range(6)))
         long_prompt = " ".join(f"fact {i}." for i in range(80))  # ~680 tokens
         compressed = httpx.post(process.url + "/v1/completions", timeout=120,
                                 json={"prompt": long_prompt, "max_tokens": 2}).json()
@@ -167,7 +168,7 @@ def test_patched_stock_with_pflash_serves_streams_concurrently_with_our_flags(pa
     finally:
         done.set()
         process.stop()
-    assert all(text and usage["completion_tokens"] == 120 for text, usage in results)
+    assert all(text and usage["completion_tokens"] == 400 for text, usage in results)
     assert peak[0] >= 2  # several streams decoded at once
     assert compressed["usage"]["timings"]["pflash"]["status"] == "compressed", compressed
     log = process.log_path.read_text()

@@ -115,7 +115,7 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolR
 
 def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
     """A choice's reader of the tool calls the model writes (none when the request has no tools)."""
-    return ToolCallReader(tools.syntax, tools.parallel is not False) if tools else None
+    return tools.reader() if tools else None
 
 
 def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:

@@ -11,7 +11,7 @@ from typing import Any
 from llama_cpp import llama_grammar
 
 from .protocol import ChatCompletionRequest, RequestError
-from .tools import CALL_RULE, MISTRAL, ToolSyntax
+from .tools import CALL_RULE, MISTRAL, ToolCallReader, ToolSyntax
 
 
 def _system_prompt(tools: list[dict]) -> str:
@@ -57,6 +57,10 @@ class ToolRequest:
                                param="tool_choice")
         return cls(syntax, tools, [name], parallel=False)  # a named choice: that one call, as OpenAI
 
+    def reader(self) -> ToolCallReader:
+        """A choice's reader of the calls the model writes: calls of these tools only."""
+        return ToolCallReader(self.syntax, self.parallel is not False, [t["function"]["name"] for t in self.tools])
+
     def messages(self, messages: list[dict]) -> list[dict]:
         """For a template that renders no tools: the conversation with the tools described in its
         system message, and earlier calls and results as text."""
@@ -71,11 +75,15 @@ class ToolRequest:
         """A forced call's grammar: the syntax around calls whose arguments follow their schemas."""
         if self.forced is None:
             return None
-        schemas = [self._call_schema(tool) for tool in self.tools if tool["function"]["name"] in self.forced]
+        defs: dict[str, Any] = {}  # every tool's `$defs`, hoisted to the root, where their refs point
+        schemas = [self._call_schema(tool, f"t{i}_", defs) for i, tool in enumerate(self.tools)
+                   if tool["function"]["name"] in self.forced]
         schema: dict[str, Any] = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         several = self.parallel is True
         if self.syntax is MISTRAL:
             schema = {"type": "array", "items": schema, "minItems": 1, **({} if several else {"maxItems": 1})}
+        if defs:
+            schema = {**schema, "$defs": defs}
         try:
             gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
         except Exception as error:
@@ -84,11 +92,41 @@ class ToolRequest:
         renamed = re.sub(r"^root ::=", f"{CALL_RULE} ::=", gbnf, count=1, flags=re.MULTILINE)
         return f"{self.syntax.root_rule(several)}\n{renamed}"
 
-    def _call_schema(self, tool: dict) -> dict[str, Any]:
+    def _call_schema(self, tool: dict, prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+        """The call object's schema; the parameters' `$defs` (or `definitions`) go into `defs`,
+        their names prefixed so that two tools' do not clash, and the refs to them follow."""
         function = tool["function"]
         parameters = function.get("parameters") or {"type": "object"}
+        if isinstance(parameters, dict) and any(isinstance(parameters.get(k), dict) for k in _DEFS_KEYS):
+            parameters = _hoisted(parameters, prefix, defs)
         return {"type": "object", "properties": {"name": {"const": function["name"]}, self.syntax.args_key: parameters},
                 "required": ["name", self.syntax.args_key]}
+
+
+_DEFS_KEYS = ("$defs", "definitions")
+
+
+def _hoisted(parameters: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """`parameters` without its `$defs`/`definitions`, which go into `defs` as `prefix` + name,
+    with every `#/$defs/...` or `#/definitions/...` ref (its own and theirs) rewritten to match."""
+    def rewritten(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewritten(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: rewritten(v) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            for key in _DEFS_KEYS:
+                if ref.startswith(f"#/{key}/"):
+                    out["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3:]}"
+        return out
+
+    for key in _DEFS_KEYS:
+        found = parameters.get(key)
+        for name, sub in (found.items() if isinstance(found, dict) else ()):
+            defs[f"{prefix}{name}"] = rewritten(sub)
+    return rewritten({k: v for k, v in parameters.items() if k not in _DEFS_KEYS})
 
 
 def plain_history(messages: list[dict]) -> list[dict]:

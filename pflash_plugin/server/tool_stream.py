@@ -1,10 +1,15 @@
-"""Tool calls streamed as OpenAI streams them: a call's index, id, type and name as soon as its
-name is written, then its arguments' JSON text as it arrives.
+"""The reading of the calls' text, streamed or whole, as OpenAI streams tool calls: a call's index,
+id, type and name once the call is known to be one, then its arguments' JSON text as it arrives.
 
 The scanner reads the calls' text (tools.py captures it from the first marker on) character by
-character: every JSON object at the top level is a call, whatever surrounds it (`<tool_call>` tags,
-`[TOOL_CALLS]`, an array's brackets, `;`); in it, the strings followed by `:` are its keys. Arguments
-written as a JSON string (some models do) are sent once the string ends, decoded.
+character, and the same scanner decides the calls of a whole reply, so that both ways agree. The
+text is a run of JSON call objects and the syntax's tokens between them (`<tool_call>` tags,
+`[TOOL_CALLS]`, an array's brackets, `;`). An object is a call once its `name` is one of the tools
+(any string when the tools are not known) and its arguments (`arguments` or `parameters`) have
+started as an object, or ended as a string of a JSON object (some models write them so), or as
+`null` (sent as `{}`); any other arguments, or none, and it is not a call. The first text that
+cannot be a call ends the calls: before the first call, the capture is content after all; after
+it, the rest is ignored.
 """
 from __future__ import annotations
 
@@ -12,44 +17,105 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
+ARGS_KEYS = ("arguments", "parameters")
+
 
 @dataclass
-class _Call:
-    index: int = -1  # set once the header is sent
+class Call:
+    """One call object in the capture."""
+
+    start: int
+    end: int = -1  # past its closing brace, once it has closed
     key: str | None = None  # the key whose value comes next
+    value_of: str | None = None  # the key whose value is being read
     name: str | None = None
+    args_kind: str | None = None  # "object", "string" or "null"
     args_start: int = -1  # where the arguments' text starts in the capture
     args_end: int = -1  # where it ends, once it has
-    args_string: bool = False  # written as a JSON string
+    args_text: str | None = None  # a string's or null's arguments, as JSON, once known
+    index: int = -1  # set once the header is sent
+    id: str = ""
     sent: int = 0  # characters of the arguments sent
+
+    def arguments(self, text: str) -> str:
+        """The arguments' JSON text as far as written (normalized when it parses)."""
+        if self.args_text is not None:
+            raw = self.args_text
+        else:
+            raw = text[self.args_start:self.args_end if self.args_end >= 0 else len(text)]
+        try:
+            return json.dumps(json.loads(raw), ensure_ascii=False)
+        except ValueError:
+            return raw
 
 
 class CallScanner:
-    """Turns the growing text of the calls into OpenAI tool-call deltas."""
+    """Turns the growing text of the calls into the calls and their OpenAI tool-call deltas."""
 
-    def __init__(self, args_keys: tuple[str, ...], call_id: Callable[[], str], parallel: bool) -> None:
-        self.args_keys, self.call_id, self.parallel = args_keys, call_id, parallel
+    def __init__(self, tokens: tuple[str, ...], blocks: bool, call_id: Callable[[], str], parallel: bool,
+                 names: frozenset[str] | None) -> None:
+        """`tokens`: what may stand between the objects (besides whitespace); `blocks`: objects only
+        between `<tool_call>` and `</tool_call>`; `names`: the tools' (None: any name)."""
+        self.tokens, self.blocks, self.call_id, self.parallel, self.names = tokens, blocks, call_id, parallel, names
         self.text = ""
         self.pos = 0
-        self.depth = 0  # of braces
+        self.stack: list[str] = []  # the open braces and brackets of the current object
         self.in_string = self.escape = False
         self.string_start = 0
         self.last_string: tuple[int, int] | None = None  # a string just closed at depth 1: maybe a key
-        self.call: _Call | None = None  # the call object being read
-        self.started = 0  # calls whose header was sent
+        self.in_block = False
+        self.call: Call | None = None  # the call object being read
+        self.calls: list[Call] = []  # those whose header was sent
+        self.stopped = False  # the calls have ended (see failed_at)
+        self.failed_at = -1  # where the text stopped being calls, when it did
 
     def feed(self, text: str) -> list[dict]:
         """The deltas that `text`, the whole capture so far, adds."""
         self.text = text
         deltas: list[dict] = []
-        while self.pos < len(text):
-            self._step(text[self.pos], self.pos, deltas)
-            self.pos += 1
-        if self.call is not None:
+        while self.pos < len(text) and not self.stopped:
+            if self.stack or self.in_string:
+                self._step(text[self.pos], self.pos, deltas)
+                self.pos += 1
+                continue
+            taken = self._top()
+            if taken == 0:
+                break  # maybe a token still
+            self.pos += taken
+        if self.call is not None and not self.stopped:
             deltas += self._arguments(self.call)
         return deltas
 
+    def _fail(self, at: int) -> None:
+        self.stopped, self.failed_at, self.call = True, at, None
+
+    def _top(self) -> int:
+        """Reads the text between objects at `pos`: how much it takes (0: wait for more)."""
+        text, pos = self.text, self.pos
+        c = text[pos]
+        if c.isspace():
+            return 1
+        if c == "{":
+            if self.blocks and not self.in_block:
+                self._fail(pos)
+            elif self.calls and not self.parallel:
+                self.stopped = True  # the first call is all that is kept
+            else:
+                self.call, self.stack = Call(pos), ["{"]
+            return 1
+        left = len(text) - pos
+        if any(left < len(t) and t.startswith(text[pos:]) for t in self.tokens):
+            return 0
+        token = max((t for t in self.tokens if text.startswith(t, pos)), key=len, default=None)
+        if token is None:
+            self._fail(pos)
+            return 1
+        self.in_block = {"<tool_call>": True, "</tool_call>": False}.get(token, self.in_block)
+        return len(token)
+
     def _step(self, c: str, i: int, deltas: list[dict]) -> None:
+        call = self.call
+        assert call is not None
         if self.in_string:
             if self.escape:
                 self.escape = False
@@ -57,44 +123,97 @@ class CallScanner:
                 self.escape = True
             elif c == '"':
                 self.in_string = False
-                self._string_closed(self.string_start, i + 1, deltas)
+                if len(self.stack) == 1:
+                    self._string_closed(call, self.string_start, i + 1, deltas)
             return
-        call = self.call
+        depth = len(self.stack)
+        if depth == 1 and call.key is not None and call.value_of is None and not c.isspace():
+            self._value_starts(call, c, i)
+            if self.stopped:
+                return
         if c == '"':
             self.in_string, self.string_start = True, i
-            if call is not None and self.depth == 1 and call.key in self.args_keys and call.args_start < 0:
-                call.args_start, call.args_string = i, True
-        elif c == "{":
-            self.depth += 1
-            if self.depth == 1:
-                self.call = _Call()
-            elif self.depth == 2 and call is not None and call.key in self.args_keys and call.args_start < 0:
-                call.args_start = i
-        elif c == "}" and self.depth > 0:
-            self.depth -= 1
-            if call is not None and self.depth == 1 and call.args_start >= 0 and call.args_end < 0:
+        elif c in "{[":
+            self.stack.append(c)
+        elif c in "}]":
+            if depth == 1:
+                self._value_ends(call, i)
+            self.stack.pop()
+            if depth == 2 and call.args_kind == "object" and call.args_end < 0 and call.args_start >= 0:
                 call.args_end = i + 1
-            if self.depth == 0 and call is not None:
-                deltas += self._arguments(call)
-                self.call = None
-        elif c == ":" and self.depth == 1 and call is not None and self.last_string is not None:
-            call.key = self._decoded(*self.last_string)
-        elif c == "," and self.depth == 1 and call is not None:
-            call.key = None
-        if not c.isspace() and c != '"':
+            if depth == 1 and not self.stopped:
+                self._closed(call, i, deltas)
+                return
+        elif c == ":" and depth == 1 and self.last_string is not None:
+            call.key, call.value_of = self._decoded(*self.last_string), None
+        elif c == "," and depth == 1:
+            self._value_ends(call, i)
+            call.key = call.value_of = None
+        if not self.stopped:
+            self._maybe_header(call, deltas)
+        if not c.isspace():
             self.last_string = None
 
-    def _string_closed(self, start: int, end: int, deltas: list[dict]) -> None:
-        call = self.call
-        if call is None or self.depth != 1:
-            return
-        self.last_string = (start, end)
-        if call.key == "name" and call.name is None:
-            call.name = self._decoded(start, end)
-            call.key = None
-            deltas += self._header(call)
-        elif call.key in self.args_keys and call.args_string and call.args_end < 0:
+    def _value_starts(self, call: Call, c: str, i: int) -> None:
+        key, call.value_of = call.key, call.key
+        if key == "name" and call.name is None:
+            if c != '"':
+                self._fail(i)  # a name that is not a string
+        elif key in ARGS_KEYS and call.args_kind is None:
+            kind = {"{": "object", '"': "string", "n": "null"}.get(c)
+            if kind is None:
+                self._fail(i)  # arguments that are not an object
+            call.args_kind, call.args_start = kind, i
+
+    def _value_ends(self, call: Call, i: int) -> None:
+        """At a `,` or the closing brace of the call object: a `null` arguments value ends."""
+        if call.args_kind == "null" and call.args_text is None and call.value_of in ARGS_KEYS:
+            if self.text[call.args_start:i].strip() == "null":
+                call.args_text = "{}"
+            else:
+                self._fail(i)
+
+    def _string_closed(self, call: Call, start: int, end: int, deltas: list[dict]) -> None:
+        if call.value_of == "name" and call.name is None:
+            name = self._decoded(start, end)
+            if name is None or (self.names is not None and name not in self.names):
+                self._fail(end - 1)  # not one of the tools
+                return
+            call.name = name
+        elif call.value_of in ARGS_KEYS and call.args_kind == "string" and call.args_start == start:
             call.args_end = end
+            written = self._decoded(start, end)
+            try:
+                value = json.loads(written) if written is not None else None
+            except ValueError:
+                value = None
+            if not isinstance(value, dict):
+                self._fail(end - 1)  # a string that is not a JSON object
+                return
+            call.args_text = written
+        elif call.value_of is None:
+            self.last_string = (start, end)
+            return
+        self._maybe_header(call, deltas)
+
+    def _closed(self, call: Call, i: int, deltas: list[dict]) -> None:
+        """The call object's closing brace: it is a call, or the calls end here."""
+        call.end = i + 1
+        self._maybe_header(call, deltas)
+        if call.index < 0:
+            self._fail(i)  # no name, or no arguments: not a call
+            return
+        deltas += self._arguments(call)
+        self.call = None
+
+    def _maybe_header(self, call: Call, deltas: list[dict]) -> None:
+        ready = call.args_kind == "object" or call.args_text is not None
+        if call.index >= 0 or call.name is None or not ready:
+            return
+        call.index, call.id = len(self.calls), self.call_id()
+        self.calls.append(call)
+        deltas.append({"index": call.index, "id": call.id, "type": "function",
+                       "function": {"name": call.name, "arguments": ""}})
 
     def _decoded(self, start: int, end: int) -> str | None:
         try:
@@ -103,22 +222,13 @@ class CallScanner:
             return None
         return value if isinstance(value, str) else None
 
-    def _header(self, call: _Call) -> list[dict]:
-        if call.name is None or (self.started and not self.parallel):
+    def _arguments(self, call: Call) -> list[dict]:
+        """The arguments' text not sent yet: an object's as it comes, a string's or null's once known."""
+        if call.index < 0:
             return []
-        call.index, self.started = self.started, self.started + 1
-        return [{"index": call.index, "id": self.call_id(), "type": "function",
-                 "function": {"name": call.name, "arguments": ""}}]
-
-    def _arguments(self, call: _Call) -> list[dict]:
-        """The arguments' text not sent yet: an object's as it comes, a string's once it ends."""
-        if call.index < 0 or call.args_start < 0:
-            return []
-        if call.args_string:
-            if call.args_end < 0 or call.sent:
-                return []
-            fragment = self._decoded(call.args_start, call.args_end) or ""
-            call.sent = call.args_end - call.args_start
+        if call.args_text is not None:
+            fragment = "" if call.sent else call.args_text
+            call.sent = 1
         else:
             end = call.args_end if call.args_end >= 0 else len(self.text)
             fragment = self.text[call.args_start + call.sent:end]

@@ -11,11 +11,9 @@ take a call without them where the syntax puts the call first.
 """
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Iterable
 
 from .tool_stream import CallScanner
 
@@ -46,13 +44,13 @@ class ToolSyntax:
         # Mistral's templates refuse ids that are not 9 letters or digits
         return uuid.uuid4().hex[:9] if self.name == "mistral" else f"call_{uuid.uuid4().hex[:24]}"
 
-    def parse(self, text: str) -> list[tuple[str, Any]] | None:
-        """The (name, arguments) calls of `text`, which starts at a marker; None if it is not calls."""
+    def tokens(self) -> tuple[str, ...]:
+        """What may stand between the call objects, besides whitespace."""
         if self.name == "mistral":
-            return _json_calls(_after(text, "[TOOL_CALLS]"), self.args_key, array=True)
+            return ("[TOOL_CALLS]", "[", "]", ",", ";")
         if self.name == "llama3":
-            return _json_calls(_after(text, "<|python_tag|>"), self.args_key, array=False)
-        return _hermes_calls(text)
+            return ("<|python_tag|>", ";")
+        return ("<tool_call>", "</tool_call>")
 
 
 HERMES = ToolSyntax("hermes", "arguments", ("<tool_call>",), (), renders_tools=True)
@@ -78,92 +76,73 @@ def syntax_for(template: str | None) -> ToolSyntax:
     return GENERIC
 
 
-def _after(text: str, marker: str) -> str:
-    text = text.strip()
-    return text[len(marker):] if text.startswith(marker) else text
-
-
-def _call(obj: Any, args_key: str) -> tuple[str, Any] | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    return (obj["name"], args) if isinstance(args, dict) else None
-
-
-def _json_calls(text: str, args_key: str, array: bool) -> list[tuple[str, Any]] | None:
-    """JSON call objects that make up all of `text`: one array of them, or objects separated by
-    whitespace or `;`."""
-    decoder, objects, pos, text = json.JSONDecoder(), [], 0, text.strip()
-    while pos < len(text):
-        try:
-            value, pos = decoder.raw_decode(text, pos)
-        except ValueError:
-            return None
-        objects.extend(value if array and isinstance(value, list) else [value])
-        while pos < len(text) and text[pos] in " \t\r\n;":
-            pos += 1
-    calls = [_call(obj, args_key) for obj in objects]
-    return [c for c in calls if c is not None] if calls and None not in calls else None
-
-
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
-
-def _hermes_calls(text: str) -> list[tuple[str, Any]] | None:
-    calls = []
-    for body in _HERMES_CALL.findall(text):
-        found = _json_calls(body, "arguments", array=False)
-        if not found:
-            return None
-        calls.extend(found)
-    return calls or None
-
-
 class ToolCallReader:
     """Splits one choice's text into content, released as it streams, and the tool calls that
-    follow it: from a marker on, text is held until the end and parsed; text that does not parse
-    is content after all."""
+    follow it. From a marker on, the text is read by a CallScanner (tool_stream.py), the same way
+    streamed or whole: once it cannot be calls before a call was found, what was held is content
+    after all and the text goes on as content; after the calls, the rest is ignored."""
 
-    def __init__(self, syntax: ToolSyntax, parallel: bool) -> None:
-        """`parallel` False: only the first call is kept (the request's parallel_tool_calls)."""
+    def __init__(self, syntax: ToolSyntax, parallel: bool, names: Iterable[str] | None = None) -> None:
+        """`parallel` False: only the first call is kept (the request's parallel_tool_calls).
+        `names`: the tools' names; a call of another function is content (None: any name)."""
         self.syntax, self.parallel = syntax, parallel
-        self.pending = ""  # text not yet released: it may start a call
-        self.capturing = False  # a marker was seen: the rest is calls
+        self.names = frozenset(names) if names is not None else None
+        self.pending = ""  # text not yet released: it may start calls, or is them
+        self.scanner: CallScanner | None = None  # set while capturing: a marker was seen
         self.started = False  # content other than whitespace was released
-        self.scanner = CallScanner(("arguments", "parameters"), syntax.call_id, parallel)
+        self.deltas: list[dict] = []  # the streamed calls' deltas not yet returned
 
     def read(self, text: str, finish: str | None, stream: bool) -> tuple[str, list[dict], str | None]:
         """The content of `text` to release now; the tool calls: streamed, the deltas the calls
-        written so far add, else the whole calls once finished; the finish reason."""
+        written so far add, else the whole calls once finished; the finish reason ("tool_calls"
+        when there are calls, but "length" stays)."""
         content = self.feed(text)
-        deltas = self.scanner.feed(self.pending) if stream and self.capturing else []
+        deltas, self.deltas = (self.deltas if stream else []), []
         if finish is None:
             return content, deltas, None
-        rest, calls = self.finish()
-        if stream and self.scanner.started:  # the started calls went out as deltas: send the others whole
-            return content, deltas + calls[self.scanner.started:], "tool_calls" if calls else finish
-        return content + rest, calls, "tool_calls" if calls else finish
+        sent = bool(self.scanner and self.scanner.calls)
+        rest, calls = self.finish(finish)
+        if stream:  # the calls went out as deltas; a call cut short by max_tokens cannot be taken back
+            return (content, deltas, finish if finish == "length" else "tool_calls") if sent else \
+                (content + rest, deltas, finish)
+        return content + rest, calls, "tool_calls" if calls and finish != "length" else finish
+
+    @property
+    def capturing(self) -> bool:
+        return self.scanner is not None
 
     def feed(self, text: str) -> str:
         """The content of `text` that is safe to release now."""
         self.pending += text
-        if self.capturing:
-            return ""
+        out = []
+        while True:
+            if self.scanner is not None:
+                self.deltas += self.scanner.feed(self.pending)
+                if self.scanner.calls or self.scanner.failed_at < 0:
+                    break
+                # not calls: what was held is content, and the text goes on from where it failed
+                at, self.scanner = max(self.scanner.failed_at, 1), None
+                out.append(self.pending[:at])
+                self.started, self.pending = True, self.pending[at:]
+            else:
+                out.append(self._release())
+                if self.scanner is None:
+                    break
+        return "".join(out)
+
+    def _release(self) -> str:
+        """The content before any marker in `pending`; starts the scanner at a marker."""
         if not self.started:
             head = self.pending.lstrip()
             if any(head.startswith(m) for m in self.syntax.leading):
-                self.capturing = True
+                self._capture()
                 return ""
             if any(m.startswith(head) for m in self.syntax.leading + self.syntax.anywhere):
                 return ""  # maybe a marker still (or only whitespace so far)
         cut = min((i for i in (self.pending.find(m) for m in self.syntax.anywhere) if i >= 0), default=-1)
         if cut >= 0:
-            out, self.pending, self.capturing = self.pending[:cut], self.pending[cut:], True
+            out, self.pending = self.pending[:cut], self.pending[cut:]
+            self._capture()
         else:
             keep = max((k for m in self.syntax.anywhere for k in range(1, len(m))
                         if self.pending.endswith(m[:k])), default=0)
@@ -171,14 +150,19 @@ class ToolCallReader:
         self.started = self.started or bool(out.strip())
         return out
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """The content still held, and the calls (OpenAI's shape, with their index)."""
+    def _capture(self) -> None:
+        self.scanner = CallScanner(self.syntax.tokens(), self.syntax.anywhere == ("<tool_call>",),
+                                   self.syntax.call_id, self.parallel, self.names)
+
+    def finish(self, finish: str = "stop") -> tuple[str, list[dict]]:
+        """The content still held, and the calls (OpenAI's shape, with their index). At
+        max_tokens, a last call cut short is dropped and the complete ones are kept."""
         text, self.pending = self.pending, ""
-        calls = self.syntax.parse(text) if self.capturing else None
+        calls = self.scanner.calls if self.scanner else []
+        if finish == "length" and calls and calls[-1].end < 0:
+            calls = calls[:-1]
         if not calls:
             return text, []
-        if not self.parallel:
-            calls = calls[:1]
-        return "", [{"index": i, "id": self.syntax.call_id(), "type": "function",
-                     "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
-                    for i, (name, args) in enumerate(calls)]
+        assert self.scanner is not None
+        return "", [{"index": c.index, "id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": c.arguments(self.scanner.text)}} for c in calls]
