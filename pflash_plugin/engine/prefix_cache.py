@@ -315,16 +315,36 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Drop every idle cache and the host tier (a run that must start from scratch)."""
-        for slot in self.slots:
-            if slot.request is None and slot.pages:
-                self._drop(slot)
+        for slot in self._idle_caches():
+            self._drop(slot)
         if self.host is not None:
             self.host.clear()
 
     def evict_idle(self) -> int:
         """Free every idle cache (after llama.cpp reported no free cells despite our accounting);
         returns how many slots had one."""
-        idle = [s for s in self.slots if s.request is None and s.pages]
+        idle = self._idle_caches()
         for slot in idle:
             self.evict(slot)
         return len(idle)
+
+    def _idle_caches(self) -> list[Slot]:
+        return [s for s in self.slots if s.request is None and s.pages]
+
+    # ---- reporting ---------------------------------------------------------------------------
+    def status(self) -> dict:
+        """The KV's part of the engine's /status."""
+        active = {(id(s.pool), page) for s in self.slots if s.request is not None for page in s.pages}
+        status = {
+            "kv_layout": "per_slot" if self.per_slot else "unified",
+            "kv_pages_used": self.used_pages,
+            "kv_pages_active": len(active),  # held by requests in slots; the rest of the used are idle caches
+            "kv_pages_total": self.n_pages,
+            "kv_page_size": self.page_size,
+            "prefix_cache_tokens": sum(len(s.tokens) for s in self.slots if s.request is None),
+            "prefix_reused_tokens": dict(self.reused_tokens),  # since start: in place, copied, restored
+        }
+        if self.host is not None:
+            status.update(host_cache_entries=len(self.host), host_cache_bytes=self.host.bytes_used,
+                          host_cache_capacity_bytes=self.host.capacity_bytes, host_cache_saved=self.host.saved)
+        return status

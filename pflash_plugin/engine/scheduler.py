@@ -461,8 +461,6 @@ class Scheduler:
         return [*self.running, *self.prepared, *self.waiting, *self.compressing]
 
     def status(self) -> dict:
-        cached = sum(len(s.tokens) for s in self.slots if s.request is None)
-        active = {(id(s.pool), page) for s in self.slots if s.request is not None for page in s.pages}
         return {
             "slots": [
                 {
@@ -486,22 +484,8 @@ class Scheduler:
                 for r in self.compressing
             ],
             "waiting_prepared": len(self.prepared),
-            "kv_layout": "per_slot" if self.cache.per_slot else "unified",
-            "kv_pages_used": self.cache.used_pages,
-            "kv_pages_active": len(active),  # held by requests in slots; the rest of the used are idle caches
-            "kv_pages_total": self.cache.n_pages,
-            "kv_page_size": self.cache.page_size,
-            "prefix_cache_tokens": cached,
-            "prefix_reused_tokens": dict(self.cache.reused_tokens),  # since start: in place, copied, restored
-            **self._host_status(),
+            **self.cache.status(),
         }
-
-    def _host_status(self) -> dict:
-        host = self.cache.host
-        if host is None:
-            return {}
-        return {"host_cache_entries": len(host), "host_cache_bytes": host.bytes_used,
-                "host_cache_capacity_bytes": host.capacity_bytes, "host_cache_saved": host.saved}
 
 
 def _discard(event: Event) -> None:
