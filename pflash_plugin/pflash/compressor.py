@@ -84,7 +84,7 @@ class Compressor:
         report = PflashReport("compressed", n, kept_tokens=n, keep_ratio=1.0)
         budget = budget_for(n, job.keep_ratio)
         if not plan.fits(n, budget):
-            return self._skip(tokens, report, MANDATORY_OVER_BUDGET)
+            return self._over_budget(tokens, report)
         t0 = time.perf_counter()
         drafter = self._drafter or self._make_drafter()
         t1 = time.perf_counter()
@@ -117,15 +117,16 @@ class Compressor:
         report.draft_timings = drafted.timings
         report.select_ms = round((t3 - t2) * 1000.0, 3)
         if selection is None:
-            return self._skip(tokens, report, MANDATORY_OVER_BUDGET)
+            return self._over_budget(tokens, report)
         kept = selection.take(tokens)
         report.kept_tokens, report.keep_ratio = len(kept), round(len(kept) / n, 4)
         report.segments_total, report.segments_kept = selection.segments_total, selection.segments_kept
         return CompressionResult(kept, report, selection)
 
     @staticmethod
-    def _skip(tokens: list[int], report: PflashReport, reason: str) -> CompressionResult:
-        return CompressionResult(tokens, report.ending("skipped", reason, "over_budget"))
+    def _over_budget(tokens: list[int], report: PflashReport) -> CompressionResult:
+        """The mandatory spans alone take more than the budget: the prompt goes uncompressed."""
+        return CompressionResult(tokens, report.ending("skipped", MANDATORY_OVER_BUDGET, "over_budget"))
 
     @staticmethod
     def _fallback(tokens: list[int], report: PflashReport, reason: str) -> CompressionResult:
