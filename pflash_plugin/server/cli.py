@@ -25,7 +25,7 @@ GROUPS = {
     STOCK: "llama.cpp's context and RoPE settings, as stock takes them (config file: under models:).",
 }
 _MODEL_KEYS = {"model", "model_alias", "chat_format", "chat_template_kwargs", "n_gpu_layers", "split_mode", "main_gpu",
-               "tensor_split", "lora_path", "lora_scale", "embedding", "verbose", "seed", "use_mmap", "use_mlock",
+               "tensor_split", "lora_path", "embedding", "verbose", "seed", "use_mmap", "use_mlock",
                "kv_overrides", "rpc_servers", "numa", "type_k", "type_v", "offload_kqv"}
 _CONCURRENCY_KEYS = {"max_concurrency", "max_queue", "kv_pool_tokens", "kv_layout", "max_ctx", "kv_page_size",
                      "prefill_chunk", "max_step_s", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch",
