@@ -334,11 +334,13 @@ class PrefixCache:
     # ---- reporting ---------------------------------------------------------------------------
     def status(self) -> dict:
         """The KV's part of the engine's /status."""
-        active = {(id(s.pool), page) for s in self.slots if s.request is not None for page in s.pages}
+        running = [s for s in self.slots if s.request is not None]
+        # a page is shared only within one pool: per slot, a running slot's pages are its own
+        active = sum(len(s.pages) for s in running) if self.per_slot else len({p for s in running for p in s.pages})
         status = {
             "kv_layout": "per_slot" if self.per_slot else "unified",
             "kv_pages_used": self.used_pages,
-            "kv_pages_active": len(active),  # held by requests in slots; the rest of the used are idle caches
+            "kv_pages_active": active,  # held by requests in slots; the rest of the used are idle caches
             "kv_pages_total": self.n_pages,
             "kv_page_size": self.page_size,
             "prefix_cache_tokens": sum(len(s.tokens) for s in self.slots if s.request is None),
