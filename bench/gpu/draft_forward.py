@@ -15,7 +15,9 @@ without the capture callback: every layer runs and nothing is captured. With a c
 cut to the layers the draft runs (a model written with fewer layers), the gap to W2048-ub512 is
 what the capture costs: the callback splits each ubatch's graph at the captured nodes and stops it.
 `--cut` adds each configuration on the copy of the drafter cut after its last scoring layer, as the
-server loads a --pflash_drafter (pflash_drafter_cut; labels end in `-cut`).
+server loads a --pflash_drafter (pflash_drafter_cut; labels end in `-cut`). `--flash_attn off` drafts
+with llama.cpp's attention without flash attention (the server always drafts with it): a probe of
+which kernels a wrong score comes from.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 from pflash_plugin.llama.gguf_cut import cached_cut
+from pflash_plugin.pflash import drafter as drafter_module
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter
 from pflash_plugin.pflash.windows import DraftWindows
 
@@ -97,8 +100,11 @@ def main() -> None:
     parser.add_argument("--n_gpu_layers", type=int, default=-1)
     parser.add_argument("--plain", nargs="*", default=[], help="models to time without the capture callback")
     parser.add_argument("--cut", action="store_true", help="also draft on the copy cut after the last scoring layer")
+    parser.add_argument("--flash_attn", choices=["on", "off"], default="on")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.flash_attn == "off":
+        drafter_module.ContextConfig = lambda **given: ContextConfig(**{**given, "flash_attn": False})  # type: ignore
     model = Model(args.model, n_gpu_layers=args.n_gpu_layers)
     models = {"": model}
     if args.cut:

@@ -2,6 +2,7 @@
 # installs llama-cpp-python built for CUDA into /tmp/site (built once per machine), builds ggml_ext for
 # CUDA, writes the random-weight models into /tmp/models once per machine, and exports PYTHONPATH.
 # Later calls on the same warm machine skip what is already there (carrying .gpu again drops its wheel).
+# NO_TARGET=1 skips the 8B target (drafter-only runs).
 PYTHONPATH=/tmp/site python3 -c "import llama_cpp" 2>/dev/null || bash .gpu/on-device.sh
 export PYTHONPATH=/tmp/site:$PWD
 suffix=$(python3 -c "from importlib.machinery import EXTENSION_SUFFIXES as e; print(e[0])")
@@ -24,7 +25,7 @@ write() {  # in its own process: loading a GGUF where the gguf package wrote it 
 }
 start=$(date +%s)
 export TARGET=/tmp/models/target-8b$suffix.gguf DRAFTER=/tmp/models/drafter-0.6b$suffix.gguf
-write "$TARGET" "n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336"
+[ -n "${NO_TARGET:-}" ] || write "$TARGET" "n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336"
 write "$DRAFTER" "n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, n_ff=3072"
 # the same drafter cut to the 10 layers its default draft runs (scoring layer 28 // 3 = 9): the
 # capture callback's cost in bench/gpu/draft_forward.py --plain
