@@ -15,18 +15,22 @@ Arms, on the same random tokens, interleaved per repetition (W 2048, 64-token si
 - `floor`: the same windows on `--tiny`, a model of the same layer count and tiny widths: what
   the ubatches cost with almost no arithmetic (host work and launches).
 With `--model` cut to the draft's layers, draft - plain is the capture's cost, plain - floor the
-arithmetic the GPU could not hide. `--kernels_only` decodes KERNEL_WINDOWS windows for a kernel
+arithmetic the GPU could not hide. `--trace cupti_trace.so` then runs the draft and both plain arms
+once more under CUPTI (cupti_trace.c): the GPU's busy time, the kernels and the host's CUDA calls
+per ubatch. `--kernels_only` decodes KERNEL_WINDOWS windows for a kernel
 profiler; `--kernel_table` sums its CSV per kernel name, per ubatch.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import csv
 import json
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 from draft_forward import options
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
@@ -100,6 +104,54 @@ def kernel_table(path: Path, ubatches: int) -> list[dict[str, float | str]]:
     return rows
 
 
+class Tracer:
+    """cupti_trace.c through ctypes: every kernel, copy and CUDA runtime call of a stretch of time."""
+
+    def __init__(self, path: str) -> None:
+        self.lib = ctypes.CDLL(path)
+        self.lib.trace_now.restype = ctypes.c_ulonglong
+        self.lib.trace_stop.restype = ctypes.c_long
+        self.lib.trace_stop.argtypes = [ctypes.c_char_p]
+
+    def record(self, run: Callable[[], object], ubatches: int, out: Path) -> dict[str, object]:
+        """Trace one call of `run` and sum what it did per ubatch."""
+        status = self.lib.trace_start()
+        if status != 0:
+            raise RuntimeError(f"CUPTI refused to trace ({status})")
+        start = self.lib.trace_now()
+        run()
+        end = self.lib.trace_now()
+        self.lib.trace_stop(str(out).encode())
+        return trace_summary(out, start, end, ubatches)
+
+
+def trace_summary(path: Path, start: int, end: int, ubatches: int) -> dict[str, object]:
+    """GPU busy time (the union of kernel intervals), kernels and host CUDA calls, per ubatch, ms."""
+    spans: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        kind, first, last, name = line.split(" ", 3)
+        if start <= int(first) and int(last) <= end:
+            spans[kind].append((int(first), int(last), name.removeprefix("void ").split("(")[0].split("<")[0]))
+    busy, reach = 0, 0
+    for first, last, _ in sorted(spans["K"]):
+        busy += max(0, last - max(first, reach))
+        reach = max(reach, last)
+
+    def per_name(kind: str) -> dict[str, list[float]]:
+        total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for first, last, name in spans[kind]:
+            total[name][0] += (last - first) / 1e6 / ubatches
+            total[name][1] += 1 / ubatches
+        top = sorted(total.items(), key=lambda item: -item[1][0])[:16]
+        return {name: [round(ms, 4), round(n, 2)] for name, (ms, n) in top}
+
+    return {"wall_ms_per_ubatch": round((end - start) / 1e6 / ubatches, 3),
+            "gpu_busy_ms_per_ubatch": round(busy / 1e6 / ubatches, 3),
+            "kernels_per_ubatch": round(len(spans["K"]) / ubatches, 1),
+            "kernels [ms, launches] per ubatch": per_name("K"), "copies": per_name("M"),
+            "runtime calls [ms, calls] per ubatch": per_name("R")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="the drafter, best cut to the draft's layers")
@@ -109,6 +161,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--kernels_only", action="store_true", help="decode a few windows for a kernel profiler")
     parser.add_argument("--kernel_table", type=Path, help="the kernel profiler's CSV of a --kernels_only run, to sum")
+    parser.add_argument("--trace", help="cupti_trace.so: trace the draft and the plain arms once more")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.kernel_table:
@@ -149,9 +202,18 @@ def main() -> None:
                         if key not in ("arm", "rep") and isinstance(mine[0][key], (int, float))}
         summary[arm]["us_per_token"] = round(summary[arm]["wall_ms"] * 1e3 / args.tokens, 2)
     print(json.dumps(summary, indent=1))
+    traces = {}
+    if args.trace:
+        tracer, ubatches = Tracer(args.trace), len(tokens) // 512
+        traces["draft"] = tracer.record(lambda: drafter.run(tokens, len(tokens) - 8), ubatches, Path("/tmp/trace-draft.txt"))
+        for name in ["plain", "plain-ub2048"]:
+            windows = arms[name][0]
+            traces[name] = tracer.record(lambda w=windows: w.run(tokens), len(tokens) // windows.n_ubatch,
+                                         Path(f"/tmp/trace-{name}.txt"))
+        print(json.dumps(traces, indent=1))
     if args.out:
         args.out.write_text(json.dumps({"model": args.model, "tiny": args.tiny, "tokens": args.tokens,
-                                        "rows": rows, "summary": summary}, indent=1))
+                                        "rows": rows, "summary": summary, "traces": traces}, indent=1))
     drafter.close()
     for windows, _ in arms.values():
         windows.close()
