@@ -175,3 +175,26 @@ def test_chat_template_kwargs_reach_the_template():
             assert ("LOUD" in text) is expected
         finally:
             served.close()
+
+
+def test_a_sequence_is_written_into_the_batch_as_one_token_at_a_time_would_be():
+    one, whole = Batch(8, 2), Batch(8, 2)
+    try:
+        for batch in (one, whole):
+            batch.add(5, 0, 1, True)
+        for offset, token in enumerate([7, 8, 9]):
+            one.add(token, 40 + offset, 3, offset == 2)
+        assert whole.add_sequence([7, 8, 9], 40, 3, True) == 3 == one.n_tokens - 1
+        whole.add_sequence([4], 0, 0, False)
+        one.add(4, 0, 0, False)
+        raw_one, raw_whole = one.raw, whole.raw
+        assert raw_whole.n_tokens == raw_one.n_tokens == 5
+        for field in ("token", "pos", "n_seq_id", "logits"):
+            assert [getattr(raw_whole, field)[i] for i in range(5)] == [getattr(raw_one, field)[i] for i in range(5)]
+        assert [raw_whole.seq_id[i][0] for i in range(5)] == [1, 3, 3, 3, 0]
+        assert [raw_whole.logits[i] for i in range(5)] == [1, 0, 0, 1, 0]
+        with pytest.raises(OverflowError):
+            whole.add_sequence([1, 2, 3, 4], 0, 0, False)
+    finally:
+        one.close()
+        whole.close()

@@ -187,3 +187,46 @@ def test_a_layout_that_does_not_cover_the_ubatch_is_a_capture_error(model, score
     finally:
         batch.close()
         drafter.close()
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_a_pinned_kv_view_reuses_the_graph_and_scores_the_same(model, scorer):
+    # windows of 512 in ubatches of 128: unpinned, a window's ubatches see 256, 512, 512 and 768 cells
+    # (llama.cpp rounds the cells in use up to 256), so only the third reuses the graph of the one
+    # before; pinned, all see 768 and only the first rebuilds (after the K shift of the sink's cell)
+    windows = DraftWindows(window=512, sink=16, causal_max=0)
+    tokens = tokens_of(model, 3000, seed=3)
+    n_windows = len(windows.stages(3000)) - 1
+    runs = {}
+    for pin in (False, True):
+        drafter = Drafter(model, [2], 4096, DraftOptions(n_batch=128, scorer=scorer, windows=windows,
+                                                         pin_window_view=pin))
+        try:
+            result = drafter.run(tokens, 2990)
+            reuses = drafter.graph_reuses
+            again = drafter.run(tokens, 2990)  # the pin survives a run
+            causal = drafter.run(tokens[:100], 90)  # a prompt no window applies to
+            runs[pin] = (result.mass, again.mass, causal.mass, reuses, drafter.pinned)
+        finally:
+            drafter.close()
+    (mass, _, short, reuses, pinned), (pin_mass, pin_again, pin_short, pin_reuses, pin_pinned) = runs[False], runs[True]
+    assert (pinned, pin_pinned) == (False, True) and n_windows == 5
+    assert reuses <= n_windows + 1 and pin_reuses >= 3 * n_windows
+    np.testing.assert_allclose(pin_mass, mass, rtol=1e-5, atol=1e-8)
+    np.testing.assert_array_equal(pin_again, pin_mass)
+    np.testing.assert_allclose(pin_short, short, rtol=1e-4, atol=1e-7)
+
+
+def test_the_pin_is_on_where_the_drafter_is_on_a_gpu_and_only_for_one_window_at_a_time(model):
+    from pflash_plugin.llama.devices import gpu_count
+
+    default = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=WINDOWS))
+    side = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=WINDOWS, batch_windows=2,
+                                                  pin_window_view=True))
+    causal = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", pin_window_view=True))
+    try:
+        assert default.pinned == (model.n_gpu_layers != 0 and gpu_count() > 0)
+        assert not side.pinned and not causal.pinned
+    finally:
+        for drafter in (default, side, causal):
+            drafter.close()

@@ -185,6 +185,10 @@ class Context:
         if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) == 0:
             raise RuntimeError(f"llama.cpp could not restore {len(data)} bytes of state into sequence {seq_id}")
 
+    def graph_reuses(self) -> int:
+        """Ubatches llama.cpp computed on the previous ubatch's graph, not a new one, so far."""
+        return int(C.llama_perf_context(self.ptr).n_reused)
+
     def synchronize(self) -> None:
         """Wait for the computation llama_decode queued (a GPU decode returns before it ends)."""
         C.llama_synchronize(self.ptr)

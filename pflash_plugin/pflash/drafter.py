@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..llama import Batch, Context, ContextConfig, DecodeError, Model
+from ..llama.devices import gpu_count
 from ..llama.capture import CaptureSpec
 from .scorers import ScoringError, make_scorer
 from .windows import DraftWindows, Stage
@@ -28,7 +29,11 @@ SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
 
 
 MAX_YIELD_S = 2.0  # longest a drafter chunk waits for interactive work (no starvation)
+KV_VIEW_PAD = 256  # llama.cpp rounds the cells a ubatch attends to (n_kv) up to a multiple of this
 SHARED_CHUNK = 512  # tokens per drafter chunk while slots decode beside it (short device bursts)
+
+
+PIN_SEQ = 1  # the sequence of the cell that pins a windowed draft's KV view (Drafter._pin_view)
 
 
 def _never() -> bool:
@@ -62,6 +67,9 @@ class DraftOptions:
     shared_duty: float = 1.0  # share of time the drafter computes while slots decode (it pauses the rest)
     windows: DraftWindows = DraftWindows()  # one causal pass, or windows beside a sink (linear cost)
     batch_windows: int = 1  # windows drafted side by side, a KV stream each: a ubatch carries this many
+    # one KV view for every window ubatch (see Drafter._pin_view); None: where the layers are on a GPU
+    # (on a CPU the larger views of a window's first ubatches cost more than the graph builds saved)
+    pin_window_view: bool | None = None
 
 
 class DrafterError(RuntimeError):
@@ -157,24 +165,29 @@ class Drafter:
                                "at a time (pflash_drafter_batch_windows 1)")
         self._abort_if: Callable[[], bool] = _never
         self.aborted_chunks = 0  # chunks aborted for interactive work and redone
+        self.graph_reuses = 0  # ubatches of the last run that llama.cpp computed on the graph before theirs
         # swa_full: with the trimmed SWA cache, a ubatch's first tokens lose part of their window
         # (measured: K at layer 5 of gemma-3-270m off by 10% after 2 ubatches); full is exact.
         # Side by side windows: a KV stream per window (kv_unified off), so that each attends, and
         # llama.cpp's host mask spans, only its own cells and sink.
         k = self.batch_windows
+        # the pin: a windowed draft of one window at a time keeps a cell of sequence 1 (no draft's)
+        pin = options.pin_window_view
+        pin = model.n_gpu_layers != 0 and gpu_count() > 0 if pin is None else pin
+        self.pinned = pin and self.windows.window > 0 and k == 1
         self.ctx = Context(
             self.model,
             ContextConfig(
-                n_ctx=k * self.windows.context_tokens(max_tokens),
+                n_ctx=k * self.windows.context_tokens(max_tokens) + int(self.pinned),
                 n_batch=k * self.n_batch,
                 n_ubatch=k * self.n_batch,
-                n_seq_max=k,
+                n_seq_max=k + int(self.pinned),
                 kv_unified=k == 1,
                 n_threads=n_threads,
                 n_threads_batch=n_threads,
                 swa_full=True,
                 flash_attn=True,
-                n_outputs_max=k,  # the drafter reads no logits (llama.cpp reserves a row per sequence)
+                n_outputs_max=k + int(self.pinned),  # the drafter reads no logits (llama.cpp reserves a row per sequence)
             ),
             eval_callback=self.scorer.callback,
             eval_callback_data=self.scorer.callback_data,
@@ -187,6 +200,8 @@ class Drafter:
                 f"{model.architecture} KV cache cannot shift positions: set pflash_drafter_sink 0 or "
                 "pflash_drafter_window 0"
             )
+        if self.pinned:
+            self._pin_view()
 
     def run(
         self,
@@ -207,9 +222,10 @@ class Drafter:
         query_end = len(tokens) if query_end is None else query_end
         if not 1 <= query_start < query_end <= len(tokens):
             raise DrafterError(f"query [{query_start}, {query_end}) does not fit {len(tokens)} tokens")
-        ctx, batch = self.ctx, Batch(self.batch_windows * self.n_batch, 1)
+        batch = Batch(self.batch_windows * self.n_batch, 1)
+        reused_before = self.ctx.graph_reuses()
         try:
-            ctx.clear()
+            self._clear()
             self.scorer.begin(query_start, query_end)
             forward_start = time.perf_counter()
             first, *rest = stages = self.windows.stages(query_end)
@@ -225,10 +241,38 @@ class Drafter:
         except ScoringError as error:
             raise DrafterError(f"the {self.model.architecture} drafter could not score: {error}") from None
         finally:
-            ctx.clear()
+            self._clear()
             batch.close()
+        self.graph_reuses = self.ctx.graph_reuses() - reused_before
         return DraftResult(mass, max(self.layers) + 1, self.scorer.name, len(stages),
                            {"forward_ms": round(forward_ms, 3), **self.scorer.timings()})
+
+    def _pin_view(self) -> None:
+        """Keep a cell of sequence 1 at the last cell a window needs. llama.cpp sizes each ubatch's
+        view of the KV (n_kv) by the highest cell in use, so a window's ubatches would each see a
+        larger view than the one before; with the pin every window ubatch has the same shapes, and
+        llama.cpp reuses the previous ubatch's graph instead of building one, which on a GPU the CUDA
+        backend replays as one CUDA graph instead of launching its ~300 kernels one by one (the
+        launches were most of a 512-token draft ubatch on an H200: docs/pflash_gpu.md). The drafting
+        sequence is masked from the pin. The pin is placed by decoding that many positions into the
+        empty cache, whose cells fill in order, and dropping all but the last."""
+        cells = -(-(self.windows.sink + self.windows.window + 1) // KV_VIEW_PAD) * KV_VIEW_PAD
+        batch = Batch(self.n_batch, 1)
+        try:  # before any scorer.begin: the capture keeps nothing of these ubatches
+            for start in range(0, cells, self.n_batch):
+                batch.clear()
+                batch.add_sequence([0] * min(self.n_batch, cells - start), start, PIN_SEQ, False)
+                self.ctx.decode(batch)
+        finally:
+            batch.close()
+        self.ctx.seq_rm(PIN_SEQ, 0, cells - 1)
+
+    def _clear(self) -> None:
+        """Empty the drafting sequences (but the pin)."""
+        if self.pinned:
+            self.ctx.seq_rm(0)
+        else:
+            self.ctx.clear()
 
     def _open_streams(self, bridge: int, n_windows: int) -> list[int]:
         """The sink's last cell per sequence: the other sequences' streams start as copies of the
