@@ -175,19 +175,20 @@ class Drafter:
         pin = options.pin_window_view
         pin = model.n_gpu_layers != 0 and gpu_count() > 0 if pin is None else pin
         self.pinned = pin and self.windows.window > 0 and k == 1
+        n_seqs = k + int(self.pinned)
         self.ctx = Context(
             self.model,
             ContextConfig(
                 n_ctx=k * self.windows.context_tokens(max_tokens) + int(self.pinned),
                 n_batch=k * self.n_batch,
                 n_ubatch=k * self.n_batch,
-                n_seq_max=k + int(self.pinned),
+                n_seq_max=n_seqs,
                 kv_unified=k == 1,
                 n_threads=n_threads,
                 n_threads_batch=n_threads,
                 swa_full=True,
                 flash_attn=True,
-                n_outputs_max=k + int(self.pinned),  # the drafter reads no logits (llama.cpp reserves a row per sequence)
+                n_outputs_max=n_seqs,  # the drafter reads no logits (llama.cpp reserves a row per sequence)
             ),
             eval_callback=self.scorer.callback,
             eval_callback_data=self.scorer.callback_data,
