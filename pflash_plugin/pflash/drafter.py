@@ -29,10 +29,8 @@ SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
 
 
 MAX_YIELD_S = 2.0  # longest a drafter chunk waits for interactive work (no starvation)
-KV_VIEW_PAD = 256  # llama.cpp rounds the cells a ubatch attends to (n_kv) up to a multiple of this
 SHARED_CHUNK = 512  # tokens per drafter chunk while slots decode beside it (short device bursts)
-
-
+KV_VIEW_PAD = 256  # llama.cpp rounds the cells a ubatch attends to (n_kv) up to a multiple of this
 PIN_SEQ = 1  # the sequence of the cell that pins a windowed draft's KV view (Drafter._pin_view)
 
 
@@ -252,10 +250,10 @@ class Drafter:
         """Keep a cell of sequence 1 at the last cell a window needs. llama.cpp sizes each ubatch's
         view of the KV (n_kv) by the highest cell in use, so a window's ubatches would each see a
         larger view than the one before; with the pin every window ubatch has the same shapes, and
-        llama.cpp reuses the previous ubatch's graph instead of building one, which on a GPU the CUDA
-        backend replays as one CUDA graph instead of launching its ~300 kernels one by one (the
-        launches were most of a 512-token draft ubatch on an H200: docs/pflash_gpu.md). The drafting
-        sequence is masked from the pin. The pin is placed by decoding that many positions into the
+        llama.cpp reuses the previous ubatch's graph instead of building one (but after the K shift
+        that starts each window), which on a GPU the CUDA backend replays as CUDA graphs instead of
+        launching ~270 kernels one by one (the launches were most of a 512-token draft ubatch's time
+        on an H200: docs/pflash_draft_profile.md). The drafting sequence is masked from the pin. The pin is placed by decoding that many positions into the
         empty cache, whose cells fill in order, and dropping all but the last."""
         cells = -(-(self.windows.sink + self.windows.window + 1) // KV_VIEW_PAD) * KV_VIEW_PAD
         batch = Batch(self.n_batch, 1)
