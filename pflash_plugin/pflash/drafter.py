@@ -253,8 +253,9 @@ class Drafter:
         llama.cpp reuses the previous ubatch's graph instead of building one (but after the K shift
         that starts each window), which on a GPU the CUDA backend replays as CUDA graphs instead of
         launching ~270 kernels one by one (the launches were most of a 512-token draft ubatch's time
-        on an H200: docs/pflash_draft_profile.md). The drafting sequence is masked from the pin. The pin is placed by decoding that many positions into the
-        empty cache, whose cells fill in order, and dropping all but the last."""
+        on an H200: docs/pflash_draft_profile.md). The drafting sequence is masked from the pin, which
+        is placed by decoding that many positions into the empty cache, whose cells fill in order, and
+        dropping all but the last."""
         cells = -(-(self.windows.sink + self.windows.window + 1) // KV_VIEW_PAD) * KV_VIEW_PAD
         batch = Batch(self.n_batch, 1)
         try:  # before any scorer.begin: the capture keeps nothing of these ubatches
