@@ -230,3 +230,18 @@ def test_the_pin_is_on_where_the_drafter_is_on_a_gpu_and_only_for_one_window_at_
     finally:
         for drafter in (default, side, causal):
             drafter.close()
+
+
+@pytest.mark.parametrize("pin, pinned", [("on", True), ("off", False)])
+def test_the_pin_is_a_server_setting(tiny_model, pin, pinned):
+    from pflash_plugin.server.models import ServedModel
+    from pflash_plugin.server.settings import ModelSettings
+
+    served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1,
+                                       n_threads_batch=1, pflash_drafter_window=256, pflash_drafter_sink=16,
+                                       pflash_drafter_causal_max=0, pflash_drafter_pin_view=pin))
+    try:
+        drafter = served.compression.compressor._drafter
+        assert drafter is not None and drafter.pinned is pinned
+    finally:
+        served.close()

@@ -203,8 +203,9 @@ class ServedModel:
                    else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
         windows.check(n_batch, max_tokens)  # at start, also for drafters loaded per prompt
         k = s.pflash_drafter_batch_windows if windows.window else 1  # no windows (small max_ctx): one sequence
+        pin = {"auto": None, "on": True, "off": False}[s.pflash_drafter_pin_view]
         options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
-                               s.pflash_shared_duty, windows, k)
+                               s.pflash_shared_duty, windows, k, pin)
 
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent

@@ -128,6 +128,12 @@ class ModelSettings(StockModelSettings):
         description="Drafter windows decoded side by side, a KV stream each: a ubatch carries this many windows "
         "(pflash_drafter_ubatch tokens of each), and the drafter holds this many times its KV cells.",
     )
+    pflash_drafter_pin_view: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Keep the drafter's KV view the same for every window ubatch (a cell pinned at a window's last "
+        "cell), so that llama.cpp reuses its graph and CUDA replays it as a CUDA graph; auto: where the drafter is "
+        "on a GPU and drafts one window at a time.",
+    )
     pflash_calibrate: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="With --pflash auto, time one long prompt at start, in full and with PFlash, and compress "
