@@ -239,7 +239,8 @@ def test_the_pin_is_a_server_setting(tiny_model, pin, pinned):
 
     served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1,
                                        n_threads_batch=1, pflash_drafter_window=256, pflash_drafter_sink=16,
-                                       pflash_drafter_causal_max=0, pflash_drafter_pin_view=pin))
+                                       pflash_drafter_causal_max=0, pflash_drafter_ubatch=128,
+                                       pflash_drafter_pin_view=pin))
     try:
         drafter = served.compression.compressor._drafter
         assert drafter is not None and drafter.pinned is pinned
