@@ -102,10 +102,11 @@ def main() -> None:
     targets = {("drafter", 65536): "10x", ("drafter", 131072): "16x", ("self-default", 65536): "5x",
                ("self-default", 131072): "8x"}
     names = {"drafter": "0.6B drafter (cut to 10 layers)", "self-default": "no drafter: target stopped after layer 10"}
+    names |= {f"{arm}-nopin": f"{name}, pin off" for arm, name in list(names.items())}
     for row in http["summary"]:
         lines.append(f"| {names[row['arm']]} | {row['tokens']:,} | {row['reps']} | {row['full_s']:.2f} | "
                      f"{row['pflash_s']:.2f} | **{row['speedup']:.2f}x** | {row['draft_us_per_token']} | "
-                     f"{targets[(row['arm'], row['tokens'])]} |")
+                     f"{targets.get((row['arm'], row['tokens']), '')} |")
     lines += ["", "`--pflash auto` at start (both arms calibrate at 32K tokens and keep the 2,048-token threshold):", ""]
     for arm, decision in http["calibration"].items():
         cal = decision["status"]["pflash_calibration"]

@@ -6,7 +6,8 @@ rep on fresh random prompts, the client's wall time for `max_tokens` 1, and the 
         [--arms drafter self-default] [--lengths 65536 131072] [--reps 3 2]
 
 Arms: `drafter` (`--pflash_drafter D.gguf`, cut to its scoring layers by default) and `self-default`
-(no drafter: the target stopped at its default layer). Medians per arm and length.
+(no drafter: the target stopped at its default layer); `-nopin` after either turns the drafter's
+pinned KV view off (`--pflash_drafter_pin_view off`). Medians per arm and length.
 """
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def server(arm: str, args: argparse.Namespace, port: int) -> Server:
     flags = ["--model", args.target, "--n_gpu_layers", "-1", "--n_ctx", str(longest + 1024), "--max_concurrency", "1",
              "--n_batch", "2048", "--n_ubatch", "512", "--flash_attn", "true", "--pflash", "auto",
              "--pflash_keep_ratio", str(KEEP)]
-    if arm == "drafter":
+    if arm.startswith("drafter"):
         flags += ["--pflash_drafter", args.drafter]
+    if arm.endswith("-nopin"):
+        flags += ["--pflash_drafter_pin_view", "off"]
     return Server(arm, flags, port=port, log_dir=log_dir(args), ours=True)
 
 
