@@ -61,34 +61,46 @@ def agreement(mass: np.ndarray, base: np.ndarray) -> dict[str, float]:
     return {"max_diff": float(np.abs(mass - base).max() / np.abs(base).max()), "top10_overlap": len(kept) / top}
 
 
-class PlainForward:
-    """Windows of W tokens decoded without a callback (each window in an emptied sequence)."""
+class Windows:
+    """Windows of `window` tokens decoded without a callback, each in an emptied sequence: every layer
+    runs and nothing is captured."""
 
-    def __init__(self, path: str, n_gpu_layers: int, window: int = 2048, n_batch: int = 512) -> None:
-        self.model = Model(path, n_gpu_layers=n_gpu_layers)
-        self.window, self.n_batch = window, n_batch
-        self.ctx = Context(self.model, ContextConfig(n_ctx=window, n_batch=n_batch, n_ubatch=n_batch,
-                                                     flash_attn=True, n_outputs_max=1))
+    def __init__(self, model: Model, n_ubatch: int = 512, window: int = 2048) -> None:
+        self.n_ubatch, self.window = n_ubatch, window
+        self.ctx = Context(model, ContextConfig(n_ctx=window, n_batch=n_ubatch, n_ubatch=n_ubatch,
+                                                flash_attn=True, n_outputs_max=1))
+        self.batch = Batch(n_ubatch, 1)
 
-    def run(self, tokens: list[int]) -> dict[str, float]:
-        batch = Batch(self.n_batch, 1)
+    def run(self, tokens: list[int], synced: bool = False) -> dict[str, float]:
+        """Decode every window; synced: wait for the GPU after each ubatch and time both sides
+        (`submit`: the host inside llama_decode; `wait`: what the GPU still had to do)."""
+        submit = wait = 0.0
+        ubatches = 0
         start = time.perf_counter()
-        try:
-            for first in range(0, len(tokens), self.window):
-                self.ctx.clear()
-                window = tokens[first:first + self.window]
-                for done in range(0, len(window), self.n_batch):
-                    batch.clear()
-                    batch.add_sequence(window[done:done + self.n_batch], first + done, 0, False)
-                    self.ctx.decode(batch)
-            self.ctx.synchronize()
-        finally:
-            batch.close()
-        return {"forward_ms": round((time.perf_counter() - start) * 1000.0, 3)}
+        for first in range(0, len(tokens), self.window):
+            self.ctx.clear()
+            window = tokens[first:first + self.window]
+            for done in range(0, len(window), self.n_ubatch):
+                self.batch.clear()
+                self.batch.add_sequence(window[done:done + self.n_ubatch], first + done, 0, False)
+                before = time.perf_counter()
+                self.ctx.decode(self.batch)
+                if synced:
+                    submitted = time.perf_counter()
+                    self.ctx.synchronize()
+                    submit += submitted - before
+                    wait += time.perf_counter() - submitted
+                ubatches += 1
+        self.ctx.synchronize()
+        wall = time.perf_counter() - start
+        row = {"wall_ms": wall * 1e3, "ubatches": ubatches, "ms_per_ubatch": wall * 1e3 / ubatches}
+        if synced:
+            row |= {"submit_ms_per_ubatch": submit * 1e3 / ubatches, "wait_ms_per_ubatch": wait * 1e3 / ubatches}
+        return row
 
     def close(self) -> None:
+        self.batch.close()
         self.ctx.close()
-        self.model.close()
 
 
 def main() -> None:
@@ -117,7 +129,8 @@ def main() -> None:
     max_tokens = max(*args.lengths, args.warmup)
     drafters = {label + suffix: Drafter(drafted, args.layers, max_tokens, options(label, args.sink))
                 for label in args.configs for suffix, drafted in models.items()}
-    plain = {f"plain-{Path(path).stem}": PlainForward(path, args.n_gpu_layers) for path in args.plain}
+    plain_models = {f"plain-{Path(path).stem}": Model(path, n_gpu_layers=args.n_gpu_layers) for path in args.plain}
+    plain = {label: Windows(plain_model) for label, plain_model in plain_models.items()}
     rng = np.random.default_rng(0)
     warmup = [int(t) for t in rng.integers(100, model.n_vocab, args.warmup)]
     for drafter in drafters.values():
@@ -139,7 +152,7 @@ def main() -> None:
                 start = time.perf_counter()
                 timings = forward.run(tokens)
                 rows.append({"config": label, "tokens": n, "rep": rep, "wall_s": round(time.perf_counter() - start, 4),
-                             "windows": -(-n // forward.window), **timings})
+                             "windows": -(-n // forward.window), "forward_ms": round(timings["wall_ms"], 3)})
                 print(json.dumps(rows[-1]), flush=True)
     summary = []
     for label in [*drafters, *plain]:
@@ -153,7 +166,7 @@ def main() -> None:
                             **({"max_diff": max(worst)} if worst else {})})
             print(json.dumps(summary[-1]), flush=True)
     args.out.write_text(json.dumps({"model": args.model, "layers": args.layers, "rows": rows, "summary": summary}, indent=1))
-    for closable in [*drafters.values(), *plain.values(), *models.values()]:
+    for closable in [*drafters.values(), *plain.values(), *plain_models.values(), *models.values()]:
         closable.close()
 
 
