@@ -82,6 +82,9 @@ struct pfx_capture {
     std::vector<int64_t> saved[2];    // rows at the last checkpoint
     std::vector<int64_t> layout;      // (position, count) pairs of the next ubatches' rows; empty: in order
     bool last_done[2] = {false, false};
+    bool enabled = true;              // false: the callback asks for no node (ubatches nobody scores)
+    pfx_capture * lead = nullptr;     // a lane's: whose stores its rows go to (pfx_capture_follow)
+    std::vector<pfx_capture *> lanes; // a lead's: the captures whose rows land in its stores
     pfx_stats stats{};
     std::string error;
 
@@ -137,7 +140,7 @@ struct pfx_capture {
         if (lo >= hi) return true;
         const size_t row_elems = (size_t)head_dim * heads(kind);
         const int64_t dst_row = kind == K ? lo : lo - query_start;
-        float * dst = stores[kind][i].data() + dst_row * row_elems;
+        float * dst = (lead ? lead : this)->stores[kind][i].data() + dst_row * row_elems;
         const size_t elems = (size_t)(hi - lo) * row_elems, elem_size = ggml_type_size(t->type);
         const size_t offset = (size_t)(src + lo - pos) * row_elems * elem_size;
         const bool f16 = t->type == GGML_TYPE_F16;
@@ -220,6 +223,11 @@ pfx_capture * pfx_capture_new(const int32_t * layers, int32_t n_layers, int32_t 
 
 void pfx_capture_free(pfx_capture * cap) {
     if (!cap) return;
+    if (cap->lead) {
+        auto & lanes = cap->lead->lanes;
+        lanes.erase(std::remove(lanes.begin(), lanes.end(), cap), lanes.end());
+    }
+    for (pfx_capture * lane : cap->lanes) lane->lead = nullptr;
     for (auto & per_kind : cap->stores)
         for (auto & store : per_kind) store.release();
     delete cap;
@@ -238,14 +246,30 @@ bool pfx_capture_reset(pfx_capture * cap, int32_t query_start, int32_t query_end
     cap->query_start = query_start;
     cap->query_end = query_end;
     cap->layout.clear();
+    cap->enabled = true;
     for (int kind = 0; kind < 2; ++kind) {
         std::fill(cap->rows[kind].begin(), cap->rows[kind].end(), 0);
         std::fill(cap->saved[kind].begin(), cap->saved[kind].end(), 0);
+        if (cap->lead) continue;  // a lane writes into its lead's stores, which the lead's reset reserved
         for (auto & store : cap->stores[kind])
             if (!store.reserve(cap->store_floats((Kind)kind), cap->error)) return false;
     }
     return true;
 }
+
+bool pfx_capture_follow(pfx_capture * lane, pfx_capture * lead) {
+    if (lane == lead || lead->lead || !lane->lanes.empty() || lane->on_gpu != lead->on_gpu ||
+        lane->device != lead->device || lane->layers != lead->layers || lane->head_dim != lead->head_dim ||
+        lane->n_head != lead->n_head || lane->n_head_kv != lead->n_head_kv) {
+        lane->error = "a lane must follow a lead capture of the same layers, shapes and device";
+        return false;
+    }
+    lane->lead = lead;
+    lead->lanes.push_back(lane);
+    return true;
+}
+
+void pfx_capture_enable(pfx_capture * cap, bool enabled) { cap->enabled = enabled; }
 
 bool pfx_capture_layout(pfx_capture * cap, const int32_t * positions, const int32_t * counts, int32_t n_segments) {
     cap->layout.clear();
@@ -276,7 +300,7 @@ bool pfx_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
     const int i = cap->match(t, kind);
     if (ask) {
         cap->stats.nodes_seen++;
-        return i >= 0 && (cap->rope_pre || t->op == GGML_OP_ROPE);
+        return cap->enabled && i >= 0 && (cap->rope_pre || t->op == GGML_OP_ROPE);
     }
     if (i < 0) return true;
     if (!cap->error.empty()) return false;
@@ -293,7 +317,9 @@ void pfx_capture_get_stats(const pfx_capture * cap, pfx_stats * out) { *out = ca
 int pfx_capture_score(pfx_capture * cap, float * out) {
     const auto start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < cap->layers.size(); ++i) {
-        if (cap->rows[K][i] < cap->query_start || cap->rows[Q][i] < cap->query_end) {
+        int64_t keys = cap->rows[K][i], queries = cap->rows[Q][i];  // rows seen, its lanes' included
+        for (const pfx_capture * lane : cap->lanes) keys += lane->rows[K][i], queries += lane->rows[Q][i];
+        if (keys < cap->query_start || queries < cap->query_end) {
             cap->error = "captured Q/K do not cover every prompt token of layer " + std::to_string(cap->layers[i]);
             return -1;
         }

@@ -43,6 +43,13 @@ bool pfx_capture_reset(pfx_capture * cap, int32_t query_start, int32_t query_end
 // positions[j] on (a ubatch carrying several windows, one sequence each). n_segments 0: each ubatch
 // continues where the last one ended. pfx_capture_reset clears it. False on a negative value.
 bool pfx_capture_layout(pfx_capture * cap, const int32_t * positions, const int32_t * counts, int32_t n_segments);
+// Lanes: `lane` (another context's capture, same layers and device) writes its rows into `lead`'s
+// stores, where pfx_capture_score(lead) counts them; a lane is reset with the lead's query, after it,
+// and is given a layout for every ubatch (its windows are not in prompt order). False on a mismatch.
+bool pfx_capture_follow(pfx_capture * lane, pfx_capture * lead);
+// enabled false: the callback asks for no node, so ubatches nobody scores (a lane's copy of the sink)
+// run whole and keep nothing. pfx_capture_reset enables.
+void pfx_capture_enable(pfx_capture * cap, bool enabled);
 // Remember the capture's progress before a decode, and return to it when that decode was aborted.
 void pfx_capture_checkpoint(pfx_capture * cap);
 void pfx_capture_rollback(pfx_capture * cap);

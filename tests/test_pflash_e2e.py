@@ -66,12 +66,14 @@ def test_short_chat_decodes_while_a_long_prompt_is_compressed(pflash_server):
     assert code in reply["choices"][0]["text"]
 
 
-def test_passcode_retrieved_from_8k_tokens_drafted_in_windows(demo_model):
-    """Windows forced at 8K (the default drafts up to 16K in one causal pass): the needle survives."""
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_passcode_retrieved_from_8k_tokens_drafted_in_windows(demo_model, lanes):
+    """Windows forced at 8K (the default drafts up to 16K in one causal pass): the needle survives,
+    also with the windows drafted by two contexts at once (pflash_drafter_lanes)."""
     prompt, code = needle_prompt(7400, 0.3, seed=23)
     settings = {"model": str(demo_model), "model_alias": "demo", "n_ctx": 9216, "max_concurrency": 1,
                 "pflash": "auto", "pflash_keep_ratio": 0.1, "pflash_drafter_window": 2048,
-                "pflash_drafter_causal_max": 0, "n_threads": 2, "n_threads_batch": 2}
+                "pflash_drafter_causal_max": 0, "pflash_drafter_lanes": lanes, "n_threads": 2, "n_threads_batch": 2}
     with live_server([settings]) as server, server.client(timeout=600) as client:
         reply = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0}).json()
     report = reply["usage"]["timings"]["pflash"]

@@ -232,17 +232,70 @@ def test_the_pin_is_on_where_the_drafter_is_on_a_gpu_and_only_for_one_window_at_
             drafter.close()
 
 
-@pytest.mark.parametrize("pin, pinned", [("on", True), ("off", False)])
-def test_the_pin_is_a_server_setting(tiny_model, pin, pinned):
+@pytest.mark.parametrize("pin, pinned, lanes", [("on", True, 1), ("off", False, 2)])
+def test_the_pin_and_lanes_are_server_settings(tiny_model, pin, pinned, lanes):
     from pflash_plugin.server.models import ServedModel
     from pflash_plugin.server.settings import ModelSettings
 
     served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1,
                                        n_threads_batch=1, pflash_drafter_window=256, pflash_drafter_sink=16,
                                        pflash_drafter_causal_max=0, pflash_drafter_ubatch=128,
-                                       pflash_drafter_pin_view=pin))
+                                       pflash_drafter_pin_view=pin, pflash_drafter_lanes=lanes))
     try:
         drafter = served.compression.compressor._drafter
-        assert drafter is not None and drafter.pinned is pinned
+        assert drafter is not None and drafter.pinned is pinned and len(drafter.lanes) == lanes - 1
     finally:
         served.close()
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+@pytest.mark.parametrize("lanes", [2, 3])
+def test_windows_drafted_in_lanes_score_as_one_context(model, scorer, lanes):
+    # 1200 tokens: a first stage, then 9 windows dealt round-robin to `lanes` contexts on threads;
+    # each lane decodes the sink again (capturing nothing) and captures its windows' rows into the
+    # lead's stores, so the mass covers every token once
+    tokens = tokens_of(model, 1200, seed=11)
+    serial, q0, k0 = draft(model, tokens, scorer)
+    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS, lanes=lanes))
+    seen: list[int] = []
+    try:
+        assert len(drafter.lanes) == lanes - 1 and all(lane.ctx.n_ctx < 600 for lane in drafter.lanes)
+        laned = drafter.run(tokens, len(tokens) - 10, progress=seen.append)
+        q1, k1 = (x.copy() for x in drafter.scorer.tensors(2))
+        again = drafter.run(tokens, len(tokens) - 10)
+    finally:
+        drafter.close()
+    assert laned.windows == serial.windows == 10 and seen[-1] == len(tokens) == max(seen)
+    np.testing.assert_allclose(k1, k0, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(q1, q0, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(laned.mass, serial.mass, rtol=1e-3, atol=1e-6)
+    np.testing.assert_array_equal(again.mass, laned.mass)
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_a_cancel_stops_every_lane_and_the_drafter_drafts_again(model, scorer):
+    from pflash_plugin.pflash.drafter import Cancelled
+
+    tokens = tokens_of(model, 1200, seed=12)
+    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS, lanes=3))
+    calls = []
+
+    def stop_after_a_few() -> bool:
+        calls.append(1)
+        return len(calls) > 6
+
+    try:
+        with pytest.raises(Cancelled):
+            drafter.run(tokens, 1190, should_stop=stop_after_a_few)
+        after = drafter.run(tokens, 1190)
+    finally:
+        drafter.close()
+    alone, _, _ = draft(model, tokens, scorer)
+    np.testing.assert_allclose(after.mass, alone.mass, rtol=1e-3, atol=1e-6)
+
+
+def test_lanes_need_windows_one_at_a_time(model):
+    with pytest.raises(DrafterError, match="pflash_drafter_lanes"):
+        Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", lanes=2))
+    with pytest.raises(DrafterError, match="pflash_drafter_lanes"):
+        Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=WINDOWS, lanes=2, batch_windows=2))

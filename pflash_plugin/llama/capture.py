@@ -75,9 +75,14 @@ class Captured:
     ubatches_stopped: int = 0  # ubatches whose graph stopped right after the last scoring layer
     error: str | None = None
 
-    def tensors(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Q and K of every token at `layer`, in prompt order."""
-        return _in_order(self.q[layer], self.q_pos[layer]), _in_order(self.k[layer], self.k_pos[layer])
+    def tensors(self, layer: int, *others: "Captured") -> tuple[np.ndarray, np.ndarray]:
+        """Q and K of every token at `layer`, in prompt order, with the rows `others` (lanes) captured."""
+        parts = [self, *others]
+
+        def rows(store: str) -> list[np.ndarray]:
+            return [chunk for part in parts for chunk in getattr(part, store).get(layer, [])]
+
+        return _in_order(rows("q"), rows("q_pos")), _in_order(rows("k"), rows("k_pos"))
 
 
 def _in_order(chunks: list[np.ndarray], positions: list[np.ndarray]) -> np.ndarray:
@@ -110,6 +115,7 @@ class QKCapture:
         self._pre: dict[tuple[str, int], np.ndarray] = {}
         self._ubatch_done: set[str] = set()
         self._layout: list[tuple[int, int]] = []
+        self.enabled = True  # False: ask for no node (ubatches nobody scores run whole)
         self.callback = C.ggml_backend_sched_eval_callback(self._on_node)
 
     def reset(self) -> None:
@@ -117,6 +123,7 @@ class QKCapture:
         self._pre.clear()
         self._ubatch_done.clear()
         self._layout = []
+        self.enabled = True
 
     def layout(self, segments: list[tuple[int, int]]) -> None:
         """Prompt positions of the next ubatches' rows: (first position, rows) per segment, in row
@@ -152,7 +159,7 @@ class QKCapture:
         target = self._wanted.get(_ggml.ggml_get_name(tensor).decode())
         if ask:
             self.result.nodes_seen += 1
-            return target is not None and self._is_head_tensor(tensor, target[0])
+            return self.enabled and target is not None and self._is_head_tensor(tensor, target[0])
         if target is None or not self._is_head_tensor(tensor, target[0]):
             return True
         kind, layer = target

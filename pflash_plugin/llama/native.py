@@ -58,6 +58,8 @@ def load() -> ctypes.CDLL | None:
         "pfx_capture_on_gpu": ([p], ctypes.c_bool),
         "pfx_capture_reset": ([p, i32, i32], ctypes.c_bool),
         "pfx_capture_layout": ([p, ctypes.POINTER(i32), ctypes.POINTER(i32), i32], ctypes.c_bool),
+        "pfx_capture_follow": ([p, p], ctypes.c_bool),
+        "pfx_capture_enable": ([p, ctypes.c_bool], None),
         "pfx_capture_checkpoint": ([p], None),
         "pfx_capture_rollback": ([p], None),
         "pfx_capture_error": ([p], ctypes.c_char_p),
@@ -134,6 +136,15 @@ class NativeCapture:
         counts = (ctypes.c_int32 * len(segments))(*(n for _, n in segments))
         if not self._lib.pfx_capture_layout(self._ptr, positions, counts, len(segments)):
             raise NativeError(self.error or f"invalid ubatch layout {segments}")
+
+    def follow(self, lead: "NativeCapture") -> None:
+        """Write this capture's rows into `lead`'s stores (a drafter lane; see pflash_ext.h)."""
+        if not self._lib.pfx_capture_follow(self._ptr, lead._ptr):
+            raise NativeError(self.error or "this capture cannot follow that one")
+
+    def enable(self, enabled: bool) -> None:
+        """False: capture nothing, and let ubatches run whole (reset enables again)."""
+        self._lib.pfx_capture_enable(self._ptr, enabled)
 
     def checkpoint(self) -> None:
         self._lib.pfx_capture_checkpoint(self._ptr)

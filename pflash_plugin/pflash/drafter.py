@@ -7,8 +7,10 @@ vocabulary, since scores are per target token.
 """
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -68,18 +70,37 @@ class DraftOptions:
     # one KV view for every window ubatch (see Drafter._pin_view); None: where the layers are on a GPU
     # (on a CPU the larger views of a window's first ubatches cost more than the graph builds saved)
     pin_window_view: bool | None = None
+    lanes: int = 1  # contexts drafting a prompt's windows at once, a thread each (Drafter._draft_in_lanes)
 
 
 class DrafterError(RuntimeError):
     """The drafter cannot score (bad configuration or capture failure)."""
 
 
-def check_batch_windows(batch_windows: int, windows: DraftWindows) -> None:
-    """Refuse side by side windows where there are no windows (at start)."""
+def check_batch_windows(batch_windows: int, windows: DraftWindows, lanes: int = 1) -> None:
+    """Refuse side by side windows, or lanes, where there are no windows (at start)."""
     if batch_windows < 1:
         raise ValueError(f"pflash_drafter_batch_windows must be >= 1, not {batch_windows}")
     if batch_windows > 1 and windows.window == 0:
         raise ValueError("pflash_drafter_batch_windows drafts windows side by side: it needs pflash_drafter_window > 0")
+    if lanes < 1:
+        raise ValueError(f"pflash_drafter_lanes must be >= 1, not {lanes}")
+    if lanes > 1 and (windows.window == 0 or batch_windows > 1):
+        raise ValueError("pflash_drafter_lanes drafts windows one at a time on several contexts: it needs "
+                         "pflash_drafter_window > 0 and pflash_drafter_batch_windows 1")
+
+
+class _Tally:
+    """Tokens drafted so far, over every lane, for `progress` (lanes add from their threads)."""
+
+    def __init__(self, progress: Callable[[int], None]) -> None:
+        self.progress, self.done, self.lock = progress, 0, threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            done = self.done
+        self.progress(done)
 
 
 class Cancelled(Exception):
@@ -147,7 +168,7 @@ class Drafter:
         self.batch_windows = options.batch_windows
         try:
             self.windows.check(self.n_batch, max_tokens)
-            check_batch_windows(self.batch_windows, self.windows)
+            check_batch_windows(self.batch_windows, self.windows, options.lanes)
         except ValueError as error:
             raise DrafterError(str(error)) from None
         n_threads = options.n_threads
@@ -162,6 +183,8 @@ class Drafter:
             raise DrafterError(f"the {options.scorer} scorer takes no ubatch layout: it can only draft one window "
                                "at a time (pflash_drafter_batch_windows 1)")
         self._abort_if: Callable[[], bool] = _never
+        self.lanes: list[Drafter] = []  # more contexts drafting windows at once (options.lanes)
+        self._pool: ThreadPoolExecutor | None = None
         self.aborted_chunks = 0  # chunks aborted for interactive work and redone
         self.graph_reuses = 0  # ubatches of the last run that llama.cpp computed on the graph before theirs
         # swa_full: with the trimmed SWA cache, a ubatch's first tokens lose part of their window
@@ -201,6 +224,30 @@ class Drafter:
             )
         if self.pinned:
             self._pin_view()
+        self.lays_out = self.batch_windows > 1 or options.lanes > 1  # ubatch rows not in prompt order
+        self.duty = self.shared_duty / options.lanes  # each lane's share while slots decode
+        try:
+            for _ in range(options.lanes - 1):
+                self.lanes.append(self._new_lane(options))
+        except DrafterError:
+            self.close()
+            raise
+        self._pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="pflash-lane") if self.lanes else None
+
+    def _new_lane(self, options: DraftOptions) -> Drafter:
+        """Another context (sink + window cells) and scorer on the same model, whose captured rows
+        count in this drafter's mass: it drafts every L-th window of a prompt on a thread of its own."""
+        lane = Drafter(self.model, self.layers, self.max_tokens,
+                       replace(options, windows=replace(self.windows, causal_max=0), lanes=1))
+        try:
+            if not hasattr(lane.scorer, "follow"):
+                raise ScoringError(f"the {options.scorer} scorer cannot draft in lanes (pflash_drafter_lanes 1)")
+            lane.scorer.follow(self.scorer)
+        except ScoringError as error:
+            lane.close()
+            raise DrafterError(str(error)) from None
+        lane.lays_out, lane.duty = True, self.duty
+        return lane
 
     def run(
         self,
@@ -228,13 +275,14 @@ class Drafter:
             self.scorer.begin(query_start, query_end)
             forward_start = time.perf_counter()
             first, *rest = stages = self.windows.stages(query_end)
-            self._draft_round([first], tokens, batch, should_stop, progress, neighbours)
-            bridges = self._open_streams(min(self.windows.sink, first.end) - 1, len(rest))
-            for at in range(0, len(rest), self.batch_windows):
-                windows = rest[at:at + self.batch_windows]
-                for seq, stage in enumerate(windows):
-                    bridges[seq] = self._enter_window(seq, stage, bridges[seq])
-                self._draft_round(windows, tokens, batch, should_stop, progress, neighbours)
+            tally = _Tally(progress)
+            self._draft_round([first], tokens, batch, should_stop, tally, neighbours)
+            bridge = min(self.windows.sink, first.end) - 1
+            if self.lanes and rest:
+                self._draft_in_lanes(rest, tokens, (query_start, query_end), bridge, batch, should_stop, tally,
+                                     neighbours)
+            else:
+                self._draft_side_by_side(rest, tokens, bridge, batch, should_stop, tally, neighbours)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:
@@ -274,6 +322,73 @@ class Drafter:
         else:
             self.ctx.clear()
 
+    def _draft_in_lanes(self, windows: list[Stage], tokens: list[int], query: tuple[int, int], bridge: int,
+                        batch: Batch, should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+        """The windows dealt round-robin to this drafter and its lanes, drafted at once: one lane's
+        host work (a ubatch's inputs and graph launch) overlaps another's GPU work, which the capture
+        callback's synchronization otherwise serializes. The first failure stops every lane."""
+        assert self._pool is not None
+        stop = threading.Event()
+
+        def halt() -> bool:
+            return stop.is_set() or should_stop()
+
+        count = len(self.lanes) + 1
+        jobs = [self._pool.submit(lane._draft_as_lane, windows[i::count], tokens, query, halt, tally, neighbours)
+                for i, lane in enumerate(self.lanes, start=1) if windows[i::count]]
+        for job in jobs:
+            job.add_done_callback(lambda done: stop.set() if done.exception() else None)
+        errors: list[BaseException] = []
+        try:
+            self._draft_windows(windows[::count], tokens, bridge, batch, halt, tally, neighbours)
+        except BaseException as error:  # re-raised below, once the lanes have stopped
+            errors.append(error)
+            stop.set()
+        for job in jobs:
+            try:
+                job.result()
+            except BaseException as error:
+                errors.append(error)
+        if errors:  # a lane's own failure before the Cancelled it caused in the others
+            raise next((error for error in errors if not isinstance(error, Cancelled)), errors[0])
+
+    def _draft_as_lane(self, windows: list[Stage], tokens: list[int], query: tuple[int, int],
+                       should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+        """A lane's part of a prompt: the sink again (the lead captured it), then its windows."""
+        batch = Batch(self.n_batch, 1)
+        try:
+            self._clear()
+            self.scorer.begin(*query)
+            sink = min(self.windows.sink, windows[0].start)
+            self.scorer.enable(False)
+            for start in range(0, sink, self.n_batch):
+                batch.clear()
+                batch.add_sequence(tokens[start:min(sink, start + self.n_batch)], start, 0, False)
+                self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
+            self.scorer.enable(True)
+            self._draft_windows(windows, tokens, sink - 1, batch, should_stop, tally, neighbours)
+        finally:
+            self._clear()
+            batch.close()
+
+    def _draft_windows(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
+                       should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+        """Windows one after another in sequence 0, each beside the sink."""
+        for stage in windows:
+            bridge = self._enter_window(0, stage, bridge)
+            self._draft_round([stage], tokens, batch, should_stop, tally, neighbours)
+
+    def _draft_side_by_side(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
+                            should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+        """The windows `batch_windows` at a time, a sequence (and KV stream) each; one at a time in
+        sequence 0 when batch_windows is 1."""
+        bridges = self._open_streams(bridge, len(windows))
+        for at in range(0, len(windows), self.batch_windows):
+            side = windows[at:at + self.batch_windows]
+            for seq, stage in enumerate(side):
+                bridges[seq] = self._enter_window(seq, stage, bridges[seq])
+            self._draft_round(side, tokens, batch, should_stop, tally, neighbours)
+
     def _open_streams(self, bridge: int, n_windows: int) -> list[int]:
         """The sink's last cell per sequence: the other sequences' streams start as copies of the
         first one (llama.cpp copies whole streams), whose cells past the sink each window drops."""
@@ -294,7 +409,7 @@ class Drafter:
         return stage.start - 1
 
     def _draft_round(self, windows: list[Stage], tokens: list[int], batch: Batch, should_stop: Callable[[], bool],
-                     progress: Callable[[int], None], neighbours: Neighbours) -> None:
+                     tally: _Tally, neighbours: Neighbours) -> None:
         """Decode windows of equal length side by side (window i as sequence i), chunk by chunk and
         politely (see `run`): each chunk takes the same tokens of every window, in sequence order, as
         llama.cpp's ubatch of several streams lays them out, and tells the scorer their positions."""
@@ -308,16 +423,16 @@ class Drafter:
             batch.clear()
             for seq, window in enumerate(windows):
                 batch.add_sequence(tokens[window.start + done:window.start + end], window.start + done, seq, False)
-            if self.batch_windows > 1:
+            if self.lays_out:
                 self.scorer.layout([(window.start + done, end - done) for window in windows])
             chunk_start = time.perf_counter()
             self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
             if self.scorer.error():
                 raise DrafterError(f"capture failed: {self.scorer.error()}")
-            if shared and self.shared_duty < 1.0:
-                time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.shared_duty - 1.0))
+            if shared and self.duty < 1.0:
+                time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.duty - 1.0))
+            tally.add(len(windows) * (end - done))
             done = end
-            progress(windows[0].start + len(windows) * done)
 
     def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool],
                          interactive_waiting: Callable[[], bool]) -> None:
@@ -343,6 +458,10 @@ class Drafter:
                 self._abort_if = _never
 
     def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+        if self._pool is not None:
+            self._pool.shutdown()
         self.ctx.close()
         self.scorer.close()
         if self.owns_model:

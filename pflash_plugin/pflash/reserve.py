@@ -39,11 +39,14 @@ class Reserve:
 
 
 def drafter_reserve(model: Model, layers: list[int], n_batch: int, separate_weights: bool,
-                    gpu: bool = False) -> Reserve:
+                    gpu: bool = False, lanes: int = 1, lane_cells: int = 0) -> Reserve:
+    """Lanes (DraftOptions.lanes) beyond the first each add a context: its compute buffers and
+    `lane_cells` KV cells (their captures land in the first one's)."""
     capture = CAPTURE_COPIES * 4 * len(layers) * (model.n_head + model.n_head_kv) * model.head_dim()
-    fixed = COMPUTE_BYTES_PER_UBATCH_TOKEN * n_batch + (model.size_bytes if separate_weights else 0)
-    return Reserve(fixed + (GPU_FIXED_BYTES if gpu else 0), capture + SCORING_BYTES_PER_TOKEN,
-                   model.kv_bytes_per_token())
+    context = COMPUTE_BYTES_PER_UBATCH_TOKEN * n_batch + (GPU_FIXED_BYTES if gpu else 0)
+    lane = context + model.kv_bytes_per_token() * lane_cells
+    fixed = context + (lanes - 1) * lane + (model.size_bytes if separate_weights else 0)
+    return Reserve(fixed, capture + SCORING_BYTES_PER_TOKEN, model.kv_bytes_per_token())
 
 
 def available_memory_bytes() -> int:

@@ -30,6 +30,10 @@ class Scorer(Protocol):
     # prompt positions of the next ubatches' rows as (first, count) segments when they interleave
     # windows; [] (and begin): in order. Optional: without it a drafter drafts one window at a time.
     def layout(self, segments: list[tuple[int, int]]) -> None: ...
+    # Optional, for drafting lanes (DraftOptions.lanes): this scorer's rows count in `lead`'s mass;
+    # enable(False) captures nothing until the next begin.
+    def follow(self, lead: "Scorer") -> None: ...
+    def enable(self, enabled: bool) -> None: ...
     def checkpoint(self) -> None: ...
     def rollback(self) -> None: ...
     def error(self) -> str | None: ...
@@ -52,6 +56,7 @@ class NumpyScorer:
         self._kept: dict = {}
         self._query = (0, 0)
         self._score_ms = 0.0
+        self._lanes: list[NumpyScorer] = []
 
     def begin(self, query_start: int, query_end: int) -> None:
         self.capture.reset()
@@ -59,6 +64,14 @@ class NumpyScorer:
 
     def layout(self, segments: list[tuple[int, int]]) -> None:
         self.capture.layout(segments)
+
+    def follow(self, lead: Scorer) -> None:
+        if not isinstance(lead, NumpyScorer):
+            raise ScoringError("a numpy lane follows a numpy scorer")
+        lead._lanes.append(self)
+
+    def enable(self, enabled: bool) -> None:
+        self.capture.enabled = enabled
 
     def checkpoint(self) -> None:
         self._kept = self.capture.checkpoint()
@@ -76,7 +89,7 @@ class NumpyScorer:
         result = self.capture.result
         if layer not in result.q or layer not in result.k:
             raise ScoringError(f"the graph exposed no Qcur/Kcur nodes at layer {layer}")
-        q, k = result.tensors(layer)
+        q, k = result.tensors(layer, *(lane.capture.result for lane in self._lanes))
         if len(q) < self._query[1] or len(k) < self._query[1]:
             raise ScoringError("captured Q/K do not cover every prompt token")
         return q, k
@@ -124,6 +137,17 @@ class NativeScorer:
             self.capture.layout(segments)
         except native.NativeError as error:
             raise ScoringError(str(error)) from None
+
+    def follow(self, lead: Scorer) -> None:
+        if not isinstance(lead, NativeScorer):
+            raise ScoringError("a native lane follows a native scorer")
+        try:
+            self.capture.follow(lead.capture)
+        except native.NativeError as error:
+            raise ScoringError(str(error)) from None
+
+    def enable(self, enabled: bool) -> None:
+        self.capture.enable(enabled)
 
     def checkpoint(self) -> None:
         self.capture.checkpoint()
