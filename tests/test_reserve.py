@@ -70,6 +70,21 @@ def test_windowed_drafter_reserves_kv_for_its_window_only_and_still_covers_its_p
     assert windowed["formula"] < causal["formula"]
 
 
+def test_each_drafter_lane_reserves_a_context_of_its_window(tiny_model):
+    from pflash_plugin.llama import Model
+    from pflash_plugin.pflash.reserve import COMPUTE_BYTES_PER_UBATCH_TOKEN, GPU_FIXED_BYTES, drafter_reserve
+
+    model = Model(str(tiny_model))
+    try:
+        one = drafter_reserve(model, [1], 512, False, gpu=True)
+        three = drafter_reserve(model, [1], 512, False, gpu=True, lanes=3, lane_cells=2112)
+        lane = COMPUTE_BYTES_PER_UBATCH_TOKEN * 512 + GPU_FIXED_BYTES + model.kv_bytes_per_token() * 2112
+        assert three.fixed_bytes - one.fixed_bytes == 2 * lane
+        assert (three.per_token_bytes, three.kv_bytes_per_token) == (one.per_token_bytes, one.kv_bytes_per_token)
+    finally:
+        model.close()
+
+
 def config(**kw) -> EngineConfig:
     return EngineConfig(**{"n_slots": 4, "max_ctx": 1000, "page_size": 10, **kw})
 
