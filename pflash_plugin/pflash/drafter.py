@@ -187,33 +187,10 @@ class Drafter:
         self._pool: ThreadPoolExecutor | None = None
         self.aborted_chunks = 0  # chunks aborted for interactive work and redone
         self.graph_reuses = 0  # ubatches of the last run that llama.cpp computed on the graph before theirs
-        # swa_full: with the trimmed SWA cache, a ubatch's first tokens lose part of their window
-        # (measured: K at layer 5 of gemma-3-270m off by 10% after 2 ubatches); full is exact.
-        # Side by side windows: a KV stream per window (kv_unified off), so that each attends, and
-        # llama.cpp's host mask spans, only its own cells and sink.
-        k = self.batch_windows
-        # the pin: a windowed draft of one window at a time keeps a cell of sequence 1 (no draft's)
         pin = options.pin_window_view
         pin = model.n_gpu_layers != 0 and gpu_count() > 0 if pin is None else pin
-        self.pinned = pin and self.windows.window > 0 and k == 1
-        n_seqs = k + int(self.pinned)
-        self.ctx = Context(
-            self.model,
-            ContextConfig(
-                n_ctx=k * self.windows.context_tokens(max_tokens) + int(self.pinned),
-                n_batch=k * self.n_batch,
-                n_ubatch=k * self.n_batch,
-                n_seq_max=n_seqs,
-                kv_unified=k == 1,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                swa_full=True,
-                flash_attn=True,
-                n_outputs_max=n_seqs,  # the drafter reads no logits (llama.cpp reserves a row per sequence)
-            ),
-            eval_callback=self.scorer.callback,
-            eval_callback_data=self.scorer.callback_data,
-        )
+        self.pinned = pin and self.windows.window > 0 and self.batch_windows == 1
+        self.ctx = self._open_context(n_threads)
         self.ctx.set_abort(lambda: self._abort_if())
         if self.windows.window and self.windows.sink and not self.ctx.can_shift:
             self.close()
@@ -233,6 +210,32 @@ class Drafter:
             self.close()
             raise
         self._pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="pflash-lane") if self.lanes else None
+
+    def _open_context(self, n_threads: int) -> Context:
+        """The drafter's llama.cpp context, the scorer's capture as its eval callback. swa_full: with
+        the trimmed SWA cache, a ubatch's first tokens lose part of their window (measured: K at layer
+        5 of gemma-3-270m off by 10% after 2 ubatches); full is exact. Side by side windows: a KV
+        stream per window (kv_unified off), so that each attends, and llama.cpp's host mask spans, only
+        its own cells and sink. The pin (see _pin_view) is a cell of a sequence of its own."""
+        k = self.batch_windows
+        n_seqs = k + int(self.pinned)
+        return Context(
+            self.model,
+            ContextConfig(
+                n_ctx=k * self.windows.context_tokens(self.max_tokens) + int(self.pinned),
+                n_batch=k * self.n_batch,
+                n_ubatch=k * self.n_batch,
+                n_seq_max=n_seqs,
+                kv_unified=k == 1,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                swa_full=True,
+                flash_attn=True,
+                n_outputs_max=n_seqs,  # the drafter reads no logits (llama.cpp reserves a row per sequence)
+            ),
+            eval_callback=self.scorer.callback,
+            eval_callback_data=self.scorer.callback_data,
+        )
 
     def _new_lane(self, options: DraftOptions) -> Drafter:
         """Another context (sink + window cells) and scorer on the same model, whose captured rows
