@@ -343,7 +343,7 @@ class Drafter:
             job.add_done_callback(lambda done: stop.set() if done.exception() else None)
         errors: list[BaseException] = []
         try:
-            self._draft_windows(windows[::count], tokens, bridge, batch, halt, tally, neighbours)
+            self._draft_side_by_side(windows[::count], tokens, bridge, batch, halt, tally, neighbours)
         except BaseException as error:  # re-raised below, once the lanes have stopped
             errors.append(error)
             stop.set()
@@ -369,17 +369,10 @@ class Drafter:
                 batch.add_sequence(tokens[start:min(sink, start + self.n_batch)], start, 0, False)
                 self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
             self.scorer.enable(True)
-            self._draft_windows(windows, tokens, sink - 1, batch, should_stop, tally, neighbours)
+            self._draft_side_by_side(windows, tokens, sink - 1, batch, should_stop, tally, neighbours)
         finally:
             self._clear()
             batch.close()
-
-    def _draft_windows(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
-                       should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
-        """Windows one after another in sequence 0, each beside the sink."""
-        for stage in windows:
-            bridge = self._enter_window(0, stage, bridge)
-            self._draft_round([stage], tokens, batch, should_stop, tally, neighbours)
 
     def _draft_side_by_side(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
                             should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
