@@ -263,8 +263,11 @@ def test_windows_drafted_in_lanes_score_as_one_context(model, scorer, lanes):
         laned = drafter.run(tokens, len(tokens) - 10, progress=seen.append)
         q1, k1 = (x.copy() for x in drafter.scorer.tensors(2))
         again = drafter.run(tokens, len(tokens) - 10)
+        short = drafter.run(tokens[:300], 290)  # 2 windows: one lane has none; earlier rows must not count
     finally:
         drafter.close()
+    alone_short, _, _ = draft(model, tokens[:300], scorer)
+    np.testing.assert_allclose(short.mass, alone_short.mass, rtol=1e-3, atol=1e-6)
     assert laned.windows == serial.windows == 10 and seen[-1] == len(tokens) == max(seen)
     np.testing.assert_allclose(k1, k0, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(q1, q0, rtol=1e-3, atol=1e-4)

@@ -276,14 +276,15 @@ class Drafter:
         try:
             self._clear()
             self.scorer.begin(query_start, query_end)
+            for lane in self.lanes:  # after the lead's (a lane writes into the lead's stores), every run:
+                lane.scorer.begin(query_start, query_end)  # rows of an earlier prompt must not count
             forward_start = time.perf_counter()
             first, *rest = stages = self.windows.stages(query_end)
             tally = _Tally(progress)
             self._draft_round([first], tokens, batch, should_stop, tally, neighbours)
             bridge = min(self.windows.sink, first.end) - 1
             if self.lanes and rest:
-                self._draft_in_lanes(rest, tokens, (query_start, query_end), bridge, batch, should_stop, tally,
-                                     neighbours)
+                self._draft_in_lanes(rest, tokens, bridge, batch, should_stop, tally, neighbours)
             else:
                 self._draft_side_by_side(rest, tokens, bridge, batch, should_stop, tally, neighbours)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
@@ -325,8 +326,8 @@ class Drafter:
         else:
             self.ctx.clear()
 
-    def _draft_in_lanes(self, windows: list[Stage], tokens: list[int], query: tuple[int, int], bridge: int,
-                        batch: Batch, should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+    def _draft_in_lanes(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
+                        should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
         """The windows dealt round-robin to this drafter and its lanes, drafted at once: one lane's
         host work (a ubatch's inputs and graph launch) overlaps another's GPU work, which the capture
         callback's synchronization otherwise serializes. The first failure stops every lane."""
@@ -337,7 +338,7 @@ class Drafter:
             return stop.is_set() or should_stop()
 
         count = len(self.lanes) + 1
-        jobs = [self._pool.submit(lane._draft_as_lane, windows[i::count], tokens, query, halt, tally, neighbours)
+        jobs = [self._pool.submit(lane._draft_as_lane, windows[i::count], tokens, halt, tally, neighbours)
                 for i, lane in enumerate(self.lanes, start=1) if windows[i::count]]
         for job in jobs:
             job.add_done_callback(lambda done: stop.set() if done.exception() else None)
@@ -355,13 +356,13 @@ class Drafter:
         if errors:  # a lane's own failure before the Cancelled it caused in the others
             raise next((error for error in errors if not isinstance(error, Cancelled)), errors[0])
 
-    def _draft_as_lane(self, windows: list[Stage], tokens: list[int], query: tuple[int, int],
-                       should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
-        """A lane's part of a prompt: the sink again (the lead captured it), then its windows."""
+    def _draft_as_lane(self, windows: list[Stage], tokens: list[int], should_stop: Callable[[], bool],
+                       tally: _Tally, neighbours: Neighbours) -> None:
+        """A lane's part of a prompt (its scorer begun with the lead's): the sink again, which the lead
+        captured, then its windows."""
         batch = Batch(self.n_batch, 1)
         try:
             self._clear()
-            self.scorer.begin(*query)
             sink = min(self.windows.sink, windows[0].start)
             self.scorer.enable(False)
             for start in range(0, sink, self.n_batch):
