@@ -115,6 +115,7 @@ def main() -> None:
                ("self-default", 131072): "8x"}
     names = {"drafter": "0.6B drafter (cut to 10 layers)", "self-default": "no drafter: target stopped after layer 10"}
     names |= {f"{arm}-nopin": f"{name}, pin off" for arm, name in list(names.items())}
+    names |= {f"{arm}-l{n}": f"{name}, {n} lanes" for arm, name in list(names.items()) for n in range(2, 9)}
     for row in http["summary"]:
         lines.append(f"| {names[row['arm']]} | {row['tokens']:,} | {row['reps']} | {row['full_s']:.2f} | "
                      f"{row['pflash_s']:.2f} | **{row['speedup']:.2f}x** | {row['draft_us_per_token']} | "

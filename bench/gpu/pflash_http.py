@@ -6,8 +6,9 @@ rep on fresh random prompts, the client's wall time for `max_tokens` 1, and the 
         [--arms drafter self-default] [--lengths 65536 131072] [--reps 3 2]
 
 Arms: `drafter` (`--pflash_drafter D.gguf`, cut to its scoring layers by default) and `self-default`
-(no drafter: the target stopped at its default layer); `-nopin` after either turns the drafter's
-pinned KV view off (`--pflash_drafter_pin_view off`). Medians per arm and length.
+(no drafter: the target stopped at its default layer); after either, `-nopin` turns the drafter's
+pinned KV view off (`--pflash_drafter_pin_view off`) and `-l<N>` drafts in N lanes
+(`--pflash_drafter_lanes N`), e.g. `drafter-l2`. Medians per arm and length.
 """
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def server(arm: str, args: argparse.Namespace, port: int) -> Server:
              "--pflash_keep_ratio", str(KEEP)]
     if arm.startswith("drafter"):
         flags += ["--pflash_drafter", args.drafter]
-    if arm.endswith("-nopin"):
+    if "-nopin" in arm:
         flags += ["--pflash_drafter_pin_view", "off"]
+    lanes = re.search(r"-l(\d+)", arm)
+    if lanes:
+        flags += ["--pflash_drafter_lanes", lanes.group(1)]
     return Server(arm, flags, port=port, log_dir=log_dir(args), ours=True)
 
 
