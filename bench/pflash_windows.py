@@ -46,7 +46,7 @@ def compressors(served: ServedModel, args: argparse.Namespace, max_tokens: int) 
     windowed = DraftWindows(args.window, args.sink, causal_max=0)
     arms = {"causal": DraftOptions(n_batch=512, n_threads=args.n_threads),
             "windowed": DraftOptions(n_batch=args.ubatch, n_threads=args.n_threads, windows=windowed,
-                                     batch_windows=args.batch_windows)}
+                                     batch_windows=args.batch_windows, lanes=args.lanes)}
     out = {}
     for arm, options in arms.items():
         out[arm] = Compressor(served.pflash, model.piece,
@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--sink", type=int, default=64)
     parser.add_argument("--ubatch", type=int, default=512, help="tokens of a window per drafter ubatch (windowed arm)")
     parser.add_argument("--batch_windows", type=int, default=1, help="windows drafted side by side (windowed arm)")
+    parser.add_argument("--lanes", type=int, default=1, help="drafter contexts drafting windows at once (windowed arm)")
     parser.add_argument("--keep", type=float, default=0.1)
     parser.add_argument("--n_gpu_layers", type=int, default=0)
     parser.add_argument("--n_threads", type=int, default=0, help="0: llama.cpp's default")
