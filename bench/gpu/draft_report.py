@@ -89,6 +89,17 @@ def main() -> None:
         "models; on the demo model (gemma-3) they differ by 0.037, because a lane re-rotates the sink's",
         "last cell (F16 K) fewer times: the effect side by side windows show too (pflash_draft_batching.md).",
         "",
+        "Quality gate with 2 lanes (`python bench/pflash_windows.py --lanes 2 --n_threads 2`, the demo model",
+        "as its own drafter, 2 CPU cores, windows forced; data: `data/pflash_windows_lanes_cpu.json`):",
+        "",
+        "| prompt tokens | prompts | retrieved, causal | retrieved, windows in 2 lanes | kept overlap median (min) |",
+        "|---:|---:|---:|---:|---:|",
+        *[f"| {row['tokens']:,} | {row['prompts']} | {row['causal_retrieved']}/{row['prompts']} | "
+          f"{row['windowed_retrieved']}/{row['prompts']} | {row['overlap_median']:.2f} ({row['overlap_min']:.2f}) |"
+          for row in load("pflash_windows_lanes_cpu.json")["summary"]],
+        "",
+        "(One context, docs/pflash_gpu.md: 7/7 and 7/7, overlap 0.80 (0.59) and 0.72 (0.67).)",
+        "",
         "## The pin, side by side (`bench/gpu/draft_forward.py`, configurations interleaved, medians of 2)",
         "",
         "| model | configuration | 64K µs/token | 128K µs/token | largest score difference |",
