@@ -281,11 +281,11 @@ class Drafter:
             forward_start = time.perf_counter()
             first, *rest = stages = self.windows.stages(query_end)
             tally = _Tally(progress)
-            self._draft_round([first], tokens, batch, should_stop, tally, neighbours)
-            bridge = min(self.windows.sink, first.end) - 1
             if self.lanes and rest:
-                self._draft_in_lanes(rest, tokens, bridge, batch, should_stop, tally, neighbours)
+                self._draft_in_lanes(first, rest, tokens, batch, should_stop, tally, neighbours)
             else:
+                self._draft_round([first], tokens, batch, should_stop, tally, neighbours)
+                bridge = min(self.windows.sink, first.end) - 1
                 self._draft_side_by_side(rest, tokens, bridge, batch, should_stop, tally, neighbours)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
@@ -326,11 +326,12 @@ class Drafter:
         else:
             self.ctx.clear()
 
-    def _draft_in_lanes(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
+    def _draft_in_lanes(self, first: Stage, windows: list[Stage], tokens: list[int], batch: Batch,
                         should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
-        """The windows dealt round-robin to this drafter and its lanes, drafted at once: one lane's
-        host work (a ubatch's inputs and graph launch) overlaps another's GPU work, which the capture
-        callback's synchronization otherwise serializes. The first failure stops every lane."""
+        """The first stage and the windows dealt round-robin to this drafter and its lanes, drafted at
+        once: one lane's host work (a ubatch's inputs and graph launch) overlaps another's GPU work,
+        which the capture callback's synchronization otherwise serializes. This drafter, which also
+        drafts the first stage, takes the smallest share. The first failure stops every lane."""
         assert self._pool is not None
         stop = threading.Event()
 
@@ -339,12 +340,14 @@ class Drafter:
 
         count = len(self.lanes) + 1
         jobs = [self._pool.submit(lane._draft_as_lane, windows[i::count], tokens, halt, tally, neighbours)
-                for i, lane in enumerate(self.lanes, start=1) if windows[i::count]]
+                for i, lane in enumerate(self.lanes) if windows[i::count]]
         for job in jobs:
             job.add_done_callback(lambda done: stop.set() if done.exception() else None)
         errors: list[BaseException] = []
         try:
-            self._draft_side_by_side(windows[::count], tokens, bridge, batch, halt, tally, neighbours)
+            self._draft_round([first], tokens, batch, halt, tally, neighbours)
+            bridge = min(self.windows.sink, first.end) - 1
+            self._draft_side_by_side(windows[count - 1::count], tokens, bridge, batch, halt, tally, neighbours)
         except BaseException as error:  # re-raised below, once the lanes have stopped
             errors.append(error)
             stop.set()
