@@ -3,7 +3,8 @@
 # with .gpu/ carried (../shared/gpu/prepare-bundle.sh), each step bounded so the whole ends within
 # the device's 10-minute limit:
 #   bash bench/gpu/draft_campaign.sh
-# 1. lanes against one context, pinned and not (draft alone, interleaved, 64K and 128K);
+# 1. lanes against one context, pinned and not, and pinned windows of 4096 (whose ubatches replay 7 of 8
+#    times; scores differ by design) (draft alone, interleaved, 64K and 128K);
 # 2. over HTTP at 64K: the drafter with and without lanes and the pin (a server per arm, ~65 s each);
 # 3. where side by side windows (K = 4) go wrong on CUDA.
 set -u
@@ -15,7 +16,7 @@ echo "setup done at $(( $(date +%s) - t0 )) s"
 cd bench/gpu
 D10=/tmp/models/drafter-0.6b-10l.gguf
 timeout "$(left)" python3 draft_forward.py --model $D10 --layers 9 --lengths 65536 131072 --reps 2 --warmup 4096 \
-  --configs W2048-ub512 W2048-ub512-l2 W2048-ub512-l3 W2048-ub512-nopin --out "$OUT/draft_lanes_drafter.json" 2>&1 \
+  --configs W2048-ub512 W2048-ub512-l2 W2048-ub512-l3 W2048-ub512-nopin W4096-ub512 --out "$OUT/draft_lanes_drafter.json" 2>&1 \
   | grep -E 'wall_us_per_token|rror' | cut -c1-200
 timeout "$(left)" python3 pflash_http.py --target "$TARGET" --drafter "$DRAFTER" --lengths 65536 --reps 3 \
   --arms drafter drafter-l2 drafter-nopin --out "$OUT/pflash_http_lanes.json" 2>&1 \
