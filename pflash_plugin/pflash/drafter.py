@@ -164,7 +164,7 @@ class Drafter:
             raise ValueError(f"shared_duty must be in (0, 1], not {options.shared_duty}")
         self.model, self.layers, self.max_tokens = model, layers, max_tokens
         self.owns_model = owns_model
-        self.n_batch, self.shared_duty, self.windows = options.n_batch, options.shared_duty, options.windows
+        self.n_batch, self.windows = options.n_batch, options.windows
         self.batch_windows = options.batch_windows
         try:
             self.windows.check(self.n_batch, max_tokens)
@@ -202,7 +202,7 @@ class Drafter:
         if self.pinned:
             self._pin_view()
         self.lays_out = self.batch_windows > 1 or options.lanes > 1  # ubatch rows not in prompt order
-        self.duty = self.shared_duty / options.lanes  # each lane's share while slots decode
+        self.duty = options.shared_duty / options.lanes  # each lane's share while slots decode
         try:
             for _ in range(options.lanes - 1):
                 self.lanes.append(self._new_lane(options))
@@ -241,7 +241,7 @@ class Drafter:
         """Another context (sink + window cells) and scorer on the same model, whose captured rows
         count in this drafter's mass: it drafts every L-th window of a prompt on a thread of its own."""
         lane = Drafter(self.model, self.layers, self.max_tokens,
-                       replace(options, windows=replace(self.windows, causal_max=0), lanes=1))
+                       replace(options, windows=replace(self.windows, causal_max=0), lanes=1, shared_duty=self.duty))
         try:
             if not hasattr(lane.scorer, "follow"):
                 raise ScoringError(f"the {options.scorer} scorer cannot draft in lanes (pflash_drafter_lanes 1)")
@@ -249,7 +249,7 @@ class Drafter:
         except ScoringError as error:
             lane.close()
             raise DrafterError(str(error)) from None
-        lane.lays_out, lane.duty = True, self.duty
+        lane.lays_out = True  # its windows are every L-th one
         return lane
 
     def run(
@@ -284,9 +284,7 @@ class Drafter:
             if self.lanes and rest:
                 self._draft_in_lanes(first, rest, tokens, batch, should_stop, tally, neighbours)
             else:
-                self._draft_round([first], tokens, batch, should_stop, tally, neighbours)
-                bridge = min(self.windows.sink, first.end) - 1
-                self._draft_side_by_side(rest, tokens, bridge, batch, should_stop, tally, neighbours)
+                self._draft_from_first(first, rest, tokens, batch, should_stop, tally, neighbours)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:
@@ -345,9 +343,7 @@ class Drafter:
             job.add_done_callback(lambda done: stop.set() if done.exception() else None)
         errors: list[BaseException] = []
         try:
-            self._draft_round([first], tokens, batch, halt, tally, neighbours)
-            bridge = min(self.windows.sink, first.end) - 1
-            self._draft_side_by_side(windows[count - 1::count], tokens, bridge, batch, halt, tally, neighbours)
+            self._draft_from_first(first, windows[count - 1::count], tokens, batch, halt, tally, neighbours)
         except BaseException as error:  # re-raised below, once the lanes have stopped
             errors.append(error)
             stop.set()
@@ -358,6 +354,13 @@ class Drafter:
                 errors.append(error)
         if errors:  # a lane's own failure before the Cancelled it caused in the others
             raise next((error for error in errors if not isinstance(error, Cancelled)), errors[0])
+
+    def _draft_from_first(self, first: Stage, windows: list[Stage], tokens: list[int], batch: Batch,
+                          should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+        """The first stage (the sink and a first window), then `windows` beside the sink."""
+        self._draft_round([first], tokens, batch, should_stop, tally, neighbours)
+        bridge = min(self.windows.sink, first.end) - 1
+        self._draft_side_by_side(windows, tokens, bridge, batch, should_stop, tally, neighbours)
 
     def _draft_as_lane(self, windows: list[Stage], tokens: list[int], should_stop: Callable[[], bool],
                        tally: _Tally, neighbours: Neighbours) -> None:
