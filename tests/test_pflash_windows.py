@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pflash_plugin.llama import Model, native
-from pflash_plugin.pflash.drafter import DraftOptions, Drafter, DrafterError
+from pflash_plugin.pflash.drafter import GPU_LANES, DraftOptions, Drafter, DrafterError, draft_lanes
 from pflash_plugin.pflash.windows import DraftWindows, Stage
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -246,6 +246,15 @@ def test_the_pin_and_lanes_are_server_settings(tiny_model, pin, pinned, lanes):
         assert drafter is not None and drafter.pinned is pinned and len(drafter.lanes) == lanes - 1
     finally:
         served.close()
+
+
+def test_lanes_by_default_only_where_windows_go_one_at_a_time_on_a_gpu():
+    windowed, causal = DraftWindows(window=2048, sink=64), DraftWindows(window=0)
+    assert draft_lanes(None, True, windowed, 1) == GPU_LANES > 1
+    assert draft_lanes(None, False, windowed, 1) == 1  # a CPU: one context keeps its cores busy
+    assert draft_lanes(None, True, windowed, 4) == 1  # side by side windows take no lanes
+    assert draft_lanes(None, True, causal, 1) == draft_lanes(3, True, causal, 1) == 1  # no windows to share
+    assert draft_lanes(2, False, windowed, 1) == 2  # asked for
 
 
 @pytest.mark.parametrize("scorer", SCORERS)

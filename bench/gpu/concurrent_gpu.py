@@ -11,7 +11,8 @@ counted from its sending, so queueing is included):
 - mix8: 4 prompts of 22K tokens + 4 short ones (32 tokens out): the short ones' TTFT;
 - cd4: 4 prompts of 84K tokens, 1,024 tokens out each.
 Arms: `serial-pflash` (ours, 1 slot, PFlash), `full` and `pflash` (one server of ours with 4 slots,
-per-request `pflash` mode off / always), `llama-server` (`-np 4 --cache-ram 0`, a KV stream per
+per-request `pflash` mode off / always), `pflash-one-lane` (the same with `--pflash_drafter_lanes 1`),
+`llama-server` (`-np 4 --cache-ram 0`, a KV stream per
 slot as llama-server defaults to). Servers that fit the GPU together run their arms interleaved,
 workload by workload.
 Arm `decode64`: 64 clients x 2 requests of 128 tokens, ours (64 slots) against llama-server
@@ -82,6 +83,8 @@ def arms_of(server: Server) -> list[tuple[str, str | None]]:
         return [("llama-server", None)]
     if server.label == "ours-serial":
         return [("serial-pflash", "always")]
+    if server.label == "ours-4-one-lane":
+        return [("pflash-one-lane", "always")]
     return [("full", "off"), ("pflash", "always")]
 
 
@@ -127,7 +130,8 @@ def decode64(args: argparse.Namespace, record: Record) -> None:
 def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--groups", nargs="+", default=["ours", "llama-server"],
-                        help="ours (4 slots + serial), ours-unified (4 slots, --kv_layout unified), llama-server, decode64")
+                        help="ours (4 slots + serial), ours-unified (4 slots, --kv_layout unified), ours-one-lane (4 slots, "
+                        "PFlash drafting in one lane), llama-server, decode64")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--prefill_chunk", type=int, default=512)
@@ -138,6 +142,7 @@ def main() -> None:
     groups = {
         "ours": lambda: [ours("ours-4", args.port, args, SLOTS), ours("ours-serial", args.port + 1, args, 1)],
         "ours-unified": lambda: [ours("ours-4-unified", args.port + 2, args, SLOTS, "--kv_layout", "unified")],
+        "ours-one-lane": lambda: [ours("ours-4-one-lane", args.port + 4, args, SLOTS, "--pflash_drafter_lanes", "1")],
         "llama-server": lambda: [llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))],
     }
 

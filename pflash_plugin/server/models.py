@@ -16,7 +16,7 @@ from ..llama.devices import gpu_count, gpu_free_bytes, gpus_free_bytes
 from ..llama.gguf_cut import cached_cut
 from ..llama.placement import kv_share_on_main_gpu, splits_by_free_memory
 from ..pflash.compressor import CompressionWorker, Compressor, PflashConfig
-from ..pflash.drafter import DraftOptions, Drafter, check_vocab, scoring_layers
+from ..pflash.drafter import DraftOptions, Drafter, check_vocab, draft_lanes, scoring_layers
 from ..pflash.payoff import Calibration
 from ..pflash.planning import MAX_EXPLICIT_QUERY, Planner
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
@@ -203,7 +203,7 @@ class ServedModel:
                    else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
         windows.check(n_batch, max_tokens)  # at start, also for drafters loaded per prompt
         k = s.pflash_drafter_batch_windows if windows.window else 1  # no windows (small max_ctx): one sequence
-        lanes = s.pflash_drafter_lanes if windows.window else 1
+        lanes = draft_lanes(s.pflash_drafter_lanes, drafter_on_gpu, windows, k)
         pin = {"auto": None, "on": True, "off": False}[s.pflash_drafter_pin_view]
         options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
                                s.pflash_shared_duty, windows, k, pin, lanes)

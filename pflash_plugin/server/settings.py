@@ -128,10 +128,11 @@ class ModelSettings(StockModelSettings):
         description="Drafter windows decoded side by side, a KV stream each: a ubatch carries this many windows "
         "(pflash_drafter_ubatch tokens of each), and the drafter holds this many times its KV cells.",
     )
-    pflash_drafter_lanes: int = Field(
-        default=1, ge=1, le=8,
+    pflash_drafter_lanes: Optional[int] = Field(
+        default=None, ge=1, le=8,
         description="Drafter contexts drafting a prompt's windows at once, a thread each (windows one at a time "
-        "only): one's host work overlaps another's GPU work. Each adds a context of sink + window KV cells.",
+        "only): one's host work overlaps another's GPU work. Each adds a context of sink + window KV cells "
+        "(default: 4 where the drafter runs on a GPU, else 1).",
     )
     pflash_drafter_pin_view: Literal["auto", "on", "off"] = Field(
         default="auto",
