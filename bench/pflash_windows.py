@@ -6,7 +6,7 @@ by the target (greedy, in-process, no HTTP), and the 4-digit code must be in the
 overlap is |kept windowed ∩ kept causal| / |kept causal|. Arms alternate per prompt.
 
 Usage: python bench/pflash_windows.py [--lengths 8192 16384] [--window 2048] [--sink 64] [--keep 0.1]
-       [--n_gpu_layers 0] [--model PATH] [--ubatch 512] [--batch_windows 1]
+       [--n_gpu_layers 0] [--model PATH] [--ubatch 512] [--lanes 1]
 Writes bench/results/pflash_windows.json (--out) and prints one JSON line per prompt and a summary.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def compressors(served: ServedModel, args: argparse.Namespace, max_tokens: int) 
     windowed = DraftWindows(args.window, args.sink, causal_max=0)
     arms = {"causal": DraftOptions(n_batch=512, n_threads=args.n_threads),
             "windowed": DraftOptions(n_batch=args.ubatch, n_threads=args.n_threads, windows=windowed,
-                                     batch_windows=args.batch_windows, lanes=args.lanes)}
+                                     lanes=args.lanes)}
     out = {}
     for arm, options in arms.items():
         out[arm] = Compressor(served.pflash, model.piece,
@@ -96,7 +96,6 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--sink", type=int, default=64)
     parser.add_argument("--ubatch", type=int, default=512, help="tokens of a window per drafter ubatch (windowed arm)")
-    parser.add_argument("--batch_windows", type=int, default=1, help="windows drafted side by side (windowed arm)")
     parser.add_argument("--lanes", type=int, default=1, help="drafter contexts drafting windows at once (windowed arm)")
     parser.add_argument("--keep", type=float, default=0.1)
     parser.add_argument("--n_gpu_layers", type=int, default=0)

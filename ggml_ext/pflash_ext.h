@@ -40,7 +40,7 @@ bool pfx_capture_on_gpu(const pfx_capture * cap);
 // Returns false (see pfx_capture_error) when storage cannot be allocated.
 bool pfx_capture_reset(pfx_capture * cap, int32_t query_start, int32_t query_end);
 // The prompt positions of the next ubatches' rows, in row order: segment j is counts[j] rows from
-// positions[j] on (a ubatch carrying several windows, one sequence each). n_segments 0: each ubatch
+// positions[j] on (a lane's window, out of the prompt's order). n_segments 0: each ubatch
 // continues where the last one ended. pfx_capture_reset clears it. False on a negative value.
 bool pfx_capture_layout(pfx_capture * cap, const int32_t * positions, const int32_t * counts, int32_t n_segments);
 // Lanes: `lane` (another context's capture, same layers and device) writes its rows into `lead`'s

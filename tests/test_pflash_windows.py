@@ -121,51 +121,24 @@ NATIVE = native.load() is not None
 SCORERS = ["numpy", pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="ggml_ext not built"))]
 
 
-def draft(model: Model, tokens: list[int], scorer: str, n_batch: int = 64, batch_windows: int = 1):
-    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=n_batch, scorer=scorer, windows=WINDOWS,
-                                                     batch_windows=batch_windows))
+def draft(model: Model, tokens: list[int], scorer: str):
+    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS))
     result = drafter.run(tokens, len(tokens) - 10)
     q, k = (x.copy() for x in drafter.scorer.tensors(2))
     drafter.close()
     return result, q, k
 
 
-@pytest.mark.parametrize("scorer", SCORERS)
-@pytest.mark.parametrize("batch_windows, n_batch", [(2, 64), (3, 64), (4, 144), (1, 144)])
-def test_windows_side_by_side_score_as_one_window_at_a_time(model, scorer, batch_windows, n_batch):
-    # 1200 tokens: a first stage, then 9 whole windows of 128 (rounds of 2 and of 4 end with one);
-    # ubatches of 64 tokens a window interleave the windows' rows; 144 (sink + window) take them whole
-    tokens = tokens_of(model, 1200, seed=7)
-    serial, q0, k0 = draft(model, tokens, scorer)
-    side, q1, k1 = draft(model, tokens, scorer, n_batch, batch_windows)
-    assert side.windows == serial.windows == 10
-    np.testing.assert_allclose(k1, k0, rtol=1e-3, atol=1e-4)  # every key at its own position
-    np.testing.assert_allclose(q1, q0, rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(side.mass, serial.mass, rtol=1e-3, atol=1e-6)
-
-
-def test_side_by_side_windows_need_windows(model):
-    with pytest.raises(DrafterError, match="needs pflash_drafter_window > 0"):
-        Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", batch_windows=2))
-
-
-def test_drafter_ubatch_and_side_by_side_windows_are_server_settings(tiny_model):
+def test_the_drafter_ubatch_is_a_server_setting(tiny_model):
     from pflash_plugin.server.models import ServedModel
     from pflash_plugin.server.settings import ModelSettings
 
     settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1, n_threads_batch=1,
                     pflash_drafter_window=256, pflash_drafter_sink=16, pflash_drafter_causal_max=0)
-    served = ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=272, pflash_drafter_batch_windows=3))
+    served = ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=272))
     try:
         drafter = served.compression.compressor._drafter
-        assert drafter is not None and (drafter.n_batch, drafter.batch_windows) == (272, 3)
-        assert drafter.ctx.n_batch == 3 * 272 and drafter.ctx.config.n_seq_max == 3
-    finally:
-        served.close()
-    served = ServedModel(ModelSettings(**{**settings, "pflash_drafter_window": 0}, pflash_drafter_batch_windows=3))
-    try:  # no windows: nothing to draft side by side, one sequence
-        drafter = served.compression.compressor._drafter
-        assert drafter is not None and (drafter.n_batch, drafter.batch_windows) == (512, 1)
+        assert drafter is not None and drafter.n_batch == drafter.ctx.n_batch == 272
     finally:
         served.close()
     with pytest.raises(ValueError, match="below the drafter's ubatch"):
@@ -176,8 +149,8 @@ def test_drafter_ubatch_and_side_by_side_windows_are_server_settings(tiny_model)
 def test_a_layout_that_does_not_cover_the_ubatch_is_a_capture_error(model, scorer):
     from pflash_plugin.llama import Batch
 
-    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS, batch_windows=2))
-    batch = Batch(128, 1)
+    drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS))
+    batch = Batch(64, 1)
     try:
         drafter.scorer.begin(40, 48)
         drafter.scorer.layout([(0, 30), (30, 10)])  # 40 rows laid out for a ubatch of 48
@@ -217,18 +190,16 @@ def test_a_pinned_kv_view_reuses_the_graph_and_scores_the_same(model, scorer):
     np.testing.assert_allclose(pin_short, short, rtol=1e-4, atol=1e-7)
 
 
-def test_the_pin_is_on_where_the_drafter_is_on_a_gpu_and_only_for_one_window_at_a_time(model):
+def test_the_pin_is_on_where_the_drafter_is_on_a_gpu_and_only_for_windows(model):
     from pflash_plugin.llama.devices import gpu_count
 
     default = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=WINDOWS))
-    side = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=WINDOWS, batch_windows=2,
-                                                  pin_window_view=True))
     causal = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", pin_window_view=True))
     try:
         assert default.pinned == (model.n_gpu_layers != 0 and gpu_count() > 0)
-        assert not side.pinned and not causal.pinned
+        assert not causal.pinned
     finally:
-        for drafter in (default, side, causal):
+        for drafter in (default, causal):
             drafter.close()
 
 
@@ -248,13 +219,12 @@ def test_the_pin_and_lanes_are_server_settings(tiny_model, pin, pinned, lanes):
         served.close()
 
 
-def test_lanes_by_default_only_where_windows_go_one_at_a_time_on_a_gpu():
+def test_lanes_by_default_only_where_windows_are_drafted_on_a_gpu():
     windowed, causal = DraftWindows(window=2048, sink=64), DraftWindows(window=0)
-    assert draft_lanes(None, True, windowed, 1) == GPU_LANES > 1
-    assert draft_lanes(None, False, windowed, 1) == 1  # a CPU: one context keeps its cores busy
-    assert draft_lanes(None, True, windowed, 4) == 1  # side by side windows take no lanes
-    assert draft_lanes(None, True, causal, 1) == draft_lanes(3, True, causal, 1) == 1  # no windows to share
-    assert draft_lanes(2, False, windowed, 1) == 2  # asked for
+    assert draft_lanes(None, True, windowed) == GPU_LANES > 1
+    assert draft_lanes(None, False, windowed) == 1  # a CPU: one context keeps its cores busy
+    assert draft_lanes(None, True, causal) == draft_lanes(3, True, causal) == 1  # no windows to share
+    assert draft_lanes(2, False, windowed) == 2  # asked for
 
 
 @pytest.mark.parametrize("scorer", SCORERS)
@@ -306,8 +276,6 @@ def test_a_cancel_stops_every_lane_and_the_drafter_drafts_again(model, scorer):
     np.testing.assert_allclose(after.mass, alone.mass, rtol=1e-3, atol=1e-6)
 
 
-def test_lanes_need_windows_one_at_a_time(model):
+def test_lanes_need_windows(model):
     with pytest.raises(DrafterError, match="pflash_drafter_lanes"):
         Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", lanes=2))
-    with pytest.raises(DrafterError, match="pflash_drafter_lanes"):
-        Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=WINDOWS, lanes=2, batch_windows=2))

@@ -1,12 +1,12 @@
 """The drafter's forward alone: seconds and microseconds per token, causal against windowed, per
-prompt length, drafter ubatch and windows side by side. Linear cost shows as a flat per-token time.
+prompt length, drafter ubatch and lanes. Linear cost shows as a flat per-token time.
 
     python bench/gpu/draft_forward.py --model D.gguf --layers 27 --out draft.json [--n_gpu_layers -1]
-        [--plain D.gguf D10.gguf] [--cut] [--configs W2048-ub512 W2048-ub2112 W2048-ub512-k4 ...]
+        [--plain D.gguf D10.gguf] [--cut] [--configs W2048-ub512 W2048-ub2112 W2048-ub512-l4 ...]
 
 A configuration is named by what it sets: `causal-ub512` (one causal pass, ubatch 512), or
-`W<window>-ub<tokens of a window per ubatch>[-k<windows side by side>][-l<lanes>][-nopin]`
-(pflash_drafter_window, pflash_drafter_ubatch, pflash_drafter_batch_windows, pflash_drafter_lanes; sink
+`W<window>-ub<tokens of a window per ubatch>[-l<lanes>][-nopin]`
+(pflash_drafter_window, pflash_drafter_ubatch, pflash_drafter_lanes; sink
 --sink; `-nopin`: without the pinned KV view of Drafter._pin_view, as before it). Configurations run interleaved per
 repetition (A, B, C, ... then again), on random tokens, after one warm-up draft each; every
 configuration's mass is compared with the first one's on the same tokens (`max_diff`: largest
@@ -38,7 +38,7 @@ from pflash_plugin.pflash.windows import DraftWindows
 import numpy as np  # after llama_cpp (see pflash_gpu.py)
 
 CONFIGS = ["causal-ub512", "W2048-ub512", "W2048-ub2048", "W4096-ub1024", "W1024-ub512"]
-LABEL = re.compile(r"(?:causal|W(\d+))-ub(\d+)(?:-k(\d+))?(?:-l(\d+))?(-nopin)?")
+LABEL = re.compile(r"(?:causal|W(\d+))-ub(\d+)(?:-l(\d+))?(-nopin)?")
 
 
 def options(label: str, sink: int) -> DraftOptions:
@@ -46,11 +46,11 @@ def options(label: str, sink: int) -> DraftOptions:
     (causal_max 0)."""
     match = LABEL.fullmatch(label)
     if match is None:
-        raise SystemExit(f"configuration {label!r} is not causal-ub<N> or W<window>-ub<N>[-k<K>]")
+        raise SystemExit(f"configuration {label!r} is not causal-ub<N> or W<window>-ub<N>[-l<lanes>][-nopin]")
     *numbers, nopin = match.groups()
-    window, n_batch, k, lanes = (int(group) if group else None for group in numbers)
+    window, n_batch, lanes = (int(group) if group else None for group in numbers)
     assert n_batch is not None
-    return DraftOptions(n_batch=n_batch, windows=DraftWindows(window or 0, sink, causal_max=0), batch_windows=k or 1,
+    return DraftOptions(n_batch=n_batch, windows=DraftWindows(window or 0, sink, causal_max=0),
                         pin_window_view=False if nopin else None, lanes=lanes or 1)
 
 

@@ -8,7 +8,8 @@ rep on fresh random prompts, the client's wall time for `max_tokens` 1, and the 
 Arms: `drafter` (`--pflash_drafter D.gguf`, cut to its scoring layers by default) and `self-default`
 (no drafter: the target stopped at its default layer); after either, `-nopin` turns the drafter's
 pinned KV view off (`--pflash_drafter_pin_view off`) and `-l<N>` drafts in N lanes
-(`--pflash_drafter_lanes N`), e.g. `drafter-l2`. Medians per arm and length.
+(`--pflash_drafter_lanes N`), e.g. `drafter-l2`; without it the server's default (4 lanes on a GPU).
+Medians per arm and length.
 """
 from __future__ import annotations
 

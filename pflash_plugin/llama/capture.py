@@ -86,7 +86,7 @@ class Captured:
 
 
 def _in_order(chunks: list[np.ndarray], positions: list[np.ndarray]) -> np.ndarray:
-    """The rows of `chunks` sorted by their prompt positions (ubatches of several windows interleave them)."""
+    """The rows of `chunks` sorted by their prompt positions (lanes capture windows out of order)."""
     rows, where = np.concatenate(chunks), np.concatenate(positions)
     if (np.diff(where) == 1).all():
         return rows
@@ -127,7 +127,7 @@ class QKCapture:
 
     def layout(self, segments: list[tuple[int, int]]) -> None:
         """Prompt positions of the next ubatches' rows: (first position, rows) per segment, in row
-        order (a ubatch of several windows); [] for rows that continue the prompt in order."""
+        order (a lane drafts every L-th window); [] for rows that continue the prompt in order."""
         self._layout = list(segments)
 
     def checkpoint(self) -> dict[tuple[str, int], int]:

@@ -66,7 +66,6 @@ class DraftOptions:
     device: int = 0  # GPU of the native scorer's captures, when the model's layers are on a GPU
     shared_duty: float = 1.0  # share of time the drafter computes while slots decode (it pauses the rest)
     windows: DraftWindows = DraftWindows()  # one causal pass, or windows beside a sink (linear cost)
-    batch_windows: int = 1  # windows drafted side by side, a KV stream each: a ubatch carries this many
     # one KV view for every window ubatch (see Drafter._pin_view); None: where the layers are on a GPU
     # (on 2 CPU cores one test model drafted 10% slower pinned, another 15% faster: no CPU default)
     pin_window_view: bool | None = None
@@ -77,17 +76,13 @@ class DrafterError(RuntimeError):
     """The drafter cannot score (bad configuration or capture failure)."""
 
 
-def check_batch_windows(batch_windows: int, windows: DraftWindows, lanes: int = 1) -> None:
-    """Refuse side by side windows, or lanes, where there are no windows (at start)."""
-    if batch_windows < 1:
-        raise ValueError(f"pflash_drafter_batch_windows must be >= 1, not {batch_windows}")
-    if batch_windows > 1 and windows.window == 0:
-        raise ValueError("pflash_drafter_batch_windows drafts windows side by side: it needs pflash_drafter_window > 0")
+def check_lanes(lanes: int, windows: DraftWindows) -> None:
+    """Refuse lanes where there are no windows to share (at start)."""
     if lanes < 1:
         raise ValueError(f"pflash_drafter_lanes must be >= 1, not {lanes}")
-    if lanes > 1 and (windows.window == 0 or batch_windows > 1):
-        raise ValueError("pflash_drafter_lanes drafts windows one at a time on several contexts: it needs "
-                         "pflash_drafter_window > 0 and pflash_drafter_batch_windows 1")
+    if lanes > 1 and windows.window == 0:
+        raise ValueError("pflash_drafter_lanes drafts a prompt's windows on several contexts: it needs "
+                         "pflash_drafter_window > 0")
 
 
 # Lanes where the drafter runs on a GPU: measured on an H200 (docs/pflash_gpu.md), a 0.6B drafter's
@@ -96,14 +91,14 @@ def check_batch_windows(batch_windows: int, windows: DraftWindows, lanes: int = 
 GPU_LANES = 4
 
 
-def draft_lanes(requested: int | None, on_gpu: bool, windows: DraftWindows, batch_windows: int) -> int:
-    """Lanes a drafter runs: those requested, else GPU_LANES where they pay (windows one at a time on a
-    GPU), else one (no windows to share, or a CPU, whose cores one context already keeps busy)."""
+def draft_lanes(requested: int | None, on_gpu: bool, windows: DraftWindows) -> int:
+    """Lanes a drafter runs: those requested, else GPU_LANES where they pay (windows on a GPU), else
+    one (no windows to share, or a CPU, whose cores one context already keeps busy)."""
     if not windows.window:
         return 1
     if requested is not None:
         return requested
-    return GPU_LANES if on_gpu and batch_windows == 1 else 1
+    return GPU_LANES if on_gpu else 1
 
 
 class _Tally:
@@ -181,10 +176,9 @@ class Drafter:
         self.model, self.layers, self.max_tokens = model, layers, max_tokens
         self.owns_model = owns_model
         self.n_batch, self.windows = options.n_batch, options.windows
-        self.batch_windows = options.batch_windows
         try:
             self.windows.check(self.n_batch, max_tokens)
-            check_batch_windows(self.batch_windows, self.windows, options.lanes)
+            check_lanes(options.lanes, self.windows)
         except ValueError as error:
             raise DrafterError(str(error)) from None
         n_threads = options.n_threads
@@ -194,10 +188,6 @@ class Drafter:
                                       n_threads=n_threads)
         except ScoringError as error:
             raise DrafterError(str(error)) from None
-        if self.batch_windows > 1 and not hasattr(self.scorer, "layout"):
-            self.scorer.close()
-            raise DrafterError(f"the {options.scorer} scorer takes no ubatch layout: it can only draft one window "
-                               "at a time (pflash_drafter_batch_windows 1)")
         self._abort_if: Callable[[], bool] = _never
         self.lanes: list[Drafter] = []  # more contexts drafting windows at once (options.lanes)
         self._pool: ThreadPoolExecutor | None = None
@@ -205,7 +195,7 @@ class Drafter:
         self.graph_reuses = 0  # ubatches of the last run that llama.cpp computed on the graph before theirs
         pin = options.pin_window_view
         pin = model.n_gpu_layers != 0 and gpu_count() > 0 if pin is None else pin
-        self.pinned = pin and self.windows.window > 0 and self.batch_windows == 1
+        self.pinned = pin and self.windows.window > 0
         self.ctx = self._open_context(n_threads)
         self.ctx.set_abort(lambda: self._abort_if())
         if self.windows.window and self.windows.sink and not self.ctx.can_shift:
@@ -217,7 +207,7 @@ class Drafter:
             )
         if self.pinned:
             self._pin_view()
-        self.lays_out = self.batch_windows > 1 or options.lanes > 1  # ubatch rows not in prompt order
+        self.lays_out = options.lanes > 1  # ubatch rows not in prompt order
         self.duty = options.shared_duty / options.lanes  # each lane's share while slots decode
         try:
             for _ in range(options.lanes - 1):
@@ -230,19 +220,16 @@ class Drafter:
     def _open_context(self, n_threads: int) -> Context:
         """The drafter's llama.cpp context, the scorer's capture as its eval callback. swa_full: with
         the trimmed SWA cache, a ubatch's first tokens lose part of their window (measured: K at layer
-        5 of gemma-3-270m off by 10% after 2 ubatches); full is exact. Side by side windows: a KV
-        stream per window (kv_unified off), so that each attends, and llama.cpp's host mask spans, only
-        its own cells and sink. The pin (see _pin_view) is a cell of a sequence of its own."""
-        k = self.batch_windows
-        n_seqs = k + int(self.pinned)
+        5 of gemma-3-270m off by 10% after 2 ubatches); full is exact. The pin (see _pin_view) is a
+        cell of a sequence of its own."""
+        n_seqs = 1 + int(self.pinned)
         return Context(
             self.model,
             ContextConfig(
-                n_ctx=k * self.windows.context_tokens(self.max_tokens) + int(self.pinned),
-                n_batch=k * self.n_batch,
-                n_ubatch=k * self.n_batch,
+                n_ctx=self.windows.context_tokens(self.max_tokens) + int(self.pinned),
+                n_batch=self.n_batch,
+                n_ubatch=self.n_batch,
                 n_seq_max=n_seqs,
-                kv_unified=k == 1,
                 n_threads=n_threads,
                 n_threads_batch=n_threads,
                 swa_full=True,
@@ -287,7 +274,7 @@ class Drafter:
         query_end = len(tokens) if query_end is None else query_end
         if not 1 <= query_start < query_end <= len(tokens):
             raise DrafterError(f"query [{query_start}, {query_end}) does not fit {len(tokens)} tokens")
-        batch = Batch(self.batch_windows * self.n_batch, 1)
+        batch = Batch(self.n_batch, 1)
         reused_before = self.ctx.graph_reuses()
         try:
             self._clear()
@@ -374,9 +361,9 @@ class Drafter:
     def _draft_from_first(self, first: Stage, windows: list[Stage], tokens: list[int], batch: Batch,
                           should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
         """The first stage (the sink and a first window), then `windows` beside the sink."""
-        self._draft_round([first], tokens, batch, should_stop, tally, neighbours)
+        self._draft_stage(first, tokens, batch, should_stop, tally, neighbours)
         bridge = min(self.windows.sink, first.end) - 1
-        self._draft_side_by_side(windows, tokens, bridge, batch, should_stop, tally, neighbours)
+        self._draft_windows(windows, tokens, bridge, batch, should_stop, tally, neighbours)
 
     def _draft_as_lane(self, windows: list[Stage], tokens: list[int], should_stop: Callable[[], bool],
                        tally: _Tally, neighbours: Neighbours) -> None:
@@ -392,65 +379,47 @@ class Drafter:
                 batch.add_sequence(tokens[start:min(sink, start + self.n_batch)], start, 0, False)
                 self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
             self.scorer.enable(True)
-            self._draft_side_by_side(windows, tokens, sink - 1, batch, should_stop, tally, neighbours)
+            self._draft_windows(windows, tokens, sink - 1, batch, should_stop, tally, neighbours)
         finally:
             self._clear()
             batch.close()
 
-    def _draft_side_by_side(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
-                            should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
-        """The windows `batch_windows` at a time, a sequence (and KV stream) each; one at a time in
-        sequence 0 when batch_windows is 1."""
-        bridges = self._open_streams(bridge, len(windows))
-        for at in range(0, len(windows), self.batch_windows):
-            side = windows[at:at + self.batch_windows]
-            for seq, stage in enumerate(side):
-                bridges[seq] = self._enter_window(seq, stage, bridges[seq])
-            self._draft_round(side, tokens, batch, should_stop, tally, neighbours)
+    def _draft_windows(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
+                       should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+        """The windows one after another, each beside the sink whose last cell is `bridge`."""
+        for stage in windows:
+            bridge = self._enter_window(stage, bridge)
+            self._draft_stage(stage, tokens, batch, should_stop, tally, neighbours)
 
-    def _open_streams(self, bridge: int, n_windows: int) -> list[int]:
-        """The sink's last cell per sequence: the other sequences' streams start as copies of the
-        first one (llama.cpp copies whole streams), whose cells past the sink each window drops."""
-        streams = min(self.batch_windows, n_windows)
-        if bridge >= 0:
-            for seq in range(1, streams):
-                self.ctx.seq_cp(0, seq, -1, -1)
-        return [bridge] * max(1, streams)
-
-    def _enter_window(self, seq: int, stage: Stage, bridge: int) -> int:
+    def _enter_window(self, stage: Stage, bridge: int) -> int:
         """Drop the previous window's cells, keeping the sink, and move the sink's last cell to just
         before this window: llama.cpp wants each sequence to continue at its last position + 1, and
         a cell of the previous window there would carry that window into this one."""
-        self.ctx.seq_rm(seq, bridge + 1, -1)
+        self.ctx.seq_rm(0, bridge + 1, -1)
         if bridge < 0:
             return -1  # no sink: the sequence is empty, and may start anywhere
-        self.ctx.seq_add(seq, bridge, bridge + 1, stage.start - 1 - bridge)
+        self.ctx.seq_add(0, bridge, bridge + 1, stage.start - 1 - bridge)
         return stage.start - 1
 
-    def _draft_round(self, windows: list[Stage], tokens: list[int], batch: Batch, should_stop: Callable[[], bool],
+    def _draft_stage(self, stage: Stage, tokens: list[int], batch: Batch, should_stop: Callable[[], bool],
                      tally: _Tally, neighbours: Neighbours) -> None:
-        """Decode windows of equal length side by side (window i as sequence i), chunk by chunk and
-        politely (see `run`): each chunk takes the same tokens of every window, in sequence order, as
-        llama.cpp's ubatch of several streams lays them out, and tells the scorer their positions."""
-        length = windows[0].end - windows[0].start
-        assert all(w.end - w.start == length for w in windows), "side by side windows must be equally long"
-        done = 0
-        while done < length:
+        """Decode a stage chunk by chunk and politely (see `run`), telling the scorer the chunk's prompt
+        positions where its rows are not in prompt order (lanes)."""
+        done = stage.start
+        while done < stage.end:
             shared = neighbours.slots_decoding()
-            chunk = max(1, min(self.n_batch, SHARED_CHUNK // len(windows))) if shared else self.n_batch
-            end = min(done + chunk, length)
+            end = min(done + (min(self.n_batch, SHARED_CHUNK) if shared else self.n_batch), stage.end)
             batch.clear()
-            for seq, window in enumerate(windows):
-                batch.add_sequence(tokens[window.start + done:window.start + end], window.start + done, seq, False)
+            batch.add_sequence(tokens[done:end], done, 0, False)
             if self.lays_out:
-                self.scorer.layout([(window.start + done, end - done) for window in windows])
+                self.scorer.layout([(done, end - done)])
             chunk_start = time.perf_counter()
             self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
             if self.scorer.error():
                 raise DrafterError(f"capture failed: {self.scorer.error()}")
             if shared and self.duty < 1.0:
                 time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.duty - 1.0))
-            tally.add(len(windows) * (end - done))
+            tally.add(end - done)
             done = end
 
     def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool],

@@ -27,8 +27,8 @@ class Scorer(Protocol):
     callback_data: Any
 
     def begin(self, query_start: int, query_end: int) -> None: ...
-    # prompt positions of the next ubatches' rows as (first, count) segments when they interleave
-    # windows; [] (and begin): in order. Optional: without it a drafter drafts one window at a time.
+    # prompt positions of the next ubatches' rows as (first, count) segments when they do not follow
+    # the rows before (a lane's windows); [] (and begin): in order. Optional, for lanes.
     def layout(self, segments: list[tuple[int, int]]) -> None: ...
     # Optional, for drafting lanes (DraftOptions.lanes): this scorer's rows count in `lead`'s mass;
     # enable(False) captures nothing until the next begin.

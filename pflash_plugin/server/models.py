@@ -202,11 +202,10 @@ class ServedModel:
                    if s.pflash_drafter_window is None
                    else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
         windows.check(n_batch, max_tokens)  # at start, also for drafters loaded per prompt
-        k = s.pflash_drafter_batch_windows if windows.window else 1  # no windows (small max_ctx): one sequence
-        lanes = draft_lanes(s.pflash_drafter_lanes, drafter_on_gpu, windows, k)
+        lanes = draft_lanes(s.pflash_drafter_lanes, drafter_on_gpu, windows)
         pin = {"auto": None, "on": True, "off": False}[s.pflash_drafter_pin_view]
         options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
-                               s.pflash_shared_duty, windows, k, pin, lanes)
+                               s.pflash_shared_duty, windows, pin, lanes)
 
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent
@@ -214,12 +213,12 @@ class ServedModel:
             return Drafter(model, layers, max_tokens, options, owns_model=separate)
 
         # the reserve is memory of the device the drafter runs on: the pool's only when they match
-        reserve = drafter_reserve(probe, layers, k * n_batch, drafter_path is not None, gpu=drafter_on_gpu,
+        reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=drafter_on_gpu,
                                   lanes=lanes, lane_cells=windows.sink + windows.window)
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
-        kv_tokens = k * windows.context_tokens(max_tokens)
+        kv_tokens = windows.context_tokens(max_tokens)
         pool_reserve = reserve.bytes_for(max_tokens, kv_tokens) if drafter_on_gpu == on_gpu else 0
         return CompressionWorker(compressor, name=self.name), pool_reserve
 

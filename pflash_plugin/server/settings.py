@@ -123,22 +123,17 @@ class ModelSettings(StockModelSettings):
         description="Tokens of each drafter window per ubatch (default: 512, capped by n_batch); up to "
         "pflash_drafter_sink + pflash_drafter_window, which drafts a window in one ubatch.",
     )
-    pflash_drafter_batch_windows: int = Field(
-        default=1, ge=1, le=64,
-        description="Drafter windows decoded side by side, a KV stream each: a ubatch carries this many windows "
-        "(pflash_drafter_ubatch tokens of each), and the drafter holds this many times its KV cells.",
-    )
     pflash_drafter_lanes: Optional[int] = Field(
         default=None, ge=1, le=8,
-        description="Drafter contexts drafting a prompt's windows at once, a thread each (windows one at a time "
-        "only): one's host work overlaps another's GPU work. Each adds a context of sink + window KV cells "
+        description="Drafter contexts drafting a prompt's windows at once, a thread each: one's host work "
+        "overlaps another's GPU work. Each adds a context of sink + window KV cells "
         "(default: 4 where the drafter runs on a GPU, else 1).",
     )
     pflash_drafter_pin_view: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Keep the drafter's KV view the same for every window ubatch (a cell pinned at a window's last "
         "cell), so that llama.cpp reuses its graph and CUDA replays it as a CUDA graph; auto: where the drafter is "
-        "on a GPU and drafts one window at a time.",
+        "on a GPU.",
     )
     pflash_calibrate: Literal["auto", "on", "off"] = Field(
         default="auto",
