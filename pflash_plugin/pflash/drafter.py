@@ -85,7 +85,7 @@ def check_lanes(lanes: int, windows: DraftWindows) -> None:
                          "pflash_drafter_window > 0")
 
 
-# Lanes where the drafter runs on a GPU: measured on an H200 (docs/pflash_gpu.md), a 0.6B drafter's
+# Lanes where the drafter runs on a GPU: measured on an H200 (docs/pflash_draft_profile.md), a 0.6B drafter's
 # windows took 8.7 us a token in one context, 4.7 in 2, 3.8 in 3, 3.2 in 4 and 2.8 in 6 (the host work
 # of one lane overlaps the GPU work of another); an 8B target as its own drafter gained no more past 3.
 GPU_LANES = 4
