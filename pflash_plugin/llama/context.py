@@ -9,6 +9,7 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .batch import Batch
+from .log import hush
 from .model import Model
 
 
@@ -84,6 +85,7 @@ class Context:
         self.n_threads: int = C.llama_n_threads(self.ptr)
         self.n_threads_batch: int = C.llama_n_threads_batch(self.ptr)
         self._threads_now = (self.n_threads, self.n_threads_batch)
+        self._aborting = False  # the abort callback asked to abort the decode in flight
 
     def _apply_loras(self) -> None:
         """The model's LoRA adapters, on this context as on every other context of the model."""
@@ -106,7 +108,13 @@ class Context:
     def set_abort(self, should_abort: Callable[[], bool]) -> None:
         """llama.cpp polls this while it computes; True aborts the decode (code 2), dropping the
         ubatch being computed. Kept referenced: llama.cpp holds only the C pointer."""
-        self._abort = C.ggml_abort_callback(lambda _data: bool(should_abort()))
+        def poll(_data: Any) -> bool:
+            if should_abort():
+                self._aborting = True
+                return True
+            return False
+
+        self._abort = C.ggml_abort_callback(poll)
         C.llama_set_abort_callback(self.ptr, self._abort, None)
 
     def use_threads(self, n_threads: int, n_threads_batch: int) -> None:
@@ -119,9 +127,17 @@ class Context:
     def decode(self, batch: Batch) -> None:
         if batch.n_tokens > self.n_batch:
             raise ValueError(f"{batch.n_tokens} tokens exceed n_batch {self.n_batch}")
-        code = C.llama_decode(self.ptr, batch.raw)
+        self._aborting = False
+        hush(self._aborted_on_request)  # an abort we asked for is no error in the log
+        try:
+            code = C.llama_decode(self.ptr, batch.raw)
+        finally:
+            hush(None)
         if code != 0:
             raise DecodeError(code)
+
+    def _aborted_on_request(self) -> bool:
+        return self._aborting
 
     def logits(self, index: int) -> np.ndarray:
         """Logits row of batch token `index` (a copy: the next decode overwrites the buffer)."""

@@ -3,13 +3,16 @@ line, at llama.cpp's own level (llama_cpp's callback prints to stderr instead, a
 levels off by one, so that its errors count as debug lines).
 
 By default the logger passes warnings and errors; `verbose` passes everything (llama.cpp's load
-log is about 2,000 debug and info lines).
+log is about 2,000 debug and info lines). A decode aborted at our request (Context.set_abort: the
+engine yielding to an arrival, the drafter to interactive work) makes llama.cpp log four warning and
+error lines although nothing failed: those count as debug lines (`hush`).
 """
 from __future__ import annotations
 
 import ctypes
 import logging
 import threading
+from typing import Callable
 
 import llama_cpp
 
@@ -25,9 +28,16 @@ class _Line(threading.local):
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.level = logging.INFO
+        self.hushed: Callable[[], bool] | None = None  # see `hush`
 
 
 _line = _Line()
+
+
+def hush(aborted_on_request: Callable[[], bool] | None) -> None:
+    """Until the next call, this thread's llama.cpp messages count as debug lines whenever
+    `aborted_on_request()` is True (None: never): set around a decode whose abort we may ask for."""
+    _line.hushed = aborted_on_request
 
 
 @llama_cpp.llama_log_callback
@@ -36,7 +46,8 @@ def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         line = _line
         if level != _CONT:  # a new message: whatever the last one left unfinished is dropped
             line.parts.clear()
-            line.level = _LEVELS.get(level, logging.INFO)
+            hushed = line.hushed is not None and line.hushed()
+            line.level = logging.DEBUG if hushed else _LEVELS.get(level, logging.INFO)
         if not log.isEnabledFor(line.level):
             return
         line.parts.append(text.decode("utf-8", errors="replace"))
