@@ -225,6 +225,10 @@ def test_lanes_by_default_only_where_windows_are_drafted_on_a_gpu():
     assert draft_lanes(None, False, windowed) == 1  # a CPU: one context keeps its cores busy
     assert draft_lanes(None, True, causal) == draft_lanes(3, True, causal) == 1  # no windows to share
     assert draft_lanes(2, False, windowed) == 2  # asked for
+    # the memory of GPU_LANES contexts would leave no KV pool of max_ctx: as many as leave one
+    assert draft_lanes(None, True, windowed, fits=lambda lanes: lanes <= 2) == 2
+    assert draft_lanes(None, True, windowed, fits=lambda lanes: False) == 1
+    assert draft_lanes(6, True, windowed, fits=lambda lanes: False) == 6  # asked for: the pool check refuses it
 
 
 @pytest.mark.parametrize("scorer", SCORERS)

@@ -8,7 +8,7 @@ import sys
 import pytest
 from types import SimpleNamespace
 
-from pflash_plugin.engine.loader import EngineConfig, MemoryBudget, MemoryReserveError, pool_tokens
+from pflash_plugin.engine.loader import EngineConfig, MemoryBudget, MemoryReserveError, pool_fits, pool_tokens
 
 _MEASURE = r"""
 import json, sys
@@ -119,6 +119,10 @@ def test_pool_counts_only_the_kv_share_on_the_drafters_gpu():
 def test_reserve_that_leaves_less_than_max_ctx_is_refused():
     with pytest.raises(MemoryReserveError, match="less than max_ctx"):
         pool_tokens(config(), 100, MemoryBudget(250_000, 300_000))
+    # what the drafter's default lanes are chosen by: a pool pool_tokens takes, or none
+    assert not pool_fits(config(), 100, MemoryBudget(250_000, 300_000))
+    assert pool_fits(config(), 100, MemoryBudget(200_000, 300_000))  # 1,000 tokens: max_ctx
+    assert not pool_fits(config(kv_pool_tokens=3000), 100, MemoryBudget(50_000, 300_000))
 
 
 def test_server_refuses_an_explicit_pool_that_eats_the_reserve(tiny_model):

@@ -103,6 +103,15 @@ def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | 
     return min(-(-wanted // page) * page, fit)
 
 
+def pool_fits(config: EngineConfig, kv_per_token: int, budget: MemoryBudget) -> bool:
+    """Whether pool_tokens takes this budget (a pool of at least max_ctx beside the reserve)."""
+    try:
+        pool_tokens(config, kv_per_token, budget)
+    except MemoryReserveError:
+        return False
+    return True
+
+
 # per-slot streams: a prefix is copied from another slot's stream when it is at least 1/this of a
 # stream longer than what the chosen slot reuses in place (llama.cpp copies the whole stream): on the
 # demo model on 2 CPU cores a copy of 5,120 cells cost what 12-22 prompt tokens do (docs/prefix_reuse.md)

@@ -7,6 +7,7 @@ vocabulary, since scores are per target token.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from ..llama.devices import gpu_count
 from ..llama.capture import CaptureSpec
 from .scorers import ScoringError, make_scorer
 from .windows import DraftWindows, Stage
+
+log = logging.getLogger(__name__)
 
 # Architectures with recurrent (state-space) layers: no per-token K to score against.
 RECURRENT_ARCHS = {
@@ -91,14 +94,22 @@ def check_lanes(lanes: int, windows: DraftWindows) -> None:
 GPU_LANES = 4
 
 
-def draft_lanes(requested: int | None, on_gpu: bool, windows: DraftWindows) -> int:
-    """Lanes a drafter runs: those requested, else GPU_LANES where they pay (windows on a GPU), else
-    one (no windows to share, or a CPU, whose cores one context already keeps busy)."""
+def draft_lanes(requested: int | None, on_gpu: bool, windows: DraftWindows,
+                fits: Callable[[int], bool] = lambda lanes: True) -> int:
+    """Lanes a drafter runs: those requested, else where they pay (windows on a GPU) the most up to
+    GPU_LANES whose memory `fits` (each lane is a context: a default must not stop a server that
+    starts with one), else one (no windows to share, or a CPU, whose cores one context keeps busy)."""
     if not windows.window:
         return 1
     if requested is not None:
         return requested
-    return GPU_LANES if on_gpu else 1
+    if not on_gpu:
+        return 1
+    lanes = next((n for n in range(GPU_LANES, 1, -1) if fits(n)), 1)
+    if lanes < GPU_LANES:
+        log.warning("the drafter drafts in %d lane(s), not %d: more would not leave room for a KV pool of "
+                    "max_ctx (set --pflash_drafter_lanes to choose)", lanes, GPU_LANES)
+    return lanes
 
 
 class _Tally:

@@ -6,11 +6,11 @@ import logging
 import os
 import threading
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from .. import plugins
 from ..engine.embedder import Embedder
-from ..engine.loader import MemoryBudget, build_engine, load_model
+from ..engine.loader import MemoryBudget, build_engine, load_model, pool_fits
 from ..llama import Model
 from ..llama.devices import gpu_count, gpu_free_bytes, gpus_free_bytes
 from ..llama.gguf_cut import cached_cut
@@ -86,8 +86,10 @@ class ServedModel:
         budget = None
         gpu_free = gpu_free_bytes(settings.main_gpu) if pflash_on_gpu else None
         if settings.pflash != "off":
-            self.compression, reserve = self._start_compression(self.model, on_gpu=gpu_free is not None)
-            budget = self._memory_budget(reserve, gpu_free, n_gpus, free_at_load)
+            def budget_for(reserve: int) -> MemoryBudget:
+                return self._memory_budget(reserve, gpu_free, n_gpus, free_at_load)
+
+            self.compression, budget = self._start_compression(self.model, gpu_free is not None, budget_for)
         self.engine = build_engine(self.model, self.config, self.name, self.compression, budget)
         self.embedder = (
             Embedder(self.model, self.max_ctx, self.config.n_batch, self.config.n_threads_batch, settings.max_queue)
@@ -169,10 +171,11 @@ class ServedModel:
             self.embedder.close()
 
     # ---- PFlash ----------------------------------------------------------------------------
-    def _start_compression(self, target: Model, on_gpu: bool) -> tuple[CompressionWorker, int]:
-        """The drafter (the target itself unless --pflash_drafter), its thread, and the memory
-        it needs up to max_ctx; refuses, at startup, drafters with another vocabulary and
-        architectures the capture cannot handle."""
+    def _start_compression(self, target: Model, on_gpu: bool,
+                           budget_for: Callable[[int], MemoryBudget]) -> tuple[CompressionWorker, MemoryBudget]:
+        """The drafter (the target itself unless --pflash_drafter), its thread, and the memory budget
+        that leaves what it needs up to max_ctx free (`budget_for` a reserve in bytes); refuses, at
+        startup, drafters with another vocabulary and architectures the capture cannot handle."""
         s = self.settings
         drafter_path = s.pflash_drafter
 
@@ -202,7 +205,18 @@ class ServedModel:
                    if s.pflash_drafter_window is None
                    else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
         windows.check(n_batch, max_tokens)  # at start, also for drafters loaded per prompt
-        lanes = draft_lanes(s.pflash_drafter_lanes, drafter_on_gpu, windows)
+        kv_tokens = windows.context_tokens(max_tokens)
+
+        def pool_reserve(lanes: int) -> int:  # memory of the device the drafter runs on: the pool's if they match
+            reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=drafter_on_gpu,
+                                      lanes=lanes, lane_cells=windows.sink + windows.window)
+            return reserve.bytes_for(max_tokens, kv_tokens) if drafter_on_gpu == on_gpu else 0
+
+        def fits(lanes: int) -> bool:
+            return pool_fits(self.config, target.kv_bytes_per_token(), budget_for(pool_reserve(lanes)))
+
+        lanes = draft_lanes(s.pflash_drafter_lanes, drafter_on_gpu, windows, fits)
+        budget = budget_for(pool_reserve(lanes))
         pin = {"auto": None, "on": True, "off": False}[s.pflash_drafter_pin_view]
         options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
                                s.pflash_shared_duty, windows, pin, lanes)
@@ -212,15 +226,10 @@ class ServedModel:
             model = load_drafter() if separate else probe
             return Drafter(model, layers, max_tokens, options, owns_model=separate)
 
-        # the reserve is memory of the device the drafter runs on: the pool's only when they match
-        reserve = drafter_reserve(probe, layers, n_batch, drafter_path is not None, gpu=drafter_on_gpu,
-                                  lanes=lanes, lane_cells=windows.sink + windows.window)
         if drafter_path and not persistent:
             probe.close()  # auto residency: load it per prompt
         compressor = Compressor(self.pflash, target.piece, make_drafter, persistent)
-        kv_tokens = windows.context_tokens(max_tokens)
-        pool_reserve = reserve.bytes_for(max_tokens, kv_tokens) if drafter_on_gpu == on_gpu else 0
-        return CompressionWorker(compressor, name=self.name), pool_reserve
+        return CompressionWorker(compressor, name=self.name), budget
 
 
 class ModelRegistry:
