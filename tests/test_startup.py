@@ -4,11 +4,13 @@ native scorer is missing, and start-up errors as one line with exit status 2."""
 from __future__ import annotations
 
 import os
-import selectors
+import select
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -22,25 +24,54 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
 
 
+class _Output:
+    """A child's output line by line as it comes: os.read on the pipe, because a buffered readline
+    takes in every line written so far while select() then reports the pipe empty, so the ready line
+    could sit read but unseen until the timeout (a start-up that printed its last lines at once)."""
+
+    def __init__(self, child: subprocess.Popen) -> None:
+        assert child.stdout is not None
+        self.child, self.fd = child, child.stdout.fileno()
+        self.lines: list[str] = []
+        self._partial = b""
+
+    def read_until(self, done: Callable[[list[str]], bool], deadline: float) -> bool:
+        """Read until `done(lines)`; False at the deadline or when the child closed its output."""
+        while not done(self.lines):
+            left = deadline - time.time()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return False
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return False
+            *whole, self._partial = (self._partial + chunk).split(b"\n")
+            self.lines += [line.decode(errors="replace") for line in whole]
+        return True
+
+    def stacks(self, wait_s: float = 5.0) -> list[str]:
+        """What a stuck server writes on SIGUSR1 (faulthandler: every thread's Python stack)."""
+        seen = len(self.lines)
+        self.child.send_signal(signal.SIGUSR1)
+        self.read_until(lambda lines: False, time.time() + wait_s)
+        return self.lines[seen:]
+
+
 def start_log(args: list[str], env: dict[str, str] | None = None, timeout: float = 90.0) -> list[str]:
     """The lines a server prints until it serves; then it is stopped."""
     child = subprocess.Popen([sys.executable, "-m", "pflash_plugin.server", "--port", str(_free_port()), *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or _env())
-    lines: list[str] = []
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or _env())
+    output = _Output(child)
     try:
-        assert child.stdout is not None
-        watch = selectors.DefaultSelector()
-        watch.register(child.stdout, selectors.EVENT_READ)
-        deadline = time.time() + timeout
-        while not lines or READY not in lines[-1]:
-            assert time.time() < deadline and watch.select(timeout=deadline - time.time()), lines[-20:]
-            line = child.stdout.readline()
-            assert line, f"the server exited ({child.poll()}): {lines[-20:]}"
-            lines.append(line.rstrip("\n"))
+        if not output.read_until(lambda lines: any(READY in line for line in lines), time.time() + timeout):
+            exited = child.poll()
+            assert exited is None, f"the server exited ({exited}): {output.lines[-20:]}"
+            pytest.fail(f"no {READY!r} in {timeout:.0f} s; the log, then every thread's stack:\n"
+                        + "\n".join(output.lines[-30:] + output.stacks()))
     finally:
         child.terminate()
         child.wait(timeout=30)
-    return lines
+    ready = next(i for i, line in enumerate(output.lines) if READY in line)
+    return output.lines[:ready + 1]
 
 
 def test_the_quick_start_prints_under_40_lines_with_a_summary(tiny_model):
