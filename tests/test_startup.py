@@ -74,6 +74,22 @@ def start_log(args: list[str], env: dict[str, str] | None = None, timeout: float
     return output.lines[:ready + 1]
 
 
+def test_the_start_log_sees_lines_written_at_once_and_a_stuck_childs_stacks():
+    # the ready line in the same write as the line before it (a buffered readline left it unseen)
+    child = subprocess.Popen([sys.executable, "-c", "import faulthandler, signal, time; "
+                              "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+                              "print('starting\\n' + 'Uvicorn running on x', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = _Output(child)
+    try:
+        assert output.read_until(lambda lines: any(READY in line for line in lines), time.time() + 20)
+        assert output.lines == ["starting", "Uvicorn running on x"]
+        assert any("most recent call first" in line for line in output.stacks())
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_the_quick_start_prints_under_40_lines_with_a_summary(tiny_model):
     lines = start_log(["--model", str(tiny_model), "--n_ctx", "1024", "--max_concurrency", "2", "--pflash", "auto",
                        "--pflash_threshold", "256", "--n_threads", "1", "--n_threads_batch", "1"])
