@@ -49,8 +49,7 @@ class LlamaRunner:
         return self.ctx.state_seq_get(slot, max_bytes)
 
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None:
-        """`slot` (emptied) gets the first `n_tokens` of a saved sequence."""
-        self.ctx.seq_rm(slot, 0, -1)
+        """`slot` (emptied by the caller) gets the first `n_tokens` of a saved sequence."""
         self.ctx.state_seq_set(slot, data)
         self.ctx.seq_rm(slot, n_tokens, -1)
 
