@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .prefix_cache import reusable
+from .prefix_cache import longest_prefix
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,7 @@ class HostCache:
     def best(self, tokens: list[int]) -> tuple[Saved | None, int]:
         """The entry sharing the longest prefix with `tokens` (at most len - 1: one token must
         run)."""
-        best, best_len = None, 0
-        for saved in self._entries.values():
-            n = reusable(saved.tokens, tokens)
-            if n > best_len:
-                best, best_len = saved, n
-        return best, best_len
+        return longest_prefix(self._entries.values(), lambda saved: saved.tokens, tokens)
 
     def touch(self, saved: Saved) -> None:
         """`saved` was restored: the last to go."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence, TypeVar
 
 from .kv_pool import PagePool
 from .request import Request
@@ -84,6 +84,21 @@ def reusable(held: Sequence[int], tokens: Sequence[int]) -> int:
     return min(common_prefix(held, tokens), len(tokens) - 1)
 
 
+Holder = TypeVar("Holder")
+
+
+def longest_prefix(holders: Iterable[Holder], held: Callable[[Holder], Sequence[int]],
+                   tokens: Sequence[int]) -> tuple[Holder | None, int]:
+    """The first of `holders` whose `held` tokens serve the most of `tokens` (`reusable`), and how
+    many; None and 0 when none serves any."""
+    best, best_len = None, 0
+    for holder in holders:
+        n = reusable(held(holder), tokens)
+        if n > best_len:
+            best, best_len = holder, n
+    return best, best_len
+
+
 class PrefixCache:
     """The slots and their pages. `pools` holds one PagePool for every slot (unified) or one per
     slot (per-slot streams). A prefix is copied from another slot's stream only when it is at least
@@ -125,12 +140,7 @@ class PrefixCache:
     # ---- lookups -----------------------------------------------------------------------------
     def best_prefix(self, tokens: list[int]) -> tuple[Slot | None, int]:
         """The slot holding the longest prefix of `tokens` (at most len - 1: one token must run)."""
-        best, best_len = None, 0
-        for slot in self.slots:
-            n = reusable(slot.tokens, tokens)
-            if n > best_len:
-                best, best_len = slot, n
-        return best, best_len
+        return longest_prefix(self.slots, lambda slot: slot.tokens, tokens)
 
     def cached_prefix(self, tokens: list[int]) -> int:
         """Tokens of `tokens` whose KV a slot or the host tier holds."""
@@ -156,14 +166,11 @@ class PrefixCache:
         if not idle:
             return False
         tokens = request.prefill_tokens
-
-        def usable(slot: Slot) -> int:
-            return reusable(slot.tokens, tokens)
-
+        usable = [reusable(slot.tokens, tokens) for slot in self.slots]  # by slot index
         # in place: the idle slot with the longest prefix; on a tie an empty one (no cache lost)
-        in_place = max(idle, key=lambda s: (usable(s), not s.tokens, -s.last_used))
-        own = _Prefix(usable(in_place))
-        prefix = self._best_source(tokens, in_place, own.n)
+        in_place = max(idle, key=lambda s: (usable[s.index], not s.tokens, -s.last_used))
+        own = _Prefix(usable[in_place.index])
+        prefix = self._best_source(tokens, in_place, own.n, usable)
         # a prefix from elsewhere goes into an empty or the least recently used idle slot; a restore
         # never into one whose stream a copy llama.cpp has not made yet reads or writes
         targets = [s for s in idle if prefix.saved is None or s.index not in self._copying]
@@ -192,12 +199,13 @@ class PrefixCache:
                 return False
             self.evict(victims.pop(0))
 
-    def _best_source(self, tokens: list[int], in_place: Slot, own: int) -> _Prefix:
-        """The longest prefix for `tokens`: `in_place`'s own `own` tokens, another slot's (shared in
-        one pool; copied across streams only when it is min_copy_tokens longer), or a saved state's
-        (restored when it is the host tier's min_tokens longer)."""
+    def _best_source(self, tokens: list[int], in_place: Slot, own: int, usable: list[int]) -> _Prefix:
+        """The longest prefix for `tokens`: `in_place`'s own `own` tokens, another slot's (`usable`
+        of each slot; shared in one pool, copied across streams only when it is min_copy_tokens
+        longer), or a saved state's (restored when it is the host tier's min_tokens longer)."""
         best = _Prefix(own)
-        src, n = self.best_prefix(tokens)
+        n = max(usable)
+        src = self.slots[usable.index(n)] if n > 0 else None  # the first longest, as best_prefix
         if src is not None and src is not in_place:
             copied = src.pool is not in_place.pool  # across streams: a copy of the whole stream
             if n - own >= max(self.min_copy_tokens if copied else 0, 1):
