@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..llama import Batch, Context, ContextConfig, Model
-from .scheduler import AdmissionError
+from .scheduler import SHUTTING_DOWN, AdmissionError
 
 
 class EmbeddingCancelled(Exception):
@@ -56,7 +56,7 @@ class Embedder:
             self.check(tokens)
         with self._lock:
             if not self._admitting:
-                raise _shutting_down()
+                raise AdmissionError.unavailable(SHUTTING_DOWN)
             if self._in_flight > self.max_queue:
                 raise AdmissionError(
                     429, f"no room for another embedding request: {self._in_flight} are running or queued "
@@ -78,7 +78,7 @@ class Embedder:
         vectors = []
         for tokens in inputs:
             if time.monotonic() >= self._deadline:
-                raise _shutting_down()
+                raise AdmissionError.unavailable(SHUTTING_DOWN)
             if cancelled.is_set():
                 raise EmbeddingCancelled()
             vectors.append(self._embed(tokens))
@@ -111,7 +111,3 @@ class Embedder:
         self.shutdown(0.0)
         self.batch.close()
         self.ctx.close()
-
-
-def _shutting_down() -> AdmissionError:
-    return AdmissionError(503, "the server is shutting down", "service_unavailable")

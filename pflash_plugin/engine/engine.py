@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..llama import DecodeError
 from .request import CompressionJob, ErrorEvent, Report, Request, RequestStatus
-from .scheduler import AdmissionError, Scheduler, Step
+from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
 from .seams import Activity, CompressionResult, Compressor, Runner
 
 log = logging.getLogger(__name__)
@@ -106,15 +106,15 @@ class Engine:
         the returned future: None once admitted (running or queued), or the AdmissionError (429,
         503) it refused them with (the requests also end with that error as their event)."""
         if self._failure is not None:
-            raise AdmissionError(503, f"the model {self.name} failed: {self._failure}", "service_unavailable")
+            raise AdmissionError.unavailable(f"the model {self.name} failed: {self._failure}")
         stalled = self._stalled()
         if stalled:
-            raise AdmissionError(503, f"the model {self.name} is stalled: {stalled}", "service_unavailable")
+            raise AdmissionError.unavailable(f"the model {self.name} is stalled: {stalled}")
         self.scheduler.check(*requests)  # reads only fixed limits
         message = Submit(requests)
         with self._closing_lock:
             if self._closing:
-                raise AdmissionError(503, "the server is shutting down", "service_unavailable")
+                raise AdmissionError.unavailable(SHUTTING_DOWN)
             self._post(message)
         self._arrival.set()
         return message.answer
@@ -155,7 +155,7 @@ class Engine:
         if not self._thread.is_alive():
             return Health("stopped", "the engine thread is not running")
         if self._closing:
-            return Health("draining", "the server is shutting down")
+            return Health("draining", SHUTTING_DOWN)
         return Health("ok")
 
     def _stalled(self) -> str | None:
@@ -282,9 +282,8 @@ class Engine:
         refusal: AdmissionError | None
         try:
             if self._failure is not None or self._deadline is not None:
-                reason = (f"the model {self.name} failed: {self._failure}" if self._failure
-                          else "the server is shutting down")
-                refusal = AdmissionError(503, reason, "service_unavailable")
+                refusal = AdmissionError.unavailable(f"the model {self.name} failed: {self._failure}"
+                                                     if self._failure else SHUTTING_DOWN)
                 self.scheduler.refuse(message.requests, refusal)
             else:
                 refusal = self.scheduler.submit(*message.requests)

@@ -38,10 +38,18 @@ log = logging.getLogger(__name__)
 _ENDED_CLEANLY = (RequestStatus.FINISHED_STOP, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_CANCELLED)
 
 
+SHUTTING_DOWN = "the server is shutting down"
+
+
 class AdmissionError(Exception):
     def __init__(self, status: int, message: str, type_: str) -> None:
         super().__init__(message)
         self.status, self.message, self.type = status, message, type_
+
+    @classmethod
+    def unavailable(cls, reason: str) -> AdmissionError:
+        """A 503: the model takes no requests now (failed, stalled, SHUTTING_DOWN)."""
+        return cls(503, reason, "service_unavailable")
 
 
 @dataclass
