@@ -33,8 +33,12 @@ class ServerContext:
         try:
             await asyncio.wrap_future(served.engine.submit(*requests))
         except AdmissionError as error:
-            self.metrics.errors.labels(served.name, str(error.status)).inc()
-            raise RequestError(error.status, error.message, error.type, code=error.type) from None
+            raise self.refusal(served, error) from None
+
+    def refusal(self, served: ServedModel, error: AdmissionError) -> RequestError:
+        """A model's refusal (429, 503) as the client's error, counted in /metrics."""
+        self.metrics.errors.labels(served.name, str(error.status)).inc()
+        return RequestError(error.status, error.message, error.type, code=error.type)
 
     def close(self) -> None:
         self.models.close(self.settings.shutdown_grace_s)

@@ -29,8 +29,7 @@ async def embed(http: Request, ctx: ServerContext, served: ServedModel, body: Em
     try:
         vectors = await _vectors(http, served.embedder, inputs)
     except AdmissionError as error:
-        ctx.metrics.errors.labels(served.name, str(error.status)).inc()
-        raise RequestError(error.status, error.message, error.type, code=error.type) from None
+        raise ctx.refusal(served, error) from None
     if vectors is None:
         return Response(status_code=499)
     data = [Embedding(embedding=_encoded(v, body.encoding_format), index=i) for i, v in enumerate(vectors)]
