@@ -29,6 +29,8 @@ class ToolSyntax:
     anywhere: tuple[str, ...]  # markers that start the calls wherever they appear
     leading: tuple[str, ...]  # markers that start the calls only as the message's first text
     renders_tools: bool  # the chat template describes the tools itself
+    between: tuple[str, ...]  # what may stand between the call objects, besides whitespace
+    blocks: bool = False  # each call object stands between <tool_call> and </tool_call>
 
     def root_rule(self, parallel: bool) -> str:
         """The forced grammar's root around the call rule."""
@@ -44,19 +46,17 @@ class ToolSyntax:
         # Mistral's templates refuse ids that are not 9 letters or digits
         return uuid.uuid4().hex[:9] if self.name == "mistral" else f"call_{uuid.uuid4().hex[:24]}"
 
-    def tokens(self) -> tuple[str, ...]:
-        """What may stand between the call objects, besides whitespace."""
-        if self.name == "mistral":
-            return ("[TOOL_CALLS]", "[", "]", ",", ";")
-        if self.name == "llama3":
-            return ("<|python_tag|>", ";")
-        return ("<tool_call>", "</tool_call>")
 
 
-HERMES = ToolSyntax("hermes", "arguments", ("<tool_call>",), (), renders_tools=True)
-LLAMA3 = ToolSyntax("llama3", "parameters", (), ("<|python_tag|>", "{"), renders_tools=True)
-MISTRAL = ToolSyntax("mistral", "arguments", ("[TOOL_CALLS]",), ("[",), renders_tools=True)
-GENERIC = ToolSyntax("generic", "arguments", ("<tool_call>",), (), renders_tools=False)
+BLOCK_TOKENS = ("<tool_call>", "</tool_call>")
+HERMES = ToolSyntax("hermes", "arguments", ("<tool_call>",), (), renders_tools=True, between=BLOCK_TOKENS,
+                    blocks=True)
+LLAMA3 = ToolSyntax("llama3", "parameters", (), ("<|python_tag|>", "{"), renders_tools=True,
+                    between=("<|python_tag|>", ";"))
+MISTRAL = ToolSyntax("mistral", "arguments", ("[TOOL_CALLS]",), ("[",), renders_tools=True,
+                     between=("[TOOL_CALLS]", "[", "]", ",", ";"))
+GENERIC = ToolSyntax("generic", "arguments", ("<tool_call>",), (), renders_tools=False, between=BLOCK_TOKENS,
+                     blocks=True)
 
 # stock's tool-calling chat formats: their own prompt and response code, which this server does not run
 REFUSED_CHAT_FORMATS = ("chatml-function-calling", "functionary", "functionary-v1", "functionary-v2")
@@ -107,10 +107,6 @@ class ToolCallReader:
                 (content + rest, deltas, finish)
         return content + rest, calls, "tool_calls" if calls and finish != "length" else finish
 
-    @property
-    def capturing(self) -> bool:
-        return self.scanner is not None
-
     def feed(self, text: str) -> str:
         """The content of `text` that is safe to release now."""
         self.pending += text
@@ -151,8 +147,8 @@ class ToolCallReader:
         return out
 
     def _capture(self) -> None:
-        self.scanner = CallScanner(self.syntax.tokens(), self.syntax.anywhere == ("<tool_call>",),
-                                   self.syntax.call_id, self.parallel, self.names)
+        self.scanner = CallScanner(self.syntax.between, self.syntax.blocks, self.syntax.call_id, self.parallel,
+                                   self.names)
 
     def finish(self, finish: str = "stop") -> tuple[str, list[dict]]:
         """The content still held, and the calls (OpenAI's shape, with their index). At
