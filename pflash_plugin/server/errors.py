@@ -77,17 +77,19 @@ async def _body_error(request: Request) -> Response | None:
     that is not JSON is left to FastAPI's own error."""
     if "json" not in request.headers.get("content-type", "json"):
         return None
-    too_deep = error_response(400, f"the body nests JSON over {MAX_JSON_DEPTH} levels deep", "invalid_request_error")
+    def too_deep() -> Response:
+        return error_response(400, f"the body nests JSON over {MAX_JSON_DEPTH} levels deep", "invalid_request_error")
+
     try:
         body = await request.json() if await request.body() else None
     except ClientDisconnect:  # gone before its body arrived (or closed for taking too long)
         return Response(status_code=499)
     except RecursionError:  # Python's parser ran out of stack: deeper still
-        return too_deep
+        return too_deep()
     except ValueError:
         return None
     if deeper_than(body, MAX_JSON_DEPTH):
-        return too_deep
+        return too_deep()
     field = unencodable_field(body)
     if field is None:
         return None
