@@ -159,6 +159,13 @@ def _positions_pops(alt: list[Symbol], after: list[int], stacks: list[int], pops
     return counts[:len(alt)]
 
 
+def repetition_bound(digits: str) -> int:
+    """A repetition bound's digits as a number, saturated at 10**7, past llama.cpp's limits either way
+    (Python refuses to read ints of over 4,300 digits)."""
+    digits = digits.lstrip("0")
+    return int(digits or "0") if len(digits) <= 7 else 10**7
+
+
 class _Parser:
     """llama.cpp's GBNF parser (llama-grammar.cpp), building symbols instead of elements."""
 
@@ -368,8 +375,7 @@ class _Parser:
             self.pos += 1
         if self.pos == start:
             raise self._error("expecting an integer")
-        digits = self.src[start:self.pos].lstrip("0")
-        return int(digits or "0") if len(digits) <= 7 else 10**7  # past llama.cpp's limits either way
+        return repetition_bound(self.src[start:self.pos])
 
     def _repeat(self, seq: list[Symbol], last: int, low: int, high: int | None, n_prev_rules: int) -> int:
         """llama.cpp's rewriting: S{m,n} -> S (m times) S'(n-m), S'(x) ::= S S'(x-1) | ;

@@ -23,7 +23,7 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .context import Context
-from .grammar_cost import GrammarSyntaxError, grammar_cost
+from .grammar_cost import GrammarSyntaxError, grammar_cost, repetition_bound
 from .model import Model
 
 
@@ -107,7 +107,7 @@ def _check_grammar_shape(grammar: str) -> None:
     depth = np.cumsum((steps == ord("(")).astype(np.int64) - (steps == ord(")")))
     if depth.size and depth.max() > MAX_GRAMMAR_NESTING:
         raise GrammarError(f"the grammar nests groups over {MAX_GRAMMAR_NESTING} deep")
-    repeats = sum(max(_count(lo), _count(hi)) for lo, hi in _GBNF_BOUND.findall(code))
+    repeats = sum(max(repetition_bound(lo), repetition_bound(hi)) for lo, hi in _GBNF_BOUND.findall(code))
     rules = code.count("::=") + code.count("(") + sum(code.count(op) for op in "*+?") + repeats
     if rules > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar expands to over {MAX_GRAMMAR_RULES} rules")
@@ -129,12 +129,6 @@ def _check_grammar_cost(grammar: str) -> None:
                            f"{MAX_GRAMMAR_EXPANSIONS} (nested optionals such as `a ::= b? b?` multiply them)")
     if cost.elements > MAX_GRAMMAR_ELEMENTS:
         raise GrammarError(f"the grammar expands to {cost.elements} elements, over {MAX_GRAMMAR_ELEMENTS}")
-
-
-def _count(digits: str) -> int:
-    """A repetition bound, saturated at 10**7 (Python refuses to read ints of over 4,300 digits)."""
-    digits = digits.lstrip("0")
-    return int(digits or 0) if len(digits) <= 7 else 10**7
 
 
 def check_grammar(model: Model, grammar: str) -> None:
