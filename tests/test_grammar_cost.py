@@ -10,7 +10,7 @@ from llama_cpp import llama_grammar
 
 from pflash_plugin.llama import Model
 from pflash_plugin.llama.grammar_cost import GrammarSyntaxError, grammar_cost
-from pflash_plugin.testing.native_fuzz import GRAMMARS
+from pflash_plugin.testing.native_fuzz import GRAMMARS, alternation, nested_optionals
 
 SCHEMAS = [
     {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20)}, "required": ["p3"]},
@@ -53,10 +53,6 @@ def test_it_parses_exactly_what_llama_cpp_parses(tiny_model):
     assert sum(ours for _, ours, _ in verdicts) >= len(grammars) // 2  # most are valid
 
 
-def nested_optionals(depth: int) -> str:
-    return "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}? r{i + 1}?\n" for i in range(depth)) + f'r{depth} ::= "a"'
-
-
 @pytest.mark.parametrize("depth", [1, 5, 9, 17, 60])
 def test_nested_optionals_double_the_stacks_per_level(depth):
     cost = grammar_cost(nested_optionals(depth))
@@ -74,7 +70,7 @@ def test_an_empty_character_class_hides_no_nested_optionals(empty):
 
 
 def test_an_alternation_keeps_one_stack_per_literal_and_re_expands_none():
-    cost = grammar_cost("root ::= " + " | ".join(f'"w{i}"' for i in range(5000)))
+    cost = grammar_cost(alternation(5000))
     assert (cost.stacks, cost.expansions) == (5000, 0)
 
 

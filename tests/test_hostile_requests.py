@@ -12,19 +12,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pflash_plugin.testing.native_fuzz import COMPLETIONS, seed_cases, server_process, vocab_facts
+from pflash_plugin.testing.native_fuzz import (COMPLETIONS, alternation, nested_optionals, seed_cases, server_process,
+                                               vocab_facts)
 
 DEEP_GRAMMAR = "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000  # parsed recursively: overflows the stack
-
-
-def nested_optionals(depth: int) -> str:
-    """Issue 22's grammar: each level doubles llama.cpp's parse stacks, and every character re-expands
-    them (depth 8 is 2.4 s a token on the tiny model, depth 17 stalled the demo model for minutes)."""
-    return "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}? r{i + 1}?\n" for i in range(depth)) + f'r{depth} ::= "a"'
-
-
-def alternation(n: int) -> str:
-    return "root ::= " + " | ".join(f'"w{i}"' for i in range(n))
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import httpx
 
 from .haystack import needle_prompt, prose
+from .native_fuzz import alternation, nested_optionals
 
 FAILURES = ("lost", "hung", "5xx", "stream_error", "unexpected")
 
@@ -239,11 +240,6 @@ KINDS: dict[str, tuple[int, str | frozenset[int], Kind]] = {
 
 
 # ---- hostile kinds (issue 22): each must get its 400 fast and leave the others' latency alone ----
-def nested_optionals(depth: int) -> str:
-    """llama.cpp's parse states double per level (17 levels held the engine for minutes)."""
-    return "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}? r{i + 1}?\n" for i in range(depth)) + f'r{depth} ::= "a"'
-
-
 def grammar_body(w: Workload, rng: random.Random, grammar: str) -> dict:
     return {"model": w.model, "prompt": short_prompt(rng), "max_tokens": 3, "grammar": grammar}
 
@@ -280,7 +276,7 @@ HOSTILE: dict[str, tuple[int, str | frozenset[int], Kind]] = {
     "nested_optionals": (2, frozenset({400}), lambda w, c, r: post(
         c, "/v1/completions", grammar_body(w, r, nested_optionals(17)), headers=w.headers)),
     "huge_alternation": (2, frozenset({400}), lambda w, c, r: post(
-        c, "/v1/completions", grammar_body(w, r, "root ::= " + " | ".join(f'"w{i}"' for i in range(5_000))),
+        c, "/v1/completions", grammar_body(w, r, alternation(5_000)),
         headers=w.headers)),
     "ambiguous_grammar": (1, frozenset({400}), ambiguous_grammar),
     "huge_enum": (2, frozenset({400}), huge_enum),
