@@ -46,12 +46,12 @@ def grammar_cost(grammar: str) -> GrammarCost:
     nullable = _nullable(rules)
     order = _left_corner_order(rules, nullable)
     stacks = [0] * len(rules)  # per rule: the stacks an expansion of a reference reaches inside it
-    for r in order:
-        stacks[r] = _saturate(sum(_expand_first(alt, stacks, nullable) for alt in rules[r]))
+    for r in order:  # position 0 reads only its left corner's rules, which come before r in `order`
+        stacks[r] = _saturate(sum(_positions_stacks(alt, stacks, nullable)[0] for alt in rules[r]))
     after = [[_positions_stacks(alt, stacks, nullable) for alt in alts] for alts in rules]
     pops = [0] * len(rules)  # per rule: the stacks its expansions reach again after one character
     for r in order:
-        pops[r] = _saturate(sum(_pops_first(alt, after[r][k], stacks, pops, nullable)
+        pops[r] = _saturate(sum((_positions_pops(alt, after[r][k], stacks, pops, nullable) or [0])[0]
                                 for k, alt in enumerate(rules[r])))
     most_stacks = max([stacks[parser.names["root"]]] + [n for alts in after for ns in alts for n in ns])
     most_pops = max([pops[parser.names["root"]]]
@@ -117,18 +117,6 @@ def _left_corner_order(rules: list[list[list[Symbol]]], nullable: list[bool]) ->
     return order
 
 
-def _expand_first(alt: list[Symbol], stacks: list[int], nullable: list[bool]) -> int:
-    """The stacks reached from the alternative's first position (its left corner)."""
-    total = 0
-    for s in alt:
-        if s < 0:
-            return total + 1
-        total += stacks[s]
-        if not nullable[s]:
-            break
-    return total
-
-
 def _positions_stacks(alt: list[Symbol], stacks: list[int], nullable: list[bool]) -> list[int]:
     """The stacks reached from each position of `alt`, and 0 for its end: a terminal is one
     stack; a reference, its rule's stacks, and what follows it where the rule can be empty."""
@@ -137,12 +125,6 @@ def _positions_stacks(alt: list[Symbol], stacks: list[int], nullable: list[bool]
         s = alt[i]
         counts[i] = 1 if s < 0 else _saturate(stacks[s] + (counts[i + 1] if nullable[s] else 0))
     return counts
-
-
-def _pops_first(alt: list[Symbol], after: list[int], stacks: list[int], pops: list[int],
-                nullable: list[bool]) -> int:
-    return next(iter(_positions_pops(alt[:len(_left_corner([alt], nullable)) + 1], after, stacks, pops, nullable)),
-                0)
 
 
 def _positions_pops(alt: list[Symbol], after: list[int], stacks: list[int], pops: list[int],
