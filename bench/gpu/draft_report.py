@@ -6,24 +6,10 @@ over HTTP as the server runs it by default.
 """
 from __future__ import annotations
 
-import json
 import re
-import statistics
-from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-DATA = DOCS / "data"
-
-
-def load(name: str) -> dict:
-    return json.loads((DATA / name).read_text())
-
-
-def short(kernel: str) -> str:
-    """A readable kernel name: demangled enough to tell the kernels apart."""
-    match = re.match(r"_Z(?:N\d+\w+?)?\d+([A-Za-z_]\w*?)(?:I|E|v|P|$)", kernel)
-    name = match.group(1) if match else kernel
-    return name if len(name) < 60 else name[:57] + "..."
+from concurrent_report import medians
+from report import DOCS, load
 
 
 def profile_rows(data: dict, label: str) -> list[str]:
@@ -108,22 +94,14 @@ def gate_table(summary: list[dict], arm: str) -> list[str]:
 
 
 def concurrent_table(data: dict) -> list[str]:
-    """Medians over reps per arm and workload of concurrent_gpu.py's rows."""
-    rows: dict[tuple[str, str], list[dict]] = {}
-    for group in data["results"].values():
-        for row in group:
-            if "arm" in row:
-                rows.setdefault((row["workload"], row["arm"]), []).append(row)
+    """concurrent_gpu.py's medians per workload and arm."""
     names = {"full": "full prefill, 4 slots", "pflash": "PFlash, 4 slots, 4 lanes (default)",
              "pflash-one-lane": "PFlash, 4 slots, 1 lane", "serial-pflash": "PFlash, 1 slot, 4 lanes"}
     lines = ["| workload | arm | reps | wall (s) | long prompts' mean TTFT (s) | short prompts' mean TTFT (s) |",
              "|---|---|---:|---:|---:|---:|"]
-    for (workload, arm), reps in sorted(rows.items()):
-        def median(key: str) -> str:
-            values = [row[key] for row in reps if key in row]
-            return f"{statistics.median(values):.3f}" if values else ""
-        lines.append(f"| {workload} | {names[arm]} | {len(reps)} | {median('wall_s')} | {median('ttft_mean_s')} | "
-                     f"{median('short_ttft_mean_s')} |")
+    for (arm, workload), m in sorted(medians(data).items(), key=lambda item: (item[0][1], item[0][0])):
+        short = f"{m['short_ttft_mean_s']:.3f}" if "short_ttft_mean_s" in m else ""
+        lines.append(f"| {workload} | {names[arm]} | {m['reps']} | {m['wall_s']:.3f} | {m['ttft_mean_s']:.3f} | {short} |")
     return lines
 
 
