@@ -2,8 +2,8 @@
 1 slot) against llama.cpp's llama-server (4 slots, `--cache-ram 0`), over HTTP, every request of a
 workload sent at once; and a decode arm at 64 clients.
 
-On the CUDA machine (bench/gpu/concurrent_gpu.sh builds both servers, writes the models and runs this):
-    python bench/gpu/concurrent_gpu.py --target T.gguf --drafter D.gguf --llama-server BIN --out r.json
+On the CUDA machine (bench/gpu/servers.sh builds llama-server, writes the models and runs this):
+    bash bench/gpu/servers.sh bench/gpu/concurrent_gpu.py --out r.json [args...]
 
 Workloads (random token-id prompts of the random-weight models; every request streamed, TTFT
 counted from its sending, so queueing is included):
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multi_gpu import (Record, Server, body, client, first_token_s, log_dir, models_parser, run_arms, streamed,
-                       throughput, token_ids)
+from multi_gpu import (Record, Server, body, client, first_token_s, log_dir, models_parser, run_arms, start_all,
+                       streamed, throughput, token_ids)
 
 WORKLOADS = {  # name: (long prompts, their tokens, tokens out, short prompts, short tokens out)
     "qa8": (8, 22528, 16, 0, 0),
@@ -91,11 +91,7 @@ def arms_of(server: Server) -> list[tuple[str, str | None]]:
 def run_group(servers: list[Server], args: argparse.Namespace, record: Record) -> None:
     """The servers up together; per rep and workload, each arm in turn."""
     try:
-        for server in servers:
-            server.launch()
-        for server in servers:
-            record.add({"server": server.label, "kind": "start", "ready_s": round(server.wait_ready(600.0), 1)})
-            asyncio.run(throughput([server], 4, seed=1))  # warm
+        start_all(servers, record, ready_s=600.0)
         for rep in range(args.reps):
             for name in args.workloads:
                 for server in servers:

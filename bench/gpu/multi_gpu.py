@@ -259,11 +259,11 @@ class Record:
         self.path.write_text(json.dumps(self.data, indent=1))
 
 
-def start_all(servers: list[Server], record: Record) -> None:
+def start_all(servers: list[Server], record: Record, ready_s: float = 400.0) -> None:
     for server in servers:
         server.launch()
     for server in servers:
-        ready = server.wait_ready(400.0)
+        ready = server.wait_ready(ready_s)
         warm(server)
         record.add({"server": server.label, "kind": "start", "ready_s": round(ready, 1), **status(server)})
 
