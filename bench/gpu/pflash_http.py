@@ -19,12 +19,11 @@ import json
 import random
 import re
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from multi_gpu import Server, body, client, complete, log_dir, token_ids
+from multi_gpu import Server, body, client, complete, log_dir, long_prompt, token_ids
 
 KEEP = 0.1
 
@@ -50,20 +49,17 @@ async def measure(srv: Server, lengths: list[int], reps: list[int], seed: int) -
     async with client() as http:
         await complete(http, srv, body(srv, token_ids(2048, rng), 1, pflash="always"))  # warm both paths up
         await complete(http, srv, body(srv, token_ids(2048, rng), 1, pflash="off"))
-        for n, n_reps in zip(lengths, reps):
-            for rep in range(n_reps):
-                row: dict[str, Any] = {"arm": srv.label, "tokens": n, "rep": rep}
-                for mode in ("off", "always"):
-                    request = body(srv, token_ids(n, rng), 1, pflash=mode)
-                    start = time.perf_counter()
-                    reply = await complete(http, srv, request)
-                    row["full_s" if mode == "off" else "pflash_s"] = round(time.perf_counter() - start, 3)
-                report = reply["usage"]["timings"]["pflash"]
-                row |= {"speedup": round(row["full_s"] / row["pflash_s"], 2), "draft_ms": report.get("draft_ms"),
-                        "draft_us_per_token": round(1000 * report["draft_ms"] / n, 2) if report.get("draft_ms") else None,
-                        "kept_tokens": report.get("kept_tokens"), "status": report.get("status")}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for n, n_reps in zip(lengths, reps):
+        for rep in range(n_reps):
+            timed = await long_prompt(srv, rng.randrange(2**31), n)  # full prefill, then PFlash
+            report = timed["pflash_report"]
+            full, pflash = timed["full_s"], timed["pflash_s"]
+            row = {"arm": srv.label, "tokens": n, "rep": rep, "full_s": full, "pflash_s": pflash,
+                   "speedup": round(full / pflash, 2), "draft_ms": report.get("draft_ms"),
+                   "draft_us_per_token": round(1000 * report["draft_ms"] / n, 2) if report.get("draft_ms") else None,
+                   "kept_tokens": report.get("kept_tokens"), "status": report.get("status")}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
