@@ -136,7 +136,7 @@ PENALTIES = [{}, {"repeat_penalty": 1.3}, {"frequency_penalty": 0.25, "presence_
 def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, monkeypatch, penalties):
     """Greedy requests take the argmax of llama.cpp's logits buffer for all rows at once, after
     each row's penalties (no sampler call); the tokens equal those of the chain's own pass, which a
-    zero logit bias forces. min_tokens still keeps end-of-generation tokens out."""
+    typical_p forces (greedy ignores it). min_tokens still keeps end-of-generation tokens out."""
     from pflash_plugin.llama import SamplerChain
 
     calls = {"n": 0}
@@ -158,7 +158,7 @@ def test_greedy_rows_are_taken_together_and_match_the_sampler_chain(tiny_model, 
 
         fast = run_together(engine, requests())
         assert calls["n"] == 0
-        chain = run_together(engine, requests(logit_bias={7: 0.0}))  # a bias of 0 changes nothing but the path
+        chain = run_together(engine, requests(typical_p=0.5))  # a typical_p changes nothing but the path
         assert calls["n"] == sum(len(tokens) for tokens in chain)
     finally:
         engine.stop()
@@ -172,7 +172,7 @@ def test_logprobs_match_a_float64_log_softmax():
     float64 log-softmax to 1e-6, best first; -inf logits (suppressed tokens) stay -inf."""
     import numpy as np
 
-    from pflash_plugin.engine.runner import _with_logprobs
+    from pflash_plugin.engine.sampling import with_logprobs as _with_logprobs
 
     logits = (np.random.default_rng(0).standard_normal(50_000) * 6).astype(np.float32)
     logits[:3] = -np.inf
@@ -209,7 +209,7 @@ def test_greedy_rows_with_logprobs_match_the_sampler_chain(tiny_model):
         return seen
 
     try:
-        fast, chain = outputs(), outputs(logit_bias={7: 0.0})
+        fast, chain = outputs(), outputs(typical_p=0.5)
     finally:
         engine.stop()
     assert fast == chain and all(len(tokens) == 10 and tokens[0][1] is not None for tokens in fast)

@@ -1,45 +1,109 @@
-"""Sampling many rows of one step at once, with llama.cpp's semantics: its penalties, then an argmax
-(greedy) or its top-k -> top-p -> min-p -> temperature -> dist chain with an unseeded draw.
+"""Sampling many rows of one step at once on the host, with llama.cpp's semantics: its logit bias,
+its penalties, then an argmax (greedy) or its top-k -> top-p -> min-p -> temperature -> dist chain,
+each row drawing from its own generator.
 
 Why: llama.cpp's sampler builds a candidate array of the whole vocabulary for each row (0.7 ms a row
 for 262K tokens, 1 ms with a repeat penalty), and the engine samples one row per running slot every
 step. Here the whole-vocabulary work is a max and a comparison per row; the chain itself runs on
-the top-k candidates. Seeded requests keep llama.cpp's sampler, whose random stream stock
-llama_cpp.server reproduces.
+the top-k candidates. The rows' parameters come as arrays (`RowParams`, vLLM v1's SamplingMetadata),
+built once per step. A generator per row (seeded by the request's seed) makes a request's tokens
+its own: the same seed gives the same tokens alone or beside any other rows.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..llama import SamplerParams
 
+@dataclass
+class RowParams:
+    """The batch path's rows of one step as arrays: entry k of each array belongs to logits row
+    `rows[k]`. Penalty windows are the rows' last penalty_last_n generated tokens (empty: none);
+    the logit biases are flat (row position, token, bias) triples."""
 
-def penalize_rows(logits: np.ndarray, rows: list[tuple[int, SamplerParams, list[int]]]) -> None:
+    rows: np.ndarray  # int64 rows of the step's logits
+    temperature: np.ndarray  # float32; <= 0: greedy
+    top_k: np.ndarray  # int64; <= 0: the whole vocabulary
+    top_p: np.ndarray  # float32
+    min_p: np.ndarray  # float32
+    repeat: np.ndarray  # float32
+    frequency: np.ndarray  # float32
+    presence: np.ndarray  # float32
+    windows: list[np.ndarray]
+    bias_at: np.ndarray  # int64 positions into `rows`
+    bias_tokens: np.ndarray  # int64
+    bias_values: np.ndarray  # float32
+    generators: list[np.random.Generator]
+
+    @classmethod
+    def of(cls, entries: list[tuple[int, SamplerParams, list[int], np.random.Generator]]) -> RowParams:
+        """From (logits row, parameters, generated tokens, generator) per row."""
+        def column(name: str, dtype: type) -> np.ndarray:
+            return np.asarray([getattr(p, name) for _, p, _, _ in entries], dtype=dtype)
+
+        windows = [np.asarray(generated[-p.penalty_last_n:] if p.penalty_last_n > 0 and _penalizes(p) else [],
+                              dtype=np.int64) for _, p, generated, _ in entries]
+        biased = [(k, token, bias) for k, (_, p, _, _) in enumerate(entries) for token, bias in p.logit_bias.items()]
+        at, tokens, values = zip(*biased) if biased else ((), (), ())
+        return cls(rows=np.asarray([row for row, _, _, _ in entries], dtype=np.int64),
+                   temperature=column("temperature", np.float32), top_k=column("top_k", np.int64),
+                   top_p=column("top_p", np.float32), min_p=column("min_p", np.float32),
+                   repeat=column("repeat_penalty", np.float32), frequency=column("frequency_penalty", np.float32),
+                   presence=column("presence_penalty", np.float32), windows=windows,
+                   bias_at=np.asarray(at, dtype=np.int64), bias_tokens=np.asarray(tokens, dtype=np.int64),
+                   bias_values=np.asarray(values, dtype=np.float32),
+                   generators=[rng for _, _, _, rng in entries])
+
+
+def _penalizes(p: SamplerParams) -> bool:
+    return p.repeat_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
+
+
+def bias_rows(logits: np.ndarray, rp: RowParams) -> None:
+    """llama.cpp's logit bias, in place (float32 additions, as its sampler does)."""
+    if rp.bias_at.size:
+        logits[rp.rows[rp.bias_at], rp.bias_tokens] += rp.bias_values
+
+
+def penalize_rows(logits: np.ndarray, rp: RowParams) -> None:
     """llama.cpp's penalties, in place on rows of logits, in float32 as its sampler computes them:
-    for each (row, params, generated tokens), each of the last penalty_last_n generated tokens (the
-    ones the row's chain accepted) is divided (if positive) or multiplied by the repeat penalty,
+    each token of a row's window is divided (if positive) or multiplied by the repeat penalty,
     then lowered by its count times the frequency penalty plus the presence penalty. The windows of
     all rows are counted in one numpy pass (row by row it cost about 22 µs a row)."""
-    active = [(row, p, generated[-p.penalty_last_n:]) for row, p, generated in rows
-              if p.penalty_last_n > 0 and generated
-              and (p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty)]
+    active = [k for k, window in enumerate(rp.windows) if window.size]
     if not active:
         return
     n_vocab = logits.shape[1]
-    keys = np.concatenate([np.asarray(window, dtype=np.int64) + i * n_vocab for i, (_, _, window) in enumerate(active)])
+    keys = np.concatenate([rp.windows[k] + i * n_vocab for i, k in enumerate(active)])
     pairs, counts = np.unique(keys, return_counts=True)
     which, tokens = np.divmod(pairs, n_vocab)
-    params = np.asarray([(row, p.repeat_penalty, p.frequency_penalty, p.presence_penalty) for row, p, _ in active])
-    rows_at, repeat, frequency, presence = params[which].T
-    where = (rows_at.astype(np.int64), tokens)
+    at = np.asarray(active, dtype=np.int64)[which]
+    where = (rp.rows[at], tokens)
     values = logits[where]
+    repeat = rp.repeat[at]
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # inf where llama.cpp gives inf
-        repeat32 = repeat.astype(np.float32)  # llama.cpp takes the penalties as floats
-        values = np.where(values <= 0, values * repeat32, values / repeat32).astype(np.float32)
-        values -= counts.astype(np.float32) * frequency.astype(np.float32) + presence.astype(np.float32)
+        values = np.where(values <= 0, values * repeat, values / repeat).astype(np.float32)
+        values -= counts.astype(np.float32) * rp.frequency[at] + rp.presence[at]
     logits[where] = values
+
+
+def sample_rows(logits: np.ndarray, rp: RowParams) -> list[int | None]:
+    """Each row's token (after `bias_rows` and `penalize_rows`): the argmax of a greedy row, a
+    draw from its own generator for the others; None where the row's max is not a number (greedy)
+    or not finite (sampled): the caller's chain decides."""
+    tokens: list[int | None] = []
+    for k, row_index in enumerate(rp.rows):
+        row = logits[row_index]
+        if rp.temperature[k] <= 0:
+            best = int(row.argmax())
+            tokens.append(None if np.isnan(row[best]) else best)
+        else:
+            tokens.append(draw(row, int(rp.top_k[k]), float(rp.top_p[k]), float(rp.min_p[k]),
+                               float(rp.temperature[k]), rp.generators[k]))
+    return tokens
 
 
 def top_k_candidates(row: np.ndarray, k: int, peak: float) -> np.ndarray:
@@ -57,29 +121,43 @@ def top_k_candidates(row: np.ndarray, k: int, peak: float) -> np.ndarray:
 
 
 def sample_row(row: np.ndarray, p: SamplerParams, rng: np.random.Generator) -> int | None:
-    """llama.cpp's top-k -> top-p -> min-p -> temperature -> dist on one (penalized) row, in float32
-    as it computes; None where the row's max is not finite (the caller's chain decides)."""
+    """One (penalized) row drawn with p's truncations and temperature (see `draw`)."""
+    return draw(row, p.top_k, p.top_p, p.min_p, p.temperature, rng)
+
+
+def draw(row: np.ndarray, top_k: int, top_p: float, min_p: float, temperature: float,
+         rng: np.random.Generator) -> int | None:
+    """llama.cpp's top-k -> top-p -> min-p -> temperature -> dist on one row, in float32 as it
+    computes; None where the row's max is not finite (the caller's chain decides)."""
     peak = row.max()
     if not np.isfinite(peak):
         return None
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # huge parameters: inf, as in llama.cpp
-        return _truncate_and_draw(row, peak, p, rng)
+        ids = _top_k(row, top_k, peak, sort=top_p < 1.0)
+        return _truncate_and_draw(row, ids, top_p, min_p, temperature, rng)
 
 
-def _truncate_and_draw(row: np.ndarray, peak: float, p: SamplerParams, rng: np.random.Generator) -> int:
-    ids = top_k_candidates(row, min(p.top_k, row.size), peak)
+def _top_k(row: np.ndarray, k: int, peak: float, sort: bool) -> np.ndarray:
+    """The top-k stage's ids, largest first. k <= 0 keeps the whole row, in its own order unless
+    top-p needs it sorted (min-p and the draw need no order)."""
+    if 0 < k < row.size:
+        return top_k_candidates(row, k, peak)
+    return np.argsort(-row, kind="stable") if sort else np.arange(row.size)
+
+
+def _truncate_and_draw(row: np.ndarray, ids: np.ndarray, top_p: float, min_p: float, temperature: float,
+                       rng: np.random.Generator) -> int:
     logits = row[ids].astype(np.float32)
-    if p.top_p < 1.0:  # softmax over the candidates, then the shortest head whose mass reaches top_p
+    if top_p < 1.0:  # softmax over the candidates, then the shortest head whose mass reaches top_p
         probs = np.exp(logits - logits[0])
         probs /= np.float32(probs.sum(dtype=np.float32))
-        reached = np.flatnonzero(np.cumsum(probs, dtype=np.float32) >= np.float32(p.top_p))
+        reached = np.flatnonzero(np.cumsum(probs, dtype=np.float32) >= np.float32(top_p))
         keep = int(reached[0]) + 1 if reached.size else ids.size
         ids, logits = ids[:keep], logits[:keep]
-    if p.min_p > 0.0:  # logits within log(min_p) of the best; the best always stays
-        floor = logits[0] + np.float32(math.log(p.min_p))
-        keep = max(1, int(np.count_nonzero(logits >= floor)))
-        ids, logits = ids[:keep], logits[:keep]
-    logits = logits / np.float32(p.temperature)
+    if min_p > 0.0:  # logits within log(min_p) of the best; the best always stays
+        kept = logits >= logits.max() + np.float32(math.log(min_p))
+        ids, logits = ids[kept], logits[kept]
+    logits = logits / np.float32(temperature)
     weights = np.exp(logits - logits.max()).astype(np.float64)
     cumulative = np.cumsum(weights)
     choice = int(np.searchsorted(cumulative, cumulative[-1] * rng.random(), side="left"))

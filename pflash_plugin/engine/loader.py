@@ -11,6 +11,7 @@ from .engine import Engine
 from .host_cache import HostCache
 from .kv_pool import PagePool
 from .runner import LlamaRunner
+from .sampling import device_sampling
 from .scheduler import Scheduler, SchedulerConfig
 from .seams import Compressor
 
@@ -59,6 +60,7 @@ class EngineConfig:
     type_v: int | None = None
     seed: int | None = None  # requests without a seed draw one from an RNG seeded with this (None: random)
     penalty_last_n: int = 64  # the repeat-penalty window of every sampler chain
+    backend_sampling: str = "auto"  # "on", "off", or "auto": on where the output layer runs on a GPU (sampling.py)
     max_step_s: float = 300.0  # a step running longer marks the engine stalled (/health 503); 0: never
     verbose: bool = False
 
@@ -174,6 +176,7 @@ def build_engine(
     pool, scheduler, runner; the engine thread is started."""
     assert config.max_ctx is not None
     layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token(), budget))
+    on_device = device_sampling(config.backend_sampling, model)
     ctx = Context(
         model,
         ContextConfig(
@@ -183,6 +186,7 @@ def build_engine(
             n_ubatch=config.n_ubatch,
             n_seq_max=config.n_slots,
             n_outputs_max=config.n_slots,  # one logits row per slot per step (saves n_batch x n_vocab floats)
+            n_outputs_max_per_seq=1 if on_device else 0,  # llama.cpp's device penalties want one
             n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch,
             flash_attn=config.flash_attn,
@@ -191,7 +195,8 @@ def build_engine(
             type_v=config.type_v,
         ),
     )
-    runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n)
+    runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n,
+                         backend_sampling=on_device)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=config.prefill_chunk,
                              reuse_compressed=config.reuse_compressed,

@@ -13,6 +13,13 @@ from .log import hush
 from .model import Model
 
 
+# llama.cpp's backend sampling entry point, which llama_cpp.llama_cpp does not bind:
+# bool llama_set_sampler(struct llama_context * ctx, llama_seq_id seq_id, struct llama_sampler * smpl)
+_set_sampler = C._lib.llama_set_sampler
+_set_sampler.argtypes = [C.llama_context_p_ctypes, C.llama_seq_id, C.llama_sampler_p_ctypes]
+_set_sampler.restype = ctypes.c_bool
+
+
 class DecodeError(RuntimeError):
     """llama_decode failed; `code` is its return value (1: no free KV cells, 2: aborted, <0: error)."""
 
@@ -29,6 +36,7 @@ class ContextConfig:
     n_ubatch: int = 512
     n_seq_max: int = 1
     n_outputs_max: int = 0  # logits rows per ubatch (0: n_batch); sizes the output buffers
+    n_outputs_max_per_seq: int = 0  # 0: n_outputs_max; 1 lets llama.cpp run penalties in a device sampler chain
     n_threads: int = 0  # 0: llama.cpp's default
     n_threads_batch: int = 0
     kv_unified: bool = True
@@ -49,6 +57,7 @@ class Context:
         params.n_ubatch = min(config.n_ubatch, config.n_batch)
         params.n_seq_max = config.n_seq_max
         params.n_outputs_max = config.n_outputs_max
+        params.n_outputs_max_per_seq = config.n_outputs_max_per_seq
         if config.n_threads > 0:
             params.n_threads = config.n_threads
         if config.n_threads_batch > 0:
@@ -149,6 +158,17 @@ class Context:
         for them: a view of llama.cpp's buffer, valid until the next decode (no copy)."""
         ptr = C.llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.model.n_vocab))
+
+    def set_sampler(self, seq_id: int, chain: Any) -> bool:
+        """Sample `seq_id`'s outputs inside the decode with this llama.cpp sampler chain (None: stop),
+        so that only the token leaves the device. llama.cpp keeps the pointer: the caller keeps the
+        chain alive until it sets another or None. Each change rebuilds the scheduler's graphs at
+        the next decode. False: the chain cannot run there (llama.cpp samples nothing for it)."""
+        return bool(_set_sampler(self.ptr, seq_id, chain))
+
+    def sampled_token(self, index: int) -> int:
+        """The token the device chain sampled for batch token `index` of the last decode (-1: none)."""
+        return int(C.llama_get_sampled_token_ith(self.ptr, index))
 
     def embeddings_seq(self, seq_id: int, n_embd: int) -> np.ndarray | None:
         ptr = C.llama_get_embeddings_seq(self.ptr, seq_id)

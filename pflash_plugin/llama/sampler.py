@@ -186,27 +186,15 @@ class SamplerParams:
     max_grammar_step_s: float = 1.0  # a grammar that takes longer for one token ends its request
 
 
-def _batch_path(p: SamplerParams) -> str | None:
-    """What the engine may do for many rows at once instead of the chain's own pass, which builds
-    a candidate array of the whole vocabulary per row (0.7 ms a row for 262K tokens): "argmax"
-    (greedy) or "sample" (top-k, top-p, min-p, temperature and an unseeded draw); penalties and
-    `accept` stay the chain's (engine/batch_sampling.py). None: the chain samples."""
-    if p.grammar or p.logit_bias:
-        return None
-    if p.temperature <= 0:
-        return "argmax"
-    if p.mirostat == 0 and p.typical_p >= 1.0 and p.top_k > 0 and p.seed is None:
-        return "sample"
-    return None
-
-
 class SamplerChain:
     """[grammar] -> logit bias -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     (or temp -> mirostat v1/v2). Temperature <= 0 means greedy. The chain owns its samplers; `close` frees all of them.
+    Without a grammar, typical or mirostat every sampler in it has a backend version: the chain can
+    also be handed to a context (`Context.set_sampler`), which then samples inside the decode.
     """
 
-    def __init__(self, model: Model, p: SamplerParams) -> None:
-        self.batch = _batch_path(p)
+    def __init__(self, model: Model, p: SamplerParams, device: bool = False) -> None:
+        """`device`: the chain is for `Context.set_sampler` (greedy is written as top-k 1 -> dist)."""
         self.params = p
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
@@ -230,10 +218,14 @@ class SamplerChain:
                         p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
                     )
                 )
+            seed = p.seed if p.seed is not None else random.getrandbits(32)
+            if p.temperature <= 0 and device:  # llama.cpp copies a device chain's last logits to the host:
+                self._add(C.llama_sampler_init_top_k(1))  # one value after top-k 1, the whole row before
+                self._add(C.llama_sampler_init_dist(seed))  # greedy (whose device version ignores top-k's ids)
+                return
             if p.temperature <= 0:
                 self._add(C.llama_sampler_init_greedy())
                 return
-            seed = p.seed if p.seed is not None else random.getrandbits(32)
             if p.mirostat in (1, 2):  # mirostat replaces the truncation samplers, as in llama.cpp
                 self._add(C.llama_sampler_init_temp(p.temperature))
                 self._add(

@@ -195,6 +195,7 @@ def engine_config(s: ModelSettings, target: ModelParams) -> EngineConfig:
         type_v=s.type_v,
         seed=seed,
         penalty_last_n=s.last_n_tokens_size,
+        backend_sampling=s.backend_sampling,
         max_step_s=s.max_step_s,
         verbose=s.verbose,
     )

@@ -52,6 +52,11 @@ class ModelSettings(StockModelSettings):
         description="A step (one llama_decode) running longer than this marks the model stalled: /health and new "
         "requests get 503, so a supervisor restarts the server (0: never).",
     )
+    backend_sampling: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Sample inside llama.cpp's decode (backend sampling: only token ids leave the device) for "
+        "requests whose parameters it serves; auto: where the output layer runs on a GPU (docs/sampling.md).",
+    )
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
     prefill_chunk: int = Field(
         default=128, ge=1,
