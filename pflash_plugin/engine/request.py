@@ -103,6 +103,7 @@ class FinishEvent:
     reason: str  # "stop" | "length" | "cancelled" (errors and refusals end with an ErrorEvent)
     usage: dict[str, Any]
     pflash: Report | None = None  # the compression report, for the server's metrics
+    stop: str | None = None  # the stop string that ended the text (reason "stop" without one: end of generation)
 
 
 @dataclass

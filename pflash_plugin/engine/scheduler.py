@@ -403,6 +403,7 @@ class Scheduler:
             return
         request.status = status
         request.timings.finished = self.clock()
+        stop = None
         if prior is RequestStatus.WAITING:
             for queue in (self.waiting, self.prepared):
                 if request in queue:
@@ -415,12 +416,13 @@ class Scheduler:
         else:
             self.running.remove(request)
             live = self._live.pop(request.request_id)
+            stop = live.stream.stop_hit
             if error is None and not live.stream.stopped:
                 tail = live.stream.flush()
                 if tail:
                     self._emit(request, TextEvent(tail, live.pending))
             self.cache.release(self.slots[request.held_slot], forget_kv)
-        self._emit(request, error or FinishEvent(status.value, request.usage(), request.pflash))
+        self._emit(request, error or FinishEvent(status.value, request.usage(), request.pflash, stop))
 
     def fail(self, request: Request, error: BaseException, what: str) -> None:
         """An exception tied to one request fails that request alone (500, naming it)."""

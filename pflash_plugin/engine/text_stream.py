@@ -51,7 +51,11 @@ class TextStream:
         self._stops = [_StopMatcher(s) for s in dict.fromkeys(s for s in stop if s)]
         self._bytes = b""
         self._held = ""  # the text that may start a stop string: at most the longest stop's length
-        self.stopped = False
+        self.stop_hit: str | None = None  # the stop string that ended the text, once one has
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_hit is not None
 
     def push(self, piece: bytes) -> str:
         """Add one token's bytes; return the text that is safe to emit now."""
@@ -59,9 +63,10 @@ class TextStream:
         text, self._bytes = _decode_complete(self._bytes)
         held = self._held + text
         if any([stop.feed(text) for stop in self._stops]):  # every matcher sees the text
-            self.stopped = True
             self._held = ""
-            return held[:min(i for i in (held.find(stop.stop) for stop in self._stops) if i >= 0)]
+            found = ((held.find(matcher.stop), matcher.stop) for matcher in self._stops)
+            cut, self.stop_hit = min((at, stop) for at, stop in found if at >= 0)
+            return held[:cut]
         keep = max((stop.matched for stop in self._stops), default=0)
         self._held = held[len(held) - keep:]
         return held[:len(held) - keep]

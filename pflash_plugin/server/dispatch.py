@@ -10,7 +10,6 @@ ever started (the generator's own `finally` would never run, so the response obj
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import weakref
 from typing import Any, AsyncIterator
@@ -22,10 +21,11 @@ from starlette.types import Receive, Scope, Send
 
 from ..engine.request import ErrorEvent, Event, FinishEvent, TextEvent
 from .context import ServerContext
-from .errors import error_response
+from .errors import client_event
 from .generation import Generation
-from .protocol import RequestError, error_body
-from .responses import envelope, merge_usage, new_id
+from .presenters import ChatPresenter, Presenter, Sse
+from .protocol import RequestError
+from .responses import merge_usage
 
 _GONE = object()  # queued when the client of a non-streamed request disconnects
 
@@ -78,16 +78,19 @@ def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
     return box
 
 
-async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool) -> Response | dict:
-    """Submit the generation's requests and answer with their output: an SSE response, or the whole
-    body (a dict the route validates against its response model), or an error response."""
+async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool,
+                  presenter: Presenter | None = None) -> Response | dict:
+    """Submit the generation's requests and answer with their output in the presenter's shapes
+    (OpenAI chat or completions by default): an SSE response, or the whole body (a dict the route
+    validates against its response model), or an error response."""
+    shown = presenter or ChatPresenter(gen)
     mailbox = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
             if isinstance(event, (FinishEvent, ErrorEvent)):  # counted whether or not the client still listens
                 _count(ctx, gen.served.name, event)
-            mailbox.stage(events, (i, event))
+            mailbox.stage(events, (i, client_event(event)))
 
         request.sink, request.flush = sink, mailbox.wake
     try:
@@ -101,9 +104,9 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     if stream:
         ping = 10**9 if ctx.settings.disable_ping_events else ctx.settings.sse_ping_seconds
         # comment pings keep the stream alive while a prompt waits or is compressed
-        return _CancellingStream(_publish(ctx, gen, events), gen, ping=ping, sep="\n")
+        return _CancellingStream(_publish(gen, shown, events), gen, ping=ping, sep="\n")
     try:
-        return await _collect(http, ctx, gen, events)
+        return await _collect(http, gen, shown, events)
     finally:
         gen.cancel_unfinished()
 
@@ -116,12 +119,16 @@ def _count(ctx: ServerContext, model: str, event: FinishEvent | ErrorEvent) -> N
         ctx.metrics.errors.labels(model, str(event.status)).inc()
 
 
-async def _collect(http: Request, ctx: ServerContext, gen: Generation, events: asyncio.Queue) -> Response | dict:
+def _usage(gen: Generation, usages: dict[int, dict]) -> dict:
+    return merge_usage([usages[i] for i in sorted(usages)], gen.prompt_tokens)
+
+
+async def _collect(http: Request, gen: Generation, shown: Presenter, events: asyncio.Queue) -> Response | dict:
     watcher = asyncio.ensure_future(_put_on_disconnect(http, events))
-    usages: dict[int, dict] = {}
+    ends: dict[int, FinishEvent] = {}
     finals: dict[int, dict] = {}
     try:
-        while len(usages) < len(gen.requests):
+        while len(ends) < len(gen.requests):
             index, event = await events.get()
             if event is _GONE:
                 return Response(status_code=499)
@@ -130,14 +137,15 @@ async def _collect(http: Request, ctx: ServerContext, gen: Generation, events: a
                 choice.add(event.text, event.tokens)
             elif isinstance(event, FinishEvent):
                 gen.done.add(index)
-                usages[index], finals[index] = event.usage, choice.final(event.reason)
+                ends[index], finals[index] = event, choice.final(event.reason)
             elif isinstance(event, ErrorEvent):
                 gen.done.add(index)
-                return error_response(event.status, event.message, event.type, code=event.type)
+                return shown.error(event)
     finally:
         watcher.cancel()
-    usage = merge_usage([usages[i] for i in sorted(usages)], gen.prompt_tokens)
-    return envelope(gen.rid, gen.object, gen.served.name, [finals[i] for i in sorted(finals)], usage)
+    order = sorted(finals)
+    return shown.body([finals[i] for i in order], [ends[i] for i in order],
+                      _usage(gen, {i: end.usage for i, end in ends.items()}))
 
 
 async def client_gone(http: Request) -> None:
@@ -151,33 +159,27 @@ async def _put_on_disconnect(http: Request, events: asyncio.Queue) -> None:
     events.put_nowait((None, _GONE))
 
 
-def _data(body: Any) -> dict:
-    return {"data": json.dumps(body)}
-
-
-async def _publish(ctx: ServerContext, gen: Generation, events: asyncio.Queue) -> AsyncIterator[dict]:
-    model = gen.served.name
-    heads = [h for h in (c.head() for c in gen.choices) if h is not None]
-    for head in heads:
-        yield _data(envelope(gen.rid, gen.chunk_object, model, [head]))
+async def _publish(gen: Generation, shown: Presenter, events: asyncio.Queue) -> AsyncIterator[Sse]:
+    for item in shown.head():
+        yield item
     usages: dict[int, dict] = {}
     while len(usages) < len(gen.requests):
         index, event = await events.get()
-        choice = gen.choices[index]
         if isinstance(event, TextEvent):
-            yield _data(envelope(gen.rid, gen.chunk_object, model, [choice.chunk(event.text, event.tokens, None)]))
+            items = shown.delta(index, event)
         elif isinstance(event, FinishEvent):
             gen.done.add(index)
             usages[index] = event.usage
-            yield _data(envelope(gen.rid, gen.chunk_object, model, [choice.chunk("", [], event.reason)]))
+            items = shown.finish(index, event)
         elif isinstance(event, ErrorEvent):
             gen.done.add(index)
-            yield _data(error_body(event.message, event.type, code=event.type))
+            for item in shown.stream_error(event):
+                yield item
             return
-    if gen.include_usage:
-        usage = merge_usage([usages[i] for i in sorted(usages)], gen.prompt_tokens)
-        yield _data(envelope(new_id("usage"), gen.chunk_object, model, [], usage))
-    yield {"data": "[DONE]"}
+        for item in items:
+            yield item
+    for item in shown.done(_usage(gen, usages)):
+        yield item
 
 
 class _CancellingStream(EventSourceResponse):

@@ -129,11 +129,16 @@ def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest
     return served.prompts.render_chat(plain_history(messages) if plain else messages)
 
 
-def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
+def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolRequest | None, ChatPrompt]:
+    """The request's tools as served, and its conversation as the model reads it."""
     if not body.messages:
         raise RequestError(400, "messages must contain at least one message", param="messages")
     tools = ToolRequest.of(body, served.prompts.tool_syntax)
-    rendered = _render(served, body, tools)
+    return tools, _render(served, body, tools)
+
+
+def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
+    tools, rendered = chat_prompt(served, body)
     grammar = _chat_grammar(served, body, tools)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
