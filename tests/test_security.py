@@ -33,9 +33,14 @@ def routes(server: LiveServer) -> list[tuple[str, str]]:
 
 
 def assert_401(response) -> None:
+    """A 401 in the shape of the path's API: Anthropic's under /v1/messages, OpenAI's elsewhere."""
     assert response.status_code == 401, (response.request.method, response.request.url, response.status_code)
-    error = response.json()["error"]
-    assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key" and error["message"]
+    body = response.json()
+    error = body["error"]
+    if response.request.url.path.startswith("/v1/messages"):
+        assert body["type"] == "error" and error["type"] == "authentication_error" and error["message"]
+    else:
+        assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key" and error["message"]
     assert response.headers["www-authenticate"] == "Bearer"
 
 
@@ -44,7 +49,8 @@ def test_every_private_route_needs_the_key(keyed_server):
     expected = {"/status", "/metrics", "/openapi.json", "/redoc", "/v1/models", "/v1/completions"}
     assert expected <= {p for _, p in private}
     wrong = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {KEY}x"},
-             {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}, {"x-api-key": KEY}]
+             {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}, {"x-api-key": f"{KEY}x"},
+             {"x-api-key": f"Bearer {KEY}"}]
     with keyed_server.client() as client:
         for method, path in private + [("GET", "/no/such/route")]:
             for headers in wrong:
@@ -52,11 +58,16 @@ def test_every_private_route_needs_the_key(keyed_server):
         for method, path in private:
             response = client.request(method, path, headers={"Authorization": f"Bearer {KEY}"}, json={})
             assert response.status_code != 401 and response.status_code < 500, (method, path, response.status_code)
-            if method == "GET":
+            if method == "GET" and "{" not in path:  # a templated path is a request for the name "{...}"
                 assert response.status_code == 200, path
         ok = client.post("/v1/completions", headers={"Authorization": f"bearer {KEY}"},
                          json={"prompt": "hi", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        # Anthropic's clients send the key as x-api-key: taken on every route
+        message = {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        for path, body in [("/v1/messages", message), ("/v1/completions", {"prompt": "hi", "max_tokens": 2})]:
+            ok = client.post(path, headers={"x-api-key": KEY}, json=body)
+            assert ok.status_code == 200, (path, ok.text)
 
 
 def test_public_routes_need_no_key(keyed_server):

@@ -15,6 +15,7 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import anthropic_protocol
 from .protocol import error_body
 from .settings import ServerSettings
 
@@ -34,7 +35,15 @@ def install_security(app: FastAPI, settings: ServerSettings) -> None:
 
 async def _reject(scope: Scope, receive: Receive, send: Send, status: int, message: str, type_: str, code: str,
                   headers: dict[str, str] | None = None) -> None:
-    await JSONResponse(error_body(message, type_, None, code), status, headers=headers)(scope, receive, send)
+    """An error in the shape of the API the path belongs to: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+    anthropic = _route_path(scope).startswith(anthropic_protocol.PATH_PREFIX)
+    body = anthropic_protocol.error_body(status, message) if anthropic else error_body(message, type_, None, code)
+    await JSONResponse(body, status, headers=headers)(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> bytes:
+    """The first value of a header (as the routes read it), or empty."""
+    return next((value for key, value in scope["headers"] if key == name), b"")
 
 
 def _route_path(scope: Scope) -> str:
@@ -44,23 +53,26 @@ def _route_path(scope: Scope) -> str:
 
 
 class ApiKeyMiddleware:
-    """401 unless `Authorization: Bearer <api_key>` (the scheme of stock llama_cpp.server), compared
-    in constant time; the paths in `public_paths` are answered without it."""
+    """401 unless `Authorization: Bearer <api_key>` (the scheme of stock llama_cpp.server) or
+    `x-api-key: <api_key>` (Anthropic's), compared in constant time; the paths in `public_paths`
+    are answered without it."""
 
     def __init__(self, app: ASGIApp, api_key: str, public_paths: Iterable[str]) -> None:
         self.app, self.key, self.public = app, api_key.encode("utf-8"), frozenset(public_paths)
 
     def authorized(self, scope: Scope) -> bool:
-        header = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        scheme, _, credentials = header.partition(b" ")
+        scheme, _, credentials = _header(scope, b"authorization").partition(b" ")
         # compare_digest even when the scheme is wrong: the time taken says nothing about the key
-        return hmac.compare_digest(credentials, self.key) & (scheme.lower() == b"bearer")
+        bearer = hmac.compare_digest(credentials, self.key) & (scheme.lower() == b"bearer")
+        # Anthropic's clients send the key as x-api-key
+        return hmac.compare_digest(_header(scope, b"x-api-key"), self.key) | bearer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or _route_path(scope) in self.public or self.authorized(scope):
             await self.app(scope, receive, send)
             return
-        await _reject(scope, receive, send, 401, "Invalid API key: send it as 'Authorization: Bearer <key>'",
+        await _reject(scope, receive, send, 401,
+                      "Invalid API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                       "authentication_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
 
 
@@ -75,7 +87,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = next((value for name, value in scope["headers"] if name == b"content-length"), b"")
+        declared = _header(scope, b"content-length")
         if declared.isdigit() and int(declared) > self.max_bytes:
             await self.too_large(scope, receive, send)
             return

@@ -1,0 +1,56 @@
+"""Anthropic's Messages API as a module-level router: /v1/messages and /v1/messages/count_tokens,
+answered in Anthropic's shapes, errors included, through the same engine as chat completions."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Coroutine
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from .anthropic_presenter import MessagesPresenter
+from .anthropic_protocol import ERROR_RESPONSES, CountTokensRequest, MessagesRequest, chat_request, error_body
+from .context import ServerContext, get_context
+from .dispatch import respond
+from .errors import OpenAIRoute
+from .prepare import chat_prompt, prepare_chat
+
+
+class AnthropicRoute(OpenAIRoute):
+    """The OpenAI route's checks and errors, each error re-shaped as Anthropic's
+    (`{"type": "error", "error": {"type", "message"}}`, its type named by the status)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            response = await handler(request)
+            if response.status_code < 400 or not isinstance(response, JSONResponse):
+                return response
+            error = json.loads(bytes(response.body)).get("error")
+            if not isinstance(error, dict) or "message" not in error:
+                return response
+            headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+            return JSONResponse(error_body(response.status_code, error["message"]), response.status_code, headers)
+
+        return route
+
+
+router = APIRouter(route_class=AnthropicRoute, tags=["Anthropic Messages"], responses=ERROR_RESPONSES)
+
+
+@router.post("/v1/messages")
+async def create_message(http: Request, body: MessagesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
+    chat = chat_request(body)
+    served = ctx.models.get(body.model)
+    generation = await run_in_threadpool(prepare_chat, served, chat)
+    return await respond(http, ctx, generation, body.stream, MessagesPresenter(generation, body.stop_sequences or []))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, ctx: ServerContext = Depends(get_context)) -> Any:
+    chat = chat_request(body)
+    served = ctx.models.get(body.model)
+    _, prompt = await run_in_threadpool(chat_prompt, served, chat)
+    return {"input_tokens": len(prompt.tokens)}

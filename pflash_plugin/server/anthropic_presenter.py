@@ -1,0 +1,99 @@
+"""Anthropic's Messages API out: a message with content blocks, or its stream of events
+(message_start, content_block_start/delta/stop, message_delta, message_stop)."""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from ..engine.request import ErrorEvent, FinishEvent, TextEvent
+from .anthropic_protocol import error_body
+from .blocks import Block, BlockEvent, BlockStream, blocks_of
+from .generation import Generation
+from .presenters import Sse, sse
+
+
+def stop_reason(finish: str, stop: str | None, client_stops: list[str]) -> tuple[str, str | None]:
+    """The chat finish reason as Anthropic's stop_reason and stop_sequence: a stop string of the
+    chat template (its end-of-turn marker) is the end of the turn, not the client's stop sequence."""
+    if finish == "tool_calls":
+        return "tool_use", None
+    if finish == "length":
+        return "max_tokens", None
+    if stop is not None and stop in client_stops:
+        return "stop_sequence", stop
+    return "end_turn", None
+
+
+def usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic's usage: input_tokens are those not read from the cache; our timings beside."""
+    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    out = {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
+           "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    if "timings" in usage:
+        out["timings"] = usage["timings"]
+    return out
+
+
+def _block(block: Block) -> dict[str, Any]:
+    if block.kind == "text":
+        return {"type": "text", "text": block.text}
+    return {"type": "tool_use", "id": block.call_id, "name": block.name, "input": block.arguments()}
+
+
+def _rendered(event: BlockEvent) -> Sse:
+    block = event.block
+    if event.kind == "open":
+        start = {"type": "text", "text": ""} if block.kind == "text" else {**_block(block), "input": {}}
+        return sse({"type": "content_block_start", "index": block.position, "content_block": start},
+                   "content_block_start")
+    if event.kind == "delta":
+        delta = {"type": "text_delta", "text": event.fragment} if block.kind == "text" else \
+            {"type": "input_json_delta", "partial_json": event.fragment}
+        return sse({"type": "content_block_delta", "index": block.position, "delta": delta}, "content_block_delta")
+    return sse({"type": "content_block_stop", "index": block.position}, "content_block_stop")
+
+
+class MessagesPresenter:
+    """One message (Anthropic has no n): choice 0 of the generation."""
+
+    def __init__(self, gen: Generation, client_stops: list[str]) -> None:
+        self.gen, self.client_stops = gen, client_stops
+        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.blocks = BlockStream()
+        self.stop: tuple[str, str | None] = ("end_turn", None)
+
+    def _message(self, content: list[dict], stop: tuple[str | None, str | None], used: dict) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.gen.served.name,
+                "content": content, "stop_reason": stop[0], "stop_sequence": stop[1], "usage": used}
+
+    def head(self) -> list[Sse]:
+        used = {"input_tokens": self.gen.prompt_tokens, "output_tokens": 0}
+        return [sse({"type": "message_start", "message": self._message([], (None, None), used)}, "message_start"),
+                sse({"type": "ping"}, "ping")]
+
+    def delta(self, index: int, event: TextEvent) -> list[Sse]:
+        chunk = self.gen.choices[index].chunk(event.text, event.tokens, None)
+        return [_rendered(e) for e in self.blocks.feed(chunk["delta"])]
+
+    def finish(self, index: int, event: FinishEvent) -> list[Sse]:
+        chunk = self.gen.choices[index].chunk("", [], event.reason)
+        self.stop = stop_reason(chunk["finish_reason"], event.stop, self.client_stops)
+        return [_rendered(e) for e in [*self.blocks.feed(chunk["delta"]), *self.blocks.close()]]
+
+    def done(self, used: dict) -> list[Sse]:
+        delta = {"stop_reason": self.stop[0], "stop_sequence": self.stop[1]}
+        return [sse({"type": "message_delta", "delta": delta, "usage": usage(used)}, "message_delta"),
+                sse({"type": "message_stop"}, "message_stop")]
+
+    def stream_error(self, event: ErrorEvent) -> list[Sse]:
+        return [sse(error_body(event.status, event.message), "error")]
+
+    def body(self, finals: list[dict], ends: list[FinishEvent], used: dict) -> dict:
+        content = [_block(block) for block in blocks_of(finals[0]["message"])]
+        return self._message(content, stop_reason(finals[0]["finish_reason"], ends[0].stop, self.client_stops),
+                             usage(used))
+
+    def error(self, event: ErrorEvent) -> JSONResponse:
+        return JSONResponse(error_body(event.status, event.message), event.status)

@@ -1,0 +1,192 @@
+"""Anthropic's Messages API in: the request types, their errors' shape, and the conversation as a
+chat completion request, so that a message runs through the same chat template, tool syntaxes,
+forced-call grammars and engine as /v1/chat/completions."""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .bridge import as_chat
+from .protocol import ChatCompletionRequest, PflashOverride, RequestError
+
+PATH_PREFIX = "/v1/messages"
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_type(status: int) -> str:
+    return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type(status), "message": message}}
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+# every 4xx is an Anthropic error body (documenting 4XX also keeps FastAPI's 422 out of the schema)
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": AnthropicErrorResponse, "description": "An Anthropic error"}}
+
+
+class ContentBlock(BaseModel):
+    """One block of a message. Any type validates here so that the conversion can say which block
+    the server cannot take, by its field, rather than a union error."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Optional[str] = None
+    id: Optional[str] = None  # tool_use
+    name: Optional[str] = None  # tool_use
+    input: Optional[Any] = None  # tool_use
+    tool_use_id: Optional[str] = None  # tool_result
+    content: Optional[Union[str, List["ContentBlock"]]] = None  # tool_result
+    is_error: Optional[bool] = None  # tool_result
+
+
+class InputMessage(BaseModel):
+    role: Literal["user", "assistant"]
+    content: Union[str, List[ContentBlock]]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: Optional[str] = None
+    input_schema: Optional[Dict[str, Any]] = None
+    type: Optional[str] = Field(default=None, description="'custom' or none: a client tool (server tools are refused).")
+
+
+class ToolChoice(BaseModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: Optional[str] = None
+    disable_parallel_tool_use: Optional[bool] = None
+
+
+class CountTokensRequest(BaseModel):
+    model: Optional[str] = None
+    messages: List[InputMessage]
+    system: Optional[Union[str, List[ContentBlock]]] = None
+    tools: Optional[List[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None
+    thinking: Optional[Dict[str, Any]] = Field(default=None, description="Accepted; the model does not think aloud.")
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1, description="Required, as Anthropic requires it.")
+    stop_sequences: Optional[List[str]] = None
+    temperature: Optional[float] = Field(default=None, ge=0.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(default=None, ge=0)
+    metadata: Optional[Dict[str, Any]] = None
+    stream: bool = False
+    pflash: Optional[PflashOverride] = None
+
+
+def _text(content: str | list[ContentBlock] | None, field: str) -> str:
+    """Text blocks joined by newlines; any other block is refused, naming its field."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, block in enumerate(content):
+        if block.type != "text" or block.text is None:
+            raise RequestError(400, f"{field}.{j}: a block of type {block.type!r} is not taken here: send 'text' "
+                               "blocks (this server serves text only)", param=f"{field}.{j}.type")
+        texts.append(block.text)
+    return "\n".join(texts)
+
+
+def _call(block: ContentBlock, field: str) -> dict[str, Any]:
+    if block.id is None or block.name is None:
+        raise RequestError(400, f"{field}: a tool_use block needs an id and a name", param=field)
+    return {"id": block.id, "type": "function",
+            "function": {"name": block.name, "arguments": json.dumps(block.input or {}, ensure_ascii=False)}}
+
+
+def _turn(message: InputMessage, field: str) -> list[dict[str, Any]]:
+    """One Anthropic message as chat messages: tool results become tool messages (before the
+    user's text, where Anthropic puts them), tool uses an assistant's tool calls; thinking blocks
+    of earlier turns are dropped."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    results: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    texts: list[ContentBlock] = []
+    for j, block in enumerate(message.content):
+        where = f"{field}.content.{j}"
+        if block.type == "tool_result" and message.role == "user":
+            if block.tool_use_id is None:
+                raise RequestError(400, f"{where}: a tool_result block needs tool_use_id", param=f"{where}.tool_use_id")
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                            "content": _text(block.content, f"{where}.content")})
+        elif block.type == "tool_use" and message.role == "assistant":
+            calls.append(_call(block, where))
+        elif block.type in ("thinking", "redacted_thinking") and message.role == "assistant":
+            continue
+        else:
+            texts.append(block)
+    chat = results
+    text = _text(texts, f"{field}.content") if texts else None
+    if calls:
+        chat.append({"role": "assistant", "content": text, "tool_calls": calls})
+    elif text is not None or not results:
+        chat.append({"role": message.role, "content": text or ""})
+    return chat
+
+
+def _tools(body: CountTokensRequest) -> dict[str, Any]:
+    """The chat request's tools and tool_choice."""
+    tools = []
+    for i, tool in enumerate(body.tools or []):
+        if tool.type not in (None, "custom"):
+            raise RequestError(400, f"tools.{i}: a server tool of type {tool.type!r} is not run by this server: "
+                               "send client tools (name, description, input_schema)", param=f"tools.{i}.type")
+        function = {"name": tool.name, "parameters": tool.input_schema or {"type": "object", "properties": {}}}
+        if tool.description is not None:
+            function["description"] = tool.description
+        tools.append({"type": "function", "function": function})
+    out: dict[str, Any] = {"tools": tools} if tools else {}
+    choice = body.tool_choice
+    if choice is None:
+        return out
+    if choice.type == "tool":
+        if choice.name is None:
+            raise RequestError(400, "tool_choice: type 'tool' needs the tool's name", param="tool_choice.name")
+        if choice.name not in {tool.name for tool in body.tools or []}:
+            raise RequestError(400, f"tool_choice names {choice.name!r}, which is not among the tools",
+                               param="tool_choice.name")
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+    if choice.disable_parallel_tool_use:
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
+    """The conversation as a chat completion request; a MessagesRequest's sampling too."""
+    if not body.messages:
+        raise RequestError(400, "messages: at least one message is required", param="messages")
+    messages = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
+    for i, message in enumerate(body.messages):
+        messages += _turn(message, f"messages.{i}")
+    chat: dict[str, Any] = {"model": body.model, "messages": messages, **_tools(body)}
+    if isinstance(body, MessagesRequest):
+        chat.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences or None,
+                    pflash=body.pflash, **{key: getattr(body, key) for key in ("temperature", "top_p", "top_k")
+                                           if getattr(body, key) is not None})
+    return as_chat(chat)
+
