@@ -1,8 +1,10 @@
-"""The FastAPI app: the OpenAI routes of llama_cpp.server, served by concurrent engines.
+"""The FastAPI app: the OpenAI routes of llama_cpp.server, the Responses API and Anthropic's
+Messages API, served by concurrent engines.
 
-`create_app` only assembles: the routes live in module-level routers (openai_api, extras_api)
-that find their models through the ServerContext attached to the app, so they can be mounted into
-another FastAPI app as well (`attach(app, context)` then `include_router`).
+`create_app` only assembles: the routes live in module-level routers (openai_api, responses_api,
+anthropic_api, extras_api) that find their models through the ServerContext attached to the app,
+so they can be mounted into another FastAPI app as well (`attach(app, context)` then
+`include_router`).
 """
 from __future__ import annotations
 
@@ -12,15 +14,17 @@ from typing import Any, AsyncIterator, Iterable
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from .anthropic_api import router as anthropic_router
 from .context import ServerContext, attach
 from .extras_api import extras, operations
 from .models import ModelRegistry
 from .openai_api import router as openai_router
+from .responses_api import router as responses_router
 from .security import install_security
 from .settings import ModelSettings, ServerSettings
 from .shutdown import drain_on_signal
 
-ROUTERS = (openai_router, extras, operations)
+ROUTERS = (openai_router, responses_router, anthropic_router, extras, operations)
 
 
 def create_app(
