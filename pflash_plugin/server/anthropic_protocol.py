@@ -76,6 +76,17 @@ class ToolChoice(BaseModel):
     disable_parallel_tool_use: Optional[bool] = None
 
 
+class OutputFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    type: Literal["json_schema"]
+    schema_: Dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")  # effort: accepted, the model has one effort
+    format: Optional[OutputFormat] = None
+
+
 class CountTokensRequest(BaseModel):
     model: Optional[str] = None
     messages: List[InputMessage]
@@ -92,6 +103,7 @@ class MessagesRequest(CountTokensRequest):
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(default=None, ge=0)
     metadata: Optional[Dict[str, Any]] = None
+    output_config: Optional[OutputConfig] = Field(default=None, description="format: a JSON schema the answer follows.")
     stream: bool = False
     pflash: Optional[PflashOverride] = None
 
@@ -185,8 +197,11 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
         messages += _turn(message, f"messages.{i}")
     chat: dict[str, Any] = {"model": body.model, "messages": messages, **_tools(body)}
     if isinstance(body, MessagesRequest):
+        form = body.output_config.format if body.output_config else None
         chat.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences or None,
                     pflash=body.pflash, **{key: getattr(body, key) for key in ("temperature", "top_p", "top_k")
                                            if getattr(body, key) is not None})
+        if form is not None:
+            chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": form.schema_}}
     return as_chat(chat)
 
