@@ -49,6 +49,25 @@ def test_a_compressed_request_moves_the_compressed_counter_by_one(server):
     assert not any(name.startswith(("pflash_prompts_skipped", "pflash_prompts_failed")) for name, _ in change)
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages"])
+def test_one_compression_counts_once_whatever_n_is(server, path):
+    """n samples share one compression job: the compressed counter and the draft seconds move once."""
+    before = scrape(server)
+    prompt = NOTES + " When does the bridge open?"
+    body = {"prompt": prompt, "max_tokens": 2, "n": 3} if path == "/v1/completions" else \
+        {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
+    with server.client(timeout=120) as client:
+        reply = client.post(path, json=body).json()
+    report = reply["usage"]["timings"]["pflash"]
+    assert report["status"] == "compressed" and len(reply.get("choices", [None])) == body.get("n", 1)
+    change = moved(before, scrape(server))
+    assert change[("pflash_prompts_compressed_total", ())] == 1
+    assert change[("pflash_draft_seconds_count", ())] == 1
+    assert change[("pflash_draft_seconds_sum", ())] == pytest.approx(report["draft_ms"] / 1000.0)
+    assert change[("pflash_prompt_tokens_saved_total", ())] == report["original_tokens"] - report["kept_tokens"]
+    assert change[("pflash_requests_total", (("finish_reason", "length"),))] == body.get("n", 1)
+
+
 def test_skipped_prompts_are_counted_by_reason(server):
     before = scrape(server)
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}

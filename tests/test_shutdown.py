@@ -107,6 +107,8 @@ def test_sigterm_drains_finishes_or_cancels_then_exits(server):
     output = log.read()
     assert late in (503, "refused")
     assert short.get("finish") == "length" and short.get("done")  # finished inside the grace
-    # cut at the grace, not left to run: cancelled, and its stream closed cleanly
-    assert long.get("finish") == "cancelled" and long.get("done") and "dropped" not in long, long
+    # cut at the grace, not left to run: an error event (no finish reason an OpenAI client knows
+    # says "cut by a shutdown"), and its stream closed cleanly
+    assert long.get("error", {}).get("code") == "service_unavailable" and "finish" not in long, long
+    assert "shutting down" in long["error"]["message"] and "dropped" not in long, long
     assert code in (0, -signal.SIGTERM) and "Traceback" not in output, output[-2000:]

@@ -13,9 +13,11 @@ from typing import Any, AsyncIterator, Iterable
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .anthropic_api import router as anthropic_router
 from .context import ServerContext, attach
+from .errors import http_error
 from .extras_api import extras, operations
 from .models import ModelRegistry
 from .openai_api import router as openai_router
@@ -48,6 +50,7 @@ def create_app(
     if server_settings.cors_origins:  # stock echoes any origin with credentials allowed: here only listed ones get them
         app.add_middleware(CORSMiddleware, allow_origins=server_settings.cors_origins, allow_methods=["*"],
                            allow_credentials="*" not in server_settings.cors_origins, allow_headers=["*"])
+    app.add_exception_handler(StarletteHTTPException, http_error)  # 404, 405: OpenAI's error shape
     install_security(app, server_settings)
     attach(app, context)
     for api in (*ROUTERS, *extra_routers):

@@ -38,7 +38,7 @@ class ServerContext:
     def refusal(self, served: ServedModel, error: AdmissionError) -> RequestError:
         """A model's refusal (429, 503) as the client's error, counted in /metrics."""
         self.metrics.errors.labels(served.name, str(error.status)).inc()
-        return RequestError(error.status, error.message, error.type, code=error.type)
+        return RequestError(error.status, error.message, error.type, code=error.type, counted=True)
 
     def close(self) -> None:
         self.models.close(self.settings.shutdown_grace_s)

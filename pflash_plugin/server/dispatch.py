@@ -89,7 +89,7 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     for index, request in enumerate(gen.requests):
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
             if isinstance(event, (FinishEvent, ErrorEvent)):  # counted whether or not the client still listens
-                _count(ctx, gen.served.name, event)
+                _count(ctx, gen, event)
             mailbox.stage(events, (i, client_event(event)))
 
         request.sink, request.flush = sink, mailbox.wake
@@ -111,10 +111,14 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
         gen.cancel_unfinished()
 
 
-def _count(ctx: ServerContext, model: str, event: FinishEvent | ErrorEvent) -> None:
-    """A request's end in the metrics: a cancelled one (its client gone) too, with its tokens."""
+def _count(ctx: ServerContext, gen: Generation, event: FinishEvent | ErrorEvent) -> None:
+    """A request's end in the metrics: a cancelled one (its client gone) too, with its tokens; the
+    compression its n choices share, with the first of them (on the engine thread, as every sink)."""
+    model = gen.served.name
     if isinstance(event, FinishEvent):
-        ctx.metrics.finished(model, event.reason, event.usage, event.pflash)
+        report = None if gen.compression_counted else event.pflash
+        gen.compression_counted |= report is not None
+        ctx.metrics.finished(model, event.reason, event.usage, report)
     else:
         ctx.metrics.errors.labels(model, str(event.status)).inc()
 

@@ -1,6 +1,8 @@
 """OpenAI-shaped errors, carried by the routes themselves (a route class), so that the routers
 answer the same way in our app and in any app they are mounted into: an invalid body is a 400
-`invalid_request_error` naming the field, never FastAPI's 422."""
+`invalid_request_error` naming the field, never FastAPI's 422. Every error a route answers is
+counted in pflash_errors_total. An unknown path or method gets OpenAI's shape too (`http_error`,
+the app's handler)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Coroutine, Iterator
@@ -9,9 +11,12 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from ..engine.request import ErrorEvent, Event, FinishEvent
+from ..engine.scheduler import SHUTTING_DOWN
 from .protocol import RequestError, error_body
 
 
@@ -107,15 +112,64 @@ class OpenAIRoute(APIRoute):
         async def route(request: Request) -> Response:
             refused = await _body_error(request)
             if refused is not None:
-                return refused
+                return await _counted(request, refused)
             try:
                 return await handler(request)
             except RequestValidationError as error:
-                return validation_error_response(error)
+                return await _counted(request, validation_error_response(error))
             except RequestError as error:
-                return error_response(error.status, error.message, error.type, error.param, error.code)
+                response = error_response(error.status, error.message, error.type, error.param, error.code)
+                return response if error.counted else await _counted(request, response)
             except HTTPException as error:
                 kind = "authentication_error" if error.status_code == 401 else "invalid_request_error"
-                return JSONResponse(error_body(str(error.detail), kind), error.status_code, headers=error.headers)
+                response = JSONResponse(error_body(str(error.detail), kind), error.status_code, headers=error.headers)
+                return await _counted(request, response)
 
         return route
+
+
+async def _counted(request: Request, response: Response) -> Response:
+    """`response`, an error, counted in pflash_errors_total under the model the body names (its
+    JSON is parsed already, or is not JSON); "unknown" when no served model has that name. A client
+    that left (499) got no answer and is not counted."""
+    ctx = getattr(request.app.state, "pflash", None)
+    if ctx is None or response.status_code == 499:
+        return response
+    try:
+        body = await request.json() if request.method == "POST" and await request.body() else None
+    except (ValueError, RecursionError, ClientDisconnect):
+        body = None
+    name = body.get("model") if isinstance(body, dict) else None
+    try:
+        label = ctx.models.get(name if isinstance(name, str) else None).name
+    except RequestError:
+        label = "unknown"
+    ctx.metrics.errors.labels(label, str(response.status_code)).inc()
+    return response
+
+
+async def http_error(request: Request, error: Exception) -> Response:
+    """An unknown path (404) or method (405), or any other HTTP error outside the routes, in
+    OpenAI's shape (as OpenAI words the 404) instead of Starlette's {"detail": ...}."""
+    assert isinstance(error, StarletteHTTPException)
+    status = error.status_code
+    if status == 404:
+        message = f"Invalid URL ({request.method} {request.url.path})"
+    elif status == 405:
+        allowed = (error.headers or {}).get("allow") or (error.headers or {}).get("Allow")
+        message = f"Method {request.method} is not allowed for {request.url.path}" + (
+            f" (allowed: {allowed})" if allowed else "")
+    else:
+        message = str(error.detail)
+    return JSONResponse(error_body(message, "invalid_request_error", code=None), status, headers=error.headers)
+
+
+def client_event(event: Event) -> Event:
+    """An engine event as the client sees it. A request the server cancelled (only a shutdown's
+    grace running out does: a client that leaves sees nothing) ends as a 503 error, streamed or
+    not: "cancelled" is no finish reason OpenAI or Anthropic clients know, and "stop" or "length"
+    would pass the cut answer off as whole, where the SDKs raise on an error event."""
+    if not isinstance(event, FinishEvent) or event.reason != "cancelled":
+        return event
+    message = f"{SHUTTING_DOWN}: the request was cut after {event.usage['completion_tokens']} tokens"
+    return ErrorEvent(503, message, "service_unavailable")

@@ -22,6 +22,7 @@ class Generation:
     include_usage: bool = False
     rid: str = ""
     done: set[int] = field(default_factory=set)  # choices whose request finished or failed
+    compression_counted: bool = False  # the n choices share one compression: the metrics count it once
 
     def cancel_unfinished(self) -> None:
         """Cancel every request not finished yet, once: the client left or its answer ended."""

@@ -52,3 +52,13 @@ async def create_embedding(http: Request, body: EmbeddingRequest, ctx: ServerCon
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(ctx: ServerContext = Depends(get_context)) -> Any:
     return ModelList(data=[ModelCard(id=name) for name in ctx.models.models])
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard)
+async def retrieve_model(model_id: str, ctx: ServerContext = Depends(get_context)) -> Any:
+    """One served model by its exact name (client.models.retrieve); any other name is a 404, even
+    with one model, which answers requests under any name: this says what is served."""
+    if model_id not in ctx.models.models:
+        raise RequestError(404, f"the model {model_id!r} does not exist; served: {', '.join(ctx.models.models)}",
+                           param="model", code="model_not_found")
+    return ModelCard(id=model_id)

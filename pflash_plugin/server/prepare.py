@@ -25,6 +25,7 @@ from .protocol import (
     CompletionRequest,
     PflashOverride,
     RequestError,
+    ResponseFormat,
     chat_messages,
     sampling_params,
 )
@@ -79,7 +80,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
     if len(prompts) * (body.n or 1) > MAX_N:
         raise RequestError(400, f"{len(prompts)} prompts x n={body.n} is over {MAX_N} choices", param="n")
     bias = served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
-    grammar = _checked_grammar(served, body.grammar, "grammar")
+    grammar = format_grammar(served, body.response_format, body.grammar)
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
     for tokens, text in prompts:
@@ -103,14 +104,20 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolR
             raise RequestError(400, "a required or named tool_choice constrains the answer to a tool call: it "
                                "cannot be combined with response_format or grammar", param="tool_choice")
         return _checked_grammar(served, forced, "tools")
-    if body.response_format is None or body.response_format.type == "text":
-        return _checked_grammar(served, body.grammar, "grammar")
-    schema = body.response_format.schema_for_grammar()
+    return format_grammar(served, body.response_format, body.grammar)
+
+
+def format_grammar(served: ServedModel, response_format: ResponseFormat | None, grammar: str | None) -> str | None:
+    """response_format json_object or json_schema as a grammar (strict or not: the grammar enforces
+    the schema either way), for chat and completions alike; otherwise the request's own grammar."""
+    if response_format is None or response_format.type == "text":
+        return _checked_grammar(served, grammar, "grammar")
+    schema = response_format.schema_for_grammar()
     try:
-        grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema)) if schema else llama_grammar.JSON_GBNF
+        gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema)) if schema else llama_grammar.JSON_GBNF
     except Exception as error:
         raise RequestError(400, f"response_format schema is not usable: {error}", param="response_format") from None
-    return _checked_grammar(served, grammar, "response_format")
+    return _checked_grammar(served, gbnf, "response_format")
 
 
 def _reader(tools: ToolRequest | None) -> ToolCallReader | None:

@@ -7,7 +7,8 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 from llama_cpp.llama_types import ChatCompletionMessageToolCalls, ChatCompletionRequestAssistantMessageFunctionCall
 from llama_cpp.server.types import CreateChatCompletionRequest as StockChatRequest
 from llama_cpp.server.types import CreateCompletionRequest as StockCompletionRequest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing_extensions import NotRequired, TypedDict
 
 from ..engine.request import SamplingParams
 
@@ -39,13 +40,6 @@ MAX_N = 128  # choices per request: each one is an engine request
 Prompt = Union[str, List[str], List[int], List[List[int]]]
 
 
-class CompletionRequest(StockCompletionRequest, _Extensions):
-    # wider than the stock field: token ids too
-    prompt: Prompt = Field(  # type: ignore[assignment]
-        default="", description="Text or token ids, or a list of either (one choice set each).")
-    n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples per prompt.")
-
-
 class ContentPart(BaseModel):
     """One part of a message's content. Any type validates here so that `message_text` can say
     which part the server cannot take, by its field, rather than a union error about roles."""
@@ -61,7 +55,9 @@ class _Message(BaseModel):
 
 
 class SystemMessage(_Message):
-    role: Literal["system"]
+    # "developer": OpenAI's name for the system role of newer models, which the SDK and agent
+    # frameworks send; rendered as a system message (as OpenAI does for models without that role)
+    role: Literal["system", "developer"]
 
 
 class UserMessage(_Message):
@@ -114,6 +110,29 @@ class ResponseFormat(BaseModel):
         return self.json_schema.schema_
 
 
+class CompletionRequest(StockCompletionRequest, _Extensions):
+    # wider than the stock field: token ids too
+    prompt: Prompt = Field(  # type: ignore[assignment]
+        default="", description="Text or token ids, or a list of either (one choice set each).")
+    n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples per prompt.")
+    response_format: Optional[ResponseFormat] = Field(
+        default=None, description="json_object or json_schema: the text is constrained by a grammar, as in chat.")
+
+
+class FunctionDefinition(TypedDict):
+    name: str
+    description: NotRequired[str]
+    parameters: NotRequired[Dict[str, Any]]  # OpenAI: omitted, the function takes no arguments
+
+
+class FunctionTool(TypedDict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+NO_PARAMETERS: Dict[str, Any] = {"type": "object", "properties": {}}
+
+
 class ChatCompletionRequest(StockChatRequest, _Extensions):
     messages: List[Message] = Field(default=[],  # type: ignore[assignment]  # our message models
                                     description="The conversation; content as text or a list of text parts.")
@@ -121,6 +140,30 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
     n: Optional[int] = Field(default=1, ge=1, le=MAX_N, description="Samples of the conversation.")
     parallel_tool_calls: Optional[bool] = Field(
         default=None, description="false: at most one tool call per answer (default: any number).")
+    tools: Optional[List[FunctionTool]] = Field(  # type: ignore[assignment]  # parameters optional, as OpenAI
+        default=None, description="Functions the model may call; one without parameters takes no arguments.")
+    max_completion_tokens: Optional[int] = Field(
+        default=None, description="OpenAI's current name for max_tokens, with the same meaning (LangChain sends it).")
+
+    @field_validator("tools")
+    @classmethod
+    def _parameters_default_to_none(cls, tools: Optional[List[FunctionTool]]) -> Optional[List[FunctionTool]]:
+        """A function without `parameters` as the templates and the forcing grammar read one: an
+        object with no properties."""
+        for tool in tools or []:
+            tool["function"].setdefault("parameters", dict(NO_PARAMETERS))
+        return tools
+
+    @model_validator(mode="after")
+    def _one_max_tokens(self) -> ChatCompletionRequest:
+        """max_completion_tokens is max_tokens; both, when they differ, is a 400."""
+        if self.max_completion_tokens is None:
+            return self
+        if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise RequestError(400, f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                               f"({self.max_completion_tokens}) differ: send one", param="max_completion_tokens")
+        self.max_tokens = self.max_completion_tokens
+        return self
 
 
 class EmbeddingRequest(BaseModel):
@@ -131,12 +174,14 @@ class EmbeddingRequest(BaseModel):
 
 
 class RequestError(Exception):
-    """A bad request caught after validation: becomes an OpenAI error body."""
+    """A bad request caught after validation: becomes an OpenAI error body. `counted`: already in
+    pflash_errors_total (a model's refusal is counted where it is made)."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, counted: bool = False) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.counted = counted
 
 
 def message_text(content: str | list[ContentPart] | None, field: str) -> str | None:
@@ -157,12 +202,15 @@ def message_text(content: str | list[ContentPart] | None, field: str) -> str | N
 
 
 def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages as the chat templates take them: the keys the client sent, content as text."""
+    """Messages as the chat templates take them: the keys the client sent, content as text, a
+    developer message as a system message."""
     rendered = []
     for i, message in enumerate(messages):
         fields = message.model_dump(exclude_unset=True)
         if "content" in fields:
             fields["content"] = message_text(message.content, f"messages.{i}.content")
+        if fields["role"] == "developer":
+            fields["role"] = "system"
         rendered.append(fields)
     return rendered
 

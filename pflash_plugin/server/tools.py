@@ -94,18 +94,20 @@ class ToolCallReader:
 
     def read(self, text: str, finish: str | None, stream: bool) -> tuple[str, list[dict], str | None]:
         """The content of `text` to release now; the tool calls: streamed, the deltas the calls
-        written so far add, else the whole calls once finished; the finish reason ("tool_calls"
-        when there are calls, but "length" stays)."""
+        written so far add, else the whole calls once finished; the finish reason: "tool_calls"
+        when there are complete calls, even at max_tokens (an agent loop looks for it, and the
+        text after the calls is ignored), "length" when the last call streamed was cut short."""
         content = self.feed(text)
         deltas, self.deltas = (self.deltas if stream else []), []
         if finish is None:
             return content, deltas, None
-        sent = bool(self.scanner and self.scanner.calls)
+        written = self.scanner.calls if self.scanner else []
+        cut = finish == "length" and bool(written) and written[-1].end < 0
         rest, calls = self.finish(finish)
         if stream:  # the calls went out as deltas; a call cut short by max_tokens cannot be taken back
-            return (content, deltas, finish if finish == "length" else "tool_calls") if sent else \
+            return (content, deltas, "length" if cut else "tool_calls") if written else \
                 (content + rest, deltas, finish)
-        return content + rest, calls, "tool_calls" if calls and finish != "length" else finish
+        return content + rest, calls, "tool_calls" if calls else finish
 
     def feed(self, text: str) -> str:
         """The content of `text` that is safe to release now."""
