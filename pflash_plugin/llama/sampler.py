@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import random
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +22,7 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .context import Context
-from .grammar_cost import GrammarSyntaxError, grammar_cost, repetition_bound
+from .grammar_cost import GrammarSyntaxError, grammar_cost, grammar_shape
 from .model import Model
 
 
@@ -52,9 +51,6 @@ MAX_GRAMMAR_RULES = 20_000
 MAX_GRAMMAR_STACKS = 1024
 MAX_GRAMMAR_EXPANSIONS = 4096
 MAX_GRAMMAR_ELEMENTS = 1_000_000  # 8 bytes each in llama.cpp, ~20 ms of its parse on the engine thread
-# literals, classes, tokens, comments
-_GBNF_INERT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|<[^>]*>|#[^\n]*')
-_GBNF_BOUND = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
 
 
 class _Passed:
@@ -102,14 +98,10 @@ def check_grammar_size(grammar: str) -> None:
 
 
 def _check_grammar_shape(grammar: str) -> None:
-    code = _GBNF_INERT.sub(" ", grammar)
-    steps = np.frombuffer(code.encode("utf-8", "replace"), np.uint8)
-    depth = np.cumsum((steps == ord("(")).astype(np.int64) - (steps == ord(")")))
-    if depth.size and depth.max() > MAX_GRAMMAR_NESTING:
+    shape = grammar_shape(grammar, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES)
+    if shape.nesting > MAX_GRAMMAR_NESTING:
         raise GrammarError(f"the grammar nests groups over {MAX_GRAMMAR_NESTING} deep")
-    repeats = sum(max(repetition_bound(lo), repetition_bound(hi)) for lo, hi in _GBNF_BOUND.findall(code))
-    rules = code.count("::=") + code.count("(") + sum(code.count(op) for op in "*+?") + repeats
-    if rules > MAX_GRAMMAR_RULES:
+    if shape.rules > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar expands to over {MAX_GRAMMAR_RULES} rules")
 
 
