@@ -8,7 +8,7 @@ import pytest
 from pflash_plugin.engine.embedder import Embedder
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams, TextEvent
-from pflash_plugin.engine.prefix_cache import common_prefix
+from pflash_plugin.engine.prefixes import common_prefix
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
 

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestStatus, TextEvent
-from pflash_plugin.engine.prefix_cache import common_prefix
+from pflash_plugin.engine.prefixes import common_prefix
 from pflash_plugin.engine.scheduler import AdmissionError
 
 from mock_runner import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .prefix_cache import longest_prefix
+from .prefixes import longest_prefix
 
 
 @dataclass(frozen=True)

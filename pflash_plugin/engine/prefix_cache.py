@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from .kv_pool import PagePool
+from .prefixes import longest_prefix, reusable
 from .request import Request
 
-if TYPE_CHECKING:  # the host tier uses common_prefix from here
+if TYPE_CHECKING:
     from .host_cache import HostCache, Saved
 
 log = logging.getLogger(__name__)
@@ -68,35 +69,6 @@ class _Prefix:
     @property
     def kind(self) -> str:
         return "in_place" if self.in_place else "copied" if self.slot is not None else "restored"
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def reusable(held: Sequence[int], tokens: Sequence[int]) -> int:
-    """Tokens of `tokens` whose KV cells holding `held` can serve: their common prefix, short of
-    the last token (one token must run to give the next one's logits)."""
-    return min(common_prefix(held, tokens), len(tokens) - 1)
-
-
-Holder = TypeVar("Holder")
-
-
-def longest_prefix(holders: Iterable[Holder], held: Callable[[Holder], Sequence[int]],
-                   tokens: Sequence[int]) -> tuple[Holder | None, int]:
-    """The first of `holders` whose `held` tokens serve the most of `tokens` (`reusable`), and how
-    many; None and 0 when none serves any."""
-    best, best_len = None, 0
-    for holder in holders:
-        n = reusable(held(holder), tokens)
-        if n > best_len:
-            best, best_len = holder, n
-    return best, best_len
 
 
 class PrefixCache:

@@ -1,0 +1,34 @@
+"""How much of a prompt the tokens some holder keeps can serve: shared by the slots' prefix cache
+and its host-RAM tier."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence, TypeVar
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def reusable(held: Sequence[int], tokens: Sequence[int]) -> int:
+    """Tokens of `tokens` whose KV cells holding `held` can serve: their common prefix, short of
+    the last token (one token must run to give the next one's logits)."""
+    return min(common_prefix(held, tokens), len(tokens) - 1)
+
+
+Holder = TypeVar("Holder")
+
+
+def longest_prefix(holders: Iterable[Holder], held: Callable[[Holder], Sequence[int]],
+                   tokens: Sequence[int]) -> tuple[Holder | None, int]:
+    """The first of `holders` whose `held` tokens serve the most of `tokens` (`reusable`), and how
+    many; None and 0 when none serves any."""
+    best, best_len = None, 0
+    for holder in holders:
+        n = reusable(held(holder), tokens)
+        if n > best_len:
+            best, best_len = holder, n
+    return best, best_len
