@@ -18,7 +18,7 @@ from pflash_plugin.server.llama_params import ALWAYS_SO, REFUSED, SettingsRefuse
 from pflash_plugin.server.models import ServedModel
 from pflash_plugin.server.settings import ModelSettings
 from pflash_plugin.testing import cached_tiny_llama
-from pflash_plugin.testing.tiny_gguf import write_tiny_lora
+from pflash_plugin.llama.tiny_gguf import write_tiny_lora
 
 # a value other than the default for every stock key whose type alone does not give one
 SAMPLES: dict[str, Any] = {

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from pflash_plugin.testing.tiny_gguf import cached_tiny_llama, tiny_vocab, write_tiny_llama  # noqa: E402 (after the skips)
+from pflash_plugin.llama.tiny_gguf import cached_tiny_llama, tiny_vocab, write_tiny_llama  # noqa: E402 (after the skips)
 
 TEXT = "Hello world, 123!\nnew line"
 

@@ -20,7 +20,7 @@ TOKENS = 32  # more than one row: a single row takes ggml's VNNI kernels, not th
 
 
 def write(path: Path) -> None:
-    from ..testing.tiny_gguf import write_tiny_llama
+    from .tiny_gguf import write_tiny_llama
 
     # Q4_0 rows of 256: a type and shape that ggml's AMX buffer takes (out features a multiple of
     # 32), and the repacked CPU buffer where there is no AMX (so the same path runs there too)

@@ -1,4 +1,5 @@
-"""Tiny random-weight llama GGUF models for fast tests.
+"""Tiny random-weight llama GGUF models: the AMX probe's (llama/amx_probe.py, at start-up), the
+tests' (through pflash_plugin.testing) and the GPU benches' at real shapes.
 
 Real weights are slow to load and need a download; tests of serving/plumbing only
 need a model that llama.cpp loads, tokenizes any text with (SentencePiece byte

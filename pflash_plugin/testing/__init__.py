@@ -1,6 +1,7 @@
-"""Test helpers (tiny synthetic GGUF models) so tests need no downloaded weights."""
+"""Test helpers (tiny synthetic GGUF models, written by pflash_plugin.llama.tiny_gguf) so tests need
+no downloaded weights."""
 
-from pflash_plugin.testing.tiny_gguf import (
+from pflash_plugin.llama.tiny_gguf import (
     CHATML_TEMPLATE,
     cached_tiny_llama,
     tiny_model_path,
