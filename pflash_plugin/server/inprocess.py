@@ -3,19 +3,28 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ..engine.engine import Engine
 from ..engine.request import ErrorEvent, Event, FinishEvent, Request, SamplingParams, TextEvent
+from ..pflash.planning import Planner
 from .protocol import PflashMode, PflashOverride
 
-if TYPE_CHECKING:  # models.py calibrates PFlash with these requests
-    from .models import ServedModel
+
+class Target(Protocol):
+    """What a run needs of a served model (models.ServedModel has it)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def planner(self) -> Planner: ...
 
 
 class Run:
     """Wall time to the request's first token (or its end), its text and its usage."""
 
-    def __init__(self, served: ServedModel, tokens: list[int], mode: PflashMode, max_tokens: int = 1) -> None:
+    def __init__(self, served: Target, tokens: list[int], mode: PflashMode, max_tokens: int = 1) -> None:
         self.first = threading.Event()
         self.done = threading.Event()
         self.token_times: list[float] = []

@@ -115,11 +115,17 @@ class ServedModel:
 
     def _calibrate(self, on_gpu: bool) -> Calibration | None:
         """Whether compression pays here, measured once at start (by default on a GPU only: a long
-        prefill on a CPU takes minutes); auto then compresses only where it does."""
+        prefill on a CPU takes minutes); auto then plans with the config it returns, which
+        compresses only where it does (before any client request: nothing plans meanwhile)."""
         s = self.settings
         if s.pflash_calibrate == "off" or s.pflash_calibrate == "auto" and not on_gpu:
             return None
-        return calibrate(self, s.pflash_min_speedup)
+        outcome = calibrate(self, s.pflash_min_speedup)
+        if outcome is None:
+            return None
+        self.pflash = outcome.config
+        self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
+        return outcome.calibration
 
     def pflash_status(self) -> dict[str, Any]:
         """What /status says of PFlash: its mode and keep ratio (or curve); in auto mode its
