@@ -164,3 +164,13 @@ def test_every_error_a_route_answers_is_counted_once(server):
         assert counted({"model": "tiny", "messages": []}, "tiny", 400) == 1
         assert counted({"model": "tiny", "messages": ASK, "max_tokens": 5000}, "tiny", 400) == 1
         assert counted({"model": "gpt-4o", "messages": ASK}, "unknown", 404) == 1
+
+
+def test_the_demo_model_answers_a_chat(demo_model):
+    """The quick start's model, a base Gemma 3 without a chat template: in llama-2's format (stock's
+    fallback) every reply was empty; in Gemma's turns it answers."""
+    with live_server([{"n_ctx": 1024, "max_concurrency": 1}]) as live:  # no model: the demo
+        sdk = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        reply = sdk.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Name three colors."}],
+                                            max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content.strip() and reply.usage.completion_tokens > 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Callable
 import pytest
 
 from conftest import _free_port
+from pflash_plugin.testing import cached_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = "Uvicorn running on"
@@ -57,8 +59,10 @@ class _Output:
 
 
 def start_log(args: list[str], env: dict[str, str] | None = None, timeout: float = 90.0) -> list[str]:
-    """The lines a server prints until it serves; then it is stopped."""
-    child = subprocess.Popen([sys.executable, "-m", "pflash_plugin.server", "--port", str(_free_port()), *args],
+    """The lines a server prints until it serves; then it is stopped. A free port unless a config
+    file (which holds the port) is given."""
+    port = [] if "--config_file" in args else ["--port", str(_free_port())]
+    child = subprocess.Popen([sys.executable, "-m", "pflash_plugin.server", *port, *args],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or _env())
     output = _Output(child)
     try:
@@ -100,6 +104,7 @@ def test_the_quick_start_prints_under_40_lines_with_a_summary(tiny_model):
                   "keep 0.25", "scorer ", "drafter the model itself", "CPU path "):
         assert words in summary[0], summary[0]
     assert not any("numpy" in line for line in lines)  # the native scorer is built here
+    assert not any("never compresses" in line for line in lines)  # threshold 256 < max_ctx 1024
 
 
 def test_a_missing_native_scorer_is_a_warning_with_its_cost(tiny_model):
@@ -108,6 +113,17 @@ def test_a_missing_native_scorer_is_a_warning_with_its_cost(tiny_model):
     warnings = [line for line in lines if "WARNING" in line and "PFlash scores with numpy" in line]
     assert len(warnings) == 1 and "50x slower" in warnings[0] and "pip install" in warnings[0]
     assert "scorer numpy" in next(line for line in lines if "serving " in line)
+    # the default threshold (2048) is over any prompt that n_ctx 512 admits
+    never = [line for line in lines if "WARNING" in line and "--pflash auto never compresses" in line]
+    assert len(never) == 1 and "max_ctx - 1 = 511" in never[0] and "pflash_threshold (2048)" in never[0], lines
+
+
+def test_a_gguf_without_a_chat_template_says_which_format_chat_gets(tiny_model):
+    lines = start_log(["--model", str(cached_tiny_llama(chat_template=None)), "--n_ctx", "512", "--n_threads", "1"])
+    said = [line for line in lines if "WARNING" in line and "has no chat template" in line]
+    assert len(said) == 1 and "llama_cpp's 'llama-2' format" in said[0] and "--chat_format" in said[0], lines
+    assert not any("has no chat template" in line for line in start_log(["--model", str(tiny_model), "--n_ctx",
+                                                                          "512", "--n_threads", "1"]))
 
 
 def test_verbose_true_shows_llama_cpp_whole_log_through_logging(tiny_model):
@@ -139,6 +155,9 @@ def run_start(args: list[str], tmp_path: Path, config: str | None = None) -> sub
     ([], "models:\n  - model: MODEL\n  n_ctx: [\n", "is not YAML"),
     ([], "api_key: 12\nmodels:\n  - model: MODEL\n", "api_key: Input should be a valid string (value not shown)"),
     ([], "released: 2024-05-01\nmodels:\n  - model: MODEL\n", "released: no such setting"),  # a YAML date
+    (["--port", "9000", "--n_ctx", "512"], "models:\n  - model: MODEL\n",
+     "takes every setting from the file, so --n_ctx --port would be ignored: put them in the file"),
+    (["--port", "99999"], None, "cannot start: port 99999 is not a TCP port (0-65535)"),
 ])
 def test_start_errors_are_one_line_and_exit_2(tiny_model, tmp_path, args, config, says):
     model_args = [] if config is not None or "--model" in args else ["--model", str(tiny_model)]
@@ -146,6 +165,16 @@ def test_start_errors_are_one_line_and_exit_2(tiny_model, tmp_path, args, config
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if "WARNING" not in line and " INFO " not in line]
     assert len(errors) == 1 and says in errors[0], done.stderr[-3000:]
+
+
+def test_a_busy_port_is_one_line_before_the_model_loads(tiny_model, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = run_start(["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port)], tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"cannot start: cannot listen on 127.0.0.1:{port}: Address already in use"], done.stderr[-3000:]
 
 
 def test_no_model_and_no_demo_is_one_line(tmp_path):

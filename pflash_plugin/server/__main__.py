@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import cast
 
@@ -17,7 +18,7 @@ from .app import create_app
 from .cli import build_parser
 from .connections import ConnectionLimits, default_max_connections, guarded_protocol
 from .settings import ConfigFileSettings, ModelSettings, ServerSettings
-from .startup import START_ERRORS, log_summary, start_error
+from .startup import START_ERRORS, listen_socket, log_summary, start_error
 
 
 def read_config_file(path: str) -> ConfigFileSettings:
@@ -39,6 +40,11 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[
     args = build_parser().parse_args(argv)
     config_file = os.environ.get("CONFIG_FILE", args.config_file)
     if config_file:
+        given = [f"--{key}" for key, value in vars(args).items() if value is not None and key != "config_file"]
+        if given:  # the file holds every setting (the models' too): a flag beside it would be lost
+            raise ValueError(f"--config_file {config_file} takes every setting from the file, so {' '.join(given)} "
+                             "would be ignored: put them in the file (server keys at the top, model keys under "
+                             "models:), or leave out --config_file")
         config = read_config_file(config_file)
         return ServerSettings.model_validate(config.model_dump(exclude={"models"})), config.models
     # stock annotates parse_model_from_args(cls) as returning the class; it returns an instance
@@ -57,15 +63,16 @@ def main(argv: list[str] | None = None) -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    try:  # a bad setting, a missing file, an unknown name: one line, exit 2
+    try:  # a bad setting, a missing file, an unknown name, a port in use: one line, exit 2
         server_settings, model_settings = parse_settings(argv)
         host, port = os.getenv("HOST", server_settings.host), int(os.getenv("PORT", server_settings.port))
+        sock = listen_socket(host, port)  # before the models load: a busy port is said at once
         app = create_app(server_settings, model_settings, extra_routers=plugin_routers(server_plugins()))
     except START_ERRORS as error:
         print(start_error(error), file=sys.stderr)
         sys.exit(2)
-    log_summary(app.state.models, server_settings, host, port)
-    uvicorn.run(
+    log_summary(app.state.models, server_settings, host, sock.getsockname()[1])
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -76,6 +83,17 @@ def main(argv: list[str] | None = None) -> None:
         http=guarded_protocol(ConnectionLimits(server_settings.header_timeout_s, server_settings.body_timeout_s,
                                                server_settings.max_connections or default_max_connections())),
     )
+    _BoundServer(config).run(sockets=[sock])
+
+
+class _BoundServer(uvicorn.Server):
+    """uvicorn's server on the socket bound at start, which says where it runs once it listens
+    (uvicorn says so only for a socket it bound itself)."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets:
+            self._log_started_message(sockets)
 
 
 if __name__ == "__main__":

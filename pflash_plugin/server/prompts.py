@@ -2,6 +2,7 @@
 template, prompts given as text or token ids, logit_bias keys; each checked, a bad one a 400."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,8 @@ from llama_cpp import llama_chat_format
 from ..llama import Model
 from .protocol import RequestError
 from .tools import REFUSED_CHAT_FORMATS, syntax_for
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,7 +25,8 @@ class ChatPrompt:
 
 def chat_formatter(model: Model, chat_format: str | None) -> Any:
     """The GGUF's Jinja template unless `chat_format` names one of llama_cpp's formats; raises
-    ValueError (at start) for an unknown name."""
+    ValueError (at start) for an unknown name. A GGUF without a template gets `fallback_format`,
+    said in the log (as stock says its llama-2 fallback)."""
     template = model.chat_template()
     if chat_format is None and template:
         return llama_chat_format.Jinja2ChatFormatter(
@@ -30,7 +34,18 @@ def chat_formatter(model: Model, chat_format: str | None) -> Any:
             eos_token=model.piece(model.eos).decode("utf-8", errors="replace"),
             bos_token=model.piece(model.bos).decode("utf-8", errors="replace"),
         )
-    return named_formatter(chat_format or "llama-2")  # llama_cpp's own fallback when a GGUF has no template
+    if chat_format is None:
+        chat_format = fallback_format(model.architecture)
+        log.warning("the GGUF (%s) has no chat template: chat messages are rendered in llama_cpp's %r format "
+                    "(--chat_format names another)", model.architecture, chat_format)
+    return named_formatter(chat_format)
+
+
+def fallback_format(architecture: str) -> str:
+    """The chat format of a GGUF without a template: Gemma's turns for a Gemma model (the demo, a
+    base Gemma 3 whose tokenizer has them, answers in it and answers nothing in llama-2's), else
+    llama_cpp's own fallback, llama-2."""
+    return "gemma" if architecture.startswith("gemma") else "llama-2"
 
 
 def named_formatter(name: str) -> Any:

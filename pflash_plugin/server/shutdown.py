@@ -2,9 +2,10 @@
 (`python -m pflash_plugin.server`) or the patched stock `python -m llama_cpp.server`.
 
 At the first signal the engines start draining at once (new requests get 503; requests in flight
-finish or are cancelled within the grace) beside the server's own graceful shutdown, which waits
-for their connections; streams end with their requests instead of being cut by sse-starlette; the
-app's lifespan then frees the models.
+finish or are cancelled within the grace) while the server still listens, so that /health and new
+requests are answered 503 rather than refused; once drained, the server's own graceful shutdown
+runs (a second signal starts it at once). Streams end with their requests instead of being cut by
+sse-starlette; the app's lifespan then frees the models.
 """
 from __future__ import annotations
 
@@ -33,13 +34,15 @@ def drain_on_signal(models: ModelRegistry, grace_s: float) -> None:
     AppStatus.disable_automatic_graceful_drain()  # streams end with their requests
     started = threading.Lock()
 
-    def drain() -> None:
+    def drain(sig: int, frame: FrameType | None) -> None:
         models.drain(grace_s)
         AppStatus.should_exit = True  # every request has ended: close whatever stream is left
+        chained[sig](sig, frame)  # now the server stops listening and shuts down
 
     def handler(sig: int, frame: FrameType | None) -> Any:
-        if started.acquire(blocking=False):  # the first signal only
-            threading.Thread(target=drain, name="pflash-drain", daemon=True).start()
+        if started.acquire(blocking=False):  # the first signal: the server shuts down once drained
+            threading.Thread(target=drain, args=(sig, frame), name="pflash-drain", daemon=True).start()
+            return None
         return chained[sig](sig, frame)
 
     for sig in SIGNALS:
