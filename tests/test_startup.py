@@ -155,8 +155,8 @@ def run_start(args: list[str], tmp_path: Path, config: str | None = None) -> sub
     ([], "models:\n  - model: MODEL\n  n_ctx: [\n", "is not YAML"),
     ([], "api_key: 12\nmodels:\n  - model: MODEL\n", "api_key: Input should be a valid string (value not shown)"),
     ([], "released: 2024-05-01\nmodels:\n  - model: MODEL\n", "released: no such setting"),  # a YAML date
-    (["--port", "9000", "--n_ctx", "512"], "models:\n  - model: MODEL\n",
-     "takes every setting from the file, so --n_ctx --port would be ignored: put them in the file"),
+    (["--port", "9000", "--n_ctx", "512", "--pflash", "auto"], "models:\n  - model: MODEL\n",
+     "sets each model under models:, so --n_ctx --pflash would be ignored: put them there"),
     (["--port", "99999"], None, "cannot start: port 99999 is not a TCP port (0-65535)"),
 ])
 def test_start_errors_are_one_line_and_exit_2(tiny_model, tmp_path, args, config, says):
@@ -186,9 +186,16 @@ def test_no_model_and_no_demo_is_one_line(tmp_path):
         "the demo with: pip install 'pflash-plugin[demo]'"], done.stderr[-2000:]
 
 
+def test_server_flags_apply_over_a_config_file(tiny_model, tmp_path):
+    (tmp_path / "config.yaml").write_text(f"port: 1\nmodels:\n  - model: {tiny_model}\n    n_ctx: 512\n")
+    port = _free_port()
+    lines = start_log(["--config_file", str(tmp_path / "config.yaml"), "--port", str(port)])
+    assert f":{port}/v1" in next(line for line in lines if "serving " in line)
+
+
 def test_the_example_config_runs_as_shipped(demo_model, tmp_path):
     shipped = (ROOT / "examples" / "config.yaml").read_text()
-    port = _free_port()  # the config file's port wins over --port
+    port = _free_port()  # the file's port (start_log adds no --port beside a config file)
     (tmp_path / "config.yaml").write_text(shipped.replace("port: 8000", f"port: {port}"))
     lines = start_log(["--config_file", str(tmp_path / "config.yaml")])
     assert [line.split(": ")[1].split(" at ")[0] for line in lines if "serving " in line] == [

@@ -40,13 +40,15 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[
     args = build_parser().parse_args(argv)
     config_file = os.environ.get("CONFIG_FILE", args.config_file)
     if config_file:
-        given = [f"--{key}" for key, value in vars(args).items() if value is not None and key != "config_file"]
-        if given:  # the file holds every setting (the models' too): a flag beside it would be lost
-            raise ValueError(f"--config_file {config_file} takes every setting from the file, so {' '.join(given)} "
-                             "would be ignored: put them in the file (server keys at the top, model keys under "
-                             "models:), or leave out --config_file")
+        given = {key: value for key, value in vars(args).items() if value is not None and key != "config_file"}
+        model_flags = [f"--{key}" for key in given if key not in ServerSettings.model_fields]
+        if model_flags:  # which of the file's models would they set? refused rather than lost
+            raise ValueError(f"--config_file {config_file} sets each model under models:, so {' '.join(model_flags)} "
+                             "would be ignored: put them there, or leave out --config_file (server flags such as "
+                             "--port apply over the file)")
         config = read_config_file(config_file)
-        return ServerSettings.model_validate(config.model_dump(exclude={"models"})), config.models
+        # a server flag wins over the file's key, as the HOST and PORT variables do
+        return ServerSettings.model_validate({**config.model_dump(exclude={"models"}), **given}), config.models
     # stock annotates parse_model_from_args(cls) as returning the class; it returns an instance
     server = cast(ServerSettings, parse_model_from_args(ServerSettings, args))
     return server, [cast(ModelSettings, parse_model_from_args(ModelSettings, args))]

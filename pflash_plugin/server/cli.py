@@ -86,5 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_args_from_model(cast(argparse.ArgumentParser, _Grouped(parser)), Settings)
     parser.add_argument("--config_file", type=str, help="A YAML or JSON file of server keys and a list of models "
-                        "(examples/config.yaml); it holds every setting: another flag beside it is refused.")
+                        "(examples/config.yaml); server flags (--port, --api_key, ...) apply over it, model flags "
+                        "beside it are refused (set them under models:).")
     return parser
