@@ -1,0 +1,212 @@
+"""Decode at scale on a real vocabulary: ours (backend sampling on and off) against llama-server
+(with and without `-bs`), per sampling mode, and the host's time per step of our engine.
+
+On the CUDA machine, with the 128K-vocabulary models (`VOCAB_EXTRA=127000`, bench/gpu/setup.sh):
+    VOCAB_EXTRA=127000 bash bench/gpu/servers.sh bench/gpu/decode_scale.py --out $OUT/decode_scale.json
+On a CPU, tiny shapes (a check of the script): `--target TINY.gguf --drafter x --llama-server none
+--gpu-layers 0 --clients 4 --tokens 16 --reps 1`.
+
+Throughput: C clients each send 2 requests of `--tokens` tokens one after the other to
+/v1/completions (random token-id prompts of 32 tokens; every token generated: ours `min_tokens`,
+llama-server `ignore_eos`), completion tokens from `usage` over the wall time; all servers loaded,
+one driven at a time, reps interleaved (mode by mode, server by server); medians over reps.
+Modes: greedy; temperature 0.8 + top_p 0.9; the same with a seed per request; with presence and
+frequency penalties; greedy with one client's requests held to a JSON grammar.
+Engine arm (`--engine`): our engine in this process, 64 requests at once, each llama_decode timed
+with its synchronization: ms per step, of which the decode, and the host's rest.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from multi_gpu import Record, Server, client, complete, log_dir, models_parser, run_arms, token_ids  # noqa: E402
+
+JSON_GRAMMAR = r'''root ::= "{" ws "\"a\":" ws [0-9]+ ws "}" ws
+ws ::= [ \n]*'''
+MODES: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0},
+    "top_p": {"temperature": 0.8, "top_p": 0.9},
+    "seeded": {"temperature": 0.8, "top_p": 0.9, "seed": "per request"},
+    "penalties": {"temperature": 0.8, "top_p": 0.9, "presence_penalty": 0.5, "frequency_penalty": 0.5},
+    "json_row": {"temperature": 0},  # client 0 sends JSON_GRAMMAR
+}
+
+
+def ours(label: str, port: int, args: argparse.Namespace, backend: str) -> Server:
+    return Server(label, [
+        "--model", args.target, "--n_gpu_layers", str(args.gpu_layers), "--n_ctx", "512",
+        "--max_concurrency", str(args.slots), "--max_queue", "1024", "--flash_attn", "true",
+        "--backend_sampling", backend, "--verbose", "false",
+    ], port=port, log_dir=log_dir(args), ours=True)
+
+
+def llama_server(label: str, port: int, args: argparse.Namespace, *extra: str) -> Server:
+    return Server(label, [
+        "-m", args.target, "--host", "127.0.0.1", "-ngl", "999", "-c", str(512 * args.slots), "-np", str(args.slots),
+        "-fa", "on", "--cache-ram", "0", *extra,
+    ], program=[args.llama_server], port=port, log_dir=log_dir(args))
+
+
+def request_body(server: Server, mode: str, rng: random.Random, args: argparse.Namespace, grammar: bool) -> dict:
+    body: dict[str, Any] = {"prompt": token_ids(32, rng), "max_tokens": args.tokens, "repeat_penalty": 1.0,
+                            "top_k": 40, "min_p": 0.0, "top_p": 1.0, **MODES[mode]}
+    if body.get("seed") == "per request":
+        body["seed"] = rng.randrange(2**31)
+    if grammar:
+        body["grammar"] = JSON_GRAMMAR
+    if server.ours:
+        body["min_tokens"] = 0 if grammar else args.tokens
+    else:
+        body.update(ignore_eos=not grammar, cache_prompt=False)
+    return body
+
+
+async def throughput(server: Server, mode: str, clients: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+
+    async def one_client(http: httpx.AsyncClient, index: int) -> int:
+        tokens = 0
+        for _ in range(2):
+            reply = await complete(http, server, request_body(server, mode, rng, args, mode == "json_row" and index == 0))
+            tokens += reply["usage"]["completion_tokens"]
+        return tokens
+
+    async with client() as http:
+        start = time.perf_counter()
+        counts = await asyncio.wait_for(asyncio.gather(*(one_client(http, i) for i in range(clients))), args.limit_s)
+        wall = time.perf_counter() - start
+    return {"clients": clients, "tokens": sum(counts), "wall_s": round(wall, 3), "tok_s": round(sum(counts) / wall, 1)}
+
+
+def engine_steps(args: argparse.Namespace, mode: str, backend: str) -> dict[str, Any]:
+    """Our engine in this process: tok/s, and per step the wall time, the decode's (llama_decode and
+    its synchronization) and the host's rest."""
+    from pflash_plugin.engine.loader import EngineConfig, load_engine
+    from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+    from pflash_plugin.llama import ModelParams
+
+    config = EngineConfig(n_slots=args.slots, max_ctx=512, flash_attn=True, backend_sampling=backend,
+                          model=ModelParams(n_gpu_layers=args.gpu_layers))
+    model, engine = load_engine(args.target, config)
+    ctx, decode_s, steps = engine.runner.ctx, [0.0], [0]
+    decode = ctx.decode
+
+    def timed(batch) -> None:
+        start = time.perf_counter()
+        decode(batch)
+        ctx.synchronize()
+        decode_s[0] += time.perf_counter() - start
+        steps[0] += 1
+
+    ctx.decode = timed  # type: ignore[method-assign]
+    try:
+        rng = random.Random(5)
+        fields = {"top_k": 40, "min_p": 0.0, "top_p": 1.0, **MODES[mode]}
+        done = threading.Semaphore(0)
+        requests = [Request(token_ids(32, rng), SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens,
+                                                               **{**fields, "seed": i if "seed" in fields else None}))
+                    for i in range(args.slots)]
+        for request in requests:
+            request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
+        start = time.perf_counter()
+        engine.submit(*requests)
+        for _ in requests:
+            assert done.acquire(timeout=args.limit_s), "the engine did not finish"
+        wall = time.perf_counter() - start
+    finally:
+        engine.stop()
+        engine.close()
+        model.close()
+    tokens = sum(len(r.output_tokens) for r in requests)
+    outputs = hash(tuple(tuple(r.output_tokens) for r in requests))  # greedy: the same with the device on and off
+    return {"mode": mode, "backend_sampling": backend, "outputs": outputs, "tok_s": round(tokens / wall, 1), "steps": steps[0],
+            "step_ms": round(1000 * wall / steps[0], 3), "decode_ms": round(1000 * decode_s[0] / steps[0], 3),
+            "host_ms": round(1000 * (wall - decode_s[0]) / steps[0], 3)}
+
+
+def side_by_side(args: argparse.Namespace, record: Record) -> None:
+    servers = [ours("ours", args.port, args, "on"), ours("ours-host-sampling", args.port + 1, args, "off")]
+    if args.llama_server != "none":
+        servers += [llama_server("llama-server", args.port + 2, args),
+                    llama_server("llama-server-bs", args.port + 3, args, "-bs")]
+    try:
+        for server in servers:
+            server.launch()
+        for server in servers:
+            ready = server.wait_ready(600)
+            asyncio.run(throughput(server, "greedy", 4, args, seed=1))  # warm-up
+            record.add({"server": server.label, "kind": "start", "ready_s": round(ready, 1)})
+        for rep in range(args.reps):
+            for mode in args.modes:
+                for clients in args.clients:
+                    for server in servers:
+                        row = {"server": server.label, "kind": "throughput", "mode": mode, "rep": rep}
+                        try:
+                            row.update(asyncio.run(throughput(server, mode, clients, args, seed=100 * rep + clients)))
+                        except Exception as error:  # one server's failure costs its own row only
+                            row.update(clients=clients, error=f"{type(error).__name__}: {error}"[:1000])
+                        record.add(row)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def table(data: dict[str, Any]) -> str:
+    """Markdown: tok/s medians per mode and clients (a column per server), then the engine's steps."""
+    rows = [r for r in data["results"].get("servers", []) if r.get("kind") == "throughput"]
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    lines = ["| mode | clients | " + " | ".join(servers) + " |", "|---|---|" + "---|" * len(servers)]
+    for mode, clients in dict.fromkeys((r["mode"], r["clients"]) for r in rows):
+        cells = [statistics.median([r["tok_s"] for r in rows if (r["mode"], r["clients"], r["server"])
+                                    == (mode, clients, s)] or [0]) for s in servers]
+        lines.append(f"| {mode} | {clients} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    steps = [r for r in data["results"].get("engine", []) if "step_ms" in r]
+    if steps:
+        greedy = {r["backend_sampling"]: r["outputs"] for r in steps if r["mode"] == "greedy"}
+        lines += ["", "| engine: mode | backend sampling | tok/s | ms/step | decode ms | host ms |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['backend_sampling']} | {r['tok_s']:,.0f} | {r['step_ms']} | {r['decode_ms']} | "
+                  f"{r['host_ms']} |" for r in steps]
+        lines += ["", f"greedy tokens, device path = host path: {len(set(greedy.values())) == 1}"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = models_parser(__doc__.splitlines()[0])
+    parser.add_argument("--arms", nargs="+", default=["engine", "servers"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--clients", nargs="+", type=int, default=[64])
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=-1)
+    parser.add_argument("--limit-s", dest="limit_s", type=float, default=180.0)
+    parser.add_argument("--port", type=int, default=8400)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    def run(arm: str, record: Record) -> None:
+        if arm == "engine":
+            for mode in args.modes:
+                for backend in ("on", "off"):
+                    record.add(engine_steps(args, mode, backend))
+        else:
+            side_by_side(args, record)
+
+    run_arms(args.out, args.arms, run)
+    print(table(json.loads(args.out.read_text())))
+
+
+if __name__ == "__main__":
+    main()
