@@ -15,6 +15,7 @@ not see a stack count that grows token after token (an ambiguous grammar such as
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # llama.cpp's bound on what one repetition may expand to (grammar-parser's MAX_REPETITION_THRESHOLD)
@@ -139,6 +140,41 @@ def _positions_pops(alt: list[Symbol], after: list[int], stacks: list[int], pops
         counts[i] = after[i + 1] if s < 0 else _saturate(
             pops[s] + stacks[s] * after[i + 1] + (counts[i + 1] if nullable[s] else 0))
     return counts[:len(alt)]
+
+
+# one pass over a grammar's text: the inert spans (literals, classes, tokens, comments) whole, then
+# what nests or adds rules (groups, `::=`, repetition operators and bounds)
+_SHAPE_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\[[^\]\\]*(?:\\.[^\]\\]*)*\]|<[^>]*>|#[^\n]*'
+                          r"|(\()|(\))|::=|[*+?]|\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+@dataclass(frozen=True)
+class GrammarShape:
+    nesting: int  # the deepest group nesting
+    rules: int  # rules llama.cpp's rewriting makes, about: `::=`, groups, operators, repetitions
+
+
+def grammar_shape(grammar: str, max_nesting: int, max_rules: int) -> GrammarShape:
+    """A grammar's nesting and rule count, read in one pass of constant memory (an array the size of
+    the grammar was 1.19 GiB for one of 160 million characters), stopping as soon as either passes
+    its bound: what this returns is then over that bound."""
+    depth = nesting = rules = 0
+    for token in _SHAPE_TOKEN.finditer(grammar):
+        opened, closed, low, high = token.groups()
+        text = token.group()
+        if opened:
+            depth += 1
+            nesting = max(nesting, depth)
+            rules += 1
+        elif closed:
+            depth -= 1
+        elif text in ("::=", "*", "+", "?"):
+            rules += 1
+        elif low is not None:
+            rules += max(repetition_bound(low), repetition_bound(high or ""))
+        if nesting > max_nesting or rules > max_rules:
+            break
+    return GrammarShape(nesting, rules)
 
 
 def repetition_bound(digits: str) -> int:

@@ -8,7 +8,6 @@ the KV pool share what they can); sample i of a seeded request uses seed + i, so
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from llama_cpp import llama_grammar
 
@@ -30,6 +29,7 @@ from .protocol import (
     sampling_params,
 )
 from .responses import ChatChoice, CompletionChoice, new_id
+from .schema_bounds import schema_grammar
 from .tool_requests import ToolRequest, plain_history
 from .tools import GENERIC, ToolCallReader
 
@@ -113,10 +113,7 @@ def format_grammar(served: ServedModel, response_format: ResponseFormat | None, 
     if response_format is None or response_format.type == "text":
         return _checked_grammar(served, grammar, "grammar")
     schema = response_format.schema_for_grammar()
-    try:
-        gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema)) if schema else llama_grammar.JSON_GBNF
-    except Exception as error:
-        raise RequestError(400, f"response_format schema is not usable: {error}", param="response_format") from None
+    gbnf = schema_grammar(schema, "response_format") if schema else llama_grammar.JSON_GBNF
     return _checked_grammar(served, gbnf, "response_format")
 
 

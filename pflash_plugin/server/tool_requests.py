@@ -8,9 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llama_cpp import llama_grammar
-
 from .protocol import ChatCompletionRequest, RequestError
+from .schema_bounds import schema_grammar
 from .tools import CALL_RULE, MISTRAL, ToolCallReader, ToolSyntax
 
 
@@ -84,11 +83,7 @@ class ToolRequest:
             schema = {"type": "array", "items": schema, "minItems": 1, **({} if several else {"maxItems": 1})}
         if defs:
             schema = {**schema, "$defs": defs}
-        try:
-            gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
-        except Exception as error:
-            raise RequestError(400, f"a tool's parameters are not a usable JSON schema: {error}",
-                               param="tools") from None
+        gbnf = schema_grammar(schema, "tools")  # the functions' parameters, bounded first
         renamed = re.sub(r"^root ::=", f"{CALL_RULE} ::=", gbnf, count=1, flags=re.MULTILINE)
         return f"{self.syntax.root_rule(several)}\n{renamed}"
 
