@@ -9,7 +9,8 @@ from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
 from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
-from pflash_plugin.pflash.drafter import Alone, DraftOptions, Drafter
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter
+from pflash_plugin.pflash.pacing import Alone
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.pflash.report import PflashReport
 from pflash_plugin.testing import cached_tiny_llama

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from pflash_plugin.llama import Model, native
-from pflash_plugin.pflash.drafter import Alone, DraftOptions, Drafter
+from pflash_plugin.pflash.drafter import DraftOptions, Drafter
+from pflash_plugin.pflash.pacing import Alone
 from pflash_plugin.pflash.scorers import NumpyScorer, make_scorer
 from pflash_plugin.pflash.attention_mass import attention_mass
 from pflash_plugin.llama.capture import CaptureSpec

@@ -10,6 +10,7 @@ import pytest
 from pflash_plugin.llama import Model, native
 from pflash_plugin.pflash.compressor import CompressionJob, Compressor, PflashConfig
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter, DrafterError, check_vocab, scoring_layers
+from pflash_plugin.pflash.pacing import Pacing
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -189,7 +190,7 @@ def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, s
     drafter = Drafter(deep_model, [1], 512, DraftOptions(n_batch=64, scorer=scorer))
     yield_now = _YieldAfter(5, 40)  # true while the first chunk computes: llama.cpp aborts it
     neighbours = SimpleNamespace(interactive_waiting=yield_now, slots_decoding=lambda: False)
-    drafted = drafter.run(tokens, 392, neighbours=neighbours)
+    drafted = drafter.run(tokens, 392, pacing=Pacing(neighbours))
     assert drafter.aborted_chunks >= 1 and yield_now.calls > 40
     # rolled back and redone: the same captures and scores as an undisturbed run
     for x, y in zip(drafter.scorer.tensors(1), reference.scorer.tensors(1)):
@@ -209,7 +210,37 @@ def test_drafter_shares_the_device_with_decoding_slots(deep_model, monkeypatch):
     pauses: list[float] = []
     monkeypatch.setattr(drafter_module.time, "sleep", pauses.append)
     decoding = SimpleNamespace(interactive_waiting=lambda: False, slots_decoding=lambda: True)
-    got = solo.run(tokens, 1190, progress=shared.append, neighbours=decoding)
+    got = solo.run(tokens, 1190, progress=shared.append, pacing=Pacing(decoding))
     assert alone == [1024, 1200] and shared == [512, 1024, 1200]
     assert len(pauses) == 3 and all(p > 0 for p in pauses)  # 3x each chunk's time at duty 0.25
+    np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)
+
+
+def test_a_draft_past_its_bound_no_longer_steps_aside(deep_model, monkeypatch):
+    """Neighbours that always wait for a first token and always decode: a prompt that arrived
+    longer ago than the bound drafts as if alone (full chunks, no pause, no abort), one within it
+    steps aside until the bound passes and then does the same; the scores are the same."""
+    import pflash_plugin.pflash.drafter as drafter_module
+
+    tokens = prompt_tokens(deep_model, 1200)
+    drafter = Drafter(deep_model, [1], 1300, DraftOptions(n_batch=1024, shared_duty=0.25))
+    expected = drafter.run(tokens, 1190)
+    busy = SimpleNamespace(interactive_waiting=lambda: True, slots_decoding=lambda: True)
+    now = [100.0]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the drafter's waits move the injected clock
+        waits.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(drafter_module.time, "sleep", sleep)
+    late, chunks = Pacing(busy, started=now[0] - 3.0, bound_s=2.0, clock=lambda: now[0]), []
+    got = drafter.run(tokens, 1190, progress=chunks.append, pacing=late)
+    assert chunks == [1024, 1200] and waits == [] and drafter.aborted_chunks == 0
+    np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)
+
+    fresh, chunks = Pacing(busy, started=now[0], bound_s=2.0, clock=lambda: now[0]), []
+    got = drafter.run(tokens, 1190, progress=chunks.append, pacing=fresh)
+    assert now[0] - fresh.started == pytest.approx(2.0, abs=0.01)  # stepped aside up to the bound, no longer
+    assert chunks == [1024, 1200]  # then as if alone
     np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .drafter import Alone, Cancelled, Drafter, DrafterError, Neighbours
+from .drafter import Cancelled, Drafter, DrafterError
+from .pacing import POLITE_S, Alone, Neighbours, Pacing
 from .query import QueryPlan
 from .attention_mass import NonFiniteScores
 from .report import MANDATORY_OVER_BUDGET, PflashReport
@@ -33,6 +34,7 @@ class PflashConfig:
     segment_min: int = 16
     segment_max: int = 128
     select: Callable[..., Selection | None] = select  # select(mass, segments, budget, mandatory)
+    polite_s: float = POLITE_S  # a prompt's draft steps aside for its neighbours this long after its arrival
 
     def ratio_for(self, n_tokens: int, override: float | None = None) -> float:
         if override is not None:
@@ -47,6 +49,7 @@ class CompressionJob:
     keep_ratio: float
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: int = 0  # tokens drafted so far (written by the compression thread)
+    created: float = field(default_factory=time.monotonic)  # the prompt's arrival, as its draft's pacing counts
 
     def skipped(self, reason: str, cause: str) -> PflashReport:
         """The report of this job when it is not run (the engine decided against it)."""
@@ -96,7 +99,7 @@ class Compressor:
                 plan.query_end,
                 should_stop=job.cancelled.is_set,
                 progress=lambda done: setattr(job, "progress", done),
-                neighbours=neighbours,
+                pacing=Pacing(neighbours, job.created, self.config.polite_s),
             )
         except NonFiniteScores as error:
             return self._fallback(tokens, report, f"non-finite scores: {error}")

@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from ..llama import Batch, Context, ContextConfig, DecodeError, Model
 from ..llama.devices import gpu_count
 from ..llama.capture import CaptureSpec
 from .scorers import ScoringError, make_scorer
+from .pacing import Pacing
 from .windows import DraftWindows, Stage
 
 log = logging.getLogger(__name__)
@@ -33,31 +34,12 @@ RECURRENT_ARCHS = {
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
 
 
-MAX_YIELD_S = 2.0  # longest a drafter chunk waits for interactive work (no starvation)
-SHARED_CHUNK = 512  # tokens per drafter chunk while slots decode beside it (short device bursts)
 KV_VIEW_PAD = 256  # llama.cpp rounds the cells a ubatch attends to (n_kv) up to a multiple of this
 PIN_SEQ = 1  # the sequence of the cell that pins a windowed draft's KV view (Drafter._pin_view)
 
 
 def _never() -> bool:
     return False
-
-
-class Neighbours(Protocol):
-    """What the engine tells background work about the requests it serves (engine.seams.Activity)."""
-
-    def interactive_waiting(self) -> bool: ...  # requests wait for a first token: pause, abort a chunk
-    def slots_decoding(self) -> bool: ...  # slots are decoding: short chunks, paced to a duty cycle
-
-
-class Alone:
-    """No neighbours: a drafter run on its own (tests, benchmarks, calibration)."""
-
-    def interactive_waiting(self) -> bool:
-        return False
-
-    def slots_decoding(self) -> bool:
-        return False
 
 
 @dataclass(frozen=True)
@@ -273,13 +255,12 @@ class Drafter:
         query_end: int | None = None,
         should_stop: Callable[[], bool] = _never,
         progress: Callable[[int], None] = lambda done: None,
-        neighbours: Neighbours = Alone(),
+        pacing: Pacing | None = None,
     ) -> DraftResult:
         """Draft `tokens` chunk by chunk and score keys [0, query_start) by the attention of the
-        queries [query_start, query_end). Scoring is background work: while requests wait for their
-        first token the drafter pauses between chunks and aborts a chunk in flight, redoing it
-        afterwards, for at most MAX_YIELD_S per chunk; while slots decode it drafts short chunks
-        and pauses after each, so that it computes `shared_duty` of the time."""
+        queries [query_start, query_end). Scoring is background work, paced beside the engine's
+        slots by `pacing` (pacing.py: polite up to its bound, then as if alone; None: alone); while
+        slots decode it computes `shared_duty` of the time."""
         if len(tokens) > self.max_tokens:
             raise DrafterError(f"{len(tokens)} tokens exceed the drafter context ({self.max_tokens})")
         query_end = len(tokens) if query_end is None else query_end
@@ -295,10 +276,11 @@ class Drafter:
             forward_start = time.perf_counter()
             first, *rest = stages = self.windows.stages(query_end)
             tally = _Tally(progress)
+            paced = (pacing or Pacing()).lane(self.duty)
             if self.lanes and rest:
-                self._draft_in_lanes(first, rest, tokens, batch, should_stop, tally, neighbours)
+                self._draft_in_lanes(first, rest, tokens, batch, should_stop, tally, paced)
             else:
-                self._draft_from_first(first, rest, tokens, batch, should_stop, tally, neighbours)
+                self._draft_from_first(first, rest, tokens, batch, should_stop, tally, paced)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:
@@ -339,7 +321,7 @@ class Drafter:
             self.ctx.clear()
 
     def _draft_in_lanes(self, first: Stage, windows: list[Stage], tokens: list[int], batch: Batch,
-                        should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+                        should_stop: Callable[[], bool], tally: _Tally, pacing: Pacing) -> None:
         """The first stage and the windows dealt round-robin to this drafter and its lanes, drafted at
         once: one lane's host work (a ubatch's inputs and graph launch) overlaps another's GPU work,
         which the capture callback's synchronization otherwise serializes. This drafter, which also
@@ -351,13 +333,13 @@ class Drafter:
             return stop.is_set() or should_stop()
 
         count = len(self.lanes) + 1
-        jobs = [self._pool.submit(lane._draft_as_lane, windows[i::count], tokens, halt, tally, neighbours)
+        jobs = [self._pool.submit(lane._draft_as_lane, windows[i::count], tokens, halt, tally, pacing)
                 for i, lane in enumerate(self.lanes) if windows[i::count]]
         for job in jobs:
             job.add_done_callback(lambda done: stop.set() if done.exception() else None)
         errors: list[BaseException] = []
         try:
-            self._draft_from_first(first, windows[count - 1::count], tokens, batch, halt, tally, neighbours)
+            self._draft_from_first(first, windows[count - 1::count], tokens, batch, halt, tally, pacing)
         except BaseException as error:  # re-raised below, once the lanes have stopped
             errors.append(error)
             stop.set()
@@ -370,14 +352,14 @@ class Drafter:
             raise next((error for error in errors if not isinstance(error, Cancelled)), errors[0])
 
     def _draft_from_first(self, first: Stage, windows: list[Stage], tokens: list[int], batch: Batch,
-                          should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+                          should_stop: Callable[[], bool], tally: _Tally, pacing: Pacing) -> None:
         """The first stage (the sink and a first window), then `windows` beside the sink."""
-        self._draft_stage(first, tokens, batch, should_stop, tally, neighbours)
+        self._draft_stage(first, tokens, batch, should_stop, tally, pacing)
         bridge = min(self.windows.sink, first.end) - 1
-        self._draft_windows(windows, tokens, bridge, batch, should_stop, tally, neighbours)
+        self._draft_windows(windows, tokens, bridge, batch, should_stop, tally, pacing)
 
     def _draft_as_lane(self, windows: list[Stage], tokens: list[int], should_stop: Callable[[], bool],
-                       tally: _Tally, neighbours: Neighbours) -> None:
+                       tally: _Tally, pacing: Pacing) -> None:
         """A lane's part of a prompt (its scorer begun with the lead's): the sink again, which the lead
         captured, then its windows."""
         batch = Batch(self.n_batch, 1)
@@ -388,19 +370,19 @@ class Drafter:
             for start in range(0, sink, self.n_batch):
                 batch.clear()
                 batch.add_sequence(tokens[start:min(sink, start + self.n_batch)], start, 0, False)
-                self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
+                self._decode_politely(batch, should_stop, pacing)
             self.scorer.enable(True)
-            self._draft_windows(windows, tokens, sink - 1, batch, should_stop, tally, neighbours)
+            self._draft_windows(windows, tokens, sink - 1, batch, should_stop, tally, pacing)
         finally:
             self._clear()
             batch.close()
 
     def _draft_windows(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
-                       should_stop: Callable[[], bool], tally: _Tally, neighbours: Neighbours) -> None:
+                       should_stop: Callable[[], bool], tally: _Tally, pacing: Pacing) -> None:
         """The windows one after another, each beside the sink whose last cell is `bridge`."""
         for stage in windows:
             bridge = self._enter_window(stage, bridge)
-            self._draft_stage(stage, tokens, batch, should_stop, tally, neighbours)
+            self._draft_stage(stage, tokens, batch, should_stop, tally, pacing)
 
     def _enter_window(self, stage: Stage, bridge: int) -> int:
         """Drop the previous window's cells, keeping the sink, and move the sink's last cell to just
@@ -413,38 +395,43 @@ class Drafter:
         return stage.start - 1
 
     def _draft_stage(self, stage: Stage, tokens: list[int], batch: Batch, should_stop: Callable[[], bool],
-                     tally: _Tally, neighbours: Neighbours) -> None:
+                     tally: _Tally, pacing: Pacing) -> None:
         """Decode a stage chunk by chunk and politely (see `run`), telling the scorer the chunk's prompt
         positions where its rows are not in prompt order (lanes)."""
         done = stage.start
         while done < stage.end:
-            shared = neighbours.slots_decoding()
-            end = min(done + (min(self.n_batch, SHARED_CHUNK) if shared else self.n_batch), stage.end)
+            self._step_aside(should_stop, pacing)  # then the turn: it may have changed meanwhile
+            turn = pacing.turn()
+            end = min(done + min(self.n_batch, turn.chunk or self.n_batch), stage.end)
             batch.clear()
             batch.add_sequence(tokens[done:end], done, 0, False)
             if self.lays_out:
                 self.scorer.layout([(done, end - done)])
             chunk_start = time.perf_counter()
-            self._decode_politely(batch, should_stop, neighbours.interactive_waiting)
+            self._decode_politely(batch, should_stop, pacing)
             if self.scorer.error():
                 raise DrafterError(f"capture failed: {self.scorer.error()}")
-            if shared and self.duty < 1.0:
-                time.sleep((time.perf_counter() - chunk_start) * (1.0 / self.duty - 1.0))
+            if turn.duty < 1.0:
+                time.sleep((time.perf_counter() - chunk_start) * (1.0 / turn.duty - 1.0))
             tally.add(end - done)
             done = end
 
-    def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool],
-                         interactive_waiting: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + MAX_YIELD_S
-        while True:
-            while interactive_waiting() and time.monotonic() < deadline:
-                if should_stop():
-                    raise Cancelled()
-                time.sleep(0.005)
+    @staticmethod
+    def _step_aside(should_stop: Callable[[], bool], pacing: Pacing) -> None:
+        """Wait while the pacing says so (requests wait for a first token, within the bound)."""
+        while pacing.stepping_aside():
             if should_stop():
                 raise Cancelled()
+            time.sleep(0.005)
+        if should_stop():
+            raise Cancelled()
+
+    def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool], pacing: Pacing) -> None:
+        """Decode one chunk, stepping aside first (and aborting it in flight) while the pacing says so."""
+        while True:
+            self._step_aside(should_stop, pacing)
             self.scorer.checkpoint()
-            self._abort_if = lambda: interactive_waiting() and time.monotonic() < deadline
+            self._abort_if = pacing.stepping_aside
             try:
                 self.ctx.decode(batch)
                 return

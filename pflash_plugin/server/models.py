@@ -57,6 +57,7 @@ def pflash_config(settings: ModelSettings) -> PflashConfig:
         segment_min=settings.pflash_segment_min,
         segment_max=settings.pflash_segment_max,
         select=plugins.selector(settings.pflash_selector),
+        polite_s=settings.pflash_polite_s,
     )
 
 

@@ -94,6 +94,12 @@ class ModelSettings(StockModelSettings):
         default=0.5, gt=0.0, le=1.0,
         description="While slots decode, the share of time the drafter computes (it pauses the rest; 1: no pause).",
     )
+    pflash_polite_s: float = Field(
+        default=2.0, ge=0.0,
+        description="How long after its arrival a prompt's draft steps aside for other requests (shorter chunks "
+        "and pauses while slots decode, waits while requests wait for a first token); then it drafts as if "
+        "alone, so no prompt waits longer than this plus its draft for it.",
+    )
     pflash_drafter_gpu_layers: Optional[int] = Field(
         default=None, description="Layers of --pflash_drafter on the GPU (default: the target's n_gpu_layers)."
     )
