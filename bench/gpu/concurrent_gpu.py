@@ -12,7 +12,7 @@ counted from its sending, so queueing is included):
 - cd4: 4 prompts of 84K tokens, 1,024 tokens out each.
 Arms: `serial-pflash` (ours, 1 slot, PFlash), `full` and `pflash` (one server of ours with 4 slots,
 per-request `pflash` mode off / always), `pflash-one-lane` (the same with `--pflash_drafter_lanes 1`),
-`llama-server` (`-np 4 --cache-ram 0`, a KV stream per
+`pflash-polite-S` (group `polite-S`: 4 slots, PFlash only, `--pflash_polite_s S`), `llama-server` (`-np 4 --cache-ram 0`, a KV stream per
 slot as llama-server defaults to). Servers that fit the GPU together run their arms interleaved,
 workload by workload.
 Arm `decode64`: 64 clients x 2 requests of 128 tokens, ours (64 slots) against llama-server
@@ -85,6 +85,8 @@ def arms_of(server: Server) -> list[tuple[str, str | None]]:
         return [("serial-pflash", "always")]
     if server.label == "ours-4-one-lane":
         return [("pflash-one-lane", "always")]
+    if server.label.startswith("ours-4-polite-"):
+        return [(f"pflash-{server.label[len('ours-4-'):]}", "always")]
     return [("full", "off"), ("pflash", "always")]
 
 
@@ -127,7 +129,8 @@ def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--groups", nargs="+", default=["ours", "llama-server"],
                         help="ours (4 slots + serial), ours-unified (4 slots, --kv_layout unified), ours-one-lane (4 slots, "
-                        "PFlash drafting in one lane), llama-server, decode64")
+                        "PFlash drafting in one lane), polite-S (4 slots, PFlash only, --pflash_polite_s S), "
+                        "llama-server, decode64")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--prefill_chunk", type=int, default=512)
@@ -142,8 +145,14 @@ def main() -> None:
         "llama-server": lambda: [llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))],
     }
 
+    def polite(bound: str) -> list[Server]:  # a PFlash server whose drafts step aside for `bound` s at most
+        return [ours(f"ours-4-polite-{bound}", args.port + 7, args, SLOTS, "--pflash_polite_s", bound)]
+
     def run(group: str, record: Record) -> None:
-        decode64(args, record) if group == "decode64" else run_group(groups[group](), args, record)
+        if group == "decode64":
+            decode64(args, record)
+        else:
+            run_group(polite(group[len("polite-"):]) if group.startswith("polite-") else groups[group](), args, record)
 
     run_arms(args.out, args.groups, run)
 
