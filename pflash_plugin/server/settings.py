@@ -58,10 +58,11 @@ class ModelSettings(StockModelSettings):
         "requests whose parameters it serves; auto: where the output layer runs on a GPU (docs/sampling.md).",
     )
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
-    prefill_chunk: int = Field(
-        default=128, ge=1,
+    prefill_chunk: Optional[int] = Field(
+        default=None, ge=1,
         description="While requests decode, a step prefills at most this many tokens times the prompts waiting for "
-        "their first token, shortest prompt first (so decode steps stay short).",
+        "their first token, shortest prompt first (so decode steps stay short); default: 512 where the model's "
+        "layers run on a GPU, 128 on the CPU.",
     )
     # PFlash prefill compression
     pflash: Literal["off", "auto", "always"] = Field(
