@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .context import ServerContext, get_context
 from .errors import OpenAIRoute
+from .models import ServedModel
 from .protocol import RequestError
 from .responses import ERROR_RESPONSES
 
@@ -25,21 +26,29 @@ extras = APIRouter(route_class=OpenAIRoute, tags=["Extras"], responses=ERROR_RES
 operations = APIRouter(route_class=OpenAIRoute, tags=["Operations"], responses=ERROR_RESPONSES)
 
 
+def _tokens(served: ServedModel, text: str) -> list[int]:
+    """`input` tokenized within the completion routes' caps: max_ctx tokens, a text too long for
+    them refused before it is tokenized (a 7 MB body peaked at 848 MB here)."""
+    tokens = served.prompts.tokenize(text, "input")
+    served.prompts.limit.check_tokens(tokens, "input")
+    return tokens
+
+
 @extras.post("/extras/tokenize", response_model=TokenizeInputResponse)
 async def tokenize(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    tokens = await run_in_threadpool(ctx.models.get(body.model).prompts.tokenize, body.input)
-    return TokenizeInputResponse(tokens=tokens)
+    return TokenizeInputResponse(tokens=await run_in_threadpool(_tokens, ctx.models.get(body.model), body.input))
 
 
 @extras.post("/extras/tokenize/count", response_model=TokenizeInputCountResponse)
 async def count_tokens(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    tokens = await run_in_threadpool(ctx.models.get(body.model).prompts.tokenize, body.input)
+    tokens = await run_in_threadpool(_tokens, ctx.models.get(body.model), body.input)
     return TokenizeInputCountResponse(count=len(tokens))
 
 
 @extras.post("/extras/detokenize", response_model=DetokenizeInputResponse)
 async def detokenize(body: DetokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     served = ctx.models.get(body.model)
+    served.prompts.limit.check_tokens(body.tokens, "tokens")
     for token in body.tokens:
         if not 0 <= token < served.model.n_vocab:
             raise RequestError(400, f"token id {token} is outside the vocabulary", param="tokens")

@@ -97,7 +97,7 @@ class ServedModel:
             if self.params.embedding
             else None
         )
-        self.prompts = Prompts(self.model, self.params.chat_format, self.params.chat_template_kwargs)
+        self.prompts = Prompts(self.model, self.params.chat_format, self.params.chat_template_kwargs, self.max_ctx)
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         if self.pflash_scorer == "numpy" and settings.pflash_scorer == "auto":
             log.warning("model %s: PFlash scores with numpy, about 50x slower than the native scorer (201 ms "

@@ -10,6 +10,7 @@ from llama_cpp import llama_chat_format
 
 from ..llama import Model
 from .protocol import RequestError
+from .text_limits import TextLimit
 from .tools import REFUSED_CHAT_FORMATS, syntax_for
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,10 @@ def named_formatter(name: str) -> Any:
 class Prompts:
     """Tokenizes and checks the prompts of one model."""
 
-    def __init__(self, model: Model, chat_format: str | None, chat_template_kwargs: dict[str, Any]) -> None:
+    def __init__(self, model: Model, chat_format: str | None, chat_template_kwargs: dict[str, Any],
+                 max_ctx: int) -> None:
         self.model = model
+        self.limit = TextLimit(model, max_ctx)  # texts too long for max_ctx are refused untokenized
         self._formatter = chat_formatter(model, chat_format)
         self._template_kwargs = chat_template_kwargs
         # the tool-call syntax the template teaches (a named chat_format renders no tools)
@@ -77,18 +80,20 @@ class Prompts:
         except Exception as error:  # template errors are the client's messages' fault
             raise RequestError(400, f"the chat template could not render the messages: {error}",
                                param="messages") from None
+        self.limit.check_text(result.prompt, "messages")
         tokens = self.model.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)
         stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
         return ChatPrompt(tokens, stop, _last(messages, "user"), _last(messages, "system"))
 
-    def tokenize(self, prompt: str) -> list[int]:
+    def tokenize(self, prompt: str, param: str = "prompt") -> list[int]:
+        self.limit.check_text(prompt, param)
         return self.model.tokenize(prompt, add_special=True, parse_special=True)
 
     def tokenize_prompts(self, prompt: str | list, param: str = "prompt") -> list[tuple[list[int], str]]:
         """An OpenAI `prompt` or embeddings `input` (text, token ids, or a list of either) as
         (tokens, text) per prompt; `param` names the field in errors."""
         if isinstance(prompt, str):
-            return [(self.tokenize(prompt), prompt)]
+            return [(self.tokenize(prompt, param), prompt)]
         if not prompt or isinstance(prompt[0], int):
             tokens = self._token_ids(prompt, param)
             return [(tokens, self.model.detokenize(tokens) if tokens else "")]
