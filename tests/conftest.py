@@ -84,6 +84,19 @@ def live_server(models: list[dict], **server_kw) -> Iterator[LiveServer]:
         app.state.models.close()
 
 
+# PFlash on a tiny model: prompts of a few hundred tokens compress
+TINY_PFLASH = {"pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
+               "pflash_segment_max": 16}
+
+
+def hermes_model(alias: str, **kw) -> dict:
+    """A tiny model with the Hermes/Qwen chat template (it renders tools; calls in <tool_call> tags)."""
+    from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
+
+    return {"model": str(cached_tiny_llama(chat_template=TOOL_TEMPLATES["hermes"])), "model_alias": alias,
+            "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, **kw}
+
+
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model: Path) -> Iterator[LiveServer]:
     model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 512, "max_concurrency": 4, "max_queue": 16,

@@ -12,10 +12,8 @@ import httpx
 import jsonschema
 import pytest
 
-from conftest import live_server
+from conftest import TINY_PFLASH, hermes_model, live_server
 from pflash_plugin.server.anthropic_protocol import MessagesRequest, chat_request
-from pflash_plugin.testing import cached_tiny_llama
-from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},
            "required": ["city"], "additionalProperties": False}
@@ -27,13 +25,7 @@ NOTES = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
 
 @pytest.fixture(scope="module")
 def server():
-    def model(alias: str, **kw) -> dict:
-        return {"model": str(cached_tiny_llama(chat_template=TOOL_TEMPLATES["hermes"])), "model_alias": alias,
-                "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, **kw}
-
-    pflash = {"pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
-              "pflash_segment_max": 16}
-    with live_server([model("hermes"), model("pflash", **pflash)]) as live:
+    with live_server([hermes_model("hermes"), hermes_model("pflash", **TINY_PFLASH)]) as live:
         yield live
 
 

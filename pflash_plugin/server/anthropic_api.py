@@ -11,10 +11,10 @@ from starlette.responses import JSONResponse, Response
 
 from .anthropic_presenter import MessagesPresenter
 from .anthropic_protocol import ERROR_RESPONSES, CountTokensRequest, MessagesRequest, chat_request, error_body
+from .bridge import answer
 from .context import ServerContext, get_context
-from .dispatch import respond
 from .errors import OpenAIRoute
-from .prepare import chat_prompt, prepare_chat
+from .prepare import chat_prompt
 
 
 class AnthropicRoute(OpenAIRoute):
@@ -42,10 +42,8 @@ router = APIRouter(route_class=AnthropicRoute, tags=["Anthropic Messages"], resp
 
 @router.post("/v1/messages")
 async def create_message(http: Request, body: MessagesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    chat = chat_request(body)
-    served = ctx.models.get(body.model)
-    generation = await run_in_threadpool(prepare_chat, served, chat)
-    return await respond(http, ctx, generation, body.stream, MessagesPresenter(generation, body.stop_sequences or []))
+    stops = body.stop_sequences or []
+    return await answer(http, ctx, chat_request(body), lambda generation: MessagesPresenter(generation, stops))
 
 
 @router.post("/v1/messages/count_tokens")

@@ -1,11 +1,19 @@
-"""Other APIs' bodies (the Responses API, Anthropic's Messages) as chat completion requests: the one
-request type that prepare.py turns into engine requests."""
+"""Other APIs' bodies (the Responses API, Anthropic's Messages) as chat completion requests, the one
+request type that prepare.py turns into engine requests, answered through the chat path in their
+own shapes (a presenter)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+from fastapi import Request
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
+from .context import ServerContext
+from .dispatch import respond
+from .generation import Generation
+from .prepare import prepare_chat
+from .presenters import Presenter
 from .protocol import ChatCompletionRequest, RequestError
 
 
@@ -17,3 +25,11 @@ def as_chat(chat: dict[str, Any]) -> ChatCompletionRequest:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise RequestError(400, f"{where}: {first.get('msg', 'invalid')}", param=where or None) from None
+
+
+async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
+                 presenter: Callable[[Generation], Presenter]) -> Any:
+    """Run `chat` as /v1/chat/completions does, shown by the presenter made for its generation."""
+    served = ctx.models.get(chat.model)
+    generation = await run_in_threadpool(prepare_chat, served, chat)
+    return await respond(http, ctx, generation, bool(chat.stream), presenter(generation))

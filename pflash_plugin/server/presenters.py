@@ -86,4 +86,9 @@ class ChatPresenter:
         return envelope(self.gen.rid, self.gen.object, self.gen.served.name, finals, usage)
 
     def error(self, event: ErrorEvent) -> JSONResponse:
-        return error_response(event.status, event.message, event.type, code=event.type)
+        return openai_error(event)
+
+
+def openai_error(event: ErrorEvent) -> JSONResponse:
+    """A failed request's answer in OpenAI's error shape."""
+    return error_response(event.status, event.message, event.type, code=event.type)

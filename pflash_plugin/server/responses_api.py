@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 
+from .bridge import answer
 from .context import ServerContext, get_context
-from .dispatch import respond
 from .errors import OpenAIRoute
-from .prepare import prepare_chat
 from .responses import ERROR_RESPONSES
 from .responses_presenter import ResponsesPresenter
 from .responses_protocol import ResponsesRequest, chat_request
@@ -20,7 +18,4 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI Responses"], responses
 
 @router.post("/v1/responses")
 async def create_response(http: Request, body: ResponsesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    chat = chat_request(body)
-    served = ctx.models.get(body.model)
-    generation = await run_in_threadpool(prepare_chat, served, chat)
-    return await respond(http, ctx, generation, body.stream, ResponsesPresenter(generation, body))
+    return await answer(http, ctx, chat_request(body), lambda generation: ResponsesPresenter(generation, body))

@@ -11,9 +11,8 @@ from starlette.responses import JSONResponse
 
 from ..engine.request import ErrorEvent, FinishEvent, TextEvent
 from .blocks import Block, BlockEvent, BlockStream, blocks_of
-from .errors import error_response
 from .generation import Generation
-from .presenters import Sse, sse
+from .presenters import Sse, openai_error, sse
 from .responses_protocol import ResponsesRequest
 
 
@@ -132,7 +131,7 @@ class ResponsesPresenter:
         return self._response(self._status(), output, used)
 
     def error(self, event: ErrorEvent) -> JSONResponse:
-        return error_response(event.status, event.message, event.type, code=event.type)
+        return openai_error(event)
 
 
 def _part(text: str) -> dict[str, Any]:
