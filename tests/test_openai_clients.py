@@ -168,9 +168,13 @@ def test_every_error_a_route_answers_is_counted_once(server):
 
 def test_the_demo_model_answers_a_chat(demo_model):
     """The quick start's model, a base Gemma 3 without a chat template: in llama-2's format (stock's
-    fallback) every reply was empty; in Gemma's turns it answers."""
+    fallback) every reply was empty; with Gemma 3's template it answers, and its system prompt (which
+    llama_cpp's `gemma` format drops) opens the user's turn."""
+    ask = [{"role": "user", "content": "Name three colors."}]
     with live_server([{"n_ctx": 1024, "max_concurrency": 1}]) as live:  # no model: the demo
         sdk = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
-        reply = sdk.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Name three colors."}],
-                                            max_tokens=12, temperature=0)
+        reply = sdk.chat.completions.create(model="demo", messages=ask, max_tokens=12, temperature=0)
+        told = sdk.chat.completions.create(model="demo", max_tokens=1, messages=[
+            {"role": "system", "content": "Answer in French."}, *ask])
     assert reply.choices[0].message.content.strip() and reply.usage.completion_tokens > 1
+    assert told.usage.prompt_tokens > reply.usage.prompt_tokens + 3

@@ -26,8 +26,7 @@ class ChatPrompt:
 
 def chat_formatter(model: Model, chat_format: str | None) -> Any:
     """The GGUF's Jinja template unless `chat_format` names one of llama_cpp's formats; raises
-    ValueError (at start) for an unknown name. A GGUF without a template gets `fallback_format`,
-    said in the log (as stock says its llama-2 fallback)."""
+    ValueError (at start) for an unknown name. A GGUF without a template gets `fallback_formatter`."""
     template = model.chat_template()
     if chat_format is None and template:
         return llama_chat_format.Jinja2ChatFormatter(
@@ -35,18 +34,37 @@ def chat_formatter(model: Model, chat_format: str | None) -> Any:
             eos_token=model.piece(model.eos).decode("utf-8", errors="replace"),
             bos_token=model.piece(model.bos).decode("utf-8", errors="replace"),
         )
-    if chat_format is None:
-        chat_format = fallback_format(model.architecture)
-        log.warning("the GGUF (%s) has no chat template: chat messages are rendered in llama_cpp's %r format "
-                    "(--chat_format names another)", model.architecture, chat_format)
-    return named_formatter(chat_format)
+    return named_formatter(chat_format) if chat_format else fallback_formatter(model)
 
 
-def fallback_format(architecture: str) -> str:
-    """The chat format of a GGUF without a template: Gemma's turns for a Gemma model (the demo, a
-    base Gemma 3 whose tokenizer has them, answers in it and answers nothing in llama-2's), else
-    llama_cpp's own fallback, llama-2."""
-    return "gemma" if architecture.startswith("gemma") else "llama-2"
+# Gemma 3's own chat template, text only: Gemma has no system role, so the system prompt opens the
+# first user turn (llama_cpp's `gemma` format drops it, and the tools a described syntax puts there)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set first_user_prefix = messages[0]['content'] + '\\n\\n' %}{% set loop_messages = messages[1:] %}"
+    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{{ (first_user_prefix if loop.first else '') + (message['content'] or '') | trim }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def fallback_formatter(model: Model) -> Any:
+    """The chat of a GGUF without a template, said in the log (stock uses llama-2's without a word):
+    a Gemma model (the demo, a base Gemma 3 whose tokenizer has the turn tokens, which answered
+    nothing in llama-2's format) gets Gemma 3's template, any other llama_cpp's own fallback, llama-2."""
+    if model.architecture.startswith("gemma"):
+        log.warning("the GGUF (%s) has no chat template: chat messages are rendered with Gemma 3's "
+                    "(--chat_format names another format)", model.architecture)
+        return llama_chat_format.Jinja2ChatFormatter(template=GEMMA_TEMPLATE, eos_token="<eos>", bos_token="<bos>")
+    log.warning("the GGUF (%s) has no chat template: chat messages are rendered in llama_cpp's 'llama-2' format "
+                "(--chat_format names another)", model.architecture)
+    return named_formatter("llama-2")
 
 
 def named_formatter(name: str) -> Any:
