@@ -113,3 +113,98 @@ def test_sigterm_drains_finishes_or_cancels_then_exits(server):
     assert long.get("error", {}).get("code") == "service_unavailable" and "finish" not in long, long
     assert "shutting down" in long["error"]["message"] and "dropped" not in long, long
     assert code in (0, -signal.SIGTERM) and "Traceback" not in output, output[-2000:]
+
+
+# ---- issue 31: what the HTTP server's own graceful-shutdown timeout cuts -------------------------
+# In process, so that nothing drains the engines first (as a signal would): at the timeout uvicorn
+# cancels the request's task, and answered with a 500 ("Task cancelled, timeout graceful shutdown
+# exceeded") or dropped the stream.
+
+class _Served:
+    """The app on a loopback uvicorn whose graceful shutdown gives requests `timeout_s`."""
+
+    def __init__(self, tiny_model, timeout_s: float) -> None:
+        import uvicorn
+
+        from pflash_plugin.server.app import create_app
+        from pflash_plugin.server.settings import ModelSettings, ServerSettings
+
+        model = ModelSettings(model=str(tiny_model), n_ctx=4096, max_concurrency=2, n_threads=1, n_threads_batch=1)
+        self.app = create_app(ServerSettings(shutdown_grace_s=0.2), [model])
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=timeout_s)  # type: ignore[arg-type]
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), "the in-process server started")
+
+    def cut(self, who: str) -> float:
+        return self.app.state.metrics.cut_at_shutdown.labels(who)._value.get()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(TIMEOUT_S)
+        self.app.state.models.close()
+
+
+@pytest.fixture
+def served(tiny_model):
+    served = _Served(tiny_model, timeout_s=0.5)
+    try:
+        yield served
+    finally:
+        if served.thread.is_alive():
+            served.stop()
+
+
+def test_a_request_still_uploading_at_the_servers_timeout_gets_a_503(served):
+    """Not yet answered (its body still arriving, or still being prepared): a 503 naming the
+    shutdown, not uvicorn's 500; counted."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")  # the rest never comes
+        time.sleep(0.2)
+        threading.Thread(target=served.stop, daemon=True).start()
+        answer = b""
+        while b"\r\n\r\n" not in answer or b"}}" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), answer[:300]
+    error = json.loads(body)["error"]
+    assert error["code"] == "service_unavailable" and "graceful shutdown" in error["message"], error
+    assert served.cut("server") == 1
+
+
+def test_a_stream_still_running_at_the_servers_timeout_ends_with_an_error_event(served):
+    """Streaming: an error event, then the end of the stream (no broken connection); counted."""
+    out: dict = {}
+    reader = threading.Thread(target=stream, args=(served.url, 4000, out))
+    reader.start()
+    wait_until(lambda: out.get("tokens", 0) >= 3, "the stream started")
+    served.stop()
+    reader.join(TIMEOUT_S)
+    assert "dropped" not in out and "finish" not in out, out
+    assert out["error"]["code"] == "service_unavailable" and "graceful shutdown" in out["error"]["message"], out
+    assert served.cut("server") == 1
+
+
+def test_requests_the_engine_cuts_at_the_grace_are_counted(served):
+    """The usual cut (the engines' grace ends first): an error event, counted where=engine, while a
+    request the client itself left is not counted as cut."""
+    gone = {"prompt": "The river", "max_tokens": 4000, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(served.url + "/v1/completions", json=gone, timeout=httpx.Timeout(10, read=0.3))
+    out: dict = {}
+    reader = threading.Thread(target=stream, args=(served.url, 4000, out))
+    reader.start()
+    wait_until(lambda: out.get("tokens", 0) >= 3, "the stream started")
+    served.app.state.models.drain(0.2)
+    reader.join(TIMEOUT_S)
+    assert out["error"]["code"] == "service_unavailable" and "finish" not in out, out
+    metrics = httpx.get(served.url + "/metrics", timeout=10).text
+    assert 'pflash_requests_cut_at_shutdown_total{where="engine"} 1.0' in metrics, metrics[-3000:]

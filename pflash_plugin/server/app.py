@@ -25,6 +25,7 @@ from .responses_api import router as responses_router
 from .security import install_security
 from .settings import ModelSettings, ServerSettings
 from .shutdown import drain_on_signal
+from .shutdown_cut import ShutdownCut
 
 ROUTERS = (openai_router, responses_router, anthropic_router, extras, operations)
 
@@ -52,6 +53,7 @@ def create_app(
                            allow_credentials="*" not in server_settings.cors_origins, allow_headers=["*"])
     app.add_exception_handler(StarletteHTTPException, http_error)  # 404, 405: OpenAI's error shape
     install_security(app, server_settings)
+    app.add_middleware(ShutdownCut, metrics=context.metrics)  # outermost: a request cut at shutdown gets a 503
     attach(app, context)
     for api in (*ROUTERS, *extra_routers):
         app.include_router(api)

@@ -84,12 +84,15 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     (OpenAI chat or completions by default): an SSE response, or the whole body (a dict the route
     validates against its response model), or an error response."""
     shown = presenter or ChatPresenter(gen)
+    http.state.presenter = shown  # what shapes the answer if the server's shutdown cuts it (shutdown_cut.py)
     mailbox = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
             if isinstance(event, (FinishEvent, ErrorEvent)):  # counted whether or not the client still listens
                 _count(ctx, gen, event)
+            if isinstance(event, FinishEvent) and event.reason == "cancelled" and i not in gen.done:
+                ctx.metrics.cut_at_shutdown.labels("engine").inc()  # the engine cut it: the HTTP side did not
             mailbox.stage(events, (i, client_event(event)))
 
         request.sink, request.flush = sink, mailbox.wake

@@ -27,6 +27,10 @@ class Metrics:
                               buckets=_LATENCY_BUCKETS, registry=registry)
         self.itl = Histogram("pflash_inter_token_latency_seconds", "Mean time between generated tokens, per request",
                              labels, buckets=_LATENCY_BUCKETS, registry=registry)
+        self.cut_at_shutdown = Counter(
+            "pflash_requests_cut_at_shutdown", "Requests cut at shutdown, answered with a 503 or a stream's error "
+            "event: where=engine at --shutdown_grace_s, where=server at the HTTP server's graceful-shutdown timeout",
+            ["where"], registry=registry)
         self.pflash = _PflashMetrics(registry)
         self.registry.register(_EngineCollector(engine_status))
 
