@@ -85,3 +85,12 @@ def test_the_character_cap_never_refuses_a_text_that_fits(tiny_model):
     with pytest.raises(RequestError) as caught:
         limit.check_text(text + "x", "prompt")
     assert caught.value.param == "prompt" and "max_ctx (64 tokens)" in caught.value.message
+
+
+def test_too_many_prompts_are_refused_before_any_is_tokenized(server):
+    """10,000 prompts of 500 characters each (each under the cap): refused for n before tokenizing."""
+    before = peak_kib(server.proc.pid)
+    body = {"prompt": ["word " * 100] * 10_000, "max_tokens": 1}
+    message = refused(httpx.post(server.url + "/v1/completions", json=body, timeout=60), "n")
+    assert "10000 prompts" in message
+    assert peak_kib(server.proc.pid) - before < 50 * 1024

@@ -142,6 +142,13 @@ class Prompts:
         return bias
 
 
+def count_prompts(prompt: str | list) -> int:
+    """How many prompts `tokenize_prompts` makes of an OpenAI `prompt`, without tokenizing them."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return sum(count_prompts(one) for one in prompt)
+
+
 def _last(messages: list[dict], role: str) -> str | None:
     """The content of the last message of `role` whose content is text."""
     texts = [m["content"] for m in messages if m.get("role") == role and isinstance(m.get("content"), str)]
