@@ -164,6 +164,15 @@ def test_bad_input_gets_anthropics_error_shape(server, body, status, kind, words
     assert payload["type"] == "error" and payload["error"]["type"] == kind and words in payload["error"]["message"]
 
 
+def test_unknown_paths_and_methods_under_messages_answer_in_anthropics_shape(server):
+    for method, path, status in [("POST", "/v1/messages/nope", 404), ("GET", "/v1/messages", 405)]:
+        reply = httpx.request(method, f"{server.url}{path}", timeout=30)
+        assert reply.status_code == status and reply.json()["type"] == "error", (path, reply.text)
+        assert reply.json()["error"]["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    elsewhere = httpx.post(f"{server.url}/v1/nope", timeout=30).json()
+    assert "type" not in elsewhere and elsewhere["error"]["message"]  # OpenAI's shape elsewhere
+
+
 def test_the_sdk_raises_its_own_errors_and_the_server_goes_on(sdk):
     with pytest.raises(anthropic.BadRequestError) as caught:
         sdk.messages.create(model="hermes", max_tokens=4, messages=ASK, tools=[TOOL],

@@ -10,7 +10,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from .anthropic_presenter import MessagesPresenter
-from .anthropic_protocol import ERROR_RESPONSES, CountTokensRequest, MessagesRequest, chat_request, error_body
+from .anthropic_errors import error_body
+from .anthropic_protocol import ERROR_RESPONSES, CountTokensRequest, MessagesRequest, chat_request
 from .bridge import answer
 from .context import ServerContext, get_context
 from .errors import OpenAIRoute

@@ -8,7 +8,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from ..engine.request import ErrorEvent, FinishEvent, TextEvent
-from .anthropic_protocol import error_body
+from .anthropic_errors import error_body
 from .blocks import Block, BlockEvent, BlockStream, blocks_of
 from .generation import Generation
 from .presenters import Sse, sse

@@ -17,7 +17,10 @@ from starlette.responses import Response
 
 from ..engine.request import ErrorEvent, Event, FinishEvent
 from ..engine.scheduler import SHUTTING_DOWN
+from .anthropic_errors import error_body as anthropic_error
+from .anthropic_errors import under_messages
 from .protocol import RequestError, error_body
+from .security import route_path
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None,
@@ -150,7 +153,8 @@ async def _counted(request: Request, response: Response) -> Response:
 
 async def http_error(request: Request, error: Exception) -> Response:
     """An unknown path (404) or method (405), or any other HTTP error outside the routes, in
-    OpenAI's shape (as OpenAI words the 404) instead of Starlette's {"detail": ...}."""
+    OpenAI's shape (as OpenAI words the 404) instead of Starlette's {"detail": ...}; in
+    Anthropic's under /v1/messages."""
     assert isinstance(error, StarletteHTTPException)
     status = error.status_code
     if status == 404:
@@ -161,6 +165,8 @@ async def http_error(request: Request, error: Exception) -> Response:
             f" (allowed: {allowed})" if allowed else "")
     else:
         message = str(error.detail)
+    if under_messages(route_path(request.scope)):
+        return JSONResponse(anthropic_error(status, message), status, headers=error.headers)
     return JSONResponse(error_body(message, "invalid_request_error", code=None), status, headers=error.headers)
 
 

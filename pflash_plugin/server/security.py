@@ -15,7 +15,7 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import anthropic_protocol
+from . import anthropic_errors
 from .protocol import error_body
 from .settings import ServerSettings
 
@@ -36,8 +36,8 @@ def install_security(app: FastAPI, settings: ServerSettings) -> None:
 async def _reject(scope: Scope, receive: Receive, send: Send, status: int, message: str, type_: str, code: str,
                   headers: dict[str, str] | None = None) -> None:
     """An error in the shape of the API the path belongs to: Anthropic's under /v1/messages, OpenAI's elsewhere."""
-    anthropic = _route_path(scope).startswith(anthropic_protocol.PATH_PREFIX)
-    body = anthropic_protocol.error_body(status, message) if anthropic else error_body(message, type_, None, code)
+    anthropic = anthropic_errors.under_messages(route_path(scope))
+    body = anthropic_errors.error_body(status, message) if anthropic else error_body(message, type_, None, code)
     await JSONResponse(body, status, headers=headers)(scope, receive, send)
 
 
@@ -46,7 +46,7 @@ def _header(scope: Scope, name: bytes) -> bytes:
     return next((value for key, value in scope["headers"] if key == name), b"")
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
     """The path as the routes see it: without the app's root_path prefix."""
     path, root = scope["path"], scope.get("root_path", "")
     return (path[len(root):] or "/") if root and path.startswith(root) else path
@@ -68,7 +68,7 @@ class ApiKeyMiddleware:
         return hmac.compare_digest(_header(scope, b"x-api-key"), self.key) | bearer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _route_path(scope) in self.public or self.authorized(scope):
+        if scope["type"] != "http" or route_path(scope) in self.public or self.authorized(scope):
             await self.app(scope, receive, send)
             return
         await _reject(scope, receive, send, 401,
