@@ -61,3 +61,14 @@ def test_a_field_no_list_names_sends_its_request_nowhere():
 
     with pytest.raises(ValueError, match="xtc_probability"):
         choose_path(Extended(), device=False)
+
+
+def test_backend_sampling_settings(tiny_model):
+    """auto leaves a CPU model's rows on the host; on and off mean every row the backend serves, and none."""
+    from pflash_plugin.engine.sampling import device_sampling
+    from pflash_plugin.llama import Model
+
+    model = Model(tiny_model)
+    assert [device_sampling(s, model) for s in ("auto", "on", "off")] == ["none", "all", "none"]
+    with pytest.raises(ValueError):
+        device_sampling("yes", model)

@@ -62,7 +62,7 @@ class EngineConfig:
     type_v: int | None = None
     seed: int | None = None  # requests without a seed draw one from an RNG seeded with this (None: random)
     penalty_last_n: int = 64  # the repeat-penalty window of every sampler chain
-    backend_sampling: str = "auto"  # "on", "off", or "auto": on where the output layer runs on a GPU (sampling.py)
+    backend_sampling: str = "auto"  # "on", "off", "auto": sampled rows where the output layer is on a GPU (sampling.py)
     max_step_s: float = 300.0  # a step running longer marks the engine stalled (/health 503); 0: never
     verbose: bool = False
 
@@ -196,7 +196,7 @@ def build_engine(
             n_ubatch=config.n_ubatch,
             n_seq_max=config.n_slots,
             n_outputs_max=config.n_slots,  # one logits row per slot per step (saves n_batch x n_vocab floats)
-            n_outputs_max_per_seq=1 if on_device else 0,  # llama.cpp's device penalties want one
+            n_outputs_max_per_seq=0 if on_device == "none" else 1,  # llama.cpp's device penalties want one
             n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch,
             flash_attn=config.flash_attn,

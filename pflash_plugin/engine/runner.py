@@ -15,9 +15,9 @@ class LlamaRunner:
     """KV operations and batched decode + sampling for the slots of one context."""
 
     def __init__(self, model: Model, ctx: Context, seed: int | None = None, penalty_last_n: int = 64,
-                 backend_sampling: bool = False) -> None:
-        """`seed`, `penalty_last_n`: the server's (engine/sampling.py); `backend_sampling`: rows the
-        backend can sample are sampled inside the decode."""
+                 backend_sampling: str = "none") -> None:
+        """`seed`, `penalty_last_n`: the server's; `backend_sampling`: which rows the backend samples
+        inside the decode ("none", "sampled" or "all": engine/sampling.py)."""
         self.model, self.ctx = model, ctx
         self.sampling = Sampling(model, ctx, seed=seed, penalty_last_n=penalty_last_n, device=backend_sampling)
         self.batch = Batch(ctx.n_batch, 1)

@@ -55,7 +55,8 @@ class ModelSettings(StockModelSettings):
     backend_sampling: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Sample inside llama.cpp's decode (backend sampling: only token ids leave the device) for "
-        "requests whose parameters it serves; auto: where the output layer runs on a GPU (docs/sampling.md).",
+        "requests whose parameters it serves; auto: requests at temperature > 0, where the output layer runs on a "
+        "GPU (docs/sampling.md).",
     )
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
     prefill_chunk: Optional[int] = Field(
