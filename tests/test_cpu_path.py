@@ -116,7 +116,7 @@ def test_the_verdict_reaches_the_model_params(
     fresh: pytest.MonkeyPatch, load_params: list[bool], tiny_model: Path
 ) -> None:
     fresh.setattr(cpu_path, "probe_command", lambda: SIGILL_CHILD)
-    model = load_model(tiny_model, EngineConfig())  # the engine's load; the drafter's is a Model too
+    model = load_model(tiny_model, EngineConfig(max_ctx=256))  # the engine's load; the drafter's is a Model too
     assert load_params == [False] and model.cpu_path == CRASHED
     model.close()
     assert Model(tiny_model, vocab_only=True).cpu_path == "set by the caller"  # no probe for a vocabulary

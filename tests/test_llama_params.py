@@ -5,16 +5,16 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
 from llama_cpp.server.settings import ModelSettings as StockModelSettings
 
-from pflash_plugin.engine.loader import load_engine
+from pflash_plugin.engine.loader import build_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
-from pflash_plugin.server.llama_params import ALWAYS_SO, REFUSED, SettingsRefused, plan
+from pflash_plugin.server.llama_params import ALWAYS_SO, REFUSED, ModelPlan, SettingsRefused, plan, resolve
 from pflash_plugin.server.models import ServedModel
 from pflash_plugin.server.settings import ModelSettings
 from pflash_plugin.testing import cached_tiny_llama
@@ -58,10 +58,22 @@ def sample(key: str, default: Any, tmp_path: Path) -> Any:
     raise AssertionError(f"no sample value for the stock key {key!r}: add one to SAMPLES")
 
 
-def test_every_stock_key_is_applied_or_refused(tmp_path):
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[Model]:
+    model = Model(cached_tiny_llama(), verbose=False)
+    yield model
+    model.close()
+
+
+def resolved(settings: ModelSettings, model: Model) -> ModelPlan:
+    """The plan the settings serve `model` with (mapped before the load, then resolved against it)."""
+    return resolve(settings, plan(settings), "m", model)
+
+
+def test_every_stock_key_is_applied_or_refused(tmp_path, tiny):
     """Set each stock key alone to another value: the plan changes, or the key is refused by name,
     or it is listed as what the engine always does (with the reason)."""
-    base = plan(ModelSettings(model="m.gguf"))
+    base = resolved(ModelSettings(model="m.gguf"), tiny)
     ours = ModelSettings.model_fields
     for key in StockModelSettings.model_fields:
         value = sample(key, ours[key].default, tmp_path)
@@ -71,9 +83,46 @@ def test_every_stock_key_is_applied_or_refused(tmp_path):
             with pytest.raises(SettingsRefused, match=f"^{key}: "):
                 plan(settings)
         elif key in ALWAYS_SO:
-            assert plan(settings) == base
+            assert resolved(settings, tiny) == base
         else:
-            assert plan(settings) != plan(ModelSettings(model="m.gguf", **given)), f"{key}={value!r} reaches nothing"
+            assert resolved(settings, tiny) != resolved(ModelSettings(model="m.gguf", **given), tiny), \
+                f"{key}={value!r} reaches nothing"
+
+
+def test_max_ctx_is_resolved_against_the_loaded_model(tiny):
+    """max_ctx is an int in the plan whatever was asked: --max_ctx, else --n_ctx, else (0, stock's
+    "from the model") the model's training context; more than that is refused before anything is sized."""
+    assert tiny.n_ctx_train == 4096
+    for asked, expected in (({"n_ctx": 0}, 4096), ({"n_ctx": 512}, 512), ({"n_ctx": 512, "max_ctx": 300}, 300)):
+        served = resolved(ModelSettings(model="m.gguf", **asked), tiny)
+        assert served.max_ctx == served.engine.max_ctx == expected and type(served.max_ctx) is int
+        assert served.pflash.max_tokens == expected + 256  # the drafter's room: max_ctx and an explicit query
+    with pytest.raises(ValueError, match="max_ctx 5000 exceeds the model's training context 4096"):
+        resolved(ModelSettings(model="m.gguf", max_ctx=5000), tiny)
+
+
+def test_every_pflash_key_is_mapped(tmp_path, tiny):
+    """Each of our PFlash keys set alone to another value changes the resolved plan (nothing
+    downstream reads the settings)."""
+    base = resolved(ModelSettings(model="m.gguf", pflash="always"), tiny)
+    others: dict[str, Any] = {"pflash": "auto", "pflash_drafter": "d.gguf", "pflash_layers": [1],
+                              "pflash_curve": "100:0.5", "pflash_rope": "pre", "pflash_selector": "nope",
+                              "pflash_scorer": "numpy", "pflash_cache_dir": str(tmp_path),
+                              "pflash_drafter_pin_view": "on", "pflash_calibrate": "on", "draft_residency": "auto",
+                              "pflash_drafter_window": 0, "pflash_keep_ratio": 0.5}
+    keys = [key for key in ModelSettings.model_fields if key.startswith("pflash") or key == "draft_residency"]
+    assert len(keys) > 25
+    for key in keys:
+        default = ModelSettings.model_fields[key].default
+        value = others.get(key, default + 1 if isinstance(default, int) and not isinstance(default, bool)
+                           else not default if isinstance(default, bool)
+                           else default / 2 if isinstance(default, float) else 2)
+        settings = ModelSettings(**{"model": "m.gguf", "pflash": "always", key: value})
+        if key == "pflash_selector":  # only greedy is installed here: another name is looked up, and refused
+            with pytest.raises(ValueError, match="no PFlash selector named 'nope'"):
+                resolved(settings, tiny)
+            continue
+        assert resolved(settings, tiny) != base, f"{key}={value!r} reaches nothing"
 
 
 def test_refused_keys_at_their_stock_defaults_start(tmp_path):
@@ -101,7 +150,7 @@ def test_cli_says_which_key_it_refuses(tiny_model):
 
 
 def target(settings: dict[str, Any]) -> Model:
-    return Model(cached_tiny_llama(), plan(ModelSettings(model="m.gguf", **settings)).engine.model)
+    return Model(cached_tiny_llama(), plan(ModelSettings(model="m.gguf", **settings)).target)
 
 
 def last_logits(model: Model) -> np.ndarray:
@@ -135,9 +184,9 @@ def test_lora_adapter_applies_to_every_context(tmp_path):
 
 def generate(settings: dict[str, Any], params: SamplingParams) -> list[int]:
     """One request through an engine built from the settings' plan."""
-    config = plan(ModelSettings(model="m.gguf", n_ctx=256, max_concurrency=1, n_threads=1, n_threads_batch=1,
-                                **settings)).engine
-    model, engine = load_engine(cached_tiny_llama(), config)
+    given = ModelSettings(model="m.gguf", n_ctx=256, max_concurrency=1, n_threads=1, n_threads_batch=1, **settings)
+    model = Model(cached_tiny_llama(), plan(given).target)
+    engine = build_engine(model, resolved(given, model).engine)
     done = threading.Event()
     request = Request(model.tokenize("the water of the world"), params)
     request.sink = lambda event: done.set() if isinstance(event, (FinishEvent, ErrorEvent)) else None
@@ -147,6 +196,8 @@ def generate(settings: dict[str, Any], params: SamplingParams) -> list[int]:
         return request.output_tokens
     finally:
         engine.stop()
+        engine.close()
+        model.close()
 
 
 def test_seed_makes_unseeded_requests_repeat():

@@ -38,10 +38,13 @@ def decode_threads() -> int:
     return max(physical_cores() // 2, 1)
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
+    """What the engine is built with, whole before it is built (the server resolves max_ctx
+    against the loaded model: server/llama_params.resolve)."""
+
+    max_ctx: int  # per-request limit on prompt + max_tokens
     n_slots: int = 4
-    max_ctx: int | None = None  # per-request limit on prompt + max_tokens; None: the model's
     kv_pool_tokens: int | None = None  # None: every slot can hold a full max_ctx request
     kv_layout: str = "auto"  # "per_slot", "unified" or "auto" (kv_layout())
     host_cache_bytes: int = 0  # the host-RAM tier of saved sequences (engine/host_cache.py); 0: none
@@ -84,7 +87,6 @@ def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | 
     """KV pool size in tokens (whole pages). Without a budget: the configured or automatic size.
     With one: the automatic size shrinks to what leaves the reserve free, and an explicit size
     that does not leave it free is refused, saying how many tokens fit."""
-    assert config.max_ctx is not None
     page = config.page_size
     # automatic: a whole llama.cpp KV stream of max_ctx for every slot
     wanted = config.kv_pool_tokens or config.n_slots * -(-config.max_ctx // STREAM_ALIGN) * STREAM_ALIGN
@@ -143,7 +145,6 @@ def kv_layout(config: EngineConfig, pool: int) -> KVLayout:
     """`auto` gives each slot its own stream when every stream can hold a max_ctx request (the
     automatic pool size does), and keeps one unified pool when the pool is smaller than that: an
     oversubscribed pool serves more by letting the slots share its cells."""
-    assert config.max_ctx is not None
     if config.kv_layout not in LAYOUTS:
         raise ValueError(f"unknown kv_layout {config.kv_layout!r}: choose one of {', '.join(LAYOUTS)}")
     stream = pool // config.n_slots // STREAM_ALIGN * STREAM_ALIGN
@@ -156,15 +157,19 @@ def kv_layout(config: EngineConfig, pool: int) -> KVLayout:
 
 
 def load_model(path: str | os.PathLike, config: EngineConfig) -> Model:
+    """The weights of `config.model`, checked against the config (check_config)."""
     model = Model(path, config.model, verbose=config.verbose)
-    if config.max_ctx is None:
-        config.max_ctx = model.n_ctx_train
+    check_config(config, model)
+    return model
+
+
+def check_config(config: EngineConfig, model: Model) -> None:
+    """Refuse, before anything is sized, a config the model or the step cannot serve."""
     if config.max_ctx > model.n_ctx_train:
         raise ValueError(f"max_ctx {config.max_ctx} exceeds the model's training context {model.n_ctx_train}")
     if config.n_slots > config.n_batch:
         raise ValueError(f"max_concurrency ({config.n_slots}) cannot exceed n_batch ({config.n_batch}): "
                          "every decoding slot needs one token of each step")
-    return model
 
 
 def default_prefill_chunk(on_gpu: bool) -> int:
@@ -184,7 +189,6 @@ def build_engine(
 ) -> Engine:
     """Context sized for the slots (within `budget`, which leaves the drafter's reserve free),
     pool, scheduler, runner; the engine thread is started."""
-    assert config.max_ctx is not None
     layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token(), budget))
     on_device = device_sampling(config.backend_sampling, model)
     ctx = Context(

