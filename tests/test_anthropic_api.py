@@ -94,6 +94,12 @@ def test_a_forced_tool_call_is_a_tool_use_block_whole_and_streamed(sdk, choice):
     jsonschema.validate(use.input, WEATHER)
 
 
+def test_auto_lets_the_model_choose_and_its_text_comes_back(sdk):
+    reply = sdk.messages.create(model="hermes", max_tokens=8, tools=[TOOL], tool_choice={"type": "auto"},
+                                messages=ASK, extra_body=GREEDY)
+    assert reply.stop_reason == "max_tokens" and reply.content[0].type == "text" and reply.content[0].text
+
+
 def test_a_tool_result_answers_the_call_in_the_next_turn(sdk):
     first = sdk.messages.create(model="hermes", max_tokens=200, tools=[TOOL],
                                 tool_choice={"type": "tool", "name": "get_weather"}, messages=ASK)

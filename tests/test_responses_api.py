@@ -76,6 +76,14 @@ def test_a_forced_function_call_is_an_output_item_whole_and_streamed(sdk, choice
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
 
+def test_auto_lets_the_model_choose_and_its_text_comes_back(sdk):
+    """tool_choice auto: no grammar forces a call; the tiny model writes text, which is the answer."""
+    reply = sdk.responses.create(model="hermes", input="Weather in Paris?", tools=[TOOL], tool_choice="auto",
+                                 max_output_tokens=8, temperature=0)
+    assert reply.status == "incomplete" and reply.output_text and reply.output[0].type == "message"
+    assert reply.tools[0].name == "get_weather" and reply.tool_choice == "auto"
+
+
 def test_a_function_call_output_is_read_in_the_next_turn(sdk):
     first = sdk.responses.create(model="hermes", input="Weather in Paris?", tools=[TOOL],
                                  tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=200)
