@@ -162,6 +162,9 @@ def test_a_stream_left_early_frees_its_slot(server):
     ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
      400, "invalid_request_error", "tool_use_id"),
     ({"model": "nope", "max_tokens": 4, "messages": ASK}, 404, "not_found_error", "nope"),
+    ({"max_tokens": 4, "messages": ASK, "output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "array", "items": {"type": "integer"}, "minItems": 10_000_000}}}},
+     400, "invalid_request_error", "output_config.format: minItems"),
 ])
 def test_bad_input_gets_anthropics_error_shape(server, body, status, kind, words):
     reply = httpx.post(f"{server.url}/v1/messages", json={"model": "hermes", **body}, timeout=30)

@@ -19,6 +19,7 @@ from pflash_plugin.server.responses_protocol import ResponsesRequest, chat_reque
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},
            "required": ["city"], "additionalProperties": False}
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}
+HUGE = {"type": "array", "items": {"type": "integer"}, "minItems": 10_000_000}  # over the schema bounds
 NOTES = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
 
 
@@ -139,6 +140,7 @@ def test_a_long_input_is_compressed_and_reported(sdk):
     ({"input": "hi", "tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
     ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": HUGE}}}, "text.format"),
     ({}, "input"),
 ])
 def test_bad_bodies_get_a_400_in_openai_shape_naming_the_field(server, body, param):

@@ -44,7 +44,8 @@ router = APIRouter(route_class=AnthropicRoute, tags=["Anthropic Messages"], resp
 @router.post("/v1/messages")
 async def create_message(http: Request, body: MessagesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     stops = body.stop_sequences or []
-    return await answer(http, ctx, chat_request(body), lambda generation: MessagesPresenter(generation, stops))
+    return await answer(http, ctx, chat_request(body), lambda generation: MessagesPresenter(generation, stops),
+                        {"response_format": "output_config.format", "stop": "stop_sequences"})
 
 
 @router.post("/v1/messages/count_tokens")

@@ -3,7 +3,7 @@ request type that prepare.py turns into engine requests, answered through the ch
 own shapes (a presenter)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -28,8 +28,24 @@ def as_chat(chat: dict[str, Any]) -> ChatCompletionRequest:
 
 
 async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
-                 presenter: Callable[[Generation], Presenter]) -> Any:
-    """Run `chat` as /v1/chat/completions does, shown by the presenter made for its generation."""
+                 presenter: Callable[[Generation], Presenter], fields: Mapping[str, str]) -> Any:
+    """Run `chat` as /v1/chat/completions does, shown by the presenter made for its generation; a
+    refusal names the client's field where `fields` maps the chat field it was found in."""
     served = ctx.models.get(chat.model)
-    generation = await run_in_threadpool(prepare_chat, served, chat)
+    try:
+        generation = await run_in_threadpool(prepare_chat, served, chat)
+    except RequestError as error:
+        raise renamed(error, fields) from None
     return await respond(http, ctx, generation, bool(chat.stream), presenter(generation))
+
+
+def renamed(error: RequestError, fields: Mapping[str, str]) -> RequestError:
+    """`error` with its chat field (the start of its param, and of its message) as the client named it."""
+    chat_field = next((f for f in fields if error.param is not None
+                       and (error.param == f or error.param.startswith(f + "."))), None)
+    if chat_field is None:
+        return error
+    assert error.param is not None
+    ours = fields[chat_field]
+    message = ours + error.message[len(chat_field):] if error.message.startswith(chat_field) else error.message
+    return RequestError(error.status, message, error.type, ours + error.param[len(chat_field):], error.code)

@@ -18,4 +18,5 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI Responses"], responses
 
 @router.post("/v1/responses")
 async def create_response(http: Request, body: ResponsesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    return await answer(http, ctx, chat_request(body), lambda generation: ResponsesPresenter(generation, body))
+    return await answer(http, ctx, chat_request(body), lambda generation: ResponsesPresenter(generation, body),
+                        {"response_format": "text.format", "max_tokens": "max_output_tokens"})
