@@ -159,12 +159,13 @@ def served(tiny_model):
             served.stop()
 
 
-def test_a_request_still_uploading_at_the_servers_timeout_gets_a_503(served):
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages"])
+def test_a_request_still_uploading_at_the_servers_timeout_gets_a_503(served, path):
     """Not yet answered (its body still arriving, or still being prepared): a 503 naming the
-    shutdown, not uvicorn's 500; counted."""
+    shutdown, not uvicorn's 500, in the shape of the path's API; counted."""
     with socket.create_connection(("127.0.0.1", served.port), timeout=TIMEOUT_S) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")  # the rest never comes
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+                     + b"Content-Length: 100\r\n\r\n{\"prompt\": ")  # the rest never comes
         time.sleep(0.2)
         threading.Thread(target=served.stop, daemon=True).start()
         answer = b""
@@ -176,7 +177,9 @@ def test_a_request_still_uploading_at_the_servers_timeout_gets_a_503(served):
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503"), answer[:300]
     error = json.loads(body)["error"]
-    assert error["code"] == "service_unavailable" and "graceful shutdown" in error["message"], error
+    kind = error["type"] if path == "/v1/messages" else error["code"]
+    assert kind == ("overloaded_error" if path == "/v1/messages" else "service_unavailable"), error
+    assert "graceful shutdown" in error["message"], error
     assert served.cut("server") == 1
 
 

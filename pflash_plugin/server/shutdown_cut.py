@@ -14,13 +14,17 @@ import json
 from typing import Any
 
 from sse_starlette.sse import ServerSentEvent
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine.request import ErrorEvent
 from ..engine.scheduler import SHUTTING_DOWN
+from .anthropic_errors import error_body as anthropic_error
+from .anthropic_errors import under_messages
 from .errors import error_response
 from .metrics import Metrics
 from .protocol import error_body
+from .security import route_path
 
 CUT = f"{SHUTTING_DOWN}: the request was cut at the end of its graceful shutdown"
 
@@ -62,8 +66,12 @@ async def _answer(scope: Scope, receive: Receive, send: Send, start: Message | N
     event = ErrorEvent(503, CUT, "service_unavailable")
     presenter = scope.get("state", {}).get("presenter")
     if start is None:
-        response = presenter.error(event) if presenter is not None else error_response(
-            503, CUT, event.type, code=event.type)
+        if presenter is not None:
+            response = presenter.error(event)
+        elif under_messages(route_path(scope)):  # still being prepared: no presenter yet, but its API is known
+            response = JSONResponse(anthropic_error(503, CUT), 503)
+        else:
+            response = error_response(503, CUT, event.type, code=event.type)
         await response(scope, receive, send)
         return
     if b"text/event-stream" not in dict(start.get("headers", [])).get(b"content-type", b""):
