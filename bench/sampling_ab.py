@@ -1,10 +1,10 @@
 """Ours against ours at another revision, on bench/serving.py's throughput trial (4 concurrent
 /v1/completions of 64 tokens on the demo model), greedy and sampled, reps interleaved A, B, A, B.
 
-    python bench/sampling_ab.py --baseline-tree /tmp/base [--reps 7]
+    python bench/sampling_ab.py --baseline-tree /tmp/base [--this-tree /tmp/this] [--reps 7]
 
-`--baseline-tree`: a checkout of the other revision (`git archive REV | tar -x -C DIR`); its server
-imports its own code. Prints the medians and writes bench/results/sampling_ab.json.
+`--baseline-tree`, `--this-tree` (default: this checkout): checkouts of the revisions (`git archive
+REV | tar -x -C DIR`); each server imports its own tree's code. Prints the medians and writes bench/results/sampling_ab.json.
 """
 from __future__ import annotations
 
@@ -42,11 +42,12 @@ async def trial(server: ServerProcess, rep: int, sampled: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-tree", dest="baseline", type=Path, required=True)
+    parser.add_argument("--this-tree", dest="this", type=Path, default=REPO)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sampling_ab.json")
     args = parser.parse_args()
     flags = ["--model", demo_model_path(), "--n_ctx", "8192", "--max_concurrency", "4", "--verbose", "false"]
-    servers = {"this": ServerProcess("ab-this", flags), "baseline": ServerProcess("ab-baseline", flags, cwd=args.baseline)}
+    servers = {"this": ServerProcess("ab-this", flags, cwd=args.this), "baseline": ServerProcess("ab-baseline", flags, cwd=args.baseline)}
     rows = []
     try:
         for server in servers.values():

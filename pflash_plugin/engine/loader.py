@@ -200,7 +200,6 @@ def build_engine(
             n_ubatch=config.n_ubatch,
             n_seq_max=config.n_slots,
             n_outputs_max=config.n_slots,  # one logits row per slot per step (saves n_batch x n_vocab floats)
-            n_outputs_max_per_seq=0 if on_device == "none" else 1,  # llama.cpp's device penalties want one
             n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch,
             flash_attn=config.flash_attn,

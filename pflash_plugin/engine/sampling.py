@@ -131,9 +131,6 @@ class Sampling:
         for slot in list(self._slots):
             self.unbind(slot)
 
-    def path(self, slot: int) -> str:
-        return self._slots[slot].path
-
     # ---- one step --------------------------------------------------------------------------
     def before_decode(self, rows: list[tuple[Request, int]]) -> None:
         """The device chains of this step's rows, as they must be at its decode: a request that

@@ -36,7 +36,7 @@ class ContextConfig:
     n_ubatch: int = 512
     n_seq_max: int = 1
     n_outputs_max: int = 0  # logits rows per ubatch (0: n_batch); sizes the output buffers
-    n_outputs_max_per_seq: int = 0  # 0: n_outputs_max; 1 lets llama.cpp run penalties in a device sampler chain
+    n_outputs_max_per_seq: int = 1  # llama.cpp's default (0: n_outputs_max); 1 lets device sampler chains penalize
     n_threads: int = 0  # 0: llama.cpp's default
     n_threads_batch: int = 0
     kv_unified: bool = True
