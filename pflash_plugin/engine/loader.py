@@ -185,11 +185,12 @@ def build_engine(
     config: EngineConfig,
     name: str = "engine",
     compressor: Compressor | None = None,
-    budget: MemoryBudget | None = None,
+    pool: int | None = None,
 ) -> Engine:
-    """Context sized for the slots (within `budget`, which leaves the drafter's reserve free),
-    pool, scheduler, runner; the engine thread is started."""
-    layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token(), budget))
+    """Context sized for the slots and a pool of `pool` tokens (None: the configured or automatic
+    size; the server sizes it beside the drafter's reserve), scheduler, runner; the engine thread
+    is started."""
+    layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token()) if pool is None else pool)
     on_device = device_sampling(config.backend_sampling, model)
     ctx = Context(
         model,
