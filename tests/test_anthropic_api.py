@@ -123,7 +123,7 @@ def test_an_output_format_constrains_the_text_to_its_schema(sdk):
     schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
               "required": ["city"], "additionalProperties": False}
     reply = sdk.messages.create(model="hermes", max_tokens=100, messages=ASK,
-                                output_config={"format": {"type": "json_schema", "schema": schema}})
+                                extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}})
     assert reply.stop_reason == "end_turn"
     jsonschema.validate(json.loads(reply.content[0].text), schema)
 
