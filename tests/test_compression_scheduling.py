@@ -41,7 +41,7 @@ def test_long_prompt_is_served_compressed_and_reports_the_client_prompt():
     sched.add(request)
     assert not sched.schedule().items  # handed off, nothing to prefill yet
     assert sched.take_handed() == [request] and request.status is RequestStatus.COMPRESSING
-    assert sched.status()["compressing"][0]["prompt_tokens"] == 40
+    assert sched.stats().compressing[0].prompt_tokens == 40
     sched.resume(request, LONG[:4] + LONG[-6:], PflashReport("compressed", 40, kept_tokens=10))
     run_until_idle(sched, runner)
     usage = sink_of(request).finish.usage

@@ -156,14 +156,14 @@ def test_the_status_a_finished_client_reads_no_longer_holds_its_request(build):
 
     def sink(event) -> None:  # what /status says the moment the answer is complete
         if isinstance(event, FinishEvent):
-            seen.append(engine.status())
+            seen.append(engine.stats())
         collector(event)
 
     request.sink = sink
     engine.submit(request)
     assert collector.done.wait(TIMEOUT)
-    assert seen[0]["running"] == seen[0]["waiting"] == 0
-    assert all(slot["request_id"] is None for slot in seen[0]["slots"])
+    assert seen[0].running == seen[0].waiting == 0
+    assert all(slot.request_id is None for slot in seen[0].slots)
 
 
 # ---- preemption ----------------------------------------------------------------------------------

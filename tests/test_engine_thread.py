@@ -250,9 +250,9 @@ def test_status_is_published(harness):
     b = make_request([1, 2, 3, 4], max_tokens=1)  # one more iteration publishes a's idle cache
     engine.submit(b)
     wait_done(b)
-    status = engine.status()
-    assert status["steps"] >= 4
-    assert status["kv_pages_total"] == sched.cache.n_pages
+    stats = engine.stats()
+    assert stats.steps >= 4
+    assert stats.cache.kv_pages_total == sched.cache.n_pages
 
 
 def test_unexpected_start_request_error_does_not_leak_the_slot(harness):

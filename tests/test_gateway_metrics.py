@@ -93,7 +93,7 @@ def test_a_page_shared_by_a_running_request_and_an_idle_cache_is_in_use():
     idle, busy = scheduler.slots
     assert (idle.request, busy.request) == (None, second) and set(idle.pages) & set(busy.pages)
     gauges = {f.name: f.samples[0].value for f in text_string_to_metric_families(
-        Metrics(lambda: {"m": scheduler.status()}).render().decode()) if f.type == "gauge"}
+        Metrics(lambda: {"m": scheduler.stats()}).render().decode()) if f.type == "gauge"}
     assert gauges["pflash_kv_cache_usage_perc"] == len(busy.pages) / 32
     assert gauges["pflash_prefix_cache_usage_perc"] == len(set(idle.pages) - set(busy.pages)) / 32
 
@@ -109,7 +109,7 @@ def kubernetes_documents() -> list[dict]:
 def exported_gauges() -> set[str]:
     """The gauge families /metrics serves, from a scheduler's real status."""
     scheduler, _ = make_scheduler()
-    families = text_string_to_metric_families(Metrics(lambda: {"m": scheduler.status()}).render().decode())
+    families = text_string_to_metric_families(Metrics(lambda: {"m": scheduler.stats()}).render().decode())
     return {f.name for f in families if f.type == "gauge"}
 
 

@@ -60,7 +60,7 @@ def test_a_turn_whose_cells_were_evicted_restores_them_and_counts_them_cached(pe
     assert turn2.cached_tokens == len(history) and runner.seq_tokens(0)[:len(history)] == history
     run_until_idle(sched, runner)
     assert sink_of(turn2).finish.usage["prompt_tokens_details"]["cached_tokens"] == len(history)
-    assert sched.status()["prefix_reused_tokens"]["restored"] == len(history)
+    assert sched.stats().cache.prefix_reused_tokens["restored"] == len(history)
     assert len(runner.ops_of("save")) == 2, "the other request's cells are saved when turn 2 takes the slot"
 
 
@@ -81,7 +81,7 @@ def test_random_load_with_a_host_tier_keeps_every_invariant():
         assert host.bytes_used <= 4000
     run_until_idle(sched, runner)
     assert all(sink_of(r).finish is not None for r in requests)
-    assert runner.ops_of("restore") and sched.status()["prefix_reused_tokens"]["restored"] > 0
+    assert runner.ops_of("restore") and sched.stats().cache.prefix_reused_tokens["restored"] > 0
 
 
 def test_a_restored_state_gives_the_logits_of_a_fresh_prefill(two_streams):
@@ -150,7 +150,7 @@ def test_a_restore_llama_cpp_cannot_place_prefills_instead():
     sched.add(turn)
     run_until_idle(sched, runner)  # check_scheduler after every step: the slot's KV is what it says
     assert turn.cached_tokens == 0 and sink_of(turn).finish.reason == "length"
-    assert sched.status()["prefix_reused_tokens"]["restored"] == 0
+    assert sched.stats().cache.prefix_reused_tokens["restored"] == 0
 
 
 def test_a_stream_copy_llama_cpp_has_not_made_yet_is_neither_saved_nor_overwritten_by_a_restore():

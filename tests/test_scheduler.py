@@ -660,13 +660,13 @@ def test_status_reports_slots_and_pages():
     sched.add(b)
     sched.add(c)
     step_once(sched, runner)
-    status = sched.status()
-    states = {s["request_id"]: s["state"] for s in status["slots"]}
+    stats = sched.stats()
+    states = {s.request_id: s.state for s in stats.slots}
     assert states[b.request_id] == "decode" and states[c.request_id] == "prefill"
     assert states[None] == "idle"
-    assert status["running"] == 2 and status["waiting"] == 0
-    assert status["kv_pages_used"] == sched.cache.used_pages
-    assert status["prefix_cache_tokens"] == len(a.prompt_tokens) + 1
+    assert stats.running == 2 and stats.waiting == 0
+    assert stats.cache.kv_pages_used == sched.cache.used_pages
+    assert stats.cache.prefix_cache_tokens == len(a.prompt_tokens) + 1
 
 
 # ---- random load ------------------------------------------------------------------------------

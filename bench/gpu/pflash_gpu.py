@@ -68,10 +68,10 @@ def decode_under_compression(served: ServedModel, long_tokens: int, decoders: in
     time.sleep(2.0)
     before_end = generated()
     long = Run(served, prompt(served, long_tokens, 7), "always")
-    while not served.engine.status()["compressing"] and not long.first.is_set():
+    while not served.engine.stats().compressing and not long.first.is_set():
         time.sleep(0.001)
     during_start = generated()
-    while served.engine.status()["compressing"]:
+    while served.engine.stats().compressing:
         time.sleep(0.001)
     during_end = generated()
     long.wait()

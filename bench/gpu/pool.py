@@ -14,8 +14,8 @@ from pflash_plugin.server.settings import ModelSettings
 free = gpu_free_bytes()
 served = ServedModel(ModelSettings(model=sys.argv[1], n_gpu_layers=99, n_ctx=4096, pflash="always",
                                    kv_pool_tokens=None, verbose=False, pflash_keep_ratio=0.3))
-status = served.engine.status()
-print("gpu free before", free, "pool tokens", status["kv_pages_total"] * status["kv_page_size"])
+cache = served.engine.stats().cache
+print("gpu free before", free, "pool tokens", cache.kv_pages_total * cache.kv_page_size)
 done = []
 request = Request(served.model.tokenize(" ".join(f"note {i}: the bridge opens at dawn." for i in range(40))),
                   SamplingParams(max_tokens=4, temperature=0), sink=lambda e: done.append(e))

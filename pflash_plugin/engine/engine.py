@@ -3,7 +3,8 @@
 Other threads talk to it only through typed messages in an inbox (`Submit`, `Cancel`,
 `Compressed`, `ClearCache`, `Shutdown`); every scheduler and KV mutation happens on the engine
 thread, so none of it needs a lock. Its runner and compressor are the seams of seams.py; what it
-tells the compressor (its `activity`) is published once per round. A failure tied to one request
+tells the compressor (its `activity`) and the stats /status and /metrics read (a frozen
+`stats.SchedulerStats`) are published each round. A failure tied to one request
 fails that request alone; only a failure of llama.cpp itself marks the model failed (`health`).
 """
 from __future__ import annotations
@@ -14,13 +15,14 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..llama import DecodeError
 from .request import CompressionJob, ErrorEvent, Report, Request, RequestStatus
 from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
 from .seams import Activity, CompressionResult, Compressor, Runner
+from .stats import SchedulerStats
 
 log = logging.getLogger(__name__)
 _JOIN_MARGIN_S = 30.0  # shutdown waits this long past the grace for a step in flight to end
@@ -84,8 +86,7 @@ class Engine:
         self._closing_lock = threading.Lock()  # no Submit lands behind the Shutdown message
         self._deadline: float | None = None  # engine thread: draining until then
         self._failure: str | None = None  # llama.cpp failed: why
-        self._status: dict = scheduler.status()
-        self._status_lock = threading.Lock()
+        self._stats: SchedulerStats = scheduler.stats()  # replaced whole, never changed: read without a lock
         self.steps = 0
         self._aborts = 0  # consecutive aborted decodes
         # a step that prefills one long prompt alone is preempted when a new request arrives, so
@@ -171,9 +172,9 @@ class Engine:
             return None
         return f"one step has run for {running:.0f} s (max_step_s {self.max_step_s:g}): the engine is not returning"
 
-    def status(self) -> dict:
-        with self._status_lock:
-            return dict(self._status)
+    def stats(self) -> SchedulerStats:
+        """The stats the engine thread last published (after each step, and before events go out)."""
+        return self._stats
 
     def _hand_off(self) -> None:
         """Give the compressor the requests the scheduler handed off: a job that several requests
@@ -226,7 +227,9 @@ class Engine:
             return False
         step = self.scheduler.schedule() if self.scheduler.has_work and self._failure is None else Step([])
         self._hand_off()
-        self._publish_status()  # before the events go out: a client that got its answer sees it
+        self._publish_activity()
+        if self.scheduler.has_output or not step.items:
+            self._publish_stats()  # before the events go out: a client that got its answer sees it
         self.scheduler.emit()
         if not step.items:
             self._step_started = None  # idle: waiting is no stall
@@ -344,13 +347,18 @@ class Engine:
         self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, error, forget_kv=True)
 
     def _publish_status(self) -> None:
+        self._publish_activity()
+        self._publish_stats()
+
+    def _publish_activity(self) -> None:
         sched = self.scheduler
         self.activity.publish(
             interactive_waiting=any(r.timings.first_token is None for r in sched.running)
             or any(r.compression is None for r in [*sched.waiting, *sched.prepared]),
             slots_decoding=any(r.status is RequestStatus.DECODING for r in sched.running),
         )
-        status = sched.status()
-        status["steps"] = self.steps
-        with self._status_lock:
-            self._status = status
+
+    def _publish_stats(self) -> None:
+        """Once a round in a busy stretch: after the step (and before it only when events go out
+        first, or when there is no step)."""
+        self._stats = replace(self.scheduler.stats(), steps=self.steps)

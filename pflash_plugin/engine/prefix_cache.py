@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from .kv_pool import PagePool
 from .prefixes import longest_prefix, reusable
 from .request import Request
+from .stats import CacheStats, HostCacheStats
 
 if TYPE_CHECKING:
     from .host_cache import HostCache, Saved
@@ -312,21 +313,20 @@ class PrefixCache:
         return [s for s in self.slots if s.request is None and s.pages]
 
     # ---- reporting ---------------------------------------------------------------------------
-    def status(self) -> dict:
-        """The KV's part of the engine's /status."""
+    def stats(self) -> CacheStats:
+        """The KV's part of the engine's stats."""
         running = [s for s in self.slots if s.request is not None]
         # a page is shared only within one pool: per slot, a running slot's pages are its own
         active = sum(len(s.pages) for s in running) if self.per_slot else len({p for s in running for p in s.pages})
-        status = {
-            "kv_layout": "per_slot" if self.per_slot else "unified",
-            "kv_pages_used": self.used_pages,
-            "kv_pages_active": active,  # held by requests in slots; the rest of the used are idle caches
-            "kv_pages_total": self.n_pages,
-            "kv_page_size": self.page_size,
-            "prefix_cache_tokens": sum(len(s.tokens) for s in self.slots if s.request is None),
-            "prefix_reused_tokens": dict(self.reused_tokens),  # since start: in place, copied, restored
-        }
-        if self.host is not None:
-            status.update(host_cache_entries=len(self.host), host_cache_bytes=self.host.bytes_used,
-                          host_cache_capacity_bytes=self.host.capacity_bytes, host_cache_saved=self.host.saved)
-        return status
+        host = (HostCacheStats(len(self.host), self.host.bytes_used, self.host.capacity_bytes, self.host.saved)
+                if self.host is not None else None)
+        return CacheStats(
+            kv_layout="per_slot" if self.per_slot else "unified",
+            kv_pages_used=self.used_pages,
+            kv_pages_active=active,
+            kv_pages_total=self.n_pages,
+            kv_page_size=self.page_size,
+            prefix_cache_tokens=sum(len(s.tokens) for s in self.slots if s.request is None),
+            prefix_reused_tokens=dict(self.reused_tokens),
+            host=host,
+        )

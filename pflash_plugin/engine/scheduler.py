@@ -32,6 +32,7 @@ from .request import (
     TextEvent,
     TokenOutput,
 )
+from .stats import CompressingStats, SchedulerStats, SlotStats
 from .text_stream import TextStream
 
 log = logging.getLogger(__name__)
@@ -462,6 +463,11 @@ class Scheduler:
 
     # ---- reporting -------------------------------------------------------------------------
     @property
+    def has_output(self) -> bool:
+        """Events wait for `emit`."""
+        return bool(self._outbox)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self.prepared)  # compressing ones come back via resume
 
@@ -470,32 +476,24 @@ class Scheduler:
         """Every request not finished: running, queued, compressing."""
         return [*self.running, *self.prepared, *self.waiting, *self.compressing]
 
-    def status(self) -> dict:
-        return {
-            "slots": [
-                {
-                    "id": s.index,
-                    "state": "idle" if s.request is None
-                    else "prefill" if s.request.status is RequestStatus.PREFILLING else "decode",
-                    "request_id": s.request.request_id if s.request else None,
-                    "kv_tokens": len(s.tokens),
-                    "kv_pages": len(s.pages),
-                }
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            slots=tuple(
+                SlotStats(s.index,
+                          "idle" if s.request is None
+                          else "prefill" if s.request.status is RequestStatus.PREFILLING else "decode",
+                          s.request.request_id if s.request else None, len(s.tokens), len(s.pages))
                 for s in self.slots
-            ],
-            "running": len(self.running),
-            "waiting": len(self.waiting) + len(self.prepared),
-            "compressing": [
-                {
-                    "request_id": r.request_id,
-                    "prompt_tokens": len(r.prompt_tokens),
-                    "drafted_tokens": r.compression.progress if r.compression else 0,
-                }
+            ),
+            running=len(self.running),
+            waiting=len(self.waiting) + len(self.prepared),
+            compressing=tuple(
+                CompressingStats(r.request_id, len(r.prompt_tokens), r.compression.progress if r.compression else 0)
                 for r in self.compressing
-            ],
-            "waiting_prepared": len(self.prepared),
-            **self.cache.status(),
-        }
+            ),
+            waiting_prepared=len(self.prepared),
+            cache=self.cache.stats(),
+        )
 
 
 def _discard(event: Event) -> None:

@@ -23,7 +23,7 @@ class ServerContext:
 
     @classmethod
     def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:
-        metrics = Metrics(lambda: {name: m.engine.status() for name, m in models.models.items()})
+        metrics = Metrics(lambda: {name: m.engine.stats() for name, m in models.models.items()})
         return cls(settings, models, metrics)
 
     async def submit(self, served: ServedModel, requests: list[EngineRequest]) -> None:

@@ -77,10 +77,7 @@ async def health(ctx: ServerContext = Depends(get_context)) -> Any:
 
 @operations.get("/status", response_model=Status)
 async def server_status(ctx: ServerContext = Depends(get_context)) -> Any:
-    return Status(models={name: m.engine.status() | {"max_ctx": m.max_ctx, "pflash_scorer": m.pflash_scorer,
-                                                     "pflash_drafter": m.drafter_file,
-                                                     "cpu_path": m.model.cpu_path, **m.pflash_status()}
-                          for name, m in ctx.models.models.items()})
+    return Status(models={name: served.status() for name, served in ctx.models.models.items()})
 
 
 @operations.get("/metrics", response_class=Response)

@@ -6,12 +6,14 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..engine.stats import SchedulerStats
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
 _RATIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
 
 
 class Metrics:
-    def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
+    def __init__(self, engine_stats: Callable[[], dict[str, SchedulerStats]]) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         registry = self.registry
@@ -32,7 +34,7 @@ class Metrics:
             "event: where=engine at --shutdown_grace_s, where=server at the HTTP server's graceful-shutdown timeout",
             ["where"], registry=registry)
         self.pflash = _PflashMetrics(registry)
-        self.registry.register(_EngineCollector(engine_status))
+        self.registry.register(_EngineCollector(engine_stats))
 
     def finished(self, model: str, reason: str, usage: dict, pflash: Any = None) -> None:
         """One finished request; `pflash`: its compression report (pflash.report.PflashReport), if any."""
@@ -84,13 +86,13 @@ class _PflashMetrics:
 
 
 class _EngineCollector:
-    """Gauges read at scrape time from the status each engine publishes after every step (never from
+    """Gauges read at scrape time from the stats each engine publishes after every step (never from
     HTTP-side counters). The first three are the model server protocol's of the Gateway API Inference
     Extension (TotalQueuedRequests, TotalRunningRequests, KVCacheUtilization) that its endpoint
     picker reads: names and meanings in docs/metrics.md."""
 
-    def __init__(self, engine_status: Callable[[], dict[str, dict]]) -> None:
-        self.engine_status = engine_status
+    def __init__(self, engine_stats: Callable[[], dict[str, SchedulerStats]]) -> None:
+        self.engine_stats = engine_stats
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         label = ["model_name"]
@@ -119,15 +121,15 @@ class _EngineCollector:
             labels=[*label, "source"])
         host = GaugeMetricFamily("pflash_host_cache_bytes", "Bytes of saved sequence states in the host-RAM tier",
                                  labels=label)
-        for name, status in self.engine_status().items():
-            total = status["kv_pages_total"]
-            waiting.add_metric([name], status["waiting"] + len(status["compressing"]))
-            running.add_metric([name], status["running"])
-            kv.add_metric([name], status["kv_pages_active"] / total)
-            compressing.add_metric([name], len(status["compressing"]))
-            prefix.add_metric([name], (status["kv_pages_used"] - status["kv_pages_active"]) / total)
-            info.add_metric([name, str(status["kv_page_size"]), str(total)], 1)
-            for source, tokens in status["prefix_reused_tokens"].items():
+        for name, stats in self.engine_stats().items():
+            total, compressing_now = stats.cache.kv_pages_total, len(stats.compressing)
+            waiting.add_metric([name], stats.waiting + compressing_now)
+            running.add_metric([name], stats.running)
+            kv.add_metric([name], stats.cache.kv_pages_active / total)
+            compressing.add_metric([name], compressing_now)
+            prefix.add_metric([name], stats.kv_pages_held_by_caches / total)
+            info.add_metric([name, str(stats.cache.kv_page_size), str(total)], 1)
+            for source, tokens in stats.cache.prefix_reused_tokens.items():
                 reused.add_metric([name, source], tokens)
-            host.add_metric([name], status.get("host_cache_bytes", 0))
+            host.add_metric([name], stats.cache.host.bytes if stats.cache.host else 0)
         yield from (waiting, running, kv, compressing, prefix, info, reused, host)

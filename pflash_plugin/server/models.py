@@ -51,6 +51,12 @@ class ServedModel:
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         return outcome.calibration
 
+    def status(self) -> dict[str, Any]:
+        """This model's entry in /status: its engine's last stats, its limits and what runs PFlash."""
+        return self.engine.stats().as_dict() | {"max_ctx": self.max_ctx, "pflash_scorer": self.pflash_scorer,
+                                                "pflash_drafter": self.drafter_file,
+                                                "cpu_path": self.model.cpu_path, **self.pflash_status()}
+
     def pflash_status(self) -> dict[str, Any]:
         """What /status says of PFlash: its mode and keep ratio (or curve); in auto mode its
         threshold, and the start-up measurement behind it."""
@@ -67,8 +73,8 @@ class ServedModel:
 
     def summary(self) -> str:
         """One line of how the model serves, for the start-up log."""
-        status = self.engine.status()
-        parts = [f"{len(status['slots'])} slots", f"KV pool {status['kv_pages_total'] * status['kv_page_size']} tokens",
+        cache = self.engine.stats().cache
+        parts = [f"{self.plan.engine.n_slots} slots", f"KV pool {cache.kv_pages_total * cache.kv_page_size} tokens",
                  f"max_ctx {self.max_ctx}", f"PFlash {self.plan.pflash.mode}"]
         if self.plan.pflash.on:
             keep = self.plan.pflash.curve or self.pflash.keep_ratio

@@ -1,0 +1,58 @@
+"""The engine's stats (engine/stats.py): one frozen record a round, in the /status shape."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pflash_plugin.engine.host_cache import HostCache
+from mock_runner import EngineHarness, make_request, make_scheduler, run_until_idle, wait_done
+
+# the /status keys of one model's engine part, in their order (docs/api.md)
+ENGINE_KEYS = ["slots", "running", "waiting", "compressing", "waiting_prepared", "kv_layout", "kv_pages_used",
+               "kv_pages_active", "kv_pages_total", "kv_page_size", "prefix_cache_tokens", "prefix_reused_tokens"]
+HOST_KEYS = ["host_cache_entries", "host_cache_bytes", "host_cache_capacity_bytes", "host_cache_saved"]
+
+
+@pytest.fixture
+def harness():
+    h = EngineHarness()
+    yield h
+    h.stop()
+
+
+def test_the_status_shape_is_kept():
+    sched, runner = make_scheduler(n_slots=2)
+    done = make_request([1, 2, 3], max_tokens=2)
+    sched.add(done)
+    run_until_idle(sched, runner)
+    stats = sched.stats()
+    assert list(stats.as_dict()) == [*ENGINE_KEYS, "steps"]
+    assert stats.as_dict()["slots"] == [
+        {"id": 0, "state": "idle", "request_id": None, "kv_tokens": 4, "kv_pages": 1},
+        {"id": 1, "state": "idle", "request_id": None, "kv_tokens": 0, "kv_pages": 0}]
+    assert stats.as_dict()["prefix_reused_tokens"] == {"in_place": 0, "copied": 0, "restored": 0}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.running = 1  # type: ignore[misc]
+    with_host, _ = make_scheduler(host=HostCache(10**6, 1))
+    assert list(with_host.stats().as_dict()) == [*ENGINE_KEYS, *HOST_KEYS, "steps"]
+    assert with_host.stats().as_dict()["host_cache_capacity_bytes"] == 10**6
+
+
+def test_a_busy_stretch_builds_the_stats_once_a_round(harness):
+    """A round publishes after its step; before it only when events go out first (or no step runs)."""
+    engine, sched, runner = harness(n_slots=2, n_pages=32)
+    built = []
+    stats = sched.stats
+
+    def counted():
+        built.append(engine.steps)
+        return stats()
+
+    sched.stats = counted
+    request = make_request([1, 2, 3], max_tokens=40)
+    engine.submit(request)
+    wait_done(request)
+    busy = [steps for steps in built if 0 < steps < engine.steps]  # published between two steps
+    assert engine.steps >= 40 and len(busy) == len(set(busy))
+    assert engine.stats().steps == engine.steps and engine.stats().running == 0
