@@ -45,7 +45,7 @@ def test_long_prompt_is_served_compressed_and_reports_the_client_prompt():
     sched.resume(request, LONG[:4] + LONG[-6:], PflashReport("compressed", 40, kept_tokens=10))
     run_until_idle(sched, runner)
     usage = sink_of(request).finish.usage
-    assert usage["prompt_tokens"] == 40 and usage["timings"]["pflash"]["kept_tokens"] == 10
+    assert usage.prompt_tokens == 40 and usage.pflash.kept_tokens == 10
     assert sched.slots[request.slot].tokens[:10] == LONG[:4] + LONG[-6:]  # the compressed prompt was prefilled
     check_scheduler(sched, runner)
 
@@ -72,7 +72,7 @@ def test_cached_prefix_skips_compression():
     sched.add(again)
     run_until_idle(sched, runner)
     assert sched.take_handed() == [] and again.pflash.status == "skipped" and "cached" in again.pflash.reason
-    assert sink_of(again).finish.usage["prompt_tokens_details"]["cached_tokens"] == 40
+    assert sink_of(again).finish.usage.cached_tokens == 40
 
 
 def test_queue_limit_counts_prompts_in_compression():
@@ -124,11 +124,11 @@ def test_decoding_chat_keeps_stepping_while_a_prompt_is_scored(engine_with_fake)
     chat = make_request([5, 6, 7], max_tokens=30)
     engine.submit(chat)
     assert sink_of(chat).done.wait(TIMEOUT), "the chat did not finish while the drafter scored"
-    assert sink_of(chat).finish.usage["completion_tokens"] == 30
+    assert sink_of(chat).finish.usage.completion_tokens == 30
     assert long.status is RequestStatus.COMPRESSING and not sink_of(long).events
     fake.deliver(0, LONG[-8:])
     assert sink_of(long).done.wait(TIMEOUT)
-    assert sink_of(long).finish.usage["prompt_tokens"] == 40
+    assert sink_of(long).finish.usage.prompt_tokens == 40
 
 
 def test_two_long_prompts_arriving_together_are_both_compressed(engine_with_fake):
@@ -300,8 +300,8 @@ def test_a_prompt_that_extends_a_compressed_one_reuses_its_cells_without_compres
     assert follow.prefill_tokens == kept + first.output_tokens + [77, 78]
     assert follow.pflash.status == "skipped" and "compressed earlier" in follow.pflash.reason
     usage = sink_of(follow).finish.usage
-    assert usage["prompt_tokens"] == 40 + 3 + 2  # what the client sent
-    assert usage["prompt_tokens_details"]["cached_tokens"] >= len(kept)
+    assert usage.prompt_tokens == 40 + 3 + 2  # what the client sent
+    assert usage.cached_tokens >= len(kept)
     check_scheduler(sched, runner)
     # and the turn after: the follow-up's own compressed form serves it
     third = long_request(follow.prompt_tokens + follow.output_tokens + [88], max_tokens=1)

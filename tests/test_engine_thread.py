@@ -98,7 +98,7 @@ def test_cancel_running_request_from_another_thread(harness):
     wait_done(a)
     sink = sink_of(a)
     assert sink.finish.reason == "cancelled"
-    assert sink.finish.usage["completion_tokens"] == len(a.output_tokens) == 3
+    assert sink.finish.usage.completion_tokens == len(a.output_tokens) == 3
     assert len(sink.terminal) == 1
     b = make_request([1, 2, 3, 4], max_tokens=2)  # the freed slot serves the next request
     engine.submit(b)

@@ -59,7 +59,7 @@ def test_a_turn_whose_cells_were_evicted_restores_them_and_counts_them_cached(pe
     assert runner.ops_of("restore") == [("restore", 0, len(history))]
     assert turn2.cached_tokens == len(history) and runner.seq_tokens(0)[:len(history)] == history
     run_until_idle(sched, runner)
-    assert sink_of(turn2).finish.usage["prompt_tokens_details"]["cached_tokens"] == len(history)
+    assert sink_of(turn2).finish.usage.cached_tokens == len(history)
     assert sched.stats().cache.prefix_reused_tokens["restored"] == len(history)
     assert len(runner.ops_of("save")) == 2, "the other request's cells are saved when turn 2 takes the slot"
 

@@ -26,5 +26,5 @@ for _ in range(300):
     if any(isinstance(e, FinishEvent) for e in done):
         break
     time.sleep(0.05)
-print("finished", [e for e in done if isinstance(e, FinishEvent)][0].usage["timings"]["pflash"])
+print("finished", [e for e in done if isinstance(e, FinishEvent)][0].usage.pflash.to_json())
 served.close()

@@ -55,6 +55,17 @@ class SamplingParams(SamplerParams):
     min_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class Latency:
+    """Where a finished request's time went, in milliseconds (0.0 for a stage it never reached)."""
+
+    queue_ms: float  # waiting for a slot, its compression left out
+    compress_ms: float  # on the compression thread
+    prefill_ms: float
+    ttft_ms: float  # arrival to first token
+    decode_ms: float  # first token to the end
+
+
 @dataclass
 class Timings:
     """Wall-clock marks (time.perf_counter seconds); the server derives the reported ms."""
@@ -68,18 +79,29 @@ class Timings:
     finished: float | None = None
     last_token: float | None = None
 
-    def as_usage(self) -> dict[str, float]:
+    def latency(self) -> Latency:
         def ms(a: float | None, b: float | None) -> float:
             return round((b - a) * 1000.0, 3) if a is not None and b is not None else 0.0
 
         compress = ms(self.handed, self.resumed)
-        return {
-            "queue_ms": round(max(ms(self.arrival, self.admitted) - compress, 0.0), 3),
-            "compress_ms": compress,
-            "prefill_ms": ms(self.admitted, self.prefill_done),
-            "ttft_ms": ms(self.arrival, self.first_token),
-            "decode_ms": ms(self.first_token, self.finished),
-        }
+        return Latency(
+            queue_ms=round(max(ms(self.arrival, self.admitted) - compress, 0.0), 3),
+            compress_ms=compress,
+            prefill_ms=ms(self.admitted, self.prefill_done),
+            ttft_ms=ms(self.arrival, self.first_token),
+            decode_ms=ms(self.first_token, self.finished),
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a finished request used, in the engine's terms: the server formats it for each API."""
+
+    prompt_tokens: int  # as the client sent them (PFlash may have prefilled fewer)
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens whose KV was reused
+    latency: Latency
+    pflash: Report | None = None  # the compression report, if compression was asked for
 
 
 @dataclass
@@ -101,8 +123,7 @@ class TextEvent:
 @dataclass
 class FinishEvent:
     reason: str  # "stop" | "length" | "cancelled" (errors and refusals end with an ErrorEvent)
-    usage: dict[str, Any]
-    pflash: Report | None = None  # the compression report, for the server's metrics
+    usage: Usage
     stop: str | None = None  # the stop string that ended the text (reason "stop" without one: end of generation)
 
 
@@ -179,15 +200,6 @@ class Request:
         """KV positions this request may occupy: its prefill plus every token it may generate."""
         return len(self.prefill_tokens) + self.params.max_tokens
 
-    def usage(self) -> dict[str, Any]:
-        timings: dict[str, Any] = self.timings.as_usage()
-        timings["cached_tokens"] = self.cached_tokens
-        if self.pflash is not None:
-            timings["pflash"] = self.pflash.to_json()
-        return {
-            "prompt_tokens": len(self.prompt_tokens),
-            "completion_tokens": len(self.output_tokens),
-            "total_tokens": len(self.prompt_tokens) + len(self.output_tokens),
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-            "timings": timings,
-        }
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt_tokens), len(self.output_tokens), self.cached_tokens,
+                     self.timings.latency(), self.pflash)

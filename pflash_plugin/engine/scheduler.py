@@ -423,7 +423,7 @@ class Scheduler:
                 if tail:
                     self._emit(request, TextEvent(tail, live.pending))
             self.cache.release(self.slots[request.held_slot], forget_kv)
-        self._emit(request, error or FinishEvent(status.value, request.usage(), request.pflash, stop))
+        self._emit(request, error or FinishEvent(status.value, request.usage(), stop))
 
     def fail(self, request: Request, error: BaseException, what: str) -> None:
         """An exception tied to one request fails that request alone (500, naming it)."""

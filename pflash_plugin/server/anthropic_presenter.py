@@ -12,6 +12,7 @@ from .anthropic_errors import error_body
 from .blocks import Block, BlockEvent, BlockStream, blocks_of
 from .generation import Generation
 from .presenters import Sse, sse
+from .usage import Totals, anthropic_usage
 
 
 def stop_reason(finish: str, stop: str | None, client_stops: list[str]) -> tuple[str, str | None]:
@@ -24,16 +25,6 @@ def stop_reason(finish: str, stop: str | None, client_stops: list[str]) -> tuple
     if stop is not None and stop in client_stops:
         return "stop_sequence", stop
     return "end_turn", None
-
-
-def usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic's usage: input_tokens are those not read from the cache; our timings beside."""
-    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-    out = {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
-           "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
-    if "timings" in usage:
-        out["timings"] = usage["timings"]
-    return out
 
 
 def _block(block: Block) -> dict[str, Any]:
@@ -82,18 +73,18 @@ class MessagesPresenter:
         self.stop = stop_reason(chunk["finish_reason"], event.stop, self.client_stops)
         return [_rendered(e) for e in [*self.blocks.feed(chunk["delta"]), *self.blocks.close()]]
 
-    def done(self, used: dict) -> list[Sse]:
+    def done(self, used: Totals) -> list[Sse]:
         delta = {"stop_reason": self.stop[0], "stop_sequence": self.stop[1]}
-        return [sse({"type": "message_delta", "delta": delta, "usage": usage(used)}, "message_delta"),
+        return [sse({"type": "message_delta", "delta": delta, "usage": anthropic_usage(used)}, "message_delta"),
                 sse({"type": "message_stop"}, "message_stop")]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
         return [sse(error_body(event.status, event.message), "error")]
 
-    def body(self, finals: list[dict], ends: list[FinishEvent], used: dict) -> dict:
+    def body(self, finals: list[dict], ends: list[FinishEvent], used: Totals) -> dict:
         content = [_block(block) for block in blocks_of(finals[0]["message"])]
         return self._message(content, stop_reason(finals[0]["finish_reason"], ends[0].stop, self.client_stops),
-                             usage(used))
+                             anthropic_usage(used))
 
     def error(self, event: ErrorEvent) -> JSONResponse:
         return JSONResponse(error_body(event.status, event.message), event.status)

@@ -19,13 +19,13 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..engine.request import ErrorEvent, Event, FinishEvent, TextEvent
+from ..engine.request import ErrorEvent, Event, FinishEvent, TextEvent, Usage
 from .context import ServerContext
 from .errors import client_event
 from .generation import Generation
 from .presenters import ChatPresenter, Presenter, Sse
 from .protocol import RequestError
-from .responses import merge_usage
+from .usage import Totals, totals
 
 _GONE = object()  # queued when the client of a non-streamed request disconnects
 
@@ -119,15 +119,15 @@ def _count(ctx: ServerContext, gen: Generation, event: FinishEvent | ErrorEvent)
     compression its n choices share, with the first of them (on the engine thread, as every sink)."""
     model = gen.served.name
     if isinstance(event, FinishEvent):
-        report = None if gen.compression_counted else event.pflash
+        report = None if gen.compression_counted else event.usage.pflash
         gen.compression_counted |= report is not None
         ctx.metrics.finished(model, event.reason, event.usage, report)
     else:
         ctx.metrics.errors.labels(model, str(event.status)).inc()
 
 
-def _usage(gen: Generation, usages: dict[int, dict]) -> dict:
-    return merge_usage([usages[i] for i in sorted(usages)], gen.prompt_tokens)
+def _usage(gen: Generation, usages: dict[int, Usage]) -> Totals:
+    return totals([usages[i] for i in sorted(usages)], gen.prompt_tokens)
 
 
 async def _collect(http: Request, gen: Generation, shown: Presenter, events: asyncio.Queue) -> Response | dict:
@@ -169,7 +169,7 @@ async def _put_on_disconnect(http: Request, events: asyncio.Queue) -> None:
 async def _publish(gen: Generation, shown: Presenter, events: asyncio.Queue) -> AsyncIterator[Sse]:
     for item in shown.head():
         yield item
-    usages: dict[int, dict] = {}
+    usages: dict[int, Usage] = {}
     while len(usages) < len(gen.requests):
         index, event = await events.get()
         if isinstance(event, TextEvent):

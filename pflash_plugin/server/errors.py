@@ -177,5 +177,5 @@ def client_event(event: Event) -> Event:
     would pass the cut answer off as whole, where the SDKs raise on an error event."""
     if not isinstance(event, FinishEvent) or event.reason != "cancelled":
         return event
-    message = f"{SHUTTING_DOWN}: the request was cut after {event.usage['completion_tokens']} tokens"
+    message = f"{SHUTTING_DOWN}: the request was cut after {event.usage.completion_tokens} tokens"
     return ErrorEvent(503, message, "service_unavailable")

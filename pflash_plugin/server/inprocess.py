@@ -9,6 +9,7 @@ from ..engine.engine import Engine
 from ..engine.request import ErrorEvent, Event, FinishEvent, Request, SamplingParams, TextEvent
 from ..pflash.planning import Planner
 from .protocol import PflashMode, PflashOverride
+from .usage import openai_usage, totals
 
 
 class Target(Protocol):
@@ -22,7 +23,8 @@ class Target(Protocol):
 
 
 class Run:
-    """Wall time to the request's first token (or its end), its text and its usage."""
+    """Wall time to the request's first token (or its end), its text and its usage (as OpenAI's
+    usage object: what the benchmarks record)."""
 
     def __init__(self, served: Target, tokens: list[int], mode: PflashMode, max_tokens: int = 1) -> None:
         self.first = threading.Event()
@@ -44,7 +46,7 @@ class Run:
             self.text += event.text
             self.first.set()
         elif isinstance(event, FinishEvent):
-            self.usage = event.usage
+            self.usage = openai_usage(totals([event.usage], event.usage.prompt_tokens))
             self.first.set()
             self.done.set()
         elif isinstance(event, ErrorEvent):

@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..engine.request import Usage
 from ..engine.stats import SchedulerStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
@@ -36,17 +37,17 @@ class Metrics:
         self.pflash = _PflashMetrics(registry)
         self.registry.register(_EngineCollector(engine_stats))
 
-    def finished(self, model: str, reason: str, usage: dict, pflash: Any = None) -> None:
-        """One finished request; `pflash`: its compression report (pflash.report.PflashReport), if any."""
-        timings = usage["timings"]
+    def finished(self, model: str, reason: str, usage: Usage, pflash: Any = None) -> None:
+        """One finished request; `pflash`: its compression report (pflash.report.PflashReport), if
+        it is to be counted (once for the n choices that share it)."""
         self.requests.labels(model, reason).inc()
-        self.prompt_tokens.labels(model).inc(usage["prompt_tokens"])
-        self.cached_tokens.labels(model).inc(timings["cached_tokens"])
-        self.generated_tokens.labels(model).inc(usage["completion_tokens"])
-        if usage["completion_tokens"]:
-            self.ttft.labels(model).observe(timings["ttft_ms"] / 1000.0)
-        if usage["completion_tokens"] > 1:
-            self.itl.labels(model).observe(timings["decode_ms"] / 1000.0 / (usage["completion_tokens"] - 1))
+        self.prompt_tokens.labels(model).inc(usage.prompt_tokens)
+        self.cached_tokens.labels(model).inc(usage.cached_tokens)
+        self.generated_tokens.labels(model).inc(usage.completion_tokens)
+        if usage.completion_tokens:
+            self.ttft.labels(model).observe(usage.latency.ttft_ms / 1000.0)
+        if usage.completion_tokens > 1:
+            self.itl.labels(model).observe(usage.latency.decode_ms / 1000.0 / (usage.completion_tokens - 1))
         if pflash is not None:
             self.pflash.count(model, pflash)
 

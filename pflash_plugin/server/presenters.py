@@ -18,6 +18,7 @@ from .errors import error_response
 from .generation import Generation
 from .protocol import error_body
 from .responses import envelope, new_id
+from .usage import Totals, openai_usage
 
 Sse = dict[str, str]
 
@@ -44,13 +45,13 @@ class Presenter(Protocol):
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
         """The events for the end of choice `index`."""
 
-    def done(self, usage: dict) -> list[Sse]:
+    def done(self, usage: Totals) -> list[Sse]:
         """The events after every choice finished."""
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
         """The events that end a stream a request failed in."""
 
-    def body(self, finals: list[dict], ends: list[FinishEvent], usage: dict) -> dict:
+    def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict:
         """The whole answer, not streamed."""
 
     def error(self, event: ErrorEvent) -> JSONResponse:
@@ -75,15 +76,15 @@ class ChatPresenter:
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
         return [self._chunk([self.gen.choices[index].chunk("", [], event.reason)])]
 
-    def done(self, usage: dict) -> list[Sse]:
-        tail = [self._chunk([], usage, new_id("usage"))] if self.gen.include_usage else []
+    def done(self, usage: Totals) -> list[Sse]:
+        tail = [self._chunk([], openai_usage(usage), new_id("usage"))] if self.gen.include_usage else []
         return [*tail, {"data": "[DONE]"}]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
         return [sse(error_body(event.message, event.type, code=event.type))]
 
-    def body(self, finals: list[dict], ends: list[FinishEvent], usage: dict) -> dict:
-        return envelope(self.gen.rid, self.gen.object, self.gen.served.name, finals, usage)
+    def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict:
+        return envelope(self.gen.rid, self.gen.object, self.gen.served.name, finals, openai_usage(usage))
 
     def error(self, event: ErrorEvent) -> JSONResponse:
         return openai_error(event)

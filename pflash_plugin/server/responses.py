@@ -135,23 +135,6 @@ def envelope(rid: str, obj: str, model: str, choices: list, usage: dict | None =
     return body
 
 
-def merge_usage(usages: list[dict], prompt_tokens: int) -> dict:
-    """Usage of several choices: each prompt counted once (as OpenAI does), completions summed,
-    cached tokens the most any choice reused; the first choice's timings, every choice's under
-    timings.choices."""
-    if len(usages) == 1:
-        return usages[0]
-    completion = sum(u["completion_tokens"] for u in usages)
-    cached = max(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": min(prompt_tokens, cached)},
-        "timings": {**usages[0]["timings"], "choices": [u["timings"] for u in usages]},
-    }
-
-
 # ---- logprobs -------------------------------------------------------------------------------
 def _text(piece: Piece, token: int) -> str:
     return piece(token).decode("utf-8", errors="replace")

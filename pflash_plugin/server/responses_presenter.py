@@ -14,21 +14,11 @@ from .blocks import Block, BlockEvent, BlockStream, blocks_of
 from .generation import Generation
 from .presenters import Sse, openai_error, sse
 from .responses_protocol import ResponsesRequest
+from .usage import Totals, responses_usage
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
-
-
-def usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """The Responses API's usage; our timings (and the PFlash report in them) beside."""
-    out = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-           "total_tokens": usage["total_tokens"],
-           "input_tokens_details": {"cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
-           "output_tokens_details": {"reasoning_tokens": 0}}
-    if "timings" in usage:
-        out["timings"] = usage["timings"]
-    return out
 
 
 class ResponsesPresenter:
@@ -53,7 +43,7 @@ class ResponsesPresenter:
         return {"type": "function_call", "id": item_id, "call_id": block.call_id, "name": block.name,
                 "arguments": block.text if status == "completed" else "", "status": status}
 
-    def _response(self, status: str, output: list[dict], used: dict | None) -> dict[str, Any]:
+    def _response(self, status: str, output: list[dict], used: Totals | None) -> dict[str, Any]:
         body = self.request
         form = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else \
             {"type": "text"}
@@ -68,7 +58,7 @@ class ResponsesPresenter:
             "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "text": {"format": form}, "store": False, "previous_response_id": None, "truncation": "disabled",
-            "usage": usage(used) if used is not None else None,
+            "usage": responses_usage(used) if used is not None else None,
         }
 
     def _status(self) -> str:
@@ -116,7 +106,7 @@ class ResponsesPresenter:
         self.finish_reason = chunk["finish_reason"]
         return [item for e in [*self.blocks.feed(chunk["delta"]), *self.blocks.close()] for item in self._rendered(e)]
 
-    def done(self, used: dict) -> list[Sse]:
+    def done(self, used: Totals) -> list[Sse]:
         output = [self._item(block, "completed") for block in self.blocks.blocks]
         status = self._status()
         return [self._event(f"response.{status}", response=self._response(status, output, used))]
@@ -125,7 +115,7 @@ class ResponsesPresenter:
         return [self._event("error", code=event.type, message=event.message, param=None)]
 
     # ---- the whole body -----------------------------------------------------------------------
-    def body(self, finals: list[dict], ends: list[FinishEvent], used: dict) -> dict:
+    def body(self, finals: list[dict], ends: list[FinishEvent], used: Totals) -> dict:
         self.finish_reason = finals[0]["finish_reason"]
         output = [self._item(block, "completed") for block in blocks_of(finals[0]["message"])]
         return self._response(self._status(), output, used)
