@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from pflash_plugin.engine.request import RequestStatus
+from pflash_plugin.engine.request import ErrorKind, RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Model
 from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
@@ -80,7 +80,7 @@ def test_queue_limit_counts_prompts_in_compression():
     assert sched.submit(long_request()) is None and sched.submit(long_request()) is None
     assert len(sched.compressing) == 2 and not sched.running  # the slot is free, but both will want it
     error = sched.submit(make_request([1, 2]))
-    assert isinstance(error, AdmissionError) and error.status == 429
+    assert isinstance(error, AdmissionError) and error.kind is ErrorKind.BUSY
 
 
 @pytest.fixture

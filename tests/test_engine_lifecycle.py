@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pflash_plugin.engine.request import FinishEvent, RequestStatus
+from pflash_plugin.engine.request import ErrorKind, FinishEvent, RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import DecodeError
 
@@ -60,7 +60,7 @@ def test_raising_start_request_on_one_of_four_slots_fails_only_that_request(buil
 
     _, bad = run_four_with_one_fault(build, fault)
     errors = sink_of(bad).errors
-    assert [e.status for e in errors] == [500] and sink_of(bad).finish is None
+    assert [e.kind for e in errors] == [ErrorKind.FAILED] and sink_of(bad).finish is None
     assert f"request {bad.request_id}" in errors[0].message and "llama_sampler_init failed" in errors[0].message
 
 
@@ -70,7 +70,7 @@ def test_raising_sampler_fails_only_that_request(build):
 
     _, bad = run_four_with_one_fault(build, fault)
     errors = sink_of(bad).errors
-    assert [e.status for e in errors] == [500] and f"request {bad.request_id}" in errors[0].message
+    assert [e.kind for e in errors] == [ErrorKind.FAILED] and f"request {bad.request_id}" in errors[0].message
     assert len(bad.output_tokens) == 1
 
 
@@ -97,7 +97,7 @@ def test_failing_message_handler_costs_only_its_request(build):
     sched.resume = lambda *a: 1 / 0  # applying this compression result is broken
     fake.deliver(0, [1, 2, 40])
     wait_done(long)
-    assert [e.status for e in sink_of(long).errors] == [500]
+    assert [e.kind for e in sink_of(long).errors] == [ErrorKind.FAILED]
     assert "ZeroDivisionError" in sink_of(long).errors[0].message
     other = make_request([5, 6], max_tokens=3)
     engine.submit(other)
@@ -116,7 +116,7 @@ def test_a_flood_on_idle_slots_admits_exactly_slots_plus_max_queue(build):
     served = [r for r in flood if sink_of(r).finish is not None]
     refused = [r for r in flood if sink_of(r).errors]
     assert len(served) == 4 + 6
-    assert len(refused) == 20 and {e.status for r in refused for e in sink_of(r).errors} == {429}
+    assert len(refused) == 20 and {e.kind for r in refused for e in sink_of(r).errors} == {ErrorKind.BUSY}
     assert all(r.status is RequestStatus.FINISHED_REJECTED for r in refused)
 
 
@@ -230,7 +230,7 @@ def test_shutdown_finishes_what_it_can_within_the_grace_and_cancels_the_rest(bui
         time.sleep(0.001)
     with pytest.raises(AdmissionError) as info:
         engine.submit(make_request([9, 9], max_tokens=2))
-    assert info.value.status == 503
+    assert info.value.kind is ErrorKind.UNAVAILABLE
     draining.set()
     stopper.join(TIMEOUT)
     assert not stopper.is_alive() and not engine._thread.is_alive()
@@ -262,10 +262,10 @@ def test_a_llama_cpp_compute_failure_marks_the_model_failed(build):
     wait_done(a)
     health = engine.health()
     assert not health.ok and health.state == "failed" and "-3" in health.reason
-    assert [e.status for e in sink_of(a).errors] == [503]
+    assert [e.kind for e in sink_of(a).errors] == [ErrorKind.MODEL_FAILED]
     with pytest.raises(AdmissionError) as info:
         engine.submit(waiting)
-    assert info.value.status == 503 and "-3" in info.value.message
+    assert info.value.kind is ErrorKind.UNAVAILABLE and "-3" in info.value.message
     assert engine._thread.is_alive()
 
 
@@ -275,7 +275,7 @@ def test_a_decode_error_of_one_step_does_not_fail_the_model(build):
     a = make_request([1, 2, 3], max_tokens=3)
     engine.submit(a)
     wait_done(a)
-    assert [e.status for e in sink_of(a).errors] == [500]
+    assert [e.kind for e in sink_of(a).errors] == [ErrorKind.FAILED]
     assert engine.health().ok
 
 
@@ -306,7 +306,7 @@ def test_a_step_past_max_step_s_marks_the_engine_stalled_until_it_returns(build)
     assert "max_step_s" in engine.health().reason
     with pytest.raises(AdmissionError) as refused:
         engine.submit(make_request([4, 5], max_tokens=1))
-    assert refused.value.status == 503 and "stalled" in refused.value.message
+    assert refused.value.kind is ErrorKind.UNAVAILABLE and "stalled" in refused.value.message
     release.set()
     wait_done(request)
     assert engine.health().ok and sink_of(request).finish.reason == "length"

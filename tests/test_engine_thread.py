@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from pflash_plugin.engine.engine import Engine
-from pflash_plugin.engine.request import FinishEvent, RequestStatus
+from pflash_plugin.engine.request import ErrorKind, FinishEvent, RequestStatus
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import DecodeError
 
@@ -81,7 +81,7 @@ def test_submit_rejects_at_once_on_the_calling_thread(harness):
     engine, sched, runner = harness()
     with pytest.raises(AdmissionError) as info:
         engine.submit(make_request([], 4))
-    assert info.value.status == 400
+    assert info.value.kind is ErrorKind.INVALID
 
 
 def test_cancel_running_request_from_another_thread(harness):
@@ -167,7 +167,7 @@ def test_decode_error_no_cells_without_idle_caches_fails_503_and_serves_on(harne
     a = make_request([1, 2, 3], max_tokens=4)
     engine.submit(a)
     wait_done(a)
-    assert [e.status for e in sink_of(a).errors] == [503]
+    assert [e.kind for e in sink_of(a).errors] == [ErrorKind.MODEL_FAILED]
     assert sink_of(a).finish is None
     b = make_request([4, 5, 6], max_tokens=2)
     engine.submit(b)
@@ -190,7 +190,7 @@ def test_decode_error_fails_only_the_requests_in_the_step(harness):
     assert not failed.ok and {i.request_id for i in failed.items} == {a.request_id, b.request_id}
     for request in (a, b):
         sink = sink_of(request)
-        assert [e.status for e in sink.errors] == [500]
+        assert [e.kind for e in sink.errors] == [ErrorKind.FAILED]
         assert "-1" in sink.errors[0].message
         assert sink.finish is None
         assert request.status is RequestStatus.FINISHED_ERROR
@@ -210,7 +210,7 @@ def test_runner_exception_fails_the_step_and_serves_on(harness):
     a = make_request([1, 2], max_tokens=3)
     engine.submit(a)
     wait_done(a)
-    assert [e.status for e in sink_of(a).errors] == [500]
+    assert [e.kind for e in sink_of(a).errors] == [ErrorKind.FAILED]
     b = make_request([3, 4], max_tokens=3)
     engine.submit(b)
     wait_done(b)
@@ -233,7 +233,7 @@ def test_exception_in_schedule_does_not_kill_the_thread(harness):
     a = make_request([1, 2, 3], max_tokens=3)
     engine.submit(a)
     wait_done(a)
-    assert [e.status for e in sink_of(a).errors] == [500]
+    assert [e.kind for e in sink_of(a).errors] == [ErrorKind.FAILED]
     assert engine._thread.is_alive()
     b = make_request([4, 5, 6], max_tokens=3)
     engine.submit(b)
@@ -263,7 +263,7 @@ def test_unexpected_start_request_error_does_not_leak_the_slot(harness):
     a.params.seed = 13
     engine.submit(a)
     wait_done(a)
-    assert [e.status for e in sink_of(a).errors] == [500]
+    assert [e.kind for e in sink_of(a).errors] == [ErrorKind.FAILED]
     b = make_request([4, 5, 6], max_tokens=3)
     engine.submit(b)
     assert sink_of(b).done.wait(1.0), "the only slot is still bound to the failed request"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
-from pflash_plugin.engine.request import Request, SamplingParams
+from pflash_plugin.engine.request import ErrorKind, Request, SamplingParams
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Batch, Context
 
@@ -39,7 +39,7 @@ def test_a_request_over_a_slots_stream_is_refused_and_one_that_fills_it_is_serve
         assert run_together(engine, [fits])[0] and len(fits.output_tokens) == 256 - len(prompt)
         with pytest.raises(AdmissionError) as refused:
             engine.submit(Request(prompt, SamplingParams(max_tokens=257 - len(prompt))))
-        assert refused.value.status == 400 and "257 KV tokens" in refused.value.message
+        assert refused.value.kind is ErrorKind.TOO_LONG and "257 KV tokens" in refused.value.message
         assert "a slot's KV stream holds 256" in refused.value.message
     finally:
         engine.stop()

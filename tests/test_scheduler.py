@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from pflash_plugin.engine.request import ErrorEvent, FinishEvent, RequestStatus, TextEvent
+from pflash_plugin.engine.request import ErrorEvent, ErrorKind, FinishEvent, RequestStatus, TextEvent
 from pflash_plugin.engine.prefixes import common_prefix
 from pflash_plugin.engine.scheduler import AdmissionError
 
@@ -42,8 +42,7 @@ def test_check_rejects_empty_prompt():
     sched, _ = make_scheduler()
     with pytest.raises(AdmissionError) as info:
         sched.check(make_request([], 4))
-    assert info.value.status == 400
-    assert info.value.type == "invalid_request_error"
+    assert info.value.kind is ErrorKind.INVALID
 
 
 def test_check_rejects_prompt_plus_max_tokens_over_max_ctx_naming_both():
@@ -52,8 +51,7 @@ def test_check_rejects_prompt_plus_max_tokens_over_max_ctx_naming_both():
     with pytest.raises(AdmissionError) as info:
         sched.check(make_request(list(range(37)), 44))
     error = info.value
-    assert error.status == 400
-    assert error.type == "context_length_exceeded"
+    assert error.kind is ErrorKind.TOO_LONG
     assert "37" in error.message and "44" in error.message and "80" in error.message
 
 
@@ -62,7 +60,7 @@ def test_check_rejects_request_larger_than_the_pool():
     sched.check(make_request(list(range(10)), 6))  # 16 tokens: fits exactly
     with pytest.raises(AdmissionError) as info:
         sched.check(make_request(list(range(10)), 7))
-    assert info.value.status == 400
+    assert info.value.kind is ErrorKind.TOO_LONG
     assert "17" in info.value.message and "16" in info.value.message
 
 
@@ -71,7 +69,7 @@ def test_more_choices_than_slots_plus_queue_can_never_be_served():
     sched.check(*[make_request([1, 2], 2) for _ in range(6)])  # exactly slots + queue: may wait its turn
     with pytest.raises(AdmissionError) as info:
         sched.check(*[make_request([1, 2], 2) for _ in range(7)])
-    assert info.value.status == 400 and info.value.type == "invalid_request_error"
+    assert info.value.kind is ErrorKind.INVALID
     assert "7 choices" in info.value.message and "max_concurrency" in info.value.message
 
 
@@ -83,8 +81,8 @@ def test_requests_that_fit_free_slots_are_admitted_with_no_queue():
     late = make_request([5, 6], 2)
     error = sched.submit(late)
     sched.emit()
-    assert error is not None and error.status == 429 and error.type == "rate_limit_exceeded"
-    assert late.status is RequestStatus.FINISHED_REJECTED and [e.status for e in sink_of(late).errors] == [429]
+    assert error is not None and error.kind is ErrorKind.BUSY
+    assert late.status is RequestStatus.FINISHED_REJECTED and [e.kind for e in sink_of(late).errors] == [ErrorKind.BUSY]
 
 
 def test_a_clients_requests_are_admitted_all_or_none():
@@ -92,7 +90,7 @@ def test_a_clients_requests_are_admitted_all_or_none():
     first = make_request([1, 2], 2)
     assert sched.submit(first) is None
     group = [make_request([10 + i, 11 + i], 2) for i in range(6)]  # 1 + 6 > 2 + 4
-    assert sched.submit(*group).status == 429
+    assert sched.submit(*group).kind is ErrorKind.BUSY
     assert all(r.status is RequestStatus.FINISHED_REJECTED for r in group)
     assert sched.running == [first] and not sched.waiting  # none of them holds a slot or a place
     assert sched.submit(*[make_request([20 + i, 21 + i], 2) for i in range(5)]) is None
@@ -513,7 +511,7 @@ def test_fail_running_request_emits_error_and_frees():
     sched.emit()
     sink = sink_of(a)
     assert sink.finish is None, "an error is not followed by a finish"
-    assert [e.status for e in sink.errors] == [500]
+    assert [e.kind for e in sink.errors] == [ErrorKind.FAILED]
     assert sink.errors[0].message == f"request {a.request_id}: testing failed: RuntimeError: boom"
     assert (a.status, a.finish_reason) == (RequestStatus.FINISHED_ERROR, "error")
     assert a not in sched.running and sched.slots[a.slot].request is None
@@ -547,7 +545,7 @@ def test_start_request_value_error_fails_only_that_request(cached_prefix):
     sched.add(good)
     step_once(sched, runner)
     errors = sink_of(bad).errors
-    assert [(e.status, e.type) for e in errors] == [(400, "invalid_request_error")]
+    assert [e.kind for e in errors] == [ErrorKind.INVALID]
     assert "grammar" in errors[0].message
     assert sink_of(bad).finish is None
     assert (bad.status, bad.finish_reason) == (RequestStatus.FINISHED_REJECTED, "rejected")
@@ -703,7 +701,7 @@ def test_random_mixed_load_returns_to_idle(seed, page_size, per_slot):
             try:
                 sched.check(request)
             except AdmissionError as error:
-                assert error.status == 429
+                assert error.kind is ErrorKind.BUSY
             else:
                 sched.add(request)
                 requests.append(request)
@@ -728,9 +726,9 @@ def test_random_mixed_load_returns_to_idle(seed, page_size, per_slot):
         assert request.status.finished
         expected = outcome.get(request.request_id)
         if request.params.grammar == "bad" and expected is None:
-            assert sink.errors[0].status == 400
+            assert sink.errors[0].kind is ErrorKind.INVALID
         elif expected == "failed":
-            assert sink.errors and sink.errors[0].status == 500
+            assert sink.errors and sink.errors[0].kind is ErrorKind.FAILED
         elif expected == "cancelled":
             assert sink.finish.reason == "cancelled"
         else:
@@ -776,7 +774,7 @@ def test_new_request_takes_an_empty_slot_before_destroying_a_cache():
     sched.add(b)
     step_once(sched, runner)
     assert b.slot == 1
-    error = ErrorEvent(500, "llama_decode returned -1")
+    error = ErrorEvent(ErrorKind.FAILED, "llama_decode returned -1")
     sched.finish(b, RequestStatus.FINISHED_ERROR, error, forget_kv=True)  # what Engine._fail_step does
     assert sched.slots[1].tokens == []
     c = make_request([400, 401, 402], max_tokens=2)
@@ -845,7 +843,7 @@ def test_a_request_fills_a_stream_exactly_and_one_token_more_is_refused_naming_b
     over = make_request(list(range(1, 25)), max_tokens=9)
     with pytest.raises(AdmissionError) as refused:
         sched.check(over)
-    assert refused.value.status == 400 and refused.value.type == "context_length_exceeded"
+    assert refused.value.kind is ErrorKind.TOO_LONG
     assert "33 KV tokens" in refused.value.message and "a slot's KV stream holds 32" in refused.value.message
     unified, _ = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_ctx=64)  # the same cells, shared
     unified.check(over)

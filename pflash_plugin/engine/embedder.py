@@ -2,9 +2,9 @@
 
 Embedding requests run one at a time on a thread of their own, never on the server's worker pool
 that completions need too (60 waiting embedding requests once filled it and starved every
-completion). At most `max_queue` wait beyond the one running; more are refused with a 429. A request
+completion). At most `max_queue` wait beyond the one running; more are refused as BUSY. A request
 whose client has gone is dropped between inputs (its `cancelled` event). At a shutdown new requests
-get a 503 at once and what still waits once the grace has passed gets one too; `close` frees the
+are refused at once as UNAVAILABLE, and so is what still waits once the grace has passed; `close` frees the
 context only once its thread is done with it: nothing calls into a freed context (a SIGTERM with
 embeddings queued once crashed the process that way).
 """
@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..llama import Batch, Context, ContextConfig, Model
+from .request import ErrorKind
 from .scheduler import SHUTTING_DOWN, AdmissionError
 
 
@@ -42,16 +43,16 @@ class Embedder:
         self._deadline = float("inf")  # time.monotonic(): waiting inputs are refused from then on
 
     def check(self, tokens: list[int]) -> None:
-        """ValueError for an input that cannot be embedded (a 400, before anything waits)."""
+        """ValueError for an input that cannot be embedded (refused before anything waits)."""
         if not tokens:
             raise ValueError("cannot embed an empty input")
         if len(tokens) > self.n_ctx:
             raise ValueError(f"input of {len(tokens)} tokens exceeds the embedding context ({self.n_ctx})")
 
     def submit(self, inputs: list[list[int]], cancelled: threading.Event | None = None) -> Future[list[list[float]]]:
-        """Queue one request's inputs: its future gives their vectors, or raises AdmissionError 503
-        (closed meanwhile) or EmbeddingCancelled. AdmissionError 429 when max_queue already wait,
-        503 once closed."""
+        """Queue one request's inputs: its future gives their vectors, or raises AdmissionError
+        UNAVAILABLE (closed meanwhile) or EmbeddingCancelled. AdmissionError BUSY when max_queue
+        already wait, UNAVAILABLE once closed."""
         for tokens in inputs:
             self.check(tokens)
         with self._lock:
@@ -59,8 +60,8 @@ class Embedder:
                 raise AdmissionError.unavailable(SHUTTING_DOWN)
             if self._in_flight > self.max_queue:
                 raise AdmissionError(
-                    429, f"no room for another embedding request: {self._in_flight} are running or queued "
-                         f"(1 + max_queue {self.max_queue}); retry later", "rate_limit_exceeded")
+                    ErrorKind.BUSY, f"no room for another embedding request: {self._in_flight} are running or "
+                                    f"queued (1 + max_queue {self.max_queue}); retry later")
             self._in_flight += 1
             future = self._thread.submit(self._run, inputs, cancelled or threading.Event())
         future.add_done_callback(self._done)

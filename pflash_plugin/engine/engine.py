@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..llama import DecodeError
-from .request import CompressionJob, ErrorEvent, Report, Request, RequestStatus
+from .request import CompressionJob, ErrorEvent, ErrorKind, Report, Request, RequestStatus
 from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
 from .seams import Activity, CompressionResult, Compressor, Runner
 from .stats import SchedulerStats
@@ -104,8 +104,8 @@ class Engine:
         """Hand requests to the engine thread, which admits them all or none (in the same step
         when slots allow). Raises AdmissionError at once for what can never be served, or while
         the engine cannot serve; the engine thread's answer, judged on its own state, comes in
-        the returned future: None once admitted (running or queued), or the AdmissionError (429,
-        503) it refused them with (the requests also end with that error as their event)."""
+        the returned future: None once admitted (running or queued), or the AdmissionError (BUSY,
+        UNAVAILABLE) it refused them with (the requests also end with that error as their event)."""
         if self._failure is not None:
             raise AdmissionError.unavailable(f"the model {self.name} failed: {self._failure}")
         stalled = self._stalled()
@@ -128,7 +128,7 @@ class Engine:
         self._post(ClearCache())
 
     def shutdown(self, grace_s: float) -> None:
-        """Stop admitting (503), let in-flight requests finish for `grace_s` seconds, cancel
+        """Stop admitting (UNAVAILABLE), let in-flight requests finish for `grace_s` seconds, cancel
         the rest, then end the engine thread. Blocks until it has ended."""
         with self._closing_lock:
             self._closing = True
@@ -206,7 +206,7 @@ class Engine:
             except Exception as error:  # a bug must cost the requests in flight, never the thread
                 log.exception("engine %s: scheduling failed; failing the requests in flight", self.name)
                 for request in self.scheduler.live:
-                    self._fail(request, 500, f"internal scheduler error: {error}")
+                    self._fail(request, ErrorKind.FAILED, f"internal scheduler error: {error}")
                 self._publish_status()
             self.scheduler.emit()
 
@@ -293,7 +293,7 @@ class Engine:
         except Exception as error:
             for request in message.requests:
                 self.scheduler.fail(request, error, "admission")
-            refusal = AdmissionError(500, f"admission failed: {type(error).__name__}: {error}", "server_error")
+            refusal = AdmissionError(ErrorKind.FAILED, f"admission failed: {type(error).__name__}: {error}")
         if refusal is None:
             message.answer.set_result(None)
         else:
@@ -311,7 +311,7 @@ class Engine:
             return
         except Exception as error:  # anything else: fail this step's requests only
             log.exception("engine %s: step failed", self.name)
-            self._fail_step(step, 500, f"the step failed: {type(error).__name__}: {error}")
+            self._fail_step(step, ErrorKind.FAILED, f"the step failed: {type(error).__name__}: {error}")
             return
         finally:
             self._preemptible = False
@@ -329,21 +329,21 @@ class Engine:
         if error.code <= -2:  # allocation or compute failure inside llama.cpp: the model is broken
             self._fail_model(str(error))
         else:
-            self._fail_step(step, 503 if error.code == 1 else 500, str(error))
+            self._fail_step(step, ErrorKind.MODEL_FAILED if error.code == 1 else ErrorKind.FAILED, str(error))
 
-    def _fail_step(self, step: Step, status: int, message: str) -> None:
+    def _fail_step(self, step: Step, kind: ErrorKind, message: str) -> None:
         for request in {id(i.request): i.request for i in step.items}.values():
             if request.status.running:
-                self._fail(request, status, message)
+                self._fail(request, kind, message)
 
     def _fail_model(self, reason: str) -> None:
         self._failure = reason
         for request in self.scheduler.live:
-            self._fail(request, 503, f"the model {self.name} failed: {reason}")
+            self._fail(request, ErrorKind.MODEL_FAILED, f"the model {self.name} failed: {reason}")
 
-    def _fail(self, request: Request, status: int, message: str) -> None:
+    def _fail(self, request: Request, kind: ErrorKind, message: str) -> None:
         """Fail a request after a step went wrong; its slot's KV is in an unknown state."""
-        error = ErrorEvent(status, f"request {request.request_id}: {message}")
+        error = ErrorEvent(kind, f"request {request.request_id}: {message}")
         self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, error, forget_kv=True)
 
     def _publish_status(self) -> None:

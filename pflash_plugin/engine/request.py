@@ -127,11 +127,22 @@ class FinishEvent:
     stop: str | None = None  # the stop string that ended the text (reason "stop" without one: end of generation)
 
 
+class ErrorKind(enum.Enum):
+    """Why a request ended in an error or was refused, in the engine's terms: the server maps each
+    kind to its answer (server/errors.py: an HTTP status and an error type)."""
+
+    INVALID = "invalid"  # the request as sent cannot be served (empty prompt, too many choices, bad grammar)
+    TOO_LONG = "too_long"  # prompt + max_tokens over the context or a slot's KV
+    BUSY = "busy"  # no room now: the live requests fill the slots and the queue; retry later
+    UNAVAILABLE = "unavailable"  # the model takes no requests (shutting down, failed, stalled)
+    FAILED = "failed"  # serving it raised (a bug, a step that failed): this request alone fails
+    MODEL_FAILED = "model_failed"  # llama.cpp failed under it (no KV cells after eviction, a broken context)
+
+
 @dataclass
 class ErrorEvent:
-    status: int
+    kind: ErrorKind
     message: str
-    type: str = "server_error"
 
 
 Event = TextEvent | FinishEvent | ErrorEvent
@@ -139,7 +150,7 @@ _ids = itertools.count(1)
 
 
 class RequestRefused(Exception):
-    """The request's own input fails it mid-way (a grammar too costly to go on): a 400, not a 500."""
+    """The request's own input fails it mid-way (a grammar too costly to go on): INVALID, not FAILED."""
 
 
 class Report(Protocol):

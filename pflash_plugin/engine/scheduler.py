@@ -23,6 +23,7 @@ from .host_cache import HostCache
 from .prefix_cache import KVOps, PrefixCache, Slot
 from .request import (
     ErrorEvent,
+    ErrorKind,
     Event,
     FinishEvent,
     Report,
@@ -43,14 +44,16 @@ SHUTTING_DOWN = "the server is shutting down"
 
 
 class AdmissionError(Exception):
-    def __init__(self, status: int, message: str, type_: str) -> None:
+    """Requests refused before they run, and why (the server answers each kind in its own way)."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
-        self.status, self.message, self.type = status, message, type_
+        self.kind, self.message = kind, message
 
     @classmethod
     def unavailable(cls, reason: str) -> AdmissionError:
-        """A 503: the model takes no requests now (failed, stalled, SHUTTING_DOWN)."""
-        return cls(503, reason, "service_unavailable")
+        """The model takes no requests now (failed, stalled, SHUTTING_DOWN)."""
+        return cls(ErrorKind.UNAVAILABLE, reason)
 
 
 @dataclass
@@ -136,14 +139,13 @@ class Scheduler:
         return len(self.slots) + self.config.max_queue
 
     def check(self, *requests: Request) -> None:
-        """Refuse what can never be served, whatever the load (HTTP 400). Reads only fixed limits,
+        """Refuse what can never be served, whatever the load (INVALID, TOO_LONG). Reads only fixed limits,
         so any thread may call it; the load is judged by `submit`, on the engine thread."""
         if len(requests) > self.capacity:
             raise AdmissionError(
-                400,
+                ErrorKind.INVALID,
                 f"{len(requests)} choices can never be served together: this model runs "
                 f"{len(self.slots)} at once (max_concurrency) and queues {self.config.max_queue} more (max_queue)",
-                "invalid_request_error",
             )
         for request in requests:
             self._check_fits(request)
@@ -151,23 +153,20 @@ class Scheduler:
     def _check_fits(self, request: Request) -> None:
         n_prompt = len(request.prompt_tokens)
         if n_prompt == 0:
-            raise AdmissionError(400, "the prompt is empty", "invalid_request_error")
+            raise AdmissionError(ErrorKind.INVALID, "the prompt is empty")
         if n_prompt + request.params.max_tokens > self.config.max_ctx:
             raise AdmissionError(
-                400,
+                ErrorKind.TOO_LONG,
                 f"prompt ({n_prompt} tokens) + max_tokens ({request.params.max_tokens}) = "
                 f"{n_prompt + request.params.max_tokens} exceeds the context limit max_ctx "
                 f"({self.config.max_ctx} tokens)",
-                "context_length_exceeded",
             )
         capacity = self.cache.slot_capacity
         if self.cache.pages_for(request.reserve_tokens) * self.cache.page_size > capacity:
             where = "a slot's KV stream holds" if self.cache.per_slot else "the KV pool holds"
             raise AdmissionError(
-                400,
-                f"the request needs {request.reserve_tokens} KV tokens (prompt + max_tokens), {where} "
-                f"{capacity}",
-                "context_length_exceeded",
+                ErrorKind.TOO_LONG,
+                f"the request needs {request.reserve_tokens} KV tokens (prompt + max_tokens), {where} {capacity}",
             )
 
     def submit(self, *requests: Request) -> AdmissionError | None:
@@ -182,10 +181,9 @@ class Scheduler:
             live = len(self.live)
             if live + len(requests) > self.capacity:
                 raise AdmissionError(
-                    429,
+                    ErrorKind.BUSY,
                     f"no room for {len(requests)} more request(s): {live} are running or queued, of "
                     f"{self.capacity} ({len(self.slots)} slots + max_queue {self.config.max_queue}); retry later",
-                    "rate_limit_exceeded",
                 )
         except AdmissionError as error:
             self.refuse(requests, error)
@@ -201,7 +199,7 @@ class Scheduler:
     def refuse(self, requests: tuple[Request, ...], error: AdmissionError) -> None:
         """End requests that were never admitted with the refusal as their event."""
         for request in requests:
-            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(error.status, error.message, error.type))
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(error.kind, error.message))
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -278,8 +276,8 @@ class Scheduler:
         self._live[request.request_id] = _Live(TextStream(request.params.stop))
         try:
             self.kv.start_request(request.held_slot, request)
-        except ValueError as error:  # the client's (a grammar that does not parse): a 400
-            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(400, str(error), "invalid_request_error"))
+        except ValueError as error:  # the client's (a grammar that does not parse)
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(ErrorKind.INVALID, str(error)))
         except Exception as error:
             self.fail(request, error, "starting")
 
@@ -363,8 +361,8 @@ class Scheduler:
                 request.timings.prefill_done = now
         if not item.wants_logits:
             return
-        if isinstance(out, RequestRefused):  # the client's (a grammar too costly to go on): a 400
-            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(400, str(out), "invalid_request_error"))
+        if isinstance(out, RequestRefused):  # the client's (a grammar too costly to go on)
+            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(ErrorKind.INVALID, str(out)))
             return
         if isinstance(out, Exception):
             self.fail(request, out, "sampling")
@@ -426,10 +424,10 @@ class Scheduler:
         self._emit(request, error or FinishEvent(status.value, request.usage(), stop))
 
     def fail(self, request: Request, error: BaseException, what: str) -> None:
-        """An exception tied to one request fails that request alone (500, naming it)."""
+        """An exception tied to one request fails that request alone (FAILED, naming it)."""
         log.error("request %s: %s failed", request.request_id, what, exc_info=error)
         message = f"request {request.request_id}: {what} failed: {type(error).__name__}: {error}"
-        self.finish(request, RequestStatus.FINISHED_ERROR, ErrorEvent(500, message))
+        self.finish(request, RequestStatus.FINISHED_ERROR, ErrorEvent(ErrorKind.FAILED, message))
 
     # ---- output ------------------------------------------------------------------------------
     def _emit(self, request: Request, event: Event) -> None:

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 from ..engine.request import ErrorEvent, FinishEvent, TextEvent
 from .anthropic_errors import error_body
 from .blocks import Block, BlockEvent, BlockStream, blocks_of
+from .errors import http_of
 from .generation import Generation
 from .presenters import Sse, sse
 from .usage import Totals, anthropic_usage
@@ -79,7 +80,7 @@ class MessagesPresenter:
                 sse({"type": "message_stop"}, "message_stop")]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
-        return [sse(error_body(event.status, event.message), "error")]
+        return [sse(error_body(http_of(event.kind).status, event.message), "error")]
 
     def body(self, finals: list[dict], ends: list[FinishEvent], used: Totals) -> dict:
         content = [_block(block) for block in blocks_of(finals[0]["message"])]
@@ -87,4 +88,5 @@ class MessagesPresenter:
                              anthropic_usage(used))
 
     def error(self, event: ErrorEvent) -> JSONResponse:
-        return JSONResponse(error_body(event.status, event.message), event.status)
+        status = http_of(event.kind).status
+        return JSONResponse(error_body(status, event.message), status)

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 
 from ..engine.request import Request as EngineRequest
 from ..engine.scheduler import AdmissionError
+from .errors import http_of
 from .metrics import Metrics
 from .models import ModelRegistry, ServedModel
 from .protocol import RequestError
@@ -36,9 +37,10 @@ class ServerContext:
             raise self.refusal(served, error) from None
 
     def refusal(self, served: ServedModel, error: AdmissionError) -> RequestError:
-        """A model's refusal (429, 503) as the client's error, counted in /metrics."""
-        self.metrics.errors.labels(served.name, str(error.status)).inc()
-        return RequestError(error.status, error.message, error.type, code=error.type, counted=True)
+        """A model's refusal (too long, busy, unavailable...) as the client's error, counted in /metrics."""
+        status, kind = http_of(error.kind)
+        self.metrics.errors.labels(served.name, str(status)).inc()
+        return RequestError(status, error.message, kind, code=kind, counted=True)
 
     def close(self) -> None:
         self.models.close(self.settings.shutdown_grace_s)

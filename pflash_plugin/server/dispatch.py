@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..engine.request import ErrorEvent, Event, FinishEvent, TextEvent, Usage
 from .context import ServerContext
-from .errors import client_event
+from .errors import client_event, http_of
 from .generation import Generation
 from .presenters import ChatPresenter, Presenter, Sse
 from .protocol import RequestError
@@ -123,7 +123,7 @@ def _count(ctx: ServerContext, gen: Generation, event: FinishEvent | ErrorEvent)
         gen.compression_counted |= report is not None
         ctx.metrics.finished(model, event.reason, event.usage, report)
     else:
-        ctx.metrics.errors.labels(model, str(event.status)).inc()
+        ctx.metrics.errors.labels(model, str(http_of(event.kind).status)).inc()
 
 
 def _usage(gen: Generation, usages: dict[int, Usage]) -> Totals:

@@ -5,7 +5,7 @@ counted in pflash_errors_total. An unknown path or method gets OpenAI's shape to
 the app's handler)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Coroutine, Iterator
+from typing import Any, Callable, Coroutine, Iterator, NamedTuple
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,12 +15,34 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..engine.request import ErrorEvent, Event, FinishEvent
+from ..engine.request import ErrorEvent, ErrorKind, Event, FinishEvent
 from ..engine.scheduler import SHUTTING_DOWN
 from .anthropic_errors import error_body as anthropic_error
 from .anthropic_errors import under_messages
 from .protocol import RequestError, error_body
 from .security import route_path
+
+
+class HttpError(NamedTuple):
+    status: int
+    type: str  # OpenAI's error type (also its `code`); Anthropic's follows from the status
+
+
+# The one place where the engine's reasons (a refusal, a request that failed) become HTTP: every
+# route, presenter, metric label and the shutdown cut read them here.
+_HTTP: dict[ErrorKind, HttpError] = {
+    ErrorKind.INVALID: HttpError(400, "invalid_request_error"),
+    ErrorKind.TOO_LONG: HttpError(400, "context_length_exceeded"),
+    ErrorKind.BUSY: HttpError(429, "rate_limit_exceeded"),
+    ErrorKind.UNAVAILABLE: HttpError(503, "service_unavailable"),
+    ErrorKind.FAILED: HttpError(500, "server_error"),
+    ErrorKind.MODEL_FAILED: HttpError(503, "server_error"),
+}
+
+
+def http_of(kind: ErrorKind) -> HttpError:
+    """The HTTP status and error type a client gets for an engine error of this kind."""
+    return _HTTP[kind]
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None,
@@ -178,4 +200,4 @@ def client_event(event: Event) -> Event:
     if not isinstance(event, FinishEvent) or event.reason != "cancelled":
         return event
     message = f"{SHUTTING_DOWN}: the request was cut after {event.usage.completion_tokens} tokens"
-    return ErrorEvent(503, message, "service_unavailable")
+    return ErrorEvent(ErrorKind.UNAVAILABLE, message)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from starlette.responses import JSONResponse
 
 from ..engine.request import ErrorEvent, FinishEvent, TextEvent
-from .errors import error_response
+from .errors import error_response, http_of
 from .generation import Generation
 from .protocol import error_body
 from .responses import envelope, new_id
@@ -81,7 +81,8 @@ class ChatPresenter:
         return [*tail, {"data": "[DONE]"}]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
-        return [sse(error_body(event.message, event.type, code=event.type))]
+        kind = http_of(event.kind).type
+        return [sse(error_body(event.message, kind, code=kind))]
 
     def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict:
         return envelope(self.gen.rid, self.gen.object, self.gen.served.name, finals, openai_usage(usage))
@@ -92,4 +93,5 @@ class ChatPresenter:
 
 def openai_error(event: ErrorEvent) -> JSONResponse:
     """A failed request's answer in OpenAI's error shape."""
-    return error_response(event.status, event.message, event.type, code=event.type)
+    status, kind = http_of(event.kind)
+    return error_response(status, event.message, kind, code=kind)

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse
 
 from ..engine.request import ErrorEvent, FinishEvent, TextEvent
 from .blocks import Block, BlockEvent, BlockStream, blocks_of
+from .errors import http_of
 from .generation import Generation
 from .presenters import Sse, openai_error, sse
 from .responses_protocol import ResponsesRequest
@@ -112,7 +113,7 @@ class ResponsesPresenter:
         return [self._event(f"response.{status}", response=self._response(status, output, used))]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
-        return [self._event("error", code=event.type, message=event.message, param=None)]
+        return [self._event("error", code=http_of(event.kind).type, message=event.message, param=None)]
 
     # ---- the whole body -----------------------------------------------------------------------
     def body(self, finals: list[dict], ends: list[FinishEvent], used: Totals) -> dict:

@@ -17,11 +17,11 @@ from sse_starlette.sse import ServerSentEvent
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine.request import ErrorEvent
+from ..engine.request import ErrorEvent, ErrorKind
 from ..engine.scheduler import SHUTTING_DOWN
 from .anthropic_errors import error_body as anthropic_error
 from .anthropic_errors import under_messages
-from .errors import error_response
+from .errors import error_response, http_of
 from .metrics import Metrics
 from .protocol import error_body
 from .security import route_path
@@ -63,21 +63,22 @@ class ShutdownCut:
 async def _answer(scope: Scope, receive: Receive, send: Send, start: Message | None) -> None:
     """A 503 if no answer had started; an error event and the end of an SSE stream that had (any
     other answer under way is left as it is: the server closes its connection)."""
-    event = ErrorEvent(503, CUT, "service_unavailable")
+    event = ErrorEvent(ErrorKind.UNAVAILABLE, CUT)
+    status, kind = http_of(event.kind)
     presenter = scope.get("state", {}).get("presenter")
     if start is None:
         if presenter is not None:
             response = presenter.error(event)
         elif under_messages(route_path(scope)):  # still being prepared: no presenter yet, but its API is known
-            response = JSONResponse(anthropic_error(503, CUT), 503)
+            response = JSONResponse(anthropic_error(status, CUT), status)
         else:
-            response = error_response(503, CUT, event.type, code=event.type)
+            response = error_response(status, CUT, kind, code=kind)
         await response(scope, receive, send)
         return
     if b"text/event-stream" not in dict(start.get("headers", [])).get(b"content-type", b""):
         return
     items = presenter.stream_error(event) if presenter is not None else [
-        {"data": json.dumps(error_body(CUT, event.type, code=event.type))}]
+        {"data": json.dumps(error_body(CUT, kind, code=kind))}]
     for item in items:
         await send({"type": "http.response.body", "body": ServerSentEvent(**item, sep="\n").encode(),
                     "more_body": True})
