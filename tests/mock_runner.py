@@ -86,7 +86,7 @@ class StepRecord:
 
 
 class MockRunner:
-    """KVOps + execute(step), with a simulated KV and recorded operations."""
+    """SlotRunner (KVOps, start_request, end_request) + execute(step), with a simulated KV and recorded operations."""
 
     def __init__(
         self,

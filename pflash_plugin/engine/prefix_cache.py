@@ -37,8 +37,6 @@ class KVOps(Protocol):
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None: ...
     def save(self, slot: int, max_bytes: int) -> bytes | None: ...  # None: the state is larger
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None: ...
-    def start_request(self, slot: int, request: Request) -> None: ...
-    def end_request(self, slot: int) -> None: ...
 
 
 @dataclass
@@ -251,7 +249,6 @@ class PrefixCache:
     def release(self, slot: Slot, forget_kv: bool) -> None:
         """The slot's request ended: its KV stays as a prefix cache (its reserve beyond the tokens
         written is freed) unless `forget_kv`."""
-        self.kv.end_request(slot.index)
         slot.request = None
         slot.last_used = self.clock()
         keep = self.pages_for(len(slot.tokens))

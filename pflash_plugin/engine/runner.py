@@ -44,10 +44,13 @@ class LlamaRunner:
         self.ctx.state_seq_set(slot, data)
         self.ctx.seq_rm(slot, n_tokens, -1)
 
+    # ---- a slot's request (its sampler) ------------------------------------------------------
     def start_request(self, slot: int, request: Request) -> None:
+        """Bind the request's sampler to its slot (ValueError: a grammar that does not parse)."""
         self.sampling.bind(slot, request)
 
     def end_request(self, slot: int) -> None:
+        """Free the sampler of the request that left the slot."""
         self.sampling.unbind(slot)
 
     def set_abort(self, should_abort: Callable[[], bool]) -> None:

@@ -16,7 +16,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from .kv_pool import PagePool
 from .host_cache import HostCache
@@ -54,6 +54,15 @@ class AdmissionError(Exception):
     def unavailable(cls, reason: str) -> AdmissionError:
         """The model takes no requests now (failed, stalled, SHUTTING_DOWN)."""
         return cls(ErrorKind.UNAVAILABLE, reason)
+
+
+class SlotRunner(KVOps, Protocol):
+    """What the scheduler asks of its runner: the KV operations (the prefix cache's), and a
+    request's sampler bound to the slot it takes for as long as it holds it (the runner's sampling:
+    a request's lifecycle, not its KV)."""
+
+    def start_request(self, slot: int, request: Request) -> None: ...  # ValueError: its own parameters
+    def end_request(self, slot: int) -> None: ...
 
 
 @dataclass
@@ -111,7 +120,7 @@ class SchedulerConfig:
 class Scheduler:
     def __init__(
         self,
-        kv: KVOps,
+        kv: SlotRunner,
         pools: list[PagePool],
         config: SchedulerConfig,
         piece: Callable[[int], bytes],
@@ -420,6 +429,7 @@ class Scheduler:
                 tail = live.stream.flush()
                 if tail:
                     self._emit(request, TextEvent(tail, live.pending))
+            self.kv.end_request(request.held_slot)  # its sampler is freed, whatever becomes of its KV
             self.cache.release(self.slots[request.held_slot], forget_kv)
         self._emit(request, error or FinishEvent(status.value, request.usage(), stop))
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from .request import CompressionJob, Report, TokenOutput
-from .prefix_cache import KVOps
-from .scheduler import Step
+from .scheduler import SlotRunner, Step
 
 
-class Runner(KVOps, Protocol):
+class Runner(SlotRunner, Protocol):
     """Executes steps on one llama.cpp context (engine.runner.LlamaRunner)."""
 
     def execute(self, step: Step) -> dict[int, TokenOutput | Exception]: ...
