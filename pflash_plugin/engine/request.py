@@ -168,11 +168,31 @@ class CompressionJob(Protocol):
     def skipped(self, reason: str, cause: str) -> Report: ...
 
 
+class Plan(Protocol):
+    """A prompt's compression plan (pflash.planning.Plan), as the engine sees it."""
+
+    @property
+    def job(self) -> CompressionJob | None: ...  # the compression to run (the n samples of a prompt share it)
+
+    @property
+    def report(self) -> Report | None: ...  # else why there is none (neither: nothing to report)
+
+
+class Sink(Protocol):
+    """Where a request's events go: called by Scheduler.emit alone, on the engine thread."""
+
+    def __call__(self, event: Event, /) -> None: ...
+
+
+def discard(event: Event) -> None:
+    """The sink of a request nobody listens to (or whose own sink raised)."""
+
+
 @dataclass(eq=False)
 class Request:
     prompt_tokens: list[int]
     params: SamplingParams
-    sink: Callable[[Event], None] = lambda event: None
+    sink: Sink = discard
     # called once after each burst of events (Scheduler.emit: one step's), for a sink that stages
     # events and hands them over together (the server wakes its event loop once per step)
     flush: Callable[[], None] | None = None
@@ -190,6 +210,12 @@ class Request:
     def __post_init__(self) -> None:
         if not self.prefill_tokens:
             self.prefill_tokens = list(self.prompt_tokens)
+
+    @classmethod
+    def planned(cls, tokens: list[int], params: SamplingParams, plan: Plan, sink: Sink = discard) -> Request:
+        """A request built with its prompt's compression plan (the HTTP path and the in-process
+        one alike), so nothing attaches the job or the report afterwards."""
+        return cls(tokens, params, sink, compression=plan.job, pflash=plan.report)
 
     @property
     def finish_reason(self) -> str | None:

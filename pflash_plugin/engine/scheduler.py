@@ -32,6 +32,7 @@ from .request import (
     RequestStatus,
     TextEvent,
     TokenOutput,
+    discard,
 )
 from .stats import CompressingStats, SchedulerStats, SlotStats
 from .text_stream import TextStream
@@ -465,7 +466,7 @@ class Scheduler:
                     self._cut_off(request, error)
 
     def _cut_off(self, request: Request, error: Exception) -> None:
-        request.sink, request.flush = _discard, None
+        request.sink, request.flush = discard, None
         if not request.status.finished:
             self.fail(request, error, "delivering its output")
 
@@ -502,7 +503,3 @@ class Scheduler:
             waiting_prepared=len(self.prepared),
             cache=self.cache.stats(),
         )
-
-
-def _discard(event: Event) -> None:
-    """The sink of a request whose own sink raised."""

@@ -34,9 +34,9 @@ class Run:
         self.usage: dict = {}
         self.error: str | None = None
         self.start = time.perf_counter()
-        self.request = Request(tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0), sink=self._on_event)
         plan = served.planner.plan(tokens, PflashOverride(mode=mode))
-        self.request.compression, self.request.pflash = plan.job, plan.report
+        self.request = Request.planned(tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0), plan,
+                                       self._on_event)
         served.engine.submit(self.request)
 
     def _on_event(self, event: Event) -> None:

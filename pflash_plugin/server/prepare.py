@@ -67,10 +67,7 @@ def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingPar
         plan = served.planner.plan(tokens, ask, facts)
     except PlanError as error:
         raise RequestError(400, str(error), param=error.param) from None
-    requests = [EngineRequest(tokens, sample) for sample in _samples(params, n)]
-    for request in requests:
-        request.compression, request.pflash = plan.job, plan.report
-    return requests
+    return [EngineRequest.planned(tokens, sample, plan) for sample in _samples(params, n)]
 
 
 def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
