@@ -15,6 +15,8 @@ Lanes need windows: on a GPU a 32K prompt is drafted in windows by default (over
 
 Usage: python bench/pflash_quality.py [--length 4096] [--prompts 3] [--keep 0.1] [--lanes 4]
        [--window 512 --causal_max 0] [--n_gpu_layers -1] [--kinds single multikey multivalue]
+  CPU (docs/pflash_quality.md): --length 6144 --prompts 3 --window 512 --causal_max 0
+  GPU: --length 31000 --prompts 20 --n_gpu_layers -1 (the demo model's training context is 32768)
 Writes bench/results/pflash_quality.json (--out) and prints the markdown table.
 """
 from __future__ import annotations
