@@ -84,7 +84,11 @@ def live_server(models: list[dict], **server_kw) -> Iterator[LiveServer]:
         app.state.models.close()
 
 
-# PFlash on a tiny model: prompts of a few hundred tokens compress
+# PFlash on a tiny model: prompts of a few hundred tokens (NOTES is one) compress
+NOTES = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
+# a tool's parameters whose every valid value is short: forced calls end quickly on a random model
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},
+           "required": ["city"], "additionalProperties": False}
 TINY_PFLASH = {"pflash": "auto", "pflash_threshold": 64, "pflash_keep_ratio": 0.3, "pflash_segment_min": 4,
                "pflash_segment_max": 16}
 

@@ -12,15 +12,12 @@ import httpx
 import jsonschema
 import pytest
 
-from conftest import TINY_PFLASH, hermes_model, live_server
+from conftest import NOTES, TINY_PFLASH, WEATHER, hermes_model, live_server
 from pflash_plugin.server.anthropic_protocol import MessagesRequest, chat_request
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},
-           "required": ["city"], "additionalProperties": False}
 TOOL = {"name": "get_weather", "description": "Weather forecast", "input_schema": WEATHER}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 GREEDY = {"temperature": 0.0}  # sampling parameters travel in extra_body: this SDK no longer takes them
-NOTES = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
 
 
 @pytest.fixture(scope="module")

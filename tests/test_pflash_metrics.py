@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import live_server
+from conftest import NOTES, live_server
 
-NOTES = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
 
 
 def scrape(server) -> dict[tuple[str, tuple], float]:

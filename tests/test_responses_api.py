@@ -13,14 +13,11 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from conftest import TINY_PFLASH, hermes_model, live_server
+from conftest import NOTES, TINY_PFLASH, WEATHER, hermes_model, live_server
 from pflash_plugin.server.responses_protocol import ResponsesRequest, chat_request
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},
-           "required": ["city"], "additionalProperties": False}
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}
 HUGE = {"type": "array", "items": {"type": "integer"}, "minItems": 10_000_000}  # over the schema bounds
-NOTES = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(40))
 
 
 @pytest.fixture(scope="module")
