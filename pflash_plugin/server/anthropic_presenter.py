@@ -66,13 +66,13 @@ class MessagesPresenter:
                 sse({"type": "ping"}, "ping")]
 
     def delta(self, index: int, event: TextEvent) -> list[Sse]:
-        chunk = self.gen.choices[index].chunk(event.text, event.tokens, None)
-        return [_rendered(e) for e in self.blocks.feed(chunk["delta"])]
+        events = self.blocks.read(self.gen.choices[index], event.text, event.tokens)
+        return [_rendered(e) for e in events]
 
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
-        chunk = self.gen.choices[index].chunk("", [], event.reason)
-        self.stop = stop_reason(chunk["finish_reason"], event.stop, self.client_stops)
-        return [_rendered(e) for e in [*self.blocks.feed(chunk["delta"]), *self.blocks.close()]]
+        events, reason = self.blocks.end(self.gen.choices[index], event.reason)
+        self.stop = stop_reason(reason, event.stop, self.client_stops)
+        return [_rendered(e) for e in events]
 
     def done(self, used: Totals) -> list[Sse]:
         delta = {"stop_reason": self.stop[0], "stop_sequence": self.stop[1]}

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .bridge import as_chat
+from .bridge import as_chat, chat_tool, joined_text
 from .protocol import ChatCompletionRequest, PflashOverride, RequestError
 
 class AnthropicErrorDetail(BaseModel):
@@ -96,13 +96,7 @@ def _text(content: str | list[ContentBlock] | None, field: str) -> str:
     """Text blocks joined by newlines; any other block is refused, naming its field."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
-    for j, block in enumerate(content):
-        if block.type != "text" or block.text is None:
-            raise RequestError(400, f"{field}.{j}: a block of type {block.type!r} is not taken here: send 'text' "
-                               "blocks (this server serves text only)", param=f"{field}.{j}.type")
-        texts.append(block.text)
-    return "\n".join(texts)
+    return joined_text([(block.type, block.text) for block in content], field, ("text",), "block")
 
 
 def _call(block: ContentBlock, field: str) -> dict[str, Any]:
@@ -150,10 +144,7 @@ def _tools(body: CountTokensRequest) -> dict[str, Any]:
         if tool.type not in (None, "custom"):
             raise RequestError(400, f"tools.{i}: a server tool of type {tool.type!r} is not run by this server: "
                                "send client tools (name, description, input_schema)", param=f"tools.{i}.type")
-        function = {"name": tool.name, "parameters": tool.input_schema or {"type": "object", "properties": {}}}
-        if tool.description is not None:
-            function["description"] = tool.description
-        tools.append({"type": "function", "function": function})
+        tools.append(chat_tool(tool.name, tool.description, tool.input_schema))
     out: dict[str, Any] = {"tools": tools} if tools else {}
     choice = body.tool_choice
     if choice is None:

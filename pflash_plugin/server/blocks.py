@@ -8,6 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..engine.request import TokenOutput
+from .responses import Choice
+
 
 @dataclass
 class Block:
@@ -48,6 +51,16 @@ class BlockStream:
         for call in delta.get("tool_calls") or []:
             events += self._call(call)
         return events
+
+    def read(self, choice: Choice, text: str, outputs: list[TokenOutput]) -> list[BlockEvent]:
+        """A streamed choice's text as block events."""
+        return self.feed(choice.chunk(text, outputs, None)["delta"])
+
+    def end(self, choice: Choice, reason: str) -> tuple[list[BlockEvent], str]:
+        """The choice's end: its last events, the open block closed, and the finish reason the choice
+        gives (tool_calls when it made calls)."""
+        chunk = choice.chunk("", [], reason)
+        return [*self.feed(chunk["delta"]), *self.close()], chunk["finish_reason"]
 
     def close(self) -> list[BlockEvent]:
         """Close the open block (at the end of the answer, or when the next one opens)."""

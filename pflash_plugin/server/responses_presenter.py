@@ -99,13 +99,13 @@ class ResponsesPresenter:
                 self._event("response.in_progress", response=started)]
 
     def delta(self, index: int, event: TextEvent) -> list[Sse]:
-        chunk = self.gen.choices[index].chunk(event.text, event.tokens, None)
-        return [item for e in self.blocks.feed(chunk["delta"]) for item in self._rendered(e)]
+        events = self.blocks.read(self.gen.choices[index], event.text, event.tokens)
+        return [item for e in events for item in self._rendered(e)]
 
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
-        chunk = self.gen.choices[index].chunk("", [], event.reason)
-        self.finish_reason = chunk["finish_reason"]
-        return [item for e in [*self.blocks.feed(chunk["delta"]), *self.blocks.close()] for item in self._rendered(e)]
+        events, reason = self.blocks.end(self.gen.choices[index], event.reason)
+        self.finish_reason = reason
+        return [item for e in events for item in self._rendered(e)]
 
     def done(self, used: Totals) -> list[Sse]:
         output = [self._item(block, "completed") for block in self.blocks.blocks]

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .bridge import as_chat
+from .bridge import as_chat, chat_tool, joined_text
 from .protocol import ChatCompletionRequest, PflashOverride, RequestError
 
 
@@ -73,15 +73,9 @@ def _text(content: Any, field: str) -> str:
         return content
     if not isinstance(content, list):
         raise RequestError(400, f"{field}: a string or a list of content parts", param=field)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        text = part.get("text", part.get("refusal")) if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(text, str):
-            raise RequestError(400, f"{field}.{j}: a content part of type {kind!r} is not taken here: send "
-                               "'input_text' parts (this server serves text only)", param=f"{field}.{j}.type")
-        texts.append(text)
-    return "\n".join(texts)
+    parts = [(part.get("type"), part.get("text", part.get("refusal"))) if isinstance(part, dict) else (None, None)
+             for part in content]
+    return joined_text(parts, field, _TEXT_PARTS, "content part")
 
 
 def _field(item: dict[str, Any], key: str, where: str) -> str:
@@ -127,10 +121,7 @@ def _tools(body: ResponsesRequest) -> dict[str, Any]:
         if tool.type != "function" or not tool.name:
             raise RequestError(400, f"tools.{i}: only function tools with a name are run here (not {tool.type!r})",
                                param=f"tools.{i}.type")
-        function = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
-        if tool.description is not None:
-            function["description"] = tool.description
-        tools.append({"type": "function", "function": function})
+        tools.append(chat_tool(tool.name, tool.description, tool.parameters))
     out: dict[str, Any] = {"tools": tools or None, "parallel_tool_calls": body.parallel_tool_calls}
     choice = body.tool_choice
     if isinstance(choice, dict):
