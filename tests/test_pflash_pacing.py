@@ -17,13 +17,13 @@ def neighbours(waiting: bool, decoding: bool) -> SimpleNamespace:
 def test_polite_within_the_bound_then_alone():
     now = [0.0]
     pacing = Pacing(neighbours(True, True), started=0.0, bound_s=2.0, duty=0.5, clock=lambda: now[0])
-    assert pacing.turn() == Turn(SHARED_CHUNK, 0.5, True) and pacing.stepping_aside()
+    assert pacing.turn() == Turn(SHARED_CHUNK, 0.5) and pacing.stepping_aside()
     now[0] = 1.99
-    assert pacing.turn().steps_aside and pacing.stepping_aside()
+    assert pacing.turn() == Turn(SHARED_CHUNK, 0.5) and pacing.polite() and pacing.stepping_aside()
     now[0] = 2.0
-    assert pacing.turn() == ALONE and not pacing.stepping_aside()
+    assert pacing.turn() == ALONE and not pacing.polite() and not pacing.stepping_aside()
     quiet = Pacing(neighbours(False, False), started=0.0, clock=lambda: 0.0)
-    assert quiet.turn() == Turn(None, 1.0, True) and not quiet.stepping_aside()
+    assert quiet.turn() == ALONE and quiet.polite() and not quiet.stepping_aside()
     assert pacing.lane(0.125).duty == 0.125 and pacing.lane(0.125).started == pacing.started
 
 

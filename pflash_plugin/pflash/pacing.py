@@ -13,7 +13,7 @@ prompt drafted beside two long answers waited 15-22 s on an H200 (issue 28).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 SHARED_CHUNK = 512  # tokens per drafter chunk while slots decode beside it (short device bursts)
@@ -43,10 +43,9 @@ class Turn:
 
     chunk: int | None  # its tokens at most (None: the drafter's ubatch)
     duty: float  # the share of time computing: after the chunk, a pause of (1 / duty - 1) x its time
-    steps_aside: bool  # waits, and aborts the chunk, while requests wait for their first token
 
 
-ALONE = Turn(None, 1.0, False)
+ALONE = Turn(None, 1.0)
 
 
 @dataclass
@@ -65,11 +64,12 @@ class Pacing:
         return self.clock() - self.started < self.bound_s
 
     def turn(self) -> Turn:
+        """The next chunk's size and duty (whether it steps aside is `stepping_aside`'s)."""
         if not self.polite():
             return ALONE
         if self.neighbours.slots_decoding():
-            return Turn(SHARED_CHUNK, self.duty, True)
-        return Turn(None, 1.0, True)
+            return Turn(SHARED_CHUNK, self.duty)
+        return ALONE
 
     def stepping_aside(self) -> bool:
         """Whether to wait (or abort the chunk in flight) now: requests wait for a first token, and
@@ -78,4 +78,4 @@ class Pacing:
 
     def lane(self, duty: float) -> "Pacing":
         """The same prompt's pacing for one of its lanes, which computes `duty` of the time."""
-        return Pacing(self.neighbours, self.started, self.bound_s, duty, self.clock)
+        return replace(self, duty=duty)
