@@ -93,10 +93,14 @@ class DrafterFile:
 class Devices:
     """Where the memory is: read before the weights load (what llama.cpp splits them by) and after."""
 
-    on_gpu: bool  # PFlash runs on a GPU: its reserve is measured there
-    n_gpus: int
+    n_gpus: int  # the GPUs llama.cpp sees, where PFlash is on and layers go to them (else 0)
     free_at_load: list[int]
     gpu_free: int | None = None  # main_gpu's free bytes once the target loaded (before the drafter does)
+
+    @property
+    def on_gpu(self) -> bool:
+        """PFlash runs on a GPU: its reserve is measured there."""
+        return self.n_gpus > 0
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,8 @@ def check_names(settings: ModelSettings, llama: LlamaPlan) -> None:
 
 def find_devices(llama: LlamaPlan, pflash: bool) -> Devices:
     """Before the weights load: what llama.cpp is about to split the layers by, read only where it does."""
-    on_gpu = pflash and llama.target.n_gpu_layers != 0 and gpu_count() > 0
     n_gpus = gpu_count() if pflash and llama.target.n_gpu_layers != 0 else 0
-    return Devices(on_gpu, n_gpus, gpus_free_bytes() if splits_by_free_memory(llama.target, n_gpus) else [])
+    return Devices(n_gpus, gpus_free_bytes() if splits_by_free_memory(llama.target, n_gpus) else [])
 
 
 def open_drafter(plan: ModelPlan, target: Model) -> DrafterFile:
