@@ -351,12 +351,7 @@ class Engine:
         self._publish_stats()
 
     def _publish_activity(self) -> None:
-        sched = self.scheduler
-        self.activity.publish(
-            interactive_waiting=any(r.timings.first_token is None for r in sched.running)
-            or any(r.compression is None for r in [*sched.waiting, *sched.prepared]),
-            slots_decoding=any(r.status is RequestStatus.DECODING for r in sched.running),
-        )
+        self.activity.publish(self.scheduler.flags())
 
     def _publish_stats(self) -> None:
         """Once a round in a busy stretch: after the step (and before it only when events go out

@@ -2,9 +2,10 @@
 
 Pure Python: the scheduler decides, a runner executes. Each step decodes one token for every
 generating slot and fills the rest of the token budget with prefill chunks, so a long prefill
-never stalls decoding. Idle slots keep their KV as a prefix cache; a new request reuses the
-longest cached prefix of any slot (in place, or shared through `seq_cp`), and idle caches are
-evicted least recently used when pages are needed.
+never stalls decoding (the rule, and what background drafting is told: step_policy.py). Idle
+slots keep their KV as a prefix cache; a new request reuses the longest cached prefix of any
+slot (in place, or shared through `seq_cp`), and idle caches are evicted least recently used when
+pages are needed.
 
 Every request moves through one `RequestStatus` lifecycle, and `finish` is the only way out of it.
 The scheduler never calls a sink while it decides: it queues events, and `emit` delivers them, so
@@ -35,6 +36,7 @@ from .request import (
     discard,
 )
 from .stats import CompressingStats, SchedulerStats, SlotStats
+from .step_policy import Flags, Seat, StepPolicy, flags
 from .text_stream import TextStream
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,7 @@ class Scheduler:
     ) -> None:
         assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
         self.kv, self.config = kv, config
+        self.policy = StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging)
         self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host)
         self.slots: list[Slot] = self.cache.slots
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
@@ -293,48 +296,31 @@ class Scheduler:
 
     # ---- stepping --------------------------------------------------------------------------
     def schedule(self) -> Step:
+        """Admit what fits, then the step the policy composes (step_policy.py) from the running requests."""
         self.admit()
-        budget = self.config.max_batch_tokens
-        items: list[BatchItem] = []
-        for request in self.running:
-            if request.status is RequestStatus.DECODING and budget > 0:
-                slot = self.slots[request.held_slot]
-                items.append(BatchItem(request, [request.output_tokens[-1]], len(slot.tokens), True))
-                budget -= 1
-        # shortest remaining prefill first (a short prompt beside a long one starts at once),
-        # aged: every step a prompt was left out of counts as `aging` fewer tokens left
-        prefilling = sorted((r for r in self.running if r.status is RequestStatus.PREFILLING), key=self._urgency)
-        prefill_budget = budget
-        if items and self.config.prefill_chunk:  # others are decoding: keep their steps short
-            prefill_budget = min(budget, self.config.prefill_chunk * len(prefilling))
-        # those that finish their prefill now go alone: a long chunk would delay their first token
-        finishing = [r for r in prefilling if self._urgency(r) <= prefill_budget]
-        served: set[int] = set()
-        for request in finishing or prefilling:
-            if prefill_budget <= 0:
-                break
-            start = request.n_prefilled
-            n = min(prefill_budget, request.prefill_left)
-            done = start + n == len(request.prefill_tokens)
-            chunk = request.prefill_tokens[start : start + n]
-            items.append(BatchItem(request, chunk, len(self.slots[request.held_slot].tokens), done))
-            prefill_budget -= n
-            served.add(request.request_id)
-        for request in prefilling:
-            if request.request_id not in served:
-                self._live[request.request_id].starved += 1
+        plan = self.policy.plan(self._seats())
+        items = [BatchItem(r, [r.output_tokens[-1]], len(self.slots[r.held_slot].tokens), True) for r in plan.decode]
+        for request, n in plan.chunks:
+            start, at = request.n_prefilled, len(self.slots[request.held_slot].tokens)
+            items.append(BatchItem(request, request.prefill_tokens[start : start + n], at, n == request.prefill_left))
+        for request in plan.left_out:
+            self._live[request.request_id].starved += 1
         # in slot order: llama.cpp puts a run of consecutive sequences in one ubatch when each slot
         # has a KV stream of its own, and any order serves a unified one
         return Step(sorted(items, key=lambda item: item.request.held_slot))
 
-    def _urgency(self, request: Request) -> int:
-        return request.prefill_left - self.config.aging * self._live[request.request_id].starved
+    def _seats(self) -> list[Seat[Request]]:
+        """The running requests as the step policy sees them."""
+        return [Seat(r, r.status is RequestStatus.DECODING, r.prefill_left, self._live[r.request_id].starved,
+                     r.timings.first_token is None) for r in self.running]
+
+    def flags(self) -> Flags:
+        """What background work is told now, from the requests the steps serve (step_policy.flags)."""
+        return flags(self._seats())
 
     def preemptible(self, step: Step) -> bool:
-        """A step worth aborting for a newcomer: one prompt prefilling alone in a chunk bigger
-        than a newcomer would have to wait for (with others active it would be capped)."""
-        chunk = self.config.prefill_chunk
-        return chunk is not None and len(step.items) == 1 and len(step.items[0].tokens) > chunk
+        """A step worth aborting for a newcomer (StepPolicy.preemptible)."""
+        return self.policy.preemptible([len(item.tokens) for item in step.items])
 
     def rollback(self, step: Step) -> None:
         """A decode was aborted: drop whatever it wrote past each slot's known tokens (earlier

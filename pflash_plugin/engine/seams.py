@@ -7,6 +7,7 @@ from typing import Callable, Protocol
 
 from .request import CompressionJob, Report, TokenOutput
 from .scheduler import SlotRunner, Step
+from .step_policy import Flags
 
 
 class Runner(SlotRunner, Protocol):
@@ -25,23 +26,23 @@ class CompressionResult(Protocol):
 
 
 class Activity:
-    """What the engine serves right now, published by its thread after every round and read by
-    background work (PFlash drafting) on its own thread; single bools, so no lock."""
+    """What the engine serves right now (step_policy.Flags, computed with the steps), published by
+    its thread after every round and read by background work (PFlash drafting, pflash.pacing's
+    Neighbours) on its own thread; one frozen value replaced whole, so no lock and no torn read."""
 
     def __init__(self) -> None:
-        self._interactive_waiting = False
-        self._slots_decoding = False
+        self._flags = Flags()
 
     def interactive_waiting(self) -> bool:
-        """Requests wait for their first token: background work steps aside."""
-        return self._interactive_waiting
+        """Requests with a slot wait for their first token: background work steps aside."""
+        return self._flags.interactive_waiting
 
     def slots_decoding(self) -> bool:
         """Slots are decoding: background work shares the device."""
-        return self._slots_decoding
+        return self._flags.slots_decoding
 
-    def publish(self, interactive_waiting: bool, slots_decoding: bool) -> None:
-        self._interactive_waiting, self._slots_decoding = interactive_waiting, slots_decoding
+    def publish(self, flags: Flags) -> None:
+        self._flags = flags
 
 
 class Compressor(Protocol):

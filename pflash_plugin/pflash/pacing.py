@@ -23,7 +23,9 @@ POLITE_S = 2.0  # the default bound: how long after its arrival a prompt's draft
 class Neighbours(Protocol):
     """What the engine tells background work about the requests it serves (engine.seams.Activity)."""
 
-    def interactive_waiting(self) -> bool: ...  # requests wait for a first token: pause, abort a chunk
+    # requests that hold a slot wait for a first token (queued ones do not count: they wait for a
+    # slot, not for the device): pause, abort a chunk
+    def interactive_waiting(self) -> bool: ...
     def slots_decoding(self) -> bool: ...  # slots are decoding: short chunks, paced to a duty cycle
 
 

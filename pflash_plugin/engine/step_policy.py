@@ -1,0 +1,96 @@
+"""The split of the device between decoding, prefilling and drafting: one pure rule over the
+running requests, with nothing of llama.cpp in it, so a test drives it with plain values.
+
+Each step decodes one token for every generating request (up to the step's tokens), then fills the
+rest with prefill chunks: shortest remaining prefill first, aged so a long prompt gets through a
+steady stream of short ones; while requests decode, the prefill is capped at `prefill_chunk` per
+prompt prefilling, so decode steps stay short; prompts that finish their prefill in this step go
+alone, so a long chunk never delays their first token.
+
+What background work (PFlash drafting, pflash/pacing.py) is told comes from the same requests
+(`Flags`): it steps aside only for a request that holds a slot and awaits its first token, since
+only those gain from the device. A request queued for a slot (behind slots that decode) waits
+for a slot, not for the device: a draft that stepped aside for it would stall for nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, Sequence, TypeVar
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class Seat(Generic[K]):
+    """One request holding a slot, as the policy sees it (`key` names it to the caller)."""
+
+    key: K
+    decoding: bool  # generating (else prefilling)
+    prefill_left: int  # prompt tokens still to prefill
+    starved: int = 0  # steps it was left out of while prefilling (aging)
+    first_token_due: bool = False  # it has not had its first token yet
+
+
+@dataclass(frozen=True)
+class Plan(Generic[K]):
+    """What one step runs: a decode row each, prefill chunks of so many tokens, and the prompts
+    prefilling that it leaves out (they age)."""
+
+    decode: tuple[K, ...]
+    chunks: tuple[tuple[K, int], ...]
+    left_out: tuple[K, ...]
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What the engine tells background work each round (engine.seams.Activity publishes it)."""
+
+    interactive_waiting: bool = False  # a request with a slot awaits its first token: step aside
+    slots_decoding: bool = False  # slots generate: share the device (short chunks, a duty cycle)
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """The step's limits (SchedulerConfig's)."""
+
+    max_batch_tokens: int  # tokens of one step
+    prefill_chunk: int | None = None  # prefill tokens per prompt prefilling while others decode
+    aging: int = 128  # each step a prompt is left out of counts as this many fewer tokens left
+
+    def urgency(self, seat: Seat[K]) -> int:
+        """Tokens left to prefill, fewer for every step the prompt was left out of."""
+        return seat.prefill_left - self.aging * seat.starved
+
+    def plan(self, seats: Sequence[Seat[K]]) -> Plan[K]:
+        """Compose one step from the running requests, in their order (ties keep it)."""
+        decode = tuple(s.key for s in seats if s.decoding)[: max(self.max_batch_tokens, 0)]
+        budget = self.max_batch_tokens - len(decode)
+        # shortest remaining prefill first (a short prompt beside a long one starts at once), aged
+        prefilling = sorted((s for s in seats if not s.decoding), key=self.urgency)
+        if decode and self.prefill_chunk:  # others are decoding: keep their steps short
+            budget = min(budget, self.prefill_chunk * len(prefilling))
+        # those that finish their prefill now go alone: a long chunk would delay their first token
+        queue = [s for s in prefilling if self.urgency(s) <= budget] or prefilling
+        chunks: list[tuple[K, int]] = []
+        for seat in queue:
+            if budget <= 0:
+                break
+            n = min(budget, seat.prefill_left)
+            chunks.append((seat.key, n))
+            budget -= n
+        served = queue[: len(chunks)]
+        left_out = tuple(s.key for s in prefilling if all(s is not t for t in served))
+        return Plan(decode, tuple(chunks), left_out)
+
+    def preemptible(self, chunk_sizes: Sequence[int]) -> bool:
+        """A step worth aborting for a newcomer: one prompt prefilling alone in a chunk bigger
+        than a newcomer would have to wait for (with others active it would be capped)."""
+        chunk = self.prefill_chunk
+        return chunk is not None and len(chunk_sizes) == 1 and chunk_sizes[0] > chunk
+
+
+def flags(seats: Sequence[Seat[K]]) -> Flags:
+    """What background work is told about these running requests (queued ones count for nothing:
+    they wait for a slot, which the device does not give them sooner)."""
+    return Flags(interactive_waiting=any(s.first_token_due for s in seats),
+                 slots_decoding=any(s.decoding for s in seats))
