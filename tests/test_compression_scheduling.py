@@ -98,7 +98,7 @@ def engine_with_fake():
 
 def test_the_compressor_drafts_beside_the_engines_activity():
     """The engine hands each job over with its activity: interactive work waits while a request
-    is queued or awaits its first token, and slots decode once one generates."""
+    in a slot awaits its first token, and slots decode once one generates."""
     harness, fake = EngineHarness(), FakeCompressor()
     engine, sched, runner = harness(start=False, compressor=fake, n_slots=2, n_pages=64, max_batch_tokens=16)
     activity = engine.activity
