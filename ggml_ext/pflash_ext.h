@@ -71,6 +71,23 @@ int pfx_attention_mass(const float * q, const float * k, int32_t n_tokens, int32
                        int32_t head_dim, int32_t query_start, int32_t query_end, bool use_gpu, int32_t n_threads,
                        float * out);
 
+// One row of a decode step to sample on the host (sample_cpu.cpp): llama.cpp's top-k -> top-p ->
+// min-p -> temperature -> dist, or the argmax where temperature <= 0.
+typedef struct pfx_sample_row {
+    int64_t row;        // the row of the step's logits
+    double uniform;     // in [0, 1): the draw, from the request's own generator
+    float temperature;  // <= 0: greedy
+    float top_p;        // >= 1: off
+    float min_p;        // <= 0: off
+    int32_t top_k;      // <= 0 or >= n_vocab: off
+} pfx_sample_row;
+
+// tokens[r] for each of rows (logits [*, n_vocab] float32, contiguous), on up to n_threads threads;
+// -1 where a greedy row holds a NaN or a sampled row's max is not finite (the caller decides).
+// Returns 0, or 1 on invalid arguments.
+int32_t pfx_sample_rows(const float * logits, int64_t n_vocab, const pfx_sample_row * rows, int32_t n_rows,
+                        int32_t * tokens, int32_t n_threads);
+
 #ifdef __cplusplus
 }
 #endif

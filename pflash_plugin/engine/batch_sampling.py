@@ -5,9 +5,11 @@ each row drawing from its own generator.
 Why: llama.cpp's sampler builds a candidate array of the whole vocabulary for each row (0.7 ms a row
 for 262K tokens, 1 ms with a repeat penalty), and the engine samples one row per running slot every
 step. Here the whole-vocabulary work is a max and a comparison per row; the chain itself runs on
-the top-k candidates. The rows' parameters come as arrays (`RowParams`, vLLM v1's SamplingMetadata),
-built once per step. A generator per row (seeded by the request's seed) makes a request's tokens
-its own: the same seed gives the same tokens alone or beside any other rows.
+the top-k candidates. The native sampler (ggml_ext/sample_cpu.cpp) does the same in C, the rows
+in parallel; numpy serves where it is not built. The rows' parameters come as arrays (`RowParams`,
+vLLM v1's SamplingMetadata), built once per step. A generator per row (seeded by the request's
+seed) makes a request's tokens its own: the same seed gives the same tokens alone or beside any
+other rows.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..llama import SamplerParams
+from ..llama import SamplerParams, native
 
 @dataclass
 class RowParams:
@@ -90,20 +92,29 @@ def penalize_rows(logits: np.ndarray, rp: RowParams) -> None:
     logits[where] = values
 
 
-def sample_rows(logits: np.ndarray, rp: RowParams) -> list[int | None]:
+def sample_rows(logits: np.ndarray, rp: RowParams, n_threads: int = 1) -> list[int | None]:
     """Each row's token (after `bias_rows` and `penalize_rows`): the argmax of a greedy row, a
     draw from its own generator for the others; None where the row's max is not a number (greedy)
-    or not finite (sampled): the caller's chain decides."""
-    tokens: list[int | None] = []
-    for k, row_index in enumerate(rp.rows):
-        row = logits[row_index]
-        if rp.temperature[k] <= 0:
-            best = int(row.argmax())
-            tokens.append(None if np.isnan(row[best]) else best)
-        else:
-            tokens.append(draw(row, int(rp.top_k[k]), float(rp.top_p[k]), float(rp.min_p[k]),
-                               float(rp.temperature[k]), rp.generators[k]))
-    return tokens
+    or not finite (sampled): the caller's chain decides. The native sampler (llama/native.py) takes
+    the rows in parallel where it is built; numpy row by row otherwise, with the same uniforms, so
+    both give a seed the same tokens."""
+    sampled = rp.temperature > 0
+    uniforms = np.asarray([rng.random() if on else 0.0 for rng, on in zip(rp.generators, sampled)])
+    table = np.empty(rp.rows.size, dtype=native.SAMPLE_ROW)
+    table["row"], table["uniform"], table["temperature"] = rp.rows, uniforms, rp.temperature
+    table["top_p"], table["min_p"], table["top_k"] = rp.top_p, rp.min_p, np.clip(rp.top_k, -1, 2**31 - 1)
+    tokens = native.sample_rows(logits, table, n_threads) if logits.flags.c_contiguous else None
+    if tokens is not None:
+        return [int(t) if t >= 0 else None for t in tokens]
+    return [_numpy_row(logits[row["row"]], row) for row in table]
+
+
+def _numpy_row(row: np.ndarray, entry: np.void) -> int | None:
+    if entry["temperature"] <= 0:
+        best = int(row.argmax())
+        return None if np.isnan(row[best]) else best
+    return draw(row, int(entry["top_k"]), float(entry["top_p"]), float(entry["min_p"]),
+                float(entry["temperature"]), float(entry["uniform"]))
 
 
 def top_k_candidates(row: np.ndarray, k: int, peak: float) -> np.ndarray:
@@ -122,19 +133,20 @@ def top_k_candidates(row: np.ndarray, k: int, peak: float) -> np.ndarray:
 
 def sample_row(row: np.ndarray, p: SamplerParams, rng: np.random.Generator) -> int | None:
     """One (penalized) row drawn with p's truncations and temperature (see `draw`)."""
-    return draw(row, p.top_k, p.top_p, p.min_p, p.temperature, rng)
+    return draw(row, p.top_k, p.top_p, p.min_p, p.temperature, rng.random())
 
 
 def draw(row: np.ndarray, top_k: int, top_p: float, min_p: float, temperature: float,
-         rng: np.random.Generator) -> int | None:
+         uniform: float) -> int | None:
     """llama.cpp's top-k -> top-p -> min-p -> temperature -> dist on one row, in float32 as it
-    computes; None where the row's max is not finite (the caller's chain decides)."""
+    computes, the draw at `uniform` in [0, 1); None where the row's max is not finite (the caller's
+    chain decides)."""
     peak = row.max()
     if not np.isfinite(peak):
         return None
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # huge parameters: inf, as in llama.cpp
         ids = _top_k(row, top_k, peak, sort=top_p < 1.0)
-        return _truncate_and_draw(row, ids, top_p, min_p, temperature, rng)
+        return _truncate_and_draw(row, ids, top_p, min_p, temperature, uniform)
 
 
 def _top_k(row: np.ndarray, k: int, peak: float, sort: bool) -> np.ndarray:
@@ -146,7 +158,7 @@ def _top_k(row: np.ndarray, k: int, peak: float, sort: bool) -> np.ndarray:
 
 
 def _truncate_and_draw(row: np.ndarray, ids: np.ndarray, top_p: float, min_p: float, temperature: float,
-                       rng: np.random.Generator) -> int:
+                       uniform: float) -> int:
     logits = row[ids].astype(np.float32)
     if top_p < 1.0:  # softmax over the candidates, then the shortest head whose mass reaches top_p
         probs = np.exp(logits - logits[0])
@@ -160,5 +172,5 @@ def _truncate_and_draw(row: np.ndarray, ids: np.ndarray, top_p: float, min_p: fl
     logits = logits / np.float32(temperature)
     weights = np.exp(logits - logits.max()).astype(np.float64)
     cumulative = np.cumsum(weights)
-    choice = int(np.searchsorted(cumulative, cumulative[-1] * rng.random(), side="left"))
+    choice = int(np.searchsorted(cumulative, cumulative[-1] * uniform, side="left"))
     return int(ids[min(choice, ids.size - 1)])

@@ -187,7 +187,7 @@ class Sampling:
         bias_rows(logits, rp)
         penalize_rows(logits, rp)
         outputs: dict[int, TokenOutput | Exception] = {}
-        for (k, bound), token in zip(rows, sample_rows(logits, rp)):
+        for (k, bound), token in zip(rows, sample_rows(logits, rp, self.ctx.n_threads)):
             if token is not None:
                 bound.chain.accept(token)
                 outputs[bound.request.request_id] = with_logprobs(token, before.get(k), bound.params.logprobs)

@@ -1,8 +1,10 @@
-"""ctypes binding of the native scorer (ggml_ext/, built by `pip install` as pflash_plugin/_pflash_ext*.so).
+"""ctypes binding of the native library (ggml_ext/, built by `pip install` as pflash_plugin/_pflash_ext*.so):
+the PFlash scorer and the host's batch sampler.
 
 The library's eval callback replaces the Python one of `capture.py`: it picks the scoring layers'
 Q/K nodes in C, keeps them where they were computed (host or GPU) and returns only one attention
-mass per prompt token. `load()` is None when the library was not built or PFLASH_NATIVE=0.
+mass per prompt token. `sample_rows` samples a step's rows in parallel (engine/batch_sampling.py).
+`load()` is None when the library was not built or PFLASH_NATIVE=0.
 """
 from __future__ import annotations
 
@@ -67,6 +69,7 @@ def load() -> ctypes.CDLL | None:
         "pfx_capture_score": ([p, f32p], ctypes.c_int),
         "pfx_capture_read": ([p, i32, ctypes.c_char, f32p], ctypes.c_bool),
         "pfx_attention_mass": ([f32p, f32p, i32, i32, i32, i32, i32, i32, ctypes.c_bool, i32, f32p], ctypes.c_int),
+        "pfx_sample_rows": ([f32p, ctypes.c_int64, p, i32, ctypes.POINTER(i32), i32], i32),
     }
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
@@ -85,6 +88,31 @@ def backend_name(on_gpu: bool) -> str | None:
 def gpu_count() -> int:
     lib = load()
     return lib.pfx_gpu_count() if lib is not None else 0
+
+
+# pfx_sample_row (pflash_ext.h), one row of a step to sample on the host
+SAMPLE_ROW = np.dtype([("row", np.int64), ("uniform", np.float64), ("temperature", np.float32),
+                       ("top_p", np.float32), ("min_p", np.float32), ("top_k", np.int32)])
+assert SAMPLE_ROW.itemsize == 32, "SAMPLE_ROW must match pfx_sample_row"
+
+
+def sample_rows(logits: np.ndarray, rows: np.ndarray, n_threads: int) -> np.ndarray | None:
+    """Each of `rows`' token (SAMPLE_ROW entries into float32 `logits` [*, n_vocab]), -1 where the
+    row's max is not finite or (greedy) is NaN; None without the library."""
+    lib = load()
+    if lib is None:
+        return None
+    if logits.dtype != np.float32 or logits.ndim != 2 or not logits.flags.c_contiguous or rows.dtype != SAMPLE_ROW:
+        raise ValueError("sample_rows wants C-contiguous float32 logits [rows, n_vocab] and SAMPLE_ROW rows")
+    if rows.size and not (0 <= rows["row"].min() and rows["row"].max() < logits.shape[0]):
+        raise ValueError("a row index is outside the logits")
+    rows = np.ascontiguousarray(rows)
+    tokens = np.empty(rows.size, dtype=np.int32)
+    status = lib.pfx_sample_rows(_floats(logits), logits.shape[1], rows.ctypes.data, rows.size,
+                                 tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n_threads)
+    if status != 0:
+        raise NativeError(f"native sampling failed ({status})")
+    return tokens
 
 
 def _floats(array: np.ndarray) -> ctypes._Pointer[ctypes.c_float]:
