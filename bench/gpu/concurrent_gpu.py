@@ -10,11 +10,22 @@ counted from its sending, so queueing is included):
 - qa8: 8 prompts of 22K tokens, 16 tokens out;
 - mix8: 4 prompts of 22K tokens + 4 short ones (32 tokens out): the short ones' TTFT;
 - cd4: 4 prompts of 84K tokens, 1,024 tokens out each.
-Arms: `serial-pflash` (ours, 1 slot, PFlash), `full` and `pflash` (one server of ours with 4 slots,
-per-request `pflash` mode off / always), `pflash-one-lane` (the same with `--pflash_drafter_lanes 1`),
-`pflash-polite-S` (group `polite-S`: 4 slots, PFlash only, `--pflash_polite_s S`), `llama-server` (`-np 4 --cache-ram 0`, a KV stream per
-slot as llama-server defaults to). Servers that fit the GPU together run their arms interleaved,
-workload by workload.
+Arms: `full` and `pflash` (one server of ours with 4 slots, per-request `pflash` mode off / always),
+`llama-server` (`-np 4 --cache-ram 0`, a KV stream per slot as llama-server defaults to) and
+`serial-pflash` (ours, 1 slot, PFlash): group `seed`, issue 28's bench. The GPU cannot hold the
+three servers at once (8B F16 target ~15 GiB each, KV 128 KiB a token: 43 GiB for 4 x 88K cells,
+11 GiB for one; ours-4 ~63 GiB with its drafter, llama-server ~59, ours-serial ~31: ~153 GiB of
+the H200's 139), so each rep runs two phases: ours-4 beside llama-server (full, pflash and
+llama-server interleaved, workload by workload, their order rotated per rep), then ours-4 beside
+ours-serial (llama-server stopped for it). Other groups, one server each, for A/Bs:
+`ours-unified` (`--kv_layout unified`), `ours-one-lane` (`--pflash_drafter_lanes 1`), `polite-S`
+(PFlash only, `--pflash_polite_s S`).
+Every request draws its prompt from a seed of its arm, workload and rep, so no prompt repeats and
+our prefix cache never serves one from an earlier arm or rep; `--first_rep N` numbers the reps from
+N, so a second run (another device call) continues with new prompts, into its own file (the report
+merges files). Ours' requests carry `stream_options.include_usage`: each row keeps the server's
+TTFT (`server_ttft_*`, arrival to first token) beside the client's, and how many prompts PFlash
+compressed.
 Arm `decode64`: 64 clients x 2 requests of 128 tokens, ours (64 slots) against llama-server
 (`-np 64 --cache-ram 0`), interleaved reps; run it with the models of a 128K-token vocabulary.
 """
@@ -25,10 +36,11 @@ import asyncio
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multi_gpu import (Record, Server, body, client, first_token_s, log_dir, models_parser, run_arms, start_all,
+from multi_gpu import (Record, Server, body, client, log_dir, models_parser, run_arms, start_all, stream_times,
                        streamed, throughput, token_ids)
 
 WORKLOADS = {  # name: (long prompts, their tokens, tokens out, short prompts, short tokens out)
@@ -40,10 +52,28 @@ N_CTX = 88064  # a slot's max_ctx: cd4's prompt + its 1,024 tokens out, in whole
 SLOTS = 4
 
 
+@dataclass
+class Arm:
+    """A column of the bench: a server and the per-request PFlash mode sent to it (None: llama-server)."""
+
+    name: str
+    server: Server
+    mode: str | None
+
+
+@dataclass
+class Phase:
+    """Servers up together (they fit the GPU together) and the arms run on them, in turn."""
+
+    servers: list[Server]
+    arms: list[Arm]
+
+
 def ours(label: str, port: int, args: argparse.Namespace, slots: int, *extra: str) -> Server:
+    chunk = [] if args.prefill_chunk is None else ["--prefill_chunk", str(args.prefill_chunk)]
     return Server(label, [
         "--model", args.target, "--n_gpu_layers", "-1", "--n_ctx", str(n_ctx(args)), "--max_concurrency", str(slots),
-        "--n_batch", "2048", "--n_ubatch", "512", "--flash_attn", "true", "--prefill_chunk", str(args.prefill_chunk),
+        "--n_batch", "2048", "--n_ubatch", "512", "--flash_attn", "true", *chunk,
         "--pflash", "always", "--pflash_drafter", args.drafter, "--pflash_keep_ratio", "0.1", *extra,
     ], port=port, log_dir=log_dir(args), ours=True)
 
@@ -59,48 +89,67 @@ def llama_server(label: str, port: int, args: argparse.Namespace, slots: int, sl
     ], program=[args.llama_server], port=port, log_dir=log_dir(args))
 
 
-async def workload(server: Server, name: str, pflash: str | None, seed: int, scale: float) -> dict[str, Any]:
-    """Every request of the workload at once; wall time, mean TTFT of the long and the short ones."""
+def request(server: Server, prompt: list[int], max_tokens: int, mode: str | None) -> bytes:
+    """A streamed body; ours' asks for the usage chunk, which carries the server's timings."""
+    extra = {"stream_options": {"include_usage": True}} if server.ours else {}
+    return streamed(body(server, prompt, max_tokens, pflash=mode, **extra))
+
+
+def mean(values: list[float]) -> float:
+    return round(statistics.mean(values), 4)
+
+
+async def workload(arm: Arm, name: str, rep: int, scale: float) -> dict[str, Any]:
+    """Every request of the workload at once; wall time, the long and the short ones' mean TTFT (the
+    client's, and the server's where it reports one)."""
     n_long, long_tokens, long_out, n_short, short_out = WORKLOADS[name]
     long_tokens, long_out = int(long_tokens * scale), max(int(long_out * scale), 2)
+    seed = f"{arm.name}/{name}/{rep}"
     rng = random.Random(seed)
-    longs = [streamed(body(server, token_ids(long_tokens, rng), long_out, pflash=pflash)) for _ in range(n_long)]
-    shorts = [streamed(body(server, token_ids(32, rng), short_out, pflash=pflash)) for _ in range(n_short)]
+    longs = [request(arm.server, token_ids(long_tokens, rng), long_out, arm.mode) for _ in range(n_long)]
+    shorts = [request(arm.server, token_ids(32, rng), short_out, arm.mode) for _ in range(n_short)]
     async with client() as http:
         start = time.perf_counter()
-        ttfts = await asyncio.gather(*(first_token_s(http, server, r) for r in longs + shorts))
+        done = await asyncio.gather(*(stream_times(http, arm.server, r) for r in longs + shorts))
         wall = time.perf_counter() - start
-    row = {"workload": name, "wall_s": round(wall, 3), "ttft_mean_s": round(statistics.mean(ttfts[:n_long]), 3),
-           "ttft_max_s": round(max(ttfts[:n_long]), 3)}
+    ttfts = [t for t, _ in done]
+    row: dict[str, Any] = {"workload": name, "seed": seed, "wall_s": round(wall, 3), "ttft_mean_s": mean(ttfts[:n_long]),
+                           "ttft_max_s": round(max(ttfts[:n_long]), 3)}
     if n_short:
-        row["short_ttft_mean_s"] = round(statistics.mean(ttfts[n_long:]), 4)
+        row["short_ttft_mean_s"] = mean(ttfts[n_long:])
+    timings = [usage["timings"] for _, usage in done if usage and "timings" in usage]
+    if len(timings) == len(done):  # ours
+        server = [t["ttft_ms"] / 1000 for t in timings]
+        row |= {"server_ttft_mean_s": mean(server[:n_long]), "server_ttft_max_s": round(max(server[:n_long]), 3),
+                "compressed": sum((t.get("pflash") or {}).get("status") == "compressed" for t in timings)}
+        if n_short:
+            row["server_short_ttft_mean_s"] = mean(server[n_long:])
     return row
 
 
-def arms_of(server: Server) -> list[tuple[str, str | None]]:
-    """(arm, per-request pflash mode) that a server runs."""
-    if not server.ours:
-        return [("llama-server", None)]
-    if server.label == "ours-serial":
-        return [("serial-pflash", "always")]
-    if server.label == "ours-4-one-lane":
-        return [("pflash-one-lane", "always")]
-    if server.label.startswith("ours-4-polite-"):
-        return [(f"pflash-{server.label[len('ours-4-'):]}", "always")]
-    return [("full", "off"), ("pflash", "always")]
+def bring_up(up: dict[str, Server], wanted: list[Server], record: Record) -> None:
+    """Stop the servers up that `wanted` leaves out (first: their memory), then start the rest of it."""
+    labels = {server.label for server in wanted}
+    for label in [label for label in up if label not in labels]:
+        up.pop(label).stop()
+    start_all([server for server in wanted if server.label not in up], record, ready_s=600.0)
+    up.update((server.label, server) for server in wanted)
 
 
-def run_group(servers: list[Server], args: argparse.Namespace, record: Record) -> None:
-    """The servers up together; per rep and workload, each arm in turn."""
+def run_phases(phases: list[Phase], args: argparse.Namespace, record: Record) -> None:
+    """Per rep and phase, the phase's servers up, then per workload each of its arms in turn, their
+    order rotated per rep."""
+    up: dict[str, Server] = {}
     try:
-        start_all(servers, record, ready_s=600.0)
-        for rep in range(args.reps):
-            for name in args.workloads:
-                for server in servers:
-                    for arm, mode in arms_of(server):
-                        record.add({"arm": arm, "rep": rep, **asyncio.run(workload(server, name, mode, 10 * rep, args.scale))})
+        for rep in range(args.first_rep, args.first_rep + args.reps):
+            for phase in phases:
+                bring_up(up, phase.servers, record)
+                turn = rep % len(phase.arms)
+                for name in args.workloads:
+                    for arm in phase.arms[turn:] + phase.arms[:turn]:
+                        record.add({"arm": arm.name, "rep": rep, **asyncio.run(workload(arm, name, rep, args.scale))})
     finally:
-        for server in servers:
+        for server in up.values():
             server.stop()
 
 
@@ -117,7 +166,7 @@ def decode64(args: argparse.Namespace, record: Record) -> None:
         for server in servers:
             server.wait_ready(600.0)
             asyncio.run(throughput([server], 8, seed=1))
-        for rep in range(args.reps):
+        for rep in range(args.first_rep, args.first_rep + args.reps):
             for server in servers:
                 record.add({"arm": server.label, "rep": rep, **asyncio.run(throughput([server], 64, seed=50 + rep))})
     finally:
@@ -125,36 +174,55 @@ def decode64(args: argparse.Namespace, record: Record) -> None:
             server.stop()
 
 
+def one_server(server: Server, *arms: tuple[str, str]) -> list[Phase]:
+    return [Phase([server], [Arm(name, server, mode) for name, mode in arms])]
+
+
+def groups(args: argparse.Namespace, group: str) -> list[Phase]:
+    """A group's phases."""
+    if group == "seed":  # ours-4 stays up; llama-server and ours-serial take turns beside it
+        four, serial = ours("ours-4", args.port, args, SLOTS), ours("ours-serial", args.port + 1, args, 1)
+        first = Phase([four], [Arm("full", four, "off"), Arm("pflash", four, "always")])
+        if args.llama_server != "none":
+            peer = llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))
+            first.servers.append(peer)
+            first.arms.append(Arm("llama-server", peer, None))
+        return [first, Phase([four, serial], [Arm("serial-pflash", serial, "always")])]
+    if group == "ours-unified":
+        return one_server(ours("ours-4-unified", args.port + 2, args, SLOTS, "--kv_layout", "unified"),
+                          ("full-unified", "off"), ("pflash-unified", "always"))
+    if group == "ours-one-lane":
+        return one_server(ours("ours-4-one-lane", args.port + 4, args, SLOTS, "--pflash_drafter_lanes", "1"),
+                          ("pflash-one-lane", "always"))
+    if group.startswith("polite-"):  # a PFlash server whose drafts step aside for `bound` s at most
+        bound = group[len("polite-"):]
+        return one_server(ours(f"ours-4-{group}", args.port + 7, args, SLOTS, "--pflash_polite_s", bound),
+                          (f"pflash-{group}", "always"))
+    raise ValueError(f"unknown group {group!r}")
+
+
 def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
-    parser.add_argument("--groups", nargs="+", default=["ours", "llama-server"],
-                        help="ours (4 slots + serial), ours-unified (4 slots, --kv_layout unified), ours-one-lane (4 slots, "
-                        "PFlash drafting in one lane), polite-S (4 slots, PFlash only, --pflash_polite_s S), "
-                        "llama-server, decode64")
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--groups", nargs="+", default=["seed"],
+                        help="seed (ours full, ours PFlash, llama-server, then serial PFlash; llama-server left out with "
+                        "--llama-server none), ours-unified, ours-one-lane, polite-S, decode64")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--prefill_chunk", type=int, default=512)
+    parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
+    parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--scale", type=float, default=1.0, help="prompt and output sizes times this (a CPU smoke test)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    groups = {
-        "ours": lambda: [ours("ours-4", args.port, args, SLOTS), ours("ours-serial", args.port + 1, args, 1)],
-        "ours-unified": lambda: [ours("ours-4-unified", args.port + 2, args, SLOTS, "--kv_layout", "unified")],
-        "ours-one-lane": lambda: [ours("ours-4-one-lane", args.port + 4, args, SLOTS, "--pflash_drafter_lanes", "1")],
-        "llama-server": lambda: [llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))],
-    }
-
-    def polite(bound: str) -> list[Server]:  # a PFlash server whose drafts step aside for `bound` s at most
-        return [ours(f"ours-4-polite-{bound}", args.port + 7, args, SLOTS, "--pflash_polite_s", bound)]
 
     def run(group: str, record: Record) -> None:
         if group == "decode64":
             decode64(args, record)
         else:
-            run_group(polite(group[len("polite-"):]) if group.startswith("polite-") else groups[group](), args, record)
+            run_phases(groups(args, group), args, record)
 
     run_arms(args.out, args.groups, run)
+
 
 if __name__ == "__main__":
     main()

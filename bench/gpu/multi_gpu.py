@@ -140,20 +140,30 @@ def streamed(request: dict[str, Any]) -> bytes:
 async def first_token_s(client: httpx.AsyncClient, server: Server, request: dict[str, Any] | bytes) -> float:
     """Seconds from sending a streamed request (a body, or one of `streamed`) to its first chunk with
     text (the stream is then read to its end)."""
+    return (await stream_times(client, server, request))[0]
+
+
+async def stream_times(client: httpx.AsyncClient, server: Server,
+                       request: dict[str, Any] | bytes) -> tuple[float, dict[str, Any] | None]:
+    """`first_token_s`, and the `usage` of the stream's last chunk that has one (ours sends it with
+    `stream_options: {"include_usage": true}`: the server's own timings, `ttft_ms` among them)."""
     body = request if isinstance(request, bytes) else streamed(request)
-    start, first = time.perf_counter(), None
+    start, first, usage = time.perf_counter(), None, None
     async with client.stream("POST", server.url + "/v1/completions", content=body,
                              headers={"content-type": "application/json"}) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"{server.label}: {reply.status_code} {(await reply.aread())[:300]!r}")
         async for line in reply.aiter_lines():
-            if first is None and line.startswith("data: {"):
-                choices = json.loads(line[6:]).get("choices") or []
-                if choices and choices[0].get("text"):
-                    first = time.perf_counter() - start
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            if first is None and choices and choices[0].get("text"):
+                first = time.perf_counter() - start
+            usage = chunk.get("usage") or usage
     if first is None:
         raise RuntimeError(f"{server.label}: a stream without text")
-    return first
+    return first, usage
 
 
 def client() -> httpx.AsyncClient:
