@@ -72,3 +72,18 @@ def test_backend_sampling_settings(tiny_model):
     assert [device_sampling(s, model) for s in ("auto", "on", "off")] == ["none", "all", "none"]
     with pytest.raises(ValueError):
         device_sampling("yes", model)
+
+
+def test_auto_samples_on_a_gpu_host_only_without_the_native_sampler(tiny_model, monkeypatch):
+    """auto with the output layer on a GPU: the device chains where numpy would sample the rows, the
+    host where the native sampler does (it beat the device chains on an H200: docs/sampling.md)."""
+    from pflash_plugin.engine import sampling
+    from pflash_plugin.llama import Model
+
+    model = Model(tiny_model)
+    monkeypatch.setattr(sampling, "gpu_count", lambda: 1)
+    monkeypatch.setattr(model, "n_gpu_layers", -1)
+    monkeypatch.setattr(sampling.native, "load", lambda: object())
+    assert sampling.device_sampling("auto", model) == "none"
+    monkeypatch.setattr(sampling.native, "load", lambda: None)
+    assert sampling.device_sampling("auto", model) == "sampled"

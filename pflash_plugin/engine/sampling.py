@@ -19,6 +19,7 @@ import random
 import numpy as np
 
 from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain
+from ..llama import native
 from ..llama.devices import gpu_count
 from .batch_sampling import RowParams, bias_rows, penalize_rows, sample_rows
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
@@ -46,16 +47,18 @@ DEVICE_MODES = ("none", "sampled", "all")
 
 def device_sampling(setting: str, model: Model) -> str:
     """Which rows the backend samples (`--backend_sampling`): "on": "all" it serves; "off": "none";
-    "auto": where the output layer runs on a GPU, "sampled" (temperature > 0), else "none". On an
-    H200 at a 128K vocabulary and 64 rows, the device took a sampled step in 21.6 ms against 32.6 ms
-    on the host, but a greedy step in 25.2 ms against 18.0 ms (llama.cpp's device top-k costs more
-    than the host's argmax there: docs/sampling.md). On the CPU the logits are in host memory already."""
+    "auto": "none" where the native host sampler is built (llama/native.py), else where the output
+    layer runs on a GPU "sampled" (temperature > 0). On an H200 at a 128K vocabulary and 64 rows,
+    llama.cpp's device chains cost about 10 ms of GPU a step (a top-k over 128K logits per row):
+    a sampled step took 21.6 ms on the device against 32.6 ms with numpy on the host, and a greedy
+    step 25.2 ms against 18.0 ms; the native sampler takes a sampled row for about what an argmax
+    costs (docs/sampling.md). On the CPU the logits are in host memory already."""
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"backend_sampling must be auto, on or off, not {setting!r}")
     if setting != "auto":
         return "all" if setting == "on" else "none"
     on_gpu = gpu_count() > 0 and (model.n_gpu_layers < 0 or model.n_gpu_layers > model.n_layer)
-    return "sampled" if on_gpu else "none"
+    return "sampled" if on_gpu and native.load() is None else "none"
 
 
 def asked_fields(p: SamplingParams) -> set[str]:
