@@ -16,7 +16,8 @@ Lanes need windows: on a GPU a 32K prompt is drafted in windows by default (over
 Usage: python bench/pflash_quality.py [--length 4096] [--prompts 3] [--keep 0.1] [--lanes 4]
        [--window 512 --causal_max 0] [--n_gpu_layers -1] [--kinds single multikey multivalue]
   CPU (docs/pflash_quality.md): --length 6144 --prompts 3 --window 512 --causal_max 0
-  GPU: --length 31000 --prompts 20 --n_gpu_layers -1 (the demo model's training context is 32768)
+  GPU: --length 31000 --prompts 20 --n_gpu_layers -1 (the demo model's training context is 32768);
+       on the CUDA machine, with the model carried in pieces: bench/gpu/quality_gpu.sh
 Writes bench/results/pflash_quality.json (--out) and prints the markdown table.
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ def ask(client: httpx.Client, url: str, prompt: str, values: list[str]) -> dict:
 def run(args: argparse.Namespace) -> list[dict]:
     """Every prompt of every kind through every arm; one row per prompt."""
     common = ["--n_ctx", str(int(args.length * 1.04) + 256), "--max_concurrency", "1", "--verbose", "false",
-              "--n_gpu_layers", str(args.n_gpu_layers)]
+              "--n_gpu_layers", str(args.n_gpu_layers), *(["--model", args.model] if args.model else [])]
     servers = {arm: ServerProcess(f"quality-{arm}", common + flags) for arm, flags in arm_flags(args).items()}
     rows = []
     try:
@@ -109,6 +110,7 @@ def table(summary: dict[str, dict[str, float]], rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="the demo GGUF (default: the server's, from the demo package)")
     parser.add_argument("--length", type=int, default=4096, help="prompt tokens")
     parser.add_argument("--prompts", type=int, default=3, help="prompts per kind")
     parser.add_argument("--kinds", nargs="+", default=list(QUALITY_KINDS), choices=QUALITY_KINDS)

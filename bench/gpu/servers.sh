@@ -5,8 +5,11 @@
 #   bash bench/gpu/servers.sh bench/gpu/concurrent_gpu.py --out $OUT/concurrent_gpu.json [args...]
 set -euo pipefail
 script=$1; shift
-# servers left by an earlier call that ended inside a hang keep their GPU busy: stop them first
-nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+# servers left by an earlier call that ended inside a hang keep their GPU busy: stop them first (only
+# those of the bench's models: bench/gpu/quality_gpu.sh's gate on the demo model may be running beside)
+for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
+  if grep -qs /tmp/models/ "/proc/$pid/cmdline"; then kill -9 "$pid"; fi
+done
 server=$(ls /tmp/ls-src/*/vendor/llama.cpp/build/bin/llama-server 2>/dev/null || true)
 if [ -z "$server" ] && [ -z "${NO_LLAMA_SERVER:-}" ]; then  # NO_LLAMA_SERVER=1: arms that need none
   bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &

@@ -14,7 +14,8 @@ elif [ ! -f "$ext" ]; then
   PFLASH_EXT_BACKEND=cuda CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90" \
     python3 ggml_ext/pflash_build.py "$ext" > /tmp/ext-build.log 2>&1 || { cat /tmp/ext-build.log; exit 1; }
 fi
-[ -z "$ext" ] || cp "$ext" "pflash_plugin/_pflash_ext$suffix"
+# copied only when it differs: a server running beside (bench/gpu/quality_gpu.sh) has the copy loaded
+[ -z "$ext" ] || cmp -s "$ext" "pflash_plugin/_pflash_ext$suffix" || cp "$ext" "pflash_plugin/_pflash_ext$suffix"
 mkdir -p /tmp/models
 # VOCAB_EXTRA=N adds N tokens to the models' 1,341 (e.g. 127000 for a Llama-3-sized vocabulary, where
 # sampling a row costs what it does on real models); the files then carry the suffix -vN
