@@ -9,7 +9,7 @@
 #   bash bench/gpu/quality_gpu.sh start [ARGS]     # after the last piece: the model assembled and checked, the gate
 #                                                  # started in the background (it waits for the setup's llama-cpp-python
 #                                                  # and CUDA ext); ARGS go to pflash_quality.py after the GPU defaults
-#   bash bench/gpu/quality_gpu.sh wait [SECONDS]   # waits for the setup and the gate (600 s at most by default) and
+#   bash bench/gpu/quality_gpu.sh wait [SECONDS]   # waits for the setup and the gate (600 s at most by default), then
 #                                                  # copies the gate's results and logs, and the setup's log, into $OUT
 # The gate runs 3 servers of the 270M model (a few GiB of GPU memory) and leaves the bench's servers alone,
 # and bench/gpu/servers.sh stops only servers of /tmp/models, so the two may overlap; for undisturbed bench
@@ -51,11 +51,12 @@ case "${1:-}" in
     shift
     cat "$(dirname "$MODEL")"/part? > "$MODEL"
     echo "$SHA256  $MODEL" | sha256sum -c -
-    mkdir -p "$RESULTS"
+    mkdir -p "$RESULTS" && rm -f "$RESULTS/rc"
     setsid bash bench/gpu/quality_gpu.sh run "$@" > "$RESULTS/run.log" 2>&1 < /dev/null &
     echo "quality gate started in the background (log $RESULTS/run.log)" ;;
-  run)  # the background part of `start`
+  run)  # the background part of `start`; its exit status goes into $RESULTS/rc, whatever ends it
     shift
+    trap 'echo $? > "$RESULTS/rc"' EXIT
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
     if [ -z "${NO_WAIT:-}" ]; then  # NO_WAIT=1: no setup to wait for (a CPU smoke test)
       until_done 1800 ext_ready || { echo "no CUDA ext after 30 min: see /tmp/prep.log"; exit 1; }
@@ -63,18 +64,18 @@ case "${1:-}" in
     fi
     start=$(date +%s)
     python3 bench/pflash_quality.py "${GPU_ARGS[@]}" --model "$MODEL" --out "$RESULTS/pflash_quality_gpu.json" "$@"
-    echo "quality gate done in $(( $(date +%s) - start )) s"
-    touch "$RESULTS/done" ;;
+    echo "quality gate done in $(( $(date +%s) - start )) s" ;;
   wait)
     seconds=${2:-600}
     start=$(date +%s)
     until_done "$seconds" test -f /tmp/prep.rc || echo "setup still running after ${seconds} s"
     left=$(( seconds - ($(date +%s) - start) ))
-    until_done $(( left > 0 ? left : 0 )) test -f "$RESULTS/done" || echo "quality gate still running"
+    until_done $(( left > 0 ? left : 0 )) test -f "$RESULTS/rc" || echo "quality gate still running"
     cp /tmp/prep.log "$OUT/" 2>/dev/null || true
     mkdir -p "$OUT/quality/logs" && cp "$RESULTS"/* "$OUT/quality/" 2>/dev/null || true
     cp bench/results/logs/quality-*.log "$OUT/quality/logs/" 2>/dev/null || true
     echo "setup: exit $(cat /tmp/prep.rc 2>/dev/null || echo '(running)')"; tail -5 /tmp/prep.log 2>/dev/null || true
+    echo "quality gate: exit $(cat "$RESULTS/rc" 2>/dev/null || echo '(running)')"
     tail -25 "$RESULTS/run.log" 2>/dev/null || true ;;
   *)
     echo "usage: bash bench/gpu/quality_gpu.sh prep | piece FILE | start [ARGS] | wait [SECONDS]" >&2
