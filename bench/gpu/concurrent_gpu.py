@@ -17,7 +17,9 @@ three servers at once (8B F16 target ~15 GiB each, KV 128 KiB a token: 43 GiB fo
 11 GiB for one; ours-4 ~63 GiB with its drafter, llama-server ~59, ours-serial ~31: ~153 GiB of
 the H200's 139), so each rep runs two phases: ours-4 beside llama-server (full, pflash and
 llama-server interleaved, workload by workload, their order rotated per rep), then ours-4 beside
-ours-serial (llama-server stopped for it). Other groups, one server each, for A/Bs:
+ours-serial (llama-server stopped for it); each phase records the GPU memory its servers hold
+(`kind: memory`), and `--llama_server_apart` gives llama-server a phase of its own should ours-4 and
+it not fit together after all. Other groups, one server each, for A/Bs:
 `ours-unified` (`--kv_layout unified`), `ours-one-lane` (`--pflash_drafter_lanes 1`), `polite-S`
 (PFlash only, `--pflash_polite_s S`).
 Every request draws its prompt from a seed of its arm, workload and rep, so no prompt repeats and
@@ -35,6 +37,7 @@ import argparse
 import asyncio
 import random
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,12 +131,24 @@ async def workload(arm: Arm, name: str, rep: int, scale: float) -> dict[str, Any
 
 
 def bring_up(up: dict[str, Server], wanted: list[Server], record: Record) -> None:
-    """Stop the servers up that `wanted` leaves out (first: their memory), then start the rest of it."""
+    """Stop the servers up that `wanted` leaves out (first: their memory), then start the rest of it
+    and record the GPU memory the phase's servers hold."""
     labels = {server.label for server in wanted}
     for label in [label for label in up if label not in labels]:
         up.pop(label).stop()
     start_all([server for server in wanted if server.label not in up], record, ready_s=600.0)
     up.update((server.label, server) for server in wanted)
+    record.add({"kind": "memory", "servers": sorted(labels), "gpu_mib_used": gpu_mib_used()})
+
+
+def gpu_mib_used() -> list[int] | None:
+    """Each GPU's used memory (nvidia-smi), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [int(line) for line in out.split()] or None
 
 
 def run_phases(phases: list[Phase], args: argparse.Namespace, record: Record) -> None:
@@ -183,11 +198,15 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
     if group == "seed":  # ours-4 stays up; llama-server and ours-serial take turns beside it
         four, serial = ours("ours-4", args.port, args, SLOTS), ours("ours-serial", args.port + 1, args, 1)
         first = Phase([four], [Arm("full", four, "off"), Arm("pflash", four, "always")])
+        phases = [first, Phase([four, serial], [Arm("serial-pflash", serial, "always")])]
         if args.llama_server != "none":
             peer = llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))
-            first.servers.append(peer)
-            first.arms.append(Arm("llama-server", peer, None))
-        return [first, Phase([four, serial], [Arm("serial-pflash", serial, "always")])]
+            if args.llama_server_apart:  # a phase of its own: ours stopped for it, restarted for the next rep
+                phases.append(Phase([peer], [Arm("llama-server", peer, None)]))
+            else:
+                first.servers.append(peer)
+                first.arms.append(Arm("llama-server", peer, None))
+        return phases
     if group == "ours-unified":
         return one_server(ours("ours-4-unified", args.port + 2, args, SLOTS, "--kv_layout", "unified"),
                           ("full-unified", "off"), ("pflash-unified", "always"))
@@ -210,6 +229,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
     parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")
+    parser.add_argument("--llama_server_apart", action="store_true",
+                        help="seed: llama-server in a phase of its own (should ours-4 and it not fit the GPU together)")
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--scale", type=float, default=1.0, help="prompt and output sizes times this (a CPU smoke test)")
     parser.add_argument("--out", type=Path, required=True)
