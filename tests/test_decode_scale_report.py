@@ -1,5 +1,6 @@
 """bench/gpu/decode_scale_report.py on the committed H200 results, with every figure moved so that
-the page's numbers can only come from the data: medians, ratios, the engine's step times, notes."""
+the page's numbers can only come from the data: medians, reps, the earlier run's column, ratios,
+issue 27's targets, the engine's step times, notes."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SERVERS = REPO / "docs" / "data" / "decode_scale_h200.json"
+SERVERS = REPO / "docs" / "data" / "decode_scale_native_h200.json"
+BEFORE = REPO / "docs" / "data" / "decode_scale_h200.json"
 ENGINE = REPO / "docs" / "data" / "decode_scale_engine_h200.json"
 
 
@@ -23,20 +25,32 @@ def report_module():
     return module
 
 
-def moved_data(tmp_path: Path) -> tuple[Path, Path]:
+def moved_data(tmp_path: Path) -> tuple[Path, Path, Path]:
     """The committed results with each rep's tok/s scaled by its own factor (llama-server without
-    `-bs` made the faster at top_p) and the engine's times shifted, written to tmp_path."""
-    servers, engine = json.loads(SERVERS.read_text()), json.loads(ENGINE.read_text())
+    `-bs` made the faster at top_p), the earlier run's too, and the engine's times shifted, written
+    to tmp_path."""
+    servers, before, engine = (json.loads(p.read_text()) for p in (SERVERS, BEFORE, ENGINE))
     for i, row in enumerate(r for r in servers["results"]["servers"] if "tok_s" in r):
         faster = 2.5 if (row["server"], row["mode"]) == ("llama-server", "top_p") else 1.0
         row["tok_s"] = round(row["tok_s"] * (1.3 + 0.01 * i) * faster, 1)
+    for i, row in enumerate(r for r in before["results"]["servers"] if "tok_s" in r):
+        row["tok_s"] = round(row["tok_s"] * (0.7 + 0.01 * i), 1)
     for i, row in enumerate(engine["results"]["engine"]):
         row.update(tok_s=row["tok_s"] + 7, host_ms=round(row["host_ms"] + 0.111 * (i + 1), 3),
                    decode_ms=round(row["decode_ms"] + 0.222, 3))
-    paths = tmp_path / "servers.json", tmp_path / "engine.json"
-    paths[0].write_text(json.dumps(servers))
-    paths[1].write_text(json.dumps(engine))
+    paths = tmp_path / "servers.json", tmp_path / "before.json", tmp_path / "engine.json"
+    for path, data in zip(paths, (servers, before, engine)):
+        path.write_text(json.dumps(data))
     return paths
+
+
+def medians(path: Path) -> dict[tuple[str, str], list[float]]:
+    """Every rep's tok/s of a results file, by mode and server."""
+    reps: dict[tuple[str, str], list[float]] = {}
+    for row in json.loads(path.read_text())["results"]["servers"]:
+        if row.get("kind") == "throughput":
+            reps.setdefault((row["mode"], row["server"]), []).append(row["tok_s"])
+    return reps
 
 
 def tables(page: str) -> list[list[dict[str, str]]]:
@@ -59,35 +73,53 @@ def number(cell: str) -> float:
     return float(cell.split(" ")[0].replace(",", "").rstrip("x"))
 
 
+COLUMNS = {"ours": "ours, `--backend_sampling on` (device)",
+           "ours-host-sampling": "ours, `--backend_sampling off` (host)",
+           "llama-server": "llama-server", "llama-server-bs": "llama-server `-bs`"}
+
+
 def test_the_page_reports_the_medians_ratios_and_step_times_of_its_data(tmp_path):
-    servers, engine = moved_data(tmp_path)
+    servers, before, engine = moved_data(tmp_path)
     (tmp_path / "decode_scale.md").write_text("old page\n<!-- notes -->\nkept by hand\n")
-    report_module().main(["--data", str(servers), str(engine), "--out-dir", str(tmp_path), "--no-plot"])
+    report_module().main(["--data", str(servers), "--before", str(before), str(engine),
+                          "--out-dir", str(tmp_path), "--no-plot"])
     page = (tmp_path / "decode_scale.md").read_text()
     assert page.endswith("<!-- notes -->\nkept by hand\n") and "old page" not in page
 
-    rows = [r for r in json.loads(servers.read_text())["results"]["servers"] if r.get("kind") == "throughput"]
-    median = {(r["mode"], r["server"]): statistics.median(x["tok_s"] for x in rows
-                                                          if (x["mode"], x["server"]) == (r["mode"], r["server"]))
-              for r in rows}
-    columns = {"ours": "ours, `--backend_sampling on` (device)",
-               "ours-host-sampling": "ours, `--backend_sampling off` (host)",
-               "llama-server": "llama-server", "llama-server-bs": "llama-server `-bs`"}
-    throughput = {row["mode"].split(" ")[0]: row for row in table_with(page, columns["ours"])}
-    assert set(throughput) == {"greedy", "top_p", "seeded"}
+    reps = medians(servers)
+    median = {k: statistics.median(v) for k, v in reps.items()}
+    throughput = {row["mode"].split(" ")[0]: row for row in table_with(page, COLUMNS["ours"])}
+    assert set(throughput) == {"greedy", "top_p", "seeded", "penalties"}
     for (mode, server), value in median.items():
-        assert throughput[mode][columns[server]].startswith(f"{value:,.0f} ("), (mode, server)
+        cell = throughput[mode][COLUMNS[server]]
+        assert cell.startswith(f"{value:,.0f} ("), (mode, server)
+        assert cell.endswith("; 2 reps)") == (len(reps[(mode, server)]) == 2), (mode, server)
+    assert "2 reps in seeded (llama-server, llama-server-bs), penalties (ours, " in page
+
+    earlier = {k: statistics.median(v) for k, v in medians(before).items()}
+    against = {row["mode"]: row for row in table_with(page, COLUMNS["ours-host-sampling"] + ": before -> now")}
+    for (mode, server), value in median.items():
+        cell = against[mode][COLUMNS[server] + ": before -> now"]
+        old = earlier.get((mode, server))
+        assert cell == (f"{old:,.0f} -> {value:,.0f} ({value / old:.2f}x)" if old else f"- -> {value:,.0f}")
 
     assert median[("top_p", "llama-server")] > median[("top_p", "llama-server-bs")]
     ratios = {row["mode"]: row for row in table_with(page, "host / -bs")}
-    for mode in ("greedy", "top_p", "seeded"):
+    auto = {}
+    for mode in ("greedy", "top_p", "seeded", "penalties"):
         best = max(median[(mode, "llama-server")], median[(mode, "llama-server-bs")])
-        auto = median[(mode, "ours-host-sampling" if mode == "greedy" else "ours")]
         device, host = median[(mode, "ours")], median[(mode, "ours-host-sampling")]
         assert ratios[mode]["device / -bs"] == f"{device / median[(mode, 'llama-server-bs')]:.2f}x"
         assert ratios[mode]["host / llama-server"] == f"{host / median[(mode, 'llama-server')]:.2f}x"
-        assert number(ratios[mode]["auto / llama-server's best"]) == pytest.approx(auto / best, abs=0.005)
+        auto[mode] = host / best
+        assert number(ratios[mode]["auto / llama-server's best"]) == pytest.approx(auto[mode], abs=0.005)
+    missed = [f"{m} {r:.2f}x" for m, r in auto.items() if r < 1.2]
+    assert f"missed in {len(missed)} of 4 ({', '.join(missed)})" in page
+    assert f"Greedy at least 6,000 tok/s: {median[('greedy', 'ours-host-sampling')]:,.0f}, " in page
+    share = median[("seeded", "ours-host-sampling")] / median[("top_p", "ours-host-sampling")]
+    assert f"Seeded within 10% of unseeded (top_p): {share:.2f} of it" in page
 
+    assert "## The engine's time per step (earlier run, before the native sampler" in page
     steps = table_with(page, "host ms")
     for row, expected in zip(steps, json.loads(engine.read_text())["results"]["engine"]):
         assert (row["mode"], row["backend sampling"]) == (expected["mode"], expected["backend_sampling"])
@@ -98,6 +130,6 @@ def test_the_page_reports_the_medians_ratios_and_step_times_of_its_data(tmp_path
 
 def test_the_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
-    report_module().main(["--data", str(SERVERS), str(ENGINE), "--out-dir", str(tmp_path)])
+    report_module().main(["--data", str(SERVERS), "--before", str(BEFORE), str(ENGINE), "--out-dir", str(tmp_path)])
     assert (tmp_path / "decode_scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "decode_scale.png").stat().st_size > 10_000

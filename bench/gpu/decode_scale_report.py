@@ -2,9 +2,12 @@
 
     python bench/gpu/decode_scale_report.py
 
-By default it reads docs/data/decode_scale_h200.json (the `servers` arm) and
-docs/data/decode_scale_engine_h200.json (the `engine` arm); `--data` takes any results files of
-decode_scale.py, their arms merged. The page's text below `<!-- notes -->` is kept.
+By default it reads docs/data/decode_scale_native_h200.json (the `servers` arm, with the native host
+sampler) and, as the earlier run it compares with (`--before`), docs/data/decode_scale_h200.json and
+docs/data/decode_scale_engine_h200.json (servers and engine arms, the host path in numpy). `--data` and
+`--before` take any results files of decode_scale.py, each side's arms merged; the engine section
+shows `--data`'s engine rows, or the earlier run's where `--data` has none. The page's text below
+`<!-- notes -->` is kept.
 """
 from __future__ import annotations
 
@@ -19,12 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_scale import MODES  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-DATA = [DOCS / "data" / "decode_scale_h200.json", DOCS / "data" / "decode_scale_engine_h200.json"]
+DATA = [DOCS / "data" / "decode_scale_native_h200.json"]
+BEFORE = [DOCS / "data" / "decode_scale_h200.json", DOCS / "data" / "decode_scale_engine_h200.json"]
+BEFORE_LABEL = "before the native sampler: the host path in numpy"
 DEVICE, HOST, PEER, PEER_BS = "ours", "ours-host-sampling", "llama-server", "llama-server-bs"
 LABELS = {DEVICE: "ours, `--backend_sampling on` (device)", HOST: "ours, `--backend_sampling off` (host)",
           PEER: "llama-server", PEER_BS: "llama-server `-bs`"}
 TARGET_RATIO, TARGET_GREEDY, TARGET_SEEDED = 1.2, 6000.0, 0.9  # issue 27's targets at 64 clients
 AUTO = "auto / llama-server's best"
+AUTO_ARM = HOST  # `--backend_sampling auto` samples every row on the host where the native sampler is built
 METHOD = """\
 - Model: the 8B-class F16 random-weight target (32 layers, width 4,096) with a 128,341-token
   vocabulary (`write_tiny_llama(..., vocab_extra=127000)`, as `VOCAB_EXTRA=127000 source
@@ -38,9 +44,11 @@ METHOD = """\
   repeat_penalty 1. Reps interleaved: mode by mode, server by server.
 - Engine: our engine in the bench's process, 64 requests at once, each `llama_decode` timed with its
   synchronization (so the decode includes the logits copy); host ms is the rest of the step.
-- `auto`, ours' default, was not run as one server: on a GPU it samples greedy rows on the host and
-  rows at temperature > 0 on the device (docs/sampling.md), so its column takes the arm it would
-  use."""
+- `auto`, ours' default, was not run as one server: where the native sampler is built (as here)
+  it samples every row on the host (docs/sampling.md), so its figures are the host arm's."""
+
+
+Reps = dict[tuple[str, int, str], list[float]]
 
 
 def load(paths: list[Path]) -> dict[str, Any]:
@@ -55,24 +63,19 @@ def load(paths: list[Path]) -> dict[str, Any]:
     return {"results": results, "machines": machines}
 
 
-def cells(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], list[float]]:
+def cells(rows: list[dict[str, Any]]) -> Reps:
     """tok/s of every rep, by mode, clients and server."""
-    out: dict[tuple[str, int, str], list[float]] = {}
+    out: Reps = {}
     for row in rows:
         if row.get("kind") == "throughput" and "tok_s" in row:
             out.setdefault((row["mode"], row["clients"], row["server"]), []).append(row["tok_s"])
     return out
 
 
-def arms(reps: dict[tuple[str, int, str], list[float]]) -> list[str]:
+def arms(reps: Reps) -> list[str]:
     """The servers measured, the known ones in LABELS' order."""
     found = list(dict.fromkeys(server for _, _, server in reps))
     return [s for s in LABELS if s in found] + [s for s in found if s not in LABELS]
-
-
-def auto_arm(mode: str) -> str:
-    """The arm ours' default (`--backend_sampling auto`, on a GPU) samples this mode's rows on."""
-    return HOST if MODES[mode].get("temperature", 1.0) == 0 else DEVICE
 
 
 def describe(mode: str) -> str:
@@ -80,15 +83,38 @@ def describe(mode: str) -> str:
     return f"{mode} ({fields}{', one client held to a JSON grammar' if mode == 'json_row' else ''})"
 
 
-def throughput_table(reps: dict[tuple[str, int, str], list[float]], servers: list[str]) -> list[str]:
+def cell(values: list[float] | None, most: int) -> str:
+    """The median, the range over reps, and the reps' count where a cell has fewer than the most."""
+    if not values:
+        return "-"
+    fewer = f"; {len(values)} reps" if len(values) < most else ""
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f}{fewer})"
+
+
+def throughput_table(reps: Reps, servers: list[str]) -> list[str]:
+    most = max(map(len, reps.values()))
     lines = ["| mode | clients | " + " | ".join(LABELS.get(s, s) for s in servers) + " |",
              "|---|---:|" + "---:|" * len(servers)]
     for mode, clients in dict.fromkeys((m, c) for m, c, _ in reps):
+        row = [cell(reps.get((mode, clients, server)), most) for server in servers]
+        lines.append(f"| {describe(mode)} | {clients} | " + " | ".join(row) + " |")
+    return lines
+
+
+def before_table(now: Reps, before: Reps, servers: list[str]) -> list[str]:
+    """Each arm's median in the earlier run and in this one, and this one's over the earlier."""
+    lines = ["| mode | clients | " + " | ".join(f"{LABELS.get(s, s)}: before -> now" for s in servers) + " |",
+             "|---|---:|" + "---:|" * len(servers)]
+    for mode, clients in dict.fromkeys((m, c) for m, c, _ in now):
         row = []
         for server in servers:
-            values = reps.get((mode, clients, server))
-            row.append(f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})" if values else "-")
-        lines.append(f"| {describe(mode)} | {clients} | " + " | ".join(row) + " |")
+            old, new = before.get((mode, clients, server)), now.get((mode, clients, server))
+            if old and new:
+                ratio = statistics.median(new) / statistics.median(old)
+                row.append(f"{statistics.median(old):,.0f} -> {statistics.median(new):,.0f} ({ratio:.2f}x)")
+            else:
+                row.append("- -> " + (f"{statistics.median(new):,.0f}" if new else "-"))
+        lines.append(f"| {mode} | {clients} | " + " | ".join(row) + " |")
     return lines
 
 
@@ -97,20 +123,18 @@ def ratios(median: dict[tuple[str, int, str], float], mode: str, clients: int) -
     if any((mode, clients, s) not in median for s in (DEVICE, HOST, PEER, PEER_BS)):
         return None
     device, host, peer, peer_bs = (median[(mode, clients, s)] for s in (DEVICE, HOST, PEER, PEER_BS))
-    mine, best = median[(mode, clients, auto_arm(mode))], max(peer, peer_bs)
+    mine, best = median[(mode, clients, AUTO_ARM)], max(peer, peer_bs)
     return {"device / llama-server": device / peer, "device / -bs": device / peer_bs,
             "host / llama-server": host / peer, "host / -bs": host / peer_bs, AUTO: mine / best, "auto": mine}
 
 
 def ratio_table(median: dict[tuple[str, int, str], float]) -> list[str]:
     names = ["device / llama-server", "device / -bs", "host / llama-server", "host / -bs", AUTO]
-    lines = ["| mode | clients | `auto` samples on | " + " | ".join(names) + " |",
-             "|---|---:|---|" + "---:|" * len(names)]
+    lines = ["| mode | clients | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
     for mode, clients in dict.fromkeys((m, c) for m, c, _ in median):
         found = ratios(median, mode, clients)
         if found:
-            lines.append(f"| {mode} | {clients} | {'host' if auto_arm(mode) == HOST else 'device'} | "
-                         + " | ".join(f"{found[n]:.2f}x" for n in names) + " |")
+            lines.append(f"| {mode} | {clients} | " + " | ".join(f"{found[n]:.2f}x" for n in names) + " |")
     return lines
 
 
@@ -146,22 +170,26 @@ def engine_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(reps: dict[tuple[str, int, str], list[float]], servers: list[str], gpu: str, path: Path) -> None:
+def plot(reps: Reps, before: Reps, servers: list[str], gpu: str, path: Path) -> None:
+    """This run's arms, and the earlier run's host arm (hatched) beside this run's where it has one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     groups = list(dict.fromkeys((m, c) for m, c, _ in reps))
-    width = 0.8 / len(servers)
+    series = [(LABELS.get(s, s).replace("`", ""), s, reps, "") for s in servers]
+    if HOST in servers and any(k[2] == HOST and k[:2] in groups for k in before):
+        series.insert(servers.index(HOST) + 1, (LABELS[HOST].replace("`", "") + ", earlier run (numpy)", HOST, before, "//"))
+    width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(2.2 + 2.0 * len(groups), 3.8))
-    for i, server in enumerate(servers):
-        values = [reps.get((m, c, server), [0.0]) for m, c in groups]
-        mid = [statistics.median(v) for v in values]
-        spread = [[x - min(v) for x, v in zip(mid, values)], [max(v) - x for x, v in zip(mid, values)]]
-        ax.bar([g + (i - (len(servers) - 1) / 2) * width for g in range(len(groups))], mid, width, yerr=spread,
-               capsize=2, label=LABELS.get(server, server).replace("`", ""))
-    ax.set_xticks(range(len(groups)), [f"{m}, {c} clients" for m, c in groups])
+    for i, (label, server, source, hatch) in enumerate(series):
+        found = [(g, source[(m, c, server)]) for g, (m, c) in enumerate(groups) if (m, c, server) in source]
+        mid = [statistics.median(v) for _, v in found]
+        spread = [[x - min(v) for x, (_, v) in zip(mid, found)], [max(v) - x for x, (_, v) in zip(mid, found)]]
+        ax.bar([g + (i - (len(series) - 1) / 2) * width for g, _ in found], mid, width, yerr=spread,
+               capsize=2, label=label, hatch=hatch, fill=not hatch)
+    ax.set_xticks(range(len(groups)), [f"{m}\n{c} clients" for m, c in groups])
     ax.set_ylabel("tokens/s (median; whiskers: range over reps)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(f"Decode at scale, {gpu}, 128K-token vocabulary (higher is better)", fontsize=10)
@@ -170,38 +198,64 @@ def plot(reps: dict[tuple[str, int, str], list[float]], servers: list[str], gpu:
     plt.close(fig)
 
 
-def header(data: dict[str, Any], reps: dict[tuple[str, int, str], list[float]]) -> list[str]:
-    """What ran where, and how to run it again."""
+def regenerate(argv: list[str]) -> str:
+    """The run's command as bench/gpu/servers.sh takes it: it adds --target and --llama-server."""
+    args, skip = [], False
+    for i, arg in enumerate(argv[1:]):
+        if skip:
+            skip = False
+        elif arg in ("--target", "--llama-server"):
+            skip = True
+        else:
+            args.append("$OUT/" + Path(arg).name if i and argv[i] == "--out" else arg)
+    return f"VOCAB_EXTRA=127000 bash bench/gpu/servers.sh {argv[0]} {' '.join(args)}"
+
+
+def header(data: dict[str, Any], before: dict[str, Any], reps: Reps) -> list[str]:
+    """What ran where, which cells have fewer reps, and how to run it again."""
     counts = sorted({len(v) for v in reps.values()})
-    machines = dict.fromkeys(f"{', '.join(m['gpus'])}, {m['cpus']} CPUs" for _, m in data["machines"])
-    lines = ["Machine: " + "; ".join(machines) + ".", "", "Commands, as run (the model written beforehand to /tmp/models/t.gguf):", ""]
-    lines += [f"- `python {' '.join(m['argv'])}` (`{p.name}`)" for p, m in data["machines"]]
+    fewer: dict[str, list[str]] = {}
+    for (mode, _, server), values in reps.items():
+        if len(values) < counts[-1]:
+            fewer.setdefault(mode, []).append(server)
+    runs = [(p, m, "") for p, m in data["machines"]] + [(p, m, ", earlier run") for p, m in before["machines"]]
+    machines = dict.fromkeys(f"{', '.join(m['gpus'])}, {m['cpus']} CPUs" for _, m, _ in runs)
+    lines = ["Machine: " + "; ".join(machines) + ".", "", "Commands, as run (the model written beforehand):", ""]
+    lines += [f"- `python {' '.join(m['argv'])}` (`{p.name}`{tag})" for p, m, tag in runs]
     lines += ["", f"Throughput: medians of {'/'.join(map(str, counts))} interleaved rep(s) per cell, "
-              "the range over reps in brackets. Engine: one run per row.", "",
-              "Regenerate: `VOCAB_EXTRA=127000 bash bench/gpu/servers.sh bench/gpu/decode_scale.py --out "
-              "$OUT/decode_scale.json --modes greedy top_p seeded` on the CUDA machine (both arms into one file), "
-              "copy it into `docs/data/`, then `python bench/gpu/decode_scale_report.py --data docs/data/FILE.json` "
-              "(without `--data`: the two files above). The report writes this page and its plot."]
+              "the range over reps in brackets"
+              + (f"; {counts[0]} reps in " + ", ".join(f"{m} ({', '.join(s)})" for m, s in fewer.items()) if fewer else "") + ". Engine: one run per row.", "",
+              f"Regenerate: `{regenerate(data['machines'][0][1]['argv'])}` on the CUDA machine (`--arms servers engine` "
+              "for both arms in one file), copy it into `docs/data/`, then `python bench/gpu/decode_scale_report.py "
+              "--data docs/data/FILE.json` (without `--data`: the files above; `--before` names the earlier run's). "
+              "The report writes this page and its plot."]
     return lines
 
 
-def page(data: dict[str, Any], notes: str) -> list[str]:
+def page(data: dict[str, Any], before: dict[str, Any], notes: str) -> list[str]:
     rows = data["results"].get("servers", [])
-    reps = cells(rows)
+    reps, old = cells(rows), cells(before["results"].get("servers", []))
     median = {k: statistics.median(v) for k, v in reps.items()}
     failed = [f"- {r.get('server', r.get('kind'))}, {r.get('mode', '')}: {r['error']}" for g in data["results"].values()
               for r in g if "error" in r]
     per_request = {r["tokens"] // (2 * r["clients"]) for r in rows if r.get("kind") == "throughput" and "tokens" in r}
+    engine = data["results"].get("engine") or before["results"].get("engine", [])
+    engine_run = "" if data["results"].get("engine") else f" (earlier run, {BEFORE_LABEL})"
     return [
         "# Decode at scale on a 128K-token vocabulary: ours against llama-server, per sampling mode", "",
-        *header(data, reps), "", "## Method", "", METHOD, "", "![tokens/s per mode and arm](decode_scale.png)", "",
+        *header(data, before, reps), "", "## Method", "", METHOD, "", "![tokens/s per mode and arm](decode_scale.png)", "",
         f"## Throughput, tok/s ({'/'.join(map(str, sorted(per_request)))} tokens per request)", "",
         *throughput_table(reps, arms(reps)), "",
+        *([f"## Against the earlier run ({BEFORE_LABEL})", "",
+           "Medians, tok/s; in brackets this run's over the earlier one's. llama-server is the same build in "
+           "both runs, so its ratios show how far the runs differ apart from ours' changes.", "", *before_table(reps, old, arms(reps)), ""]
+          if old else []),
         "## Ratios: ours over llama-server", "",
         "device: ours with `--backend_sampling on`; host: ours with `off`; llama-server: without `-bs`; -bs: with it. "
-        "`auto / llama-server's best` divides the arm ours' default uses by the faster of llama-server's two.", "", *ratio_table(median), "",
+        "`auto / llama-server's best` divides the host arm (what ours' default `auto` uses where the native sampler "
+        "is built) by the faster of llama-server's two.", "", *ratio_table(median), "",
         "## Issue 27's targets (one H200, 64 clients)", "", *targets(median), "",
-        "## The engine's time per step", "", *engine_table(data["results"].get("engine", [])), "",
+        f"## The engine's time per step{engine_run}", "", *engine_table(engine), "",
         *(["## Failed runs", "", *failed, ""] if failed else []),
         "<!-- notes -->" + notes,
     ]
@@ -210,18 +264,19 @@ def page(data: dict[str, Any], notes: str) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, nargs="+", default=DATA, help="decode_scale.py results files")
+    parser.add_argument("--before", type=Path, nargs="*", default=BEFORE, help="an earlier run's results files")
     parser.add_argument("--out-dir", dest="out_dir", type=Path, default=DOCS, help="where decode_scale.md and .png go")
     parser.add_argument("--no-plot", dest="plot", action="store_false", help="the page only (no matplotlib)")
     args = parser.parse_args(argv)
-    data = load(args.data)
+    data, before = load(args.data), load(args.before)
     target = args.out_dir / "decode_scale.md"
     old = target.read_text() if target.exists() else ""
     notes = old.split("<!-- notes -->", 1)[1] if "<!-- notes -->" in old else "\n"
     if args.plot:
         reps = cells(data["results"].get("servers", []))
         gpu = data["machines"][0][1]["gpus"][0].split(",")[0] if data["machines"][0][1]["gpus"] else "no GPU"
-        plot(reps, arms(reps), gpu, args.out_dir / "decode_scale.png")
-    target.write_text("\n".join(page(data, notes)))
+        plot(reps, cells(before["results"].get("servers", [])), arms(reps), gpu, args.out_dir / "decode_scale.png")
+    target.write_text("\n".join(page(data, before, notes)))
 
 
 if __name__ == "__main__":
