@@ -18,8 +18,7 @@ import random
 
 import numpy as np
 
-from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain
-from ..llama import native
+from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain, native
 from ..llama.devices import gpu_count
 from .batch_sampling import RowParams, bias_rows, penalize_rows, sample_rows
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
