@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pflash_plugin.engine.request import RequestStatus
-from pflash_plugin.engine.step_policy import Flags, Plan, Seat, StepPolicy, flags
+from pflash_plugin.engine.step_policy import Flags, Plan, Seat, StepPolicy, arrival_order, flags
 from pflash_plugin.pflash.pacing import Pacing
 
 from mock_runner import (
@@ -213,3 +213,23 @@ def test_a_draft_beside_decoding_and_a_long_prefill_ends_within_the_bound(harnes
         device.advance(STEP_S)
         assert device.steps - steps <= 2, "the compressed prompt did not start at once"
     assert all(c.status is RequestStatus.DECODING for c in chats)
+
+
+# ---- admission within a round -------------------------------------------------------------------
+def test_submissions_of_a_round_go_shortest_first_other_messages_stay_between():
+    messages = [("s", 900), ("s", 20), ("cancel", None), ("s", 500), ("s", 30), ("s", 30)]
+    order = arrival_order(messages, lambda m: m[1])
+    assert order == [("s", 20), ("s", 900), ("cancel", None), ("s", 30), ("s", 30), ("s", 500)]
+
+
+def test_short_prompts_arriving_with_long_ones_take_the_free_slots(harness):
+    """Four requests reach the engine in one round, the long ones first, two slots free: the two
+    short ones get the slots (in arrival order the long ones would hold them for their prefill)."""
+    engine, sched, runner = harness(start=False, n_slots=2, n_pages=256, max_batch_tokens=64, max_ctx=1024)
+    longs = [make_request(list(range(1, 601)), max_tokens=2) for _ in range(2)]
+    shorts = [make_request([900 + i, 901, 902], max_tokens=2) for i in range(2)]
+    for request in (*longs, *shorts):
+        engine.submit(request)
+    engine._round()
+    assert {r.request_id for r in sched.running} == {r.request_id for r in shorts}
+    assert all(r.status is RequestStatus.WAITING for r in longs)

@@ -23,6 +23,7 @@ from .request import CompressionJob, ErrorEvent, ErrorKind, Report, Request, Req
 from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
 from .seams import Activity, CompressionResult, Compressor, Runner
 from .stats import SchedulerStats
+from .step_policy import arrival_order
 
 log = logging.getLogger(__name__)
 _JOIN_MARGIN_S = 30.0  # shutdown waits this long past the grace for a step in flight to end
@@ -57,6 +58,11 @@ class Shutdown:
 
 
 Message = Submit | Cancel | Compressed | ClearCache | Shutdown
+
+
+def _prompt_tokens(message: Message) -> int | None:
+    """A submission's shortest prompt (its requests start together); None for any other message."""
+    return min(len(r.prompt_tokens) for r in message.requests) if isinstance(message, Submit) else None
 
 
 @dataclass(frozen=True)
@@ -254,11 +260,15 @@ class Engine:
         return True
 
     def _drain_inbox(self) -> None:
+        """Every message that arrived since the last round, submissions of the round shortest
+        prompt first (step_policy.arrival_order)."""
+        messages: list[Message] = []
         while True:
             try:
-                message = self._inbox.get_nowait()
+                messages.append(self._inbox.get_nowait())
             except queue.Empty:
-                return
+                break
+        for message in arrival_order(messages, _prompt_tokens):
             if isinstance(message, Submit):
                 self._admit(message)
             elif isinstance(message, Cancel):

@@ -7,6 +7,12 @@ steady stream of short ones; while requests decode, the prefill is capped at `pr
 prompt prefilling, so decode steps stay short; prompts that finish their prefill in this step go
 alone, so a long chunk never delays their first token.
 
+Requests that reach the engine in one round (arrived together, while a step ran) are admitted
+shortest prompt first: their arrival order within the round says nothing, and free slots given to
+the short ones start them at once, where a long prompt ahead would hold its slot for its whole
+prefill (8 requests at once, 4 slots: mix8's short chats waited 1.7 s on an H200 behind the long
+ones that reached the slots first). Earlier rounds still go first, so nothing starves.
+
 What background work (PFlash drafting, pflash/pacing.py) is told comes from the same requests
 (`Flags`): it steps aside only for a request that holds a slot and awaits its first token, since
 only those gain from the device. A request queued for a slot (behind slots that decode) waits
@@ -15,9 +21,10 @@ for a slot, not for the device: a draft that stepped aside for it would stall fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, Sequence, TypeVar
+from typing import Callable, Generic, Sequence, TypeVar
 
 K = TypeVar("K")
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
@@ -94,3 +101,21 @@ def flags(seats: Sequence[Seat[K]]) -> Flags:
     they wait for a slot, which the device does not give them sooner)."""
     return Flags(interactive_waiting=any(s.first_token_due for s in seats),
                  slots_decoding=any(s.decoding for s in seats))
+
+
+def arrival_order(messages: Sequence[M], prompt_tokens: Callable[[M], int | None]) -> list[M]:
+    """The messages of one round in the order to apply them: each run of consecutive submissions
+    (`prompt_tokens` not None) shortest prompt first, ties in arrival order; any other message
+    (None: a cancellation, a compression result, a shutdown) stays where it is between them."""
+    def shortest_first(run: list[M]) -> list[M]:
+        return sorted(run, key=lambda message: prompt_tokens(message) or 0)
+
+    ordered: list[M] = []
+    run: list[M] = []
+    for message in messages:
+        if prompt_tokens(message) is None:
+            ordered += shortest_first(run) + [message]
+            run = []
+        else:
+            run.append(message)
+    return ordered + shortest_first(run)
