@@ -3,15 +3,13 @@ them (group `seed`, two device calls: reps 0-1 and rep 2, one row of the first r
 second): the page's medians, the merge, and each of issue 28's targets met or missed by its data."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from report_pages import bench_module, tables
 
-REPO = Path(__file__).resolve().parents[1]
 # per (arm, workload): wall, mean TTFT, short TTFT (mix8), the server's mean and short TTFT (ours);
 # each rep moves them by its own factor
 BASE = {
@@ -27,13 +25,7 @@ KEYS = ("wall_s", "ttft_mean_s", "short_ttft_mean_s", "server_ttft_mean_s", "ser
 
 
 def report_module():
-    path = REPO / "bench" / "gpu" / "concurrent_report.py"
-    spec = importlib.util.spec_from_file_location("concurrent_report", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("gpu/concurrent_report.py")
 
 
 def row(arm: str, workload: str, rep: int, factor: float) -> dict:
@@ -59,17 +51,6 @@ def write_calls(tmp_path: Path) -> list[Path]:
     first.write_text(json.dumps(results([0, 1], {0: FACTORS[0], 1: 5.0})))
     second.write_text(json.dumps(results([2, 1], FACTORS)))
     return [first, second]
-
-
-def tables(page: str) -> list[list[dict[str, str]]]:
-    found, block = [], []
-    for line in [*page.splitlines(), ""]:
-        if line.startswith("|"):
-            block.append([c.strip() for c in line.strip("|").split("|")])
-        elif block:
-            found.append([dict(zip(block[0], r)) for r in block[2:]])
-            block = []
-    return found
 
 
 def median(arm: str, workload: str, key: str) -> float:

@@ -3,26 +3,20 @@ the page's numbers can only come from the data: medians, reps, the earlier run's
 issue 27's targets, the engine's step times, notes."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import pytest
+from report_pages import REPO, bench_module, tables
 
-REPO = Path(__file__).resolve().parents[1]
 SERVERS = REPO / "docs" / "data" / "decode_scale_native_h200.json"
 BEFORE = REPO / "docs" / "data" / "decode_scale_h200.json"
 ENGINE = REPO / "docs" / "data" / "decode_scale_engine_h200.json"
 
 
 def report_module():
-    path = REPO / "bench" / "gpu" / "decode_scale_report.py"
-    spec = importlib.util.spec_from_file_location("decode_scale_report", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("gpu/decode_scale_report.py")
 
 
 def moved_data(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -52,17 +46,6 @@ def medians(path: Path) -> dict[tuple[str, str], list[float]]:
             reps.setdefault((row["mode"], row["server"]), []).append(row["tok_s"])
     return reps
 
-
-def tables(page: str) -> list[list[dict[str, str]]]:
-    """Every markdown table of the page, each row as {column: cell}."""
-    found, block = [], []
-    for line in [*page.splitlines(), ""]:
-        if line.startswith("|"):
-            block.append([c.strip() for c in line.strip("|").split("|")])
-        elif block:
-            found.append([dict(zip(block[0], row)) for row in block[2:]])
-            block = []
-    return found
 
 
 def table_with(page: str, column: str) -> list[dict[str, str]]:
