@@ -105,6 +105,23 @@ class ServerProcess:
                 continue
 
 
+def run_to_end(engine, requests: list, timeout_s: float) -> float:
+    """Seconds from submitting `requests` together to an in-process engine until each has
+    finished (its sink counts the ends; the requests' outputs stay on them)."""
+    import threading
+
+    from pflash_plugin.engine.request import ErrorEvent, FinishEvent
+
+    done = threading.Semaphore(0)
+    for request in requests:
+        request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
+    start = time.perf_counter()
+    engine.submit(*requests)
+    for _ in requests:
+        assert done.acquire(timeout=timeout_s), "the engine did not finish"
+    return time.perf_counter() - start
+
+
 def machine() -> dict:
     cpu = "unknown"
     try:

@@ -26,15 +26,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from harness import REPO, ServerProcess, demo_model_path, machine
+from harness import REPO, ServerProcess, demo_model_path, machine, run_to_end
 from pflash_plugin.engine.loader import EngineConfig, load_engine
-from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+from pflash_plugin.engine.request import Request, SamplingParams
 from pflash_plugin.testing import cached_tiny_llama
 
 MODELS = {"tiny": "the tiny generated model (2 layers, width 64, a 1,341-token vocabulary), whose decode is cheap so "
@@ -54,17 +53,10 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> float:
     config = EngineConfig(n_slots=args.slots, max_ctx=512, n_threads=1, n_threads_batch=1)
     model, engine = load_engine(model_path, config)
     try:
-        done = threading.Semaphore(0)
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
                             SamplingParams(max_tokens=args.tokens, temperature=args.temperature, min_tokens=args.tokens))
                     for i in range(args.slots)]
-        for request in requests:
-            request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
-        start = time.perf_counter()
-        engine.submit(*requests)
-        for _ in requests:
-            assert done.acquire(timeout=600), "the engine did not finish"
-        return sum(len(r.output_tokens) for r in requests) / (time.perf_counter() - start)
+        return sum(len(r.output_tokens) for r in requests) / run_to_end(engine, requests, 600)
     finally:
         engine.stop()
 

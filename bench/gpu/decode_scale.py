@@ -23,7 +23,6 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -94,7 +93,8 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str) -> dict[str,
     """Our engine in this process: tok/s, and per step the wall time, the decode's (llama_decode and
     its synchronization) and the host's rest."""
     from pflash_plugin.engine.loader import EngineConfig, load_engine
-    from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+    from harness import run_to_end
+    from pflash_plugin.engine.request import Request, SamplingParams
     from pflash_plugin.llama import ModelParams
 
     config = EngineConfig(n_slots=args.slots, max_ctx=512, flash_attn=True, backend_sampling=backend,
@@ -114,17 +114,10 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str) -> dict[str,
     try:
         rng = random.Random(5)
         fields = {"top_k": 40, "min_p": 0.0, "top_p": 1.0, **MODES[mode]}
-        done = threading.Semaphore(0)
         requests = [Request(token_ids(32, rng), SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens,
                                                                **{**fields, "seed": i if "seed" in fields else None}))
                     for i in range(args.slots)]
-        for request in requests:
-            request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
-        start = time.perf_counter()
-        engine.submit(*requests)
-        for _ in requests:
-            assert done.acquire(timeout=args.limit_s), "the engine did not finish"
-        wall = time.perf_counter() - start
+        wall = run_to_end(engine, requests, args.limit_s)
     finally:
         engine.stop()
         engine.close()
