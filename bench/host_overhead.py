@@ -56,7 +56,8 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> float:
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
                             SamplingParams(max_tokens=args.tokens, temperature=args.temperature, min_tokens=args.tokens))
                     for i in range(args.slots)]
-        return sum(len(r.output_tokens) for r in requests) / run_to_end(engine, requests, 600)
+        wall = run_to_end(engine, requests, 600)
+        return sum(len(r.output_tokens) for r in requests) / wall
     finally:
         engine.stop()
 
