@@ -86,7 +86,8 @@ class StepRecord:
 
 
 class MockRunner:
-    """SlotRunner (KVOps, start_request, end_request) + execute(step), with a simulated KV and recorded operations."""
+    """SlotRunner (KVOps, start_request, end_request) + launch/collect (execute(step) does the work), with a
+    simulated KV and recorded operations."""
 
     def __init__(
         self,
@@ -116,6 +117,8 @@ class MockRunner:
         self.started: list[int] = []  # request ids passed to start_request, in order
         self.max_cells_used = 0
         self.require_active = True  # items must belong to a request between start/end_request
+        self.overlaps = False  # the engine releases text between launch and collect (a GPU's order)
+        self._outputs: dict[int, TokenOutput | Exception] = {}
 
     # ---- simulated KV ----------------------------------------------------------------------
     @property
@@ -233,6 +236,14 @@ class MockRunner:
         pass
 
     # ---- stepping --------------------------------------------------------------------------
+    def launch(self, step: Step) -> None:
+        """The engine's half of a step: the whole decode runs here (as on the CPU); with `overlaps`
+        set, the engine does its overlapped host work before `collect`, as on a GPU."""
+        self._outputs = self.execute(step)
+
+    def collect(self, step: Step) -> dict[int, TokenOutput | Exception]:
+        return self._outputs
+
     def execute(self, step: Step) -> dict[int, TokenOutput | Exception]:
         index = len(self.steps) + 1
         record = StepRecord(

@@ -21,7 +21,7 @@ def test_a_flood_on_idle_slots_admits_exactly_slots_plus_max_queue(tiny_model, s
         # the first step waits until every client's request has reached the engine, so all of
         # them arrive while the slots are (about to be) taken, whatever the machine's speed
         all_in, lock, submitted = threading.Event(), threading.Lock(), []
-        submit, execute = engine.submit, engine.runner.execute
+        submit, launch = engine.submit, engine.runner.launch
 
         def counting_submit(*requests) -> Future:
             try:
@@ -32,11 +32,11 @@ def test_a_flood_on_idle_slots_admits_exactly_slots_plus_max_queue(tiny_model, s
                     if len(submitted) == N_CLIENTS:
                         all_in.set()
 
-        def gated_execute(step):
+        def gated_launch(step):
             assert all_in.wait(60), f"only {len(submitted)} clients arrived"
-            return execute(step)
+            return launch(step)
 
-        engine.submit, engine.runner.execute = counting_submit, gated_execute
+        engine.submit, engine.runner.launch = counting_submit, gated_launch
         answers: list[tuple[int, str]] = []
 
         def client(i: int) -> None:

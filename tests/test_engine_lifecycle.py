@@ -319,11 +319,11 @@ def test_host_work_past_max_step_s_marks_the_engine_stalled_too(build):
     in_update, release = threading.Event(), threading.Event()
     update = sched.update
 
-    def slow_update(step, outputs):  # the host work after the first decode hangs
+    def slow_update(step, outputs, **kw):  # the host work after the first decode hangs
         if not in_update.is_set():
             in_update.set()
             assert release.wait(TIMEOUT)
-        update(step, outputs)
+        update(step, outputs, **kw)
 
     sched.update = slow_update
     request = make_request([1, 2, 3], max_tokens=2)

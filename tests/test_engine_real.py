@@ -243,3 +243,40 @@ def test_a_grammar_whose_steps_keep_growing_ends_its_request_with_a_400(tiny_mod
     assert "grow with every token" in error.message
     assert 5 < len(hostile.output_tokens) < 20
     assert isinstance(ends[beside.request_id], FinishEvent) and len(beside.output_tokens) == 30
+
+
+def test_overlapped_steps_give_what_serial_steps_give(tiny_model):
+    """A GPU's order forced on the CPU (`runner.overlaps`): the text of a step is released while
+    the next decode runs, so a stop string ends its request one decode late. The tokens, texts and
+    finish reasons are those of the serial order, and the queued request that takes the stopped
+    one's slot runs as it would (llama.cpp's sampling skips the stopped request's extra row)."""
+    def run(overlaps: bool, stop: list[str]) -> list[tuple[str, list[int], str]]:
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1))
+        engine.runner.overlaps = overlaps
+        texts: dict[int, list[str]] = {}
+        ends: dict[int, str] = {}
+        done = threading.Semaphore(0)
+        requests = [Request(model.tokenize(f"prompt {i} about the weather"),
+                            SamplingParams(max_tokens=24, temperature=0, stop=stop if i == 0 else []))
+                    for i in range(3)]
+        for request in requests:
+            def sink(event, rid: int = request.request_id) -> None:
+                if isinstance(event, TextEvent):
+                    texts.setdefault(rid, []).append(event.text)
+                elif isinstance(event, (FinishEvent, ErrorEvent)):
+                    ends[rid] = getattr(event, "reason", "error")
+                    done.release()
+            request.sink = sink
+        try:
+            engine.submit(*requests)
+            for _ in requests:
+                assert done.acquire(timeout=120), "a request did not finish"
+        finally:
+            engine.stop()
+        return [("".join(texts.get(r.request_id, [])), r.output_tokens, ends[r.request_id]) for r in requests]
+
+    whole = run(False, [])[0][0]
+    stop = whole[len(whole) // 2:len(whole) // 2 + 3]
+    serial, overlapped = run(False, [stop]), run(True, [stop])
+    assert serial[0][2] == "stop" and len(serial[0][1]) < 24
+    assert overlapped == serial

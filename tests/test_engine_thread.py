@@ -306,3 +306,44 @@ def test_a_long_solo_prefill_step_is_preempted_for_a_newcomer(harness):
     assert first_short < long_logits  # the newcomer did not wait for the long prefill
     assert sink_of(long).finish.reason == "length"
     check_scheduler(sched, runner)
+
+
+# ---- the GPU's order: the last step's text while the next decode runs -----------------------------
+@pytest.mark.parametrize("overlaps", [False, True])
+def test_text_goes_out_while_the_next_decode_runs_where_the_runner_overlaps(harness, overlaps):
+    """On a GPU (`runner.overlaps`) a step's text is released after the next step's decode is
+    launched, so the host's detokenizing and events run beside the device; on the CPU before it."""
+    engine, sched, runner = harness(start=False, n_slots=1, n_pages=64, max_batch_tokens=8, max_ctx=64)
+    runner.overlaps = overlaps
+    request = make_request([10, 11], max_tokens=5)
+    delivered: list[int] = []  # at each decode's launch: the text events the client has had
+    runner.hook = lambda index, step: delivered.append(len([e for e in sink_of(request).events if e.text]))
+    engine.start()
+    engine.submit(request)
+    wait_done(request)
+    assert delivered == [max(0, i - overlaps) for i in range(5)]
+    assert sink_of(request).text == "<12><13><14><15><16>"
+    assert sink_of(request).finish.reason == "length"
+
+
+@pytest.mark.parametrize("overlaps", [False, True])
+def test_a_stop_string_found_while_the_next_decode_runs_ends_the_request_as_before(harness, overlaps):
+    """The stop string spans tokens 13 and 14. Overlapped, it is found while a step with one more
+    row for the request runs: that row's token is dropped, its KV cell removed, and the queued
+    request that reuses the slot's prefix sees only the request's real tokens."""
+    engine, sched, runner = harness(start=False, n_slots=1, n_pages=64, max_batch_tokens=8, max_ctx=64)
+    runner.overlaps = overlaps
+    stopped = make_request([10, 11], max_tokens=10, stop=["3><1"])
+    queued = make_request([10, 11, 12, 13, 77, 78], max_tokens=2)
+    engine.start()
+    engine.submit(stopped, queued)
+    wait_done(stopped, queued)
+    assert sink_of(stopped).text == "<12><1"
+    assert sink_of(stopped).finish.reason == "stop" and sink_of(stopped).finish.stop == "3><1"
+    assert stopped.output_tokens == [12, 13, 14]
+    rows = [record.for_request(stopped.request_id) for record in runner.steps]
+    assert sum(row is not None for row in rows) == 3 + overlaps  # prefill, 12, 13 (+ the dropped 14)
+    assert queued.cached_tokens == 4
+    assert sink_of(queued).text == "<79><80>"
+    settle(engine)
+    check_scheduler(sched, runner)

@@ -310,9 +310,11 @@ class Engine:
             message.answer.set_exception(refusal)
 
     def _run(self, step: Step) -> None:
+        """Launch the step's decode; where it runs beside the host (a GPU), release the last step's
+        text and events meanwhile; then take its tokens."""
         self._preemptible = self.scheduler.preemptible(step)
         try:
-            outputs = self.runner.execute(step)
+            self.runner.launch(step)
         except DecodeError as error:
             if error.code == 2 and self._preemptible and self._arrival.is_set():
                 self.scheduler.rollback(step)  # preempted for a newcomer: redo with it next step
@@ -320,13 +322,25 @@ class Engine:
                 self._on_decode_error(step, error)
             return
         except Exception as error:  # anything else: fail this step's requests only
-            log.exception("engine %s: step failed", self.name)
-            self._fail_step(step, ErrorKind.FAILED, f"the step failed: {type(error).__name__}: {error}")
+            self._step_failed(step, error)
             return
         finally:
             self._preemptible = False
         self._aborts = 0
-        self.scheduler.update(step, outputs)
+        if self.runner.overlaps:
+            self.scheduler.release_text()
+            self._publish_stats()
+            self.scheduler.emit()
+        try:
+            outputs = self.runner.collect(step)
+        except Exception as error:
+            self._step_failed(step, error)
+            return
+        self.scheduler.update(step, outputs, release=not self.runner.overlaps)
+
+    def _step_failed(self, step: Step, error: Exception) -> None:
+        log.exception("engine %s: step failed", self.name)
+        self._fail_step(step, ErrorKind.FAILED, f"the step failed: {type(error).__name__}: {error}")
 
     def _on_decode_error(self, step: Step, error: DecodeError) -> None:
         if error.code == 1 and self.scheduler.cache.evict_idle():

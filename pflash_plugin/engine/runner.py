@@ -6,7 +6,7 @@ from typing import Callable
 
 from ..llama import Batch, Context, Model
 from .request import Request, TokenOutput
-from .sampling import Sampling
+from .sampling import Sampling, output_on_gpu
 from .scheduler import Step
 from .threads import DecodeThreads
 
@@ -15,13 +15,19 @@ class LlamaRunner:
     """KV operations and batched decode + sampling for the slots of one context."""
 
     def __init__(self, model: Model, ctx: Context, seed: int | None = None, penalty_last_n: int = 64,
-                 backend_sampling: str = "none") -> None:
+                 backend_sampling: str = "none", overlaps: bool | None = None) -> None:
         """`seed`, `penalty_last_n`: the server's; `backend_sampling`: which rows the backend samples
-        inside the decode ("none", "sampled" or "all": engine/sampling.py)."""
+        inside the decode ("none", "sampled" or "all": engine/sampling.py). `overlaps`: whether
+        `launch` returns while the device computes, so the engine's host work between `launch` and
+        `collect` runs beside it (None: where the output layer runs on a GPU; on the CPU the decode
+        runs inside `launch`, so work put there would only delay the step's tokens)."""
         self.model, self.ctx = model, ctx
         self.sampling = Sampling(model, ctx, seed=seed, penalty_last_n=penalty_last_n, device=backend_sampling)
         self.batch = Batch(ctx.n_batch, 1)
         self.decode_threads = DecodeThreads(ctx.n_threads, ctx.n_threads_batch)
+        self.overlaps = output_on_gpu(model) if overlaps is None else overlaps
+        self._rows: list[tuple[Request, int]] = []  # the launched step's rows that want a token
+        self._timing: tuple[int, float] | None = None  # a decode step's threads and its seconds so far
 
     # ---- KVOps -----------------------------------------------------------------------------
     def seq_rm(self, slot: int, start: int) -> None:
@@ -63,26 +69,39 @@ class LlamaRunner:
         self.ctx.close()
 
     # ---- stepping --------------------------------------------------------------------------
-    def execute(self, step: Step) -> dict[int, TokenOutput | Exception]:
-        """One llama_decode for the whole step, then one token per slot that asked for logits.
-
-        Raises DecodeError; the engine decides whom it fails. A sampling error belongs to its
-        request alone: it is returned in that request's place.
-        """
+    def launch(self, step: Step) -> None:
+        """One llama_decode for the whole step (on a GPU it returns while the device computes).
+        Raises DecodeError; the engine decides whom it fails."""
         batch = self.batch
         batch.clear()
-        rows: list[tuple[Request, int]] = []
+        self._rows = []
         for item in step.items:
             row = batch.add_sequence(item.tokens, item.start_pos, item.request.held_slot, item.wants_logits)
             if item.wants_logits:
-                rows.append((item.request, row))
+                self._rows.append((item.request, row))
         decoding = all(len(item.tokens) == 1 for item in step.items)
         threads = self.decode_threads.threads(len(step.items)) if decoding else None
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
-        self.sampling.before_decode(rows)
+        self.sampling.before_decode(self._rows)
         start = time.perf_counter()
-        self.ctx.decode(batch)
-        outputs = self.sampling.sample(rows) if rows else {}
-        if threads:  # sampling reads the logits, so on a GPU too this waited for the decode
-            self.decode_threads.record(threads, len(step.items), time.perf_counter() - start)
+        try:
+            self.ctx.decode(batch)
+        except BaseException:
+            self.sampling.landed()
+            raise
+        self._timing = (threads, time.perf_counter() - start) if threads else None
+
+    def collect(self, step: Step) -> dict[int, TokenOutput | Exception]:
+        """One token for each row of the launched step that asked for logits and whose request is
+        still running. A sampling error belongs to its request alone: it is returned in that
+        request's place."""
+        start = time.perf_counter()
+        try:
+            outputs = self.sampling.sample(self._rows) if self._rows else {}
+            self.ctx.synchronize()  # where no row read the outputs, so that the decode has landed
+        finally:
+            self.sampling.landed()
+        if self._timing:  # the decode's time: its launch and the wait for it (the host work between not)
+            threads, launched = self._timing
+            self.decode_threads.record(threads, len(step.items), launched + time.perf_counter() - start)
         return outputs

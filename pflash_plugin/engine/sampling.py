@@ -56,8 +56,12 @@ def device_sampling(setting: str, model: Model) -> str:
         raise ValueError(f"backend_sampling must be auto, on or off, not {setting!r}")
     if setting != "auto":
         return "all" if setting == "on" else "none"
-    on_gpu = gpu_count() > 0 and (model.n_gpu_layers < 0 or model.n_gpu_layers > model.n_layer)
-    return "sampled" if on_gpu and native.load() is None else "none"
+    return "sampled" if output_on_gpu(model) and native.load() is None else "none"
+
+
+def output_on_gpu(model: Model) -> bool:
+    """Whether the model's output layer (so its logits) is computed on a GPU."""
+    return gpu_count() > 0 and (model.n_gpu_layers < 0 or model.n_gpu_layers > model.n_layer)
 
 
 def asked_fields(p: SamplingParams) -> set[str]:
@@ -108,6 +112,8 @@ class Sampling:
         self.device = device
         self._slots: dict[int, _Bound] = {}
         self._eog_tokens: list[int] | None = None  # found on first use
+        # device chains let go while a decode that runs them is in flight: freed once it has landed
+        self._retired: list[SamplerChain] | None = None  # None: no decode in flight
 
     def bind(self, slot: int, request: Request) -> None:
         """Take a starting request's parameters: its path, chain and generator."""
@@ -127,6 +133,9 @@ class Sampling:
             return
         if bound.path == "device":
             self.ctx.set_sampler(slot, None)
+            if self._retired is not None:
+                self._retired.append(bound.chain)
+                return
         bound.chain.close()
 
     def close(self) -> None:
@@ -136,7 +145,9 @@ class Sampling:
     # ---- one step --------------------------------------------------------------------------
     def before_decode(self, rows: list[tuple[Request, int]]) -> None:
         """The device chains of this step's rows, as they must be at its decode: a request that
-        reached its min_tokens gets a chain that lets end-of-generation through again."""
+        reached its min_tokens gets a chain that lets end-of-generation through again. The decode
+        is in flight from here until `landed`."""
+        self._retired = []
         for request, _ in rows:
             slot = request.held_slot
             bound = self._slots[slot]
@@ -145,12 +156,21 @@ class Sampling:
                 self.ctx.set_sampler(slot, None)
                 bound.path = "batch"
 
+    def landed(self) -> None:
+        """The decode since `before_decode` has ended (or failed): the chains it ran can go."""
+        for chain in self._retired or ():
+            chain.close()
+        self._retired = None
+
     def sample(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
-        """One token per row (request, batch index), in the step's output order. A sampling error
-        belongs to its request alone: it is returned in that request's place."""
+        """One token per row (request, batch index), in the step's output order, for the requests
+        still running (one that a stop string ended while the decode ran gets none). A sampling
+        error belongs to its request alone: it is returned in that request's place."""
         outputs: dict[int, TokenOutput | Exception] = {}
         host = []
         for k, (request, row) in enumerate(rows):
+            if not request.status.running:
+                continue
             bound = self._slots[request.held_slot]
             if bound.path == "device":
                 outputs[request.request_id] = self._device_token(bound, row)

@@ -73,7 +73,8 @@ class _Live:
     """What the scheduler keeps for a request while it holds a slot."""
 
     stream: TextStream
-    pending: list[TokenOutput] = field(default_factory=list)  # sampled, text not yet released
+    unread: list[TokenOutput] = field(default_factory=list)  # taken, not yet through the text stream
+    pending: list[TokenOutput] = field(default_factory=list)  # through the stream, their text held back
     starved: int = 0  # steps it was left out of while prefilling (aging)
 
 
@@ -329,9 +330,10 @@ class Scheduler:
         for item in step.items:
             self.cache.trim(self.slots[item.request.held_slot])
 
-    def update(self, step: Step, outputs: dict[int, TokenOutput | Exception]) -> None:
+    def update(self, step: Step, outputs: dict[int, TokenOutput | Exception], release: bool = True) -> None:
         """Apply a successful decode: extend the slots, take the sampled tokens, finish some.
-        `outputs` holds an exception for a request whose sampling failed: that request fails."""
+        `outputs` holds an exception for a request whose sampling failed: that request fails.
+        `release`: their text too (`release_text`); else the caller releases it later."""
         self.cache.decoded()
         now = self.clock()
         for item in step.items:
@@ -346,6 +348,8 @@ class Scheduler:
                 self._apply(item, outputs.get(request.request_id), now)
             except Exception as error:
                 self.fail(request, error, "taking its token")
+        if release:
+            self.release_text()
 
     def _apply(self, item: BatchItem, out: TokenOutput | Exception | None, now: float) -> None:
         request = item.request
@@ -367,6 +371,8 @@ class Scheduler:
         self._take_token(request, out, now)
 
     def _take_token(self, request: Request, out: TokenOutput, now: float) -> None:
+        """Take the token; its text waits for `release_text` (a stop string in it ends the request
+        then), unless the request ends here (end of generation, max_tokens)."""
         if request.timings.first_token is None:
             request.timings.first_token = now
         request.timings.last_token = now
@@ -375,15 +381,35 @@ class Scheduler:
             return
         request.output_tokens.append(out.token)
         live = self._live[request.request_id]
-        live.pending.append(out)
-        text = live.stream.push(self.piece(out.token))
-        if text:
-            self._emit(request, TextEvent(text, live.pending[:]))
-            live.pending.clear()
-        if live.stream.stopped:
-            self.finish(request, RequestStatus.FINISHED_STOP)
-        elif len(request.output_tokens) >= request.params.max_tokens:
-            self.finish(request, RequestStatus.FINISHED_LENGTH)
+        live.unread.append(out)
+        if len(request.output_tokens) >= request.params.max_tokens:
+            stopped = self._release(request, live)
+            self.finish(request, RequestStatus.FINISHED_STOP if stopped else RequestStatus.FINISHED_LENGTH)
+
+    def release_text(self) -> None:
+        """The text of the tokens taken since the last call, as events; a request whose text
+        reaches a stop string finishes. The engine calls it while the next step's decode runs on a
+        GPU (a step after the stop then has a row for the finished request: `update` drops what it
+        wrote), right after `update` otherwise."""
+        for request in [r for r in self.running if self._live[r.request_id].unread]:
+            try:
+                if self._release(request, self._live[request.request_id]):
+                    self.finish(request, RequestStatus.FINISHED_STOP)
+            except Exception as error:
+                self.fail(request, error, "releasing its text")
+
+    def _release(self, request: Request, live: _Live) -> bool:
+        """Push the request's unread tokens through its text stream; True once a stop string hit."""
+        for out in live.unread:
+            live.pending.append(out)
+            text = live.stream.push(self.piece(out.token))
+            if text:
+                self._emit(request, TextEvent(text, live.pending[:]))
+                live.pending.clear()
+            if live.stream.stopped:
+                break
+        live.unread.clear()
+        return live.stream.stopped
 
     # ---- the end of a request ----------------------------------------------------------------
     def finish(self, request: Request, status: RequestStatus, error: ErrorEvent | None = None,
@@ -411,6 +437,8 @@ class Scheduler:
         else:
             self.running.remove(request)
             live = self._live.pop(request.request_id)
+            if error is None:
+                self._release(request, live)
             stop = live.stream.stop_hit
             if error is None and not live.stream.stopped:
                 tail = live.stream.flush()
