@@ -12,8 +12,10 @@ llama-server `ignore_eos`), completion tokens from `usage` over the wall time; a
 one driven at a time, reps interleaved (mode by mode, server by server); medians over reps.
 Modes: greedy; temperature 0.8 + top_p 0.9; the same with a seed per request; with presence and
 frequency penalties; greedy with one client's requests held to a JSON grammar.
-Engine arm (`--engine`): our engine in this process, 64 requests at once, each llama_decode timed
-with its synchronization: ms per step, of which the decode, and the host's rest.
+Engine arm (`--arms engine`): our engine in this process, 64 requests at once, host sampling, with the
+host's work between steps overlapping the next decode (the GPU default) and without: ms per step;
+without the overlap each llama_decode is also timed with its synchronization (the decode, and the
+host's rest; timing it so would end the overlap).
 """
 from __future__ import annotations
 
@@ -89,9 +91,9 @@ async def throughput(server: Server, mode: str, clients: int, args: argparse.Nam
     return {"clients": clients, "tokens": sum(counts), "wall_s": round(wall, 3), "tok_s": round(sum(counts) / wall, 1)}
 
 
-def engine_steps(args: argparse.Namespace, mode: str, backend: str) -> dict[str, Any]:
-    """Our engine in this process: tok/s, and per step the wall time, the decode's (llama_decode and
-    its synchronization) and the host's rest."""
+def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: bool) -> dict[str, Any]:
+    """Our engine in this process: tok/s, and per step the wall time; without `overlap` also the
+    decode's (llama_decode and its synchronization) and the host's rest."""
     from pflash_plugin.engine.loader import EngineConfig, load_engine
     from harness import run_to_end
     from pflash_plugin.engine.request import Request, SamplingParams
@@ -100,7 +102,8 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str) -> dict[str,
     config = EngineConfig(n_slots=args.slots, max_ctx=512, flash_attn=True, backend_sampling=backend,
                           model=ModelParams(n_gpu_layers=args.gpu_layers))
     model, engine = load_engine(args.target, config)
-    ctx, decode_s, steps = engine.runner.ctx, [0.0], [0]
+    engine.runner.overlaps = overlap
+    ctx, decode_s = engine.runner.ctx, [0.0]
     decode = ctx.decode
 
     def timed(batch) -> None:
@@ -108,25 +111,32 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str) -> dict[str,
         decode(batch)
         ctx.synchronize()
         decode_s[0] += time.perf_counter() - start
-        steps[0] += 1
 
-    ctx.decode = timed  # type: ignore[method-assign]
+    if not overlap:
+        ctx.decode = timed  # type: ignore[method-assign]
     try:
         rng = random.Random(5)
         fields = {"top_k": 40, "min_p": 0.0, "top_p": 1.0, **MODES[mode]}
         requests = [Request(token_ids(32, rng), SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens,
                                                                **{**fields, "seed": i if "seed" in fields else None}))
                     for i in range(args.slots)]
+        steps = engine.steps
         wall = run_to_end(engine, requests, args.limit_s)
+        steps = engine.steps - steps
     finally:
         engine.stop()
         engine.close()
         model.close()
     tokens = sum(len(r.output_tokens) for r in requests)
     outputs = hash(tuple(tuple(r.output_tokens) for r in requests))  # greedy: the same with the device on and off
-    return {"mode": mode, "backend_sampling": backend, "outputs": outputs, "tok_s": round(tokens / wall, 1), "steps": steps[0],
-            "step_ms": round(1000 * wall / steps[0], 3), "decode_ms": round(1000 * decode_s[0] / steps[0], 3),
-            "host_ms": round(1000 * (wall - decode_s[0]) / steps[0], 3)}
+    row = {"mode": mode, "backend_sampling": backend, "overlap": overlap, "outputs": outputs,
+           "tok_s": round(tokens / wall, 1), "steps": steps, "step_ms": round(1000 * wall / steps, 3)}
+    if not overlap:
+        row.update(decode_ms=round(1000 * decode_s[0] / steps, 3), host_ms=round(1000 * (wall - decode_s[0]) / steps, 3))
+    return row
+
+
+SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs")
 
 
 def side_by_side(args: argparse.Namespace, record: Record) -> None:
@@ -134,6 +144,7 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
     if args.llama_server != "none":
         servers += [llama_server("llama-server", args.port + 2, args),
                     llama_server("llama-server-bs", args.port + 3, args, "-bs")]
+    servers = [server for server in servers if server.label in args.servers]
     try:
         for server in servers:
             server.launch()
@@ -167,11 +178,12 @@ def table(data: dict[str, Any]) -> str:
         lines.append(f"| {mode} | {clients} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
     steps = [r for r in data["results"].get("engine", []) if "step_ms" in r]
     if steps:
-        greedy = {r["backend_sampling"]: r["outputs"] for r in steps if r["mode"] == "greedy"}
-        lines += ["", "| engine: mode | backend sampling | tok/s | ms/step | decode ms | host ms |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['backend_sampling']} | {r['tok_s']:,.0f} | {r['step_ms']} | {r['decode_ms']} | "
-                  f"{r['host_ms']} |" for r in steps]
-        lines += ["", f"greedy tokens, device path = host path: {len(set(greedy.values())) == 1}"]
+        greedy = {(r["backend_sampling"], r.get("overlap")): r["outputs"] for r in steps if r["mode"] == "greedy"}
+        lines += ["", "| engine: mode | backend sampling | overlap | tok/s | ms/step | decode ms | host ms |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r['tok_s']:,.0f} | {r['step_ms']} | "
+                  f"{r.get('decode_ms', '-')} | {r.get('host_ms', '-')} |" for r in steps]
+        lines += ["", f"greedy tokens the same in every engine arm: {len(set(greedy.values())) == 1}"]
     return "\n".join(lines)
 
 
@@ -180,6 +192,8 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=["engine", "servers"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--clients", nargs="+", type=int, default=[64])
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS,
+                        help="ours: --backend_sampling on; ours-host-sampling: off (what auto picks with the native sampler)")
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
@@ -191,9 +205,10 @@ def main() -> None:
 
     def run(arm: str, record: Record) -> None:
         if arm == "engine":
-            for mode in args.modes:
-                for backend in ("on", "off"):
-                    record.add(engine_steps(args, mode, backend))
+            for rep in range(args.reps):
+                for mode in args.modes:
+                    for overlap in (True, False)[::1 if rep % 2 == 0 else -1]:  # each first in turn
+                        record.add({**engine_steps(args, mode, "off", overlap), "rep": rep})
         else:
             side_by_side(args, record)
 

@@ -156,16 +156,25 @@ def targets(median: dict[tuple[str, int, str], float]) -> list[str]:
 
 
 def engine_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Per mode, backend sampling and overlap (the host's work beside the next decode, or after it):
+    medians over reps; decode and host ms only where the decode was timed (no overlap)."""
     steps = [r for r in rows if "step_ms" in r]
     if not steps:
         return []
-    lines = ["| mode | backend sampling | tok/s | steps | ms/step | decode ms | host ms |", "|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['mode']} | {r['backend_sampling']} | {r['tok_s']:,.0f} | {r['steps']} | {r['step_ms']} | "
-              f"{r['decode_ms']} | {r['host_ms']} |" for r in steps]
-    greedy = {r["backend_sampling"]: r["outputs"] for r in steps if r["mode"] == "greedy"}
-    if len(greedy) == 2:
-        same = len(set(greedy.values())) == 1
-        lines += ["", f"Greedy tokens with the device on {'equalled' if same else 'differed from'} those with it off "
+    lines = ["| mode | backend sampling | overlap | reps | tok/s | ms/step | decode ms | host ms |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for key in dict.fromkeys((r["mode"], r["backend_sampling"], r.get("overlap", False)) for r in steps):
+        cell = [r for r in steps if (r["mode"], r["backend_sampling"], r.get("overlap", False)) == key]
+
+        def median(name: str, fmt: str = "{:.3f}") -> str:
+            values = [r[name] for r in cell if name in r]
+            return fmt.format(statistics.median(values)) if values else "-"
+
+        lines.append(f"| {key[0]} | {key[1]} | {'on' if key[2] else 'off'} | {len(cell)} | {median('tok_s', '{:,.0f}')} | "
+                     f"{median('step_ms')} | {median('decode_ms')} | {median('host_ms')} |")
+    greedy = {r["outputs"] for r in steps if r["mode"] == "greedy"}
+    if len({(r["backend_sampling"], r.get("overlap", False)) for r in steps if r["mode"] == "greedy"}) > 1:
+        lines += ["", f"Greedy tokens in every arm {'equalled' if len(greedy) == 1 else 'differed from'} each other "
                       "(a hash of every request's tokens)."]
     return lines
 
