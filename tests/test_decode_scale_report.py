@@ -102,7 +102,7 @@ def test_the_page_reports_the_medians_ratios_and_step_times_of_its_data(tmp_path
     share = median[("seeded", "ours-host-sampling")] / median[("top_p", "ours-host-sampling")]
     assert f"Seeded within 10% of unseeded (top_p): {share:.2f} of it" in page
 
-    assert "## The engine's time per step (earlier run, before the native sampler" in page
+    assert "## The engine's time per step (earlier run, the native host sampler" in page
     steps = table_with(page, "host ms")
     for row, expected in zip(steps, json.loads(engine.read_text())["results"]["engine"]):
         assert (row["mode"], row["backend sampling"]) == (expected["mode"], expected["backend_sampling"])
@@ -116,3 +116,27 @@ def test_the_plot_is_written(tmp_path):
     report_module().main(["--data", str(SERVERS), "--before", str(BEFORE), str(ENGINE), "--out-dir", str(tmp_path)])
     assert (tmp_path / "decode_scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "decode_scale.png").stat().st_size > 10_000
+
+
+def test_without_the_device_arm_the_ratios_and_the_overlap_rows_come_from_what_ran(tmp_path):
+    """The overlap run (docs/data/decode_*overlap*_h200.json): no `--backend_sampling on` arm, and
+    engine rows with and without the overlap, medians over their reps."""
+    data = REPO / "docs" / "data"
+    servers, engines = data / "decode_scale_overlap_h200.json", [data / "decode_engine_overlap_h200.json",
+                                                                  data / "decode_engine_overlap2_h200.json"]
+    report_module().main(["--data", str(servers), *map(str, engines), "--before", str(SERVERS),
+                          "--out-dir", str(tmp_path), "--no-plot"])
+    page = (tmp_path / "decode_scale.md").read_text()
+    median = {k: statistics.median(v) for k, v in medians(servers).items()}
+    ratios = {row["mode"]: row for row in table_with(page, "host / -bs")}
+    assert set(ratios) == {"greedy", "seeded"} and "device / -bs" not in next(iter(ratios.values()))
+    for mode in ratios:
+        best = max(median[(mode, "llama-server")], median[(mode, "llama-server-bs")])
+        assert ratios[mode]["auto / llama-server's best"] == f"{median[(mode, 'ours-host-sampling')] / best:.2f}x"
+    rows = [r for path in engines for r in json.loads(path.read_text())["results"]["engine"]]
+    steps = {(row["mode"], row["overlap"]): row for row in table_with(page, "ms/step")}
+    for (mode, overlap), row in steps.items():
+        cell = [r for r in rows if (r["mode"], "on" if r["overlap"] else "off") == (mode, overlap)]
+        assert row["reps"] == str(len(cell))
+        assert number(row["ms/step"]) == pytest.approx(statistics.median(r["step_ms"] for r in cell), abs=0.0005)
+        assert (row["decode ms"] == "-") == (overlap == "on")

@@ -2,9 +2,10 @@
 
     python bench/gpu/decode_scale_report.py
 
-By default it reads docs/data/decode_scale_native_h200.json (the `servers` arm, with the native host
-sampler) and, as the earlier run it compares with (`--before`), docs/data/decode_scale_h200.json and
-docs/data/decode_scale_engine_h200.json (servers and engine arms, the host path in numpy). `--data` and
+By default it reads docs/data/decode_scale_overlap_h200.json (the `servers` arm) and
+docs/data/decode_engine_overlap{,2}_h200.json (the engine arm, with and without the overlap of the host's
+work and the next decode) and, as the earlier run it compares with (`--before`),
+docs/data/decode_scale_native_h200.json (the native host sampler, no overlap). `--data` and
 `--before` take any results files of decode_scale.py, each side's arms merged; the engine section
 shows `--data`'s engine rows, or the earlier run's where `--data` has none. The page's text below
 `<!-- notes -->` is kept.
@@ -22,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_scale import MODES  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-DATA = [DOCS / "data" / "decode_scale_native_h200.json"]
-BEFORE = [DOCS / "data" / "decode_scale_h200.json", DOCS / "data" / "decode_scale_engine_h200.json"]
-BEFORE_LABEL = "before the native sampler: the host path in numpy"
+DATA = [DOCS / "data" / f"{name}_h200.json" for name in ("decode_scale_overlap", "decode_engine_overlap",
+                                                         "decode_engine_overlap2")]
+BEFORE = [DOCS / "data" / "decode_scale_native_h200.json"]
+BEFORE_LABEL = "the native host sampler, the host's work after each decode"
 DEVICE, HOST, PEER, PEER_BS = "ours", "ours-host-sampling", "llama-server", "llama-server-bs"
 LABELS = {DEVICE: "ours, `--backend_sampling on` (device)", HOST: "ours, `--backend_sampling off` (host)",
           PEER: "llama-server", PEER_BS: "llama-server `-bs`"}
@@ -36,14 +38,16 @@ METHOD = """\
   vocabulary (`write_tiny_llama(..., vocab_extra=127000)`, as `VOCAB_EXTRA=127000 source
   bench/gpu/setup.sh` writes it). Timing does not depend on the weights.
 - Servers, loaded at once and driven one at a time: ours `--n_ctx 512 --max_concurrency 64
-  --flash_attn true` with `--backend_sampling on` and `off`; llama-server from the same llama.cpp,
+  --flash_attn true` with `--backend_sampling off` (and `on`, where the table has it); llama-server from the same llama.cpp,
   `-np 64 -c 32768 -fa on --cache-ram 0`, without and with `-bs` (`--backend-sampling`).
 - Throughput: each client sends 2 non-streamed /v1/completions one after the other (a random
   32-token prompt), every token generated (ours `min_tokens`, llama-server `ignore_eos`);
   completion tokens from `usage` over the wall time. Every request also sends top_k 40, min_p 0,
   repeat_penalty 1. Reps interleaved: mode by mode, server by server.
-- Engine: our engine in the bench's process, 64 requests at once, each `llama_decode` timed with its
-  synchronization (so the decode includes the logits copy); host ms is the rest of the step.
+- Engine: our engine in the bench's process, 64 requests at once. With the overlap (the GPU's
+  default: a step's text and events go out while the next decode runs) and without it, reps
+  interleaved, each first in turn; without it each `llama_decode` is also timed with its
+  synchronization (so the decode includes the logits copy), and host ms is the rest of the step.
 - `auto`, ours' default, was not run as one server: where the native sampler is built (as here)
   it samples every row on the host (docs/sampling.md), so its figures are the host arm's."""
 
@@ -119,22 +123,27 @@ def before_table(now: Reps, before: Reps, servers: list[str]) -> list[str]:
 
 
 def ratios(median: dict[tuple[str, int, str], float], mode: str, clients: int) -> dict[str, float] | None:
-    """Ours' arms over llama-server's, and `auto` over llama-server's faster configuration."""
-    if any((mode, clients, s) not in median for s in (DEVICE, HOST, PEER, PEER_BS)):
+    """Ours' arms (those that ran) over llama-server's, and `auto` over llama-server's faster
+    configuration; None without the host arm or either llama-server."""
+    if any((mode, clients, s) not in median for s in (AUTO_ARM, PEER, PEER_BS)):
         return None
-    device, host, peer, peer_bs = (median[(mode, clients, s)] for s in (DEVICE, HOST, PEER, PEER_BS))
-    mine, best = median[(mode, clients, AUTO_ARM)], max(peer, peer_bs)
-    return {"device / llama-server": device / peer, "device / -bs": device / peer_bs,
-            "host / llama-server": host / peer, "host / -bs": host / peer_bs, AUTO: mine / best, "auto": mine}
+    peer, peer_bs = median[(mode, clients, PEER)], median[(mode, clients, PEER_BS)]
+    found = {"auto": median[(mode, clients, AUTO_ARM)]}
+    found[AUTO] = found["auto"] / max(peer, peer_bs)
+    for arm, name in ((DEVICE, "device"), (HOST, "host")):
+        if (mode, clients, arm) in median:
+            found[f"{name} / llama-server"] = median[(mode, clients, arm)] / peer
+            found[f"{name} / -bs"] = median[(mode, clients, arm)] / peer_bs
+    return found
 
 
 def ratio_table(median: dict[tuple[str, int, str], float]) -> list[str]:
     names = ["device / llama-server", "device / -bs", "host / llama-server", "host / -bs", AUTO]
+    found = {(m, c): r for m, c in dict.fromkeys((m, c) for m, c, _ in median) if (r := ratios(median, m, c))}
+    names = [n for n in names if any(n in r for r in found.values())]
     lines = ["| mode | clients | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
-    for mode, clients in dict.fromkeys((m, c) for m, c, _ in median):
-        found = ratios(median, mode, clients)
-        if found:
-            lines.append(f"| {mode} | {clients} | " + " | ".join(f"{found[n]:.2f}x" for n in names) + " |")
+    for (mode, clients), r in found.items():
+        lines.append(f"| {mode} | {clients} | " + " | ".join(f"{r[n]:.2f}x" for n in names) + " |")
     return lines
 
 
@@ -233,7 +242,7 @@ def header(data: dict[str, Any], before: dict[str, Any], reps: Reps) -> list[str
     lines += [f"- `python {' '.join(m['argv'])}` (`{p.name}`{tag})" for p, m, tag in runs]
     lines += ["", f"Throughput: medians of {'/'.join(map(str, counts))} interleaved rep(s) per cell, "
               "the range over reps in brackets"
-              + (f"; {counts[0]} reps in " + ", ".join(f"{m} ({', '.join(s)})" for m, s in fewer.items()) if fewer else "") + ". Engine: one run per row.", "",
+              + (f"; {counts[0]} reps in " + ", ".join(f"{m} ({', '.join(s)})" for m, s in fewer.items()) if fewer else "") + ". Engine: medians over its table's reps.", "",
               f"Regenerate: `{regenerate(data['machines'][0][1]['argv'])}` on the CUDA machine (`--arms servers engine` "
               "for both arms in one file), copy it into `docs/data/`, then `python bench/gpu/decode_scale_report.py "
               "--data docs/data/FILE.json` (without `--data`: the files above; `--before` names the earlier run's). "
