@@ -11,7 +11,8 @@ Throughput: C clients each send 2 requests of `--tokens` tokens one after the ot
 llama-server `ignore_eos`), completion tokens from `usage` over the wall time; all servers loaded,
 one driven at a time, reps interleaved (mode by mode, server by server); medians over reps.
 Modes: greedy; temperature 0.8 + top_p 0.9; the same with a seed per request; with presence and
-frequency penalties; greedy with one client's requests held to a JSON grammar.
+frequency penalties; greedy with one client's requests held to a JSON grammar; greedy and seeded
+streamed (`*_streamed`: tokens from the last chunk's usage, or all of them where a server sends none).
 Engine arm (`--arms engine`): our engine in this process, 64 requests at once, host sampling, with the
 host's work between steps overlapping the next decode (the GPU default) and without: ms per step;
 without the overlap each llama_decode is also timed with its synchronization (the decode, and the
@@ -32,7 +33,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi_gpu import Record, Server, client, complete, log_dir, models_parser, run_arms, token_ids  # noqa: E402
+from multi_gpu import (  # noqa: E402
+    Record, Server, client, complete, log_dir, models_parser, run_arms, stream_times, token_ids)
 
 JSON_GRAMMAR = r'''root ::= "{" ws "\"a\":" ws [0-9]+ ws "}" ws
 ws ::= [ \n]*'''
@@ -42,6 +44,8 @@ MODES: dict[str, dict[str, Any]] = {
     "seeded": {"temperature": 0.8, "top_p": 0.9, "seed": "per request"},
     "penalties": {"temperature": 0.8, "top_p": 0.9, "presence_penalty": 0.5, "frequency_penalty": 0.5},
     "json_row": {"temperature": 0},  # client 0 sends JSON_GRAMMAR
+    "greedy_streamed": {"temperature": 0, "stream": True},
+    "seeded_streamed": {"temperature": 0.8, "top_p": 0.9, "seed": "per request", "stream": True},
 }
 
 
@@ -80,8 +84,12 @@ async def throughput(server: Server, mode: str, clients: int, args: argparse.Nam
     async def one_client(http: httpx.AsyncClient, index: int) -> int:
         tokens = 0
         for _ in range(2):
-            reply = await complete(http, server, request_body(server, mode, rng, args, mode == "json_row" and index == 0))
-            tokens += reply["usage"]["completion_tokens"]
+            body = request_body(server, mode, rng, args, mode == "json_row" and index == 0)
+            if body.pop("stream", False):  # the usage of the last chunk (ours), or every token (ignore_eos)
+                _, usage = await stream_times(http, server, {**body, "stream_options": {"include_usage": True}})
+                tokens += usage["completion_tokens"] if usage else args.tokens
+            else:
+                tokens += (await complete(http, server, body))["usage"]["completion_tokens"]
         return tokens
 
     async with client() as http:
