@@ -847,3 +847,64 @@ def test_a_request_fills_a_stream_exactly_and_one_token_more_is_refused_naming_b
     assert "33 KV tokens" in refused.value.message and "a slot's KV stream holds 32" in refused.value.message
     unified, _ = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_ctx=64)  # the same cells, shared
     unified.check(over)
+
+
+# ---- a slot lent by a prompt that has not begun its prefill ---------------------------------------
+def _two_long_prompts(per_slot: bool = True):
+    """Two slots taken by 40-token prompts; after one step (8 tokens of budget, shortest first) one
+    of them has prefilled, the other holds its slot without having prefilled into it."""
+    sched, runner = make_scheduler(n_slots=2, n_pages=16 if per_slot else 32, page_size=4, max_batch_tokens=8,
+                                   max_ctx=64, per_slot=per_slot)
+    first, second = make_request(list(range(100, 140)), max_tokens=2), make_request(list(range(200, 240)), max_tokens=2)
+    assert sched.submit(first, second) is None
+    step_once(sched, runner)
+    started, unstarted = sorted((first, second), key=lambda r: -r.n_prefilled)
+    assert started.n_prefilled > 0 and unstarted.n_prefilled == 0
+    return sched, runner, started, unstarted
+
+
+def test_a_short_request_takes_the_slot_of_a_long_prompt_that_has_not_begun_its_prefill():
+    sched, runner, started, unstarted = _two_long_prompts()
+    short, lent = make_request([7, 8, 9], max_tokens=2), unstarted.slot
+    assert sched.submit(short) is None
+    assert short.status is RequestStatus.PREFILLING and short.slot == lent
+    assert unstarted.status is RequestStatus.WAITING and unstarted.slot is None
+    run_until_idle(sched, runner)
+    for request in (started, unstarted, short):
+        assert sink_of(request).finish.reason == "length" and len(request.output_tokens) == 2
+    first_short = next(r.index for r in runner.steps if r.for_request(short.request_id))
+    first_unstarted = next(r.index for r in runner.steps if r.for_request(unstarted.request_id))
+    assert first_short < first_unstarted
+    check_scheduler(sched, runner)
+
+
+def test_no_slot_is_lent_once_its_prompt_has_prefilled_or_to_a_prompt_not_half_as_long():
+    sched, runner, started, unstarted = _two_long_prompts()
+    not_half = make_request(list(range(300, 321)), max_tokens=2)  # 21 tokens: more than half of 40
+    assert sched.submit(not_half) is None and not_half.status is RequestStatus.WAITING
+    step_once(sched, runner)  # both long prompts have prefilled by now
+    assert unstarted.n_prefilled > 0 or started.prefill_left == 0
+    short = make_request([7, 8, 9], max_tokens=2)
+    assert sched.submit(short) is None and short.status is RequestStatus.WAITING
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)
+
+
+def test_a_unified_pool_lends_no_slot():
+    sched, runner, _, unstarted = _two_long_prompts(per_slot=False)
+    short = make_request([7, 8, 9], max_tokens=2)
+    assert sched.submit(short) is None
+    assert short.status is RequestStatus.WAITING and unstarted.status is RequestStatus.PREFILLING
+
+
+def test_a_prompt_lends_its_slot_once():
+    sched, runner, started, unstarted = _two_long_prompts()
+    short = make_request([7, 8, 9], max_tokens=2)
+    sched.submit(short)
+    while unstarted.status is RequestStatus.WAITING:  # until the short one ends and gives the slot back
+        step_once(sched, runner)
+    assert unstarted.n_prefilled == 0  # the other long prompt took the step's budget again
+    again = make_request([4, 5, 6], max_tokens=2)
+    assert sched.submit(again) is None and again.status is RequestStatus.WAITING
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)

@@ -287,6 +287,10 @@ class PrefixCache:
         if data is not None:
             host.put(slot.tokens, data)
 
+    def copying(self, slot: Slot) -> bool:
+        """A stream copy that llama.cpp makes at the next decode reads or writes the slot."""
+        return slot.index in self._copying
+
     def decoded(self) -> None:
         """A decode ran: llama.cpp made the stream copies it owed."""
         self._copying.clear()

@@ -145,6 +145,7 @@ class Scheduler:
         self._handed: list[Request] = []  # handed off, for the engine to give to its compressor
         self._live: dict[int, _Live] = {}
         self._outbox: deque[tuple[Request, Event]] = deque()
+        self._lent: set[int] = set()  # requests that gave their slot to a shorter one (once each)
 
     # ---- admission -------------------------------------------------------------------------
     @property
@@ -273,15 +274,49 @@ class Scheduler:
 
     def admit(self) -> None:
         """Hand off what needs compression, then give free slots to queued requests in order
-        (compressed ones first); stops at the first that does not fit, so admission stays FIFO."""
+        (compressed ones first); stops at the first that does not fit, so admission stays FIFO.
+        Where no slot is free, the head of a queue may take the slot of a prompt at least twice as
+        long that has not begun its prefill (`_lender`): nothing is lost, and a short chat sent
+        with long prompts need not wait behind all of them."""
         self._hand_off()
         for queue in (self.prepared, self.waiting):
             while queue:
                 request = queue[0]
                 if not self.cache.place(request):
-                    return
+                    lender = self._lender(request)
+                    if lender is None:
+                        return
+                    self._requeue(lender)
+                    continue
                 queue.popleft()
                 self._start(request)
+
+    def _lender(self, request: Request) -> Request | None:
+        """The running prompt with the most prefill left that holds a slot without having prefilled
+        into it (what it reused stays cached), has at least twice `request`'s tokens to prefill, and
+        has not lent before. Only where each slot has its own KV stream: its slot then fits any
+        admissible request, so the lending is never in vain."""
+        if not self.cache.per_slot:
+            return None
+        lenders = [r for r in self.running if r.status is RequestStatus.PREFILLING and r.n_prefilled == r.cached_tokens
+                   and r.prefill_left >= 2 * len(request.prefill_tokens) and r.request_id not in self._lent
+                   and not self.cache.copying(self.slots[r.held_slot])]
+        return max(lenders, key=lambda r: r.prefill_left, default=None)
+
+    def _requeue(self, request: Request) -> None:
+        """Back to its queue from a slot it has not prefilled into, behind the queued requests with
+        shorter prompts; its slot is released as an idle prefix cache."""
+        slot = self.slots[request.held_slot]
+        self.running.remove(request)
+        self._live.pop(request.request_id)
+        self.kv.end_request(slot.index)
+        self.cache.release(slot, forget_kv=False)
+        self._lent.add(request.request_id)
+        request.status, request.slot, request.timings.admitted = RequestStatus.WAITING, None, None
+        request.n_prefilled = request.cached_tokens = 0
+        queue = self.prepared if request.timings.resumed is not None else self.waiting
+        at = next((k for k, r in enumerate(queue) if len(r.prefill_tokens) >= len(request.prefill_tokens)), len(queue))
+        queue.insert(at, request)
 
     def _start(self, request: Request) -> None:
         request.status = RequestStatus.PREFILLING
@@ -422,6 +457,7 @@ class Scheduler:
         prior = request.status
         if prior.finished:
             return
+        self._lent.discard(request.request_id)
         request.status = status
         request.timings.finished = self.clock()
         stop = None
