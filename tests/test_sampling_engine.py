@@ -100,3 +100,14 @@ def test_device_greedy_tokens_equal_the_host_s_on_the_demo_model(demo_model):
         finally:
             engine.stop()
     assert outputs["on"] == outputs["off"]
+
+
+def test_end_of_generation_waits_for_min_tokens_in_each_row_of_a_step(engine):
+    """Every row's logits favour the end-of-generation token (a bias of +50): rows short of their
+    min_tokens get exactly that many tokens, the others end at once, whichever rows share a step."""
+    model, engine = engine
+    eog = next(t for t in range(model.n_vocab) if model.is_eog(t))
+    minimums = [0, 3, 0, 7, 5, 0, 1, 4]
+    work = [(f"prompt {i}", SamplingParams(max_tokens=12, temperature=0.0, min_tokens=m, logit_bias={eog: 50.0}))
+            for i, m in enumerate(minimums)]
+    assert [len(tokens) for tokens in run(engine, model, work)] == minimums

@@ -46,7 +46,7 @@ class RowParams:
         def column(name: str, dtype: type) -> np.ndarray:
             return np.asarray([getattr(p, name) for _, p, _, _ in entries], dtype=dtype)
 
-        windows = [np.asarray(generated[-p.penalty_last_n:] if p.penalty_last_n > 0 and _penalizes(p) else [],
+        windows = [np.asarray(generated[-p.penalty_last_n:] if p.penalty_last_n > 0 and penalizes(p) else [],
                               dtype=np.int64) for _, p, generated, _ in entries]
         biased = [(k, token, bias) for k, (_, p, _, _) in enumerate(entries) for token, bias in p.logit_bias.items()]
         at, tokens, values = zip(*biased) if biased else ((), (), ())
@@ -60,7 +60,7 @@ class RowParams:
                    generators=[rng for _, _, _, rng in entries])
 
 
-def _penalizes(p: SamplerParams) -> bool:
+def penalizes(p: SamplerParams) -> bool:
     return p.repeat_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
 

@@ -245,7 +245,8 @@ class Engine:
             return True
         self._run(step)
         self.steps += 1
-        self._publish_status()
+        if not self.runner.overlaps:  # else the next round publishes them: activity before its step, stats beside it
+            self._publish_status()
         return True
 
     def _drained(self) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain, native
 from ..llama.devices import gpu_count
-from .batch_sampling import RowParams, bias_rows, penalize_rows, sample_rows
+from .batch_sampling import RowParams, bias_rows, penalize_rows, penalizes, sample_rows
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
 
 # Which path serves which field of SamplingParams: positive lists. A field missing from every
@@ -201,7 +201,8 @@ class Sampling:
         draw (engine/batch_sampling.py). Log-probabilities come from the row as the chain's path
         takes them (after min_tokens, before bias and penalties). A row whose maximum is not a
         number is left to its chain, as before (which biases and penalizes it again: such a row
-        means nothing either way). The chains accept the tokens, so their windows stay whole."""
+        means nothing either way). The chains of penalizing rows accept the tokens, so their
+        windows stay whole for such a row (a chain without penalties keeps no history)."""
         if not rows:
             return {}
         before = {k: logits[k].copy() for k, bound in rows if bound.params.logprobs is not None}
@@ -211,7 +212,8 @@ class Sampling:
         outputs: dict[int, TokenOutput | Exception] = {}
         for (k, bound), token in zip(rows, sample_rows(logits, rp, self.ctx.n_threads)):
             if token is not None:
-                bound.chain.accept(token)
+                if penalizes(bound.params):
+                    bound.chain.accept(token)
                 outputs[bound.request.request_id] = with_logprobs(token, before.get(k), bound.params.logprobs)
         return outputs
 
@@ -230,9 +232,9 @@ class Sampling:
         """min_tokens: end-of-generation tokens get -inf in the rows of requests short of it, before
         any sampler sees them (where a grammar allows nothing else, the sampler still ends the
         generation)."""
-        for k, bound in rows:
-            if bound.short_of_min_tokens:
-                logits[k, self._eog()] = -np.inf
+        held = [k for k, bound in rows if bound.short_of_min_tokens]
+        if held:  # one assignment for every row (64 of them cost 0.3 ms row by row)
+            logits[np.ix_(held, self._eog())] = -np.inf
 
     def _set_device_chain(self, slot: int, bound: _Bound, hold_eog: bool) -> bool:
         """A new device chain for the slot (llama.cpp builds a chain into its graph once): the
