@@ -1,9 +1,11 @@
 """Short requests sent together with long ones (mix8's shape on the CPU): 4 prompts of 1,500 token
 ids and 4 of 4, all at once (the long ones first), 4 slots, full prefill, greedy, 8 tokens out;
 each kind's mean TTFT (client's, streamed), this tree against another revision's, reps
-interleaved with the order alternating.
+interleaved with the order alternating. `--stagger_s S` sends the short ones S seconds after the
+long ones: the race of mix8 on an H200, where the long prompts reached the engine a round ahead and
+took every slot.
 
-    python bench/admission_ab.py --baseline-tree /tmp/base [--reps 4]
+    python bench/admission_ab.py --baseline-tree /tmp/base [--reps 4] [--stagger_s 0.3]
 
 `--baseline-tree`: a checkout of the other revision (`git archive REV | tar -x -C DIR`); each server
 imports its own tree's code. Prints the rows and the medians.
@@ -37,11 +39,14 @@ async def ttft(http: httpx.AsyncClient, url: str, prompt: list[int]) -> float:
     raise RuntimeError(f"{url}: no streamed text")
 
 
-async def workload(url: str, rep: int) -> tuple[float, float]:
+async def workload(url: str, rep: int, stagger_s: float = 0.0) -> tuple[float, float]:
+    async def short(i: int) -> float:
+        await asyncio.sleep(stagger_s)
+        return await ttft(http, url, [2, 9000 + 10 * rep + i, 1234, 5678])
+
     async with httpx.AsyncClient(timeout=600) as http:
         longs = [ttft(http, url, long_prompt(10 * rep + i)) for i in range(4)]
-        shorts = [ttft(http, url, [2, 9000 + 10 * rep + i, 1234, 5678]) for i in range(4)]
-        times = await asyncio.gather(*longs, *shorts)
+        times = await asyncio.gather(*longs, *(short(i) for i in range(4)))
     return statistics.mean(times[:4]), statistics.mean(times[4:])
 
 
@@ -49,6 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-tree", dest="baseline", type=Path, required=True)
     parser.add_argument("--reps", type=int, default=4)
+    parser.add_argument("--stagger_s", type=float, default=0.0)
     args = parser.parse_args()
     flags = ["--model", demo_model_path(), "--n_ctx", "2048", "--max_concurrency", "4", "--pflash", "off",
              "--cache", "false"]
@@ -62,7 +68,7 @@ def main() -> None:
         for rep in range(args.reps):
             order = list(servers.items()) if rep % 2 == 0 else list(reversed(servers.items()))
             for name, server in order:
-                long_s, short_s = asyncio.run(workload(server.url, rep))
+                long_s, short_s = asyncio.run(workload(server.url, rep, args.stagger_s))
                 rows.append({"arm": name, "rep": rep, "long_ttft_s": round(long_s, 3), "short_ttft_s": round(short_s, 3)})
                 print(rows[-1], flush=True)
     finally:
