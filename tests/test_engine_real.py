@@ -245,13 +245,16 @@ def test_a_grammar_whose_steps_keep_growing_ends_its_request_with_a_400(tiny_mod
     assert isinstance(ends[beside.request_id], FinishEvent) and len(beside.output_tokens) == 30
 
 
-def test_overlapped_steps_give_what_serial_steps_give(tiny_model):
+@pytest.mark.parametrize("backend_sampling", ["off", "on"])
+def test_overlapped_steps_give_what_serial_steps_give(tiny_model, backend_sampling):
     """A GPU's order forced on the CPU (`runner.overlaps`): the text of a step is released while
     the next decode runs, so a stop string ends its request one decode late. The tokens, texts and
     finish reasons are those of the serial order, and the queued request that takes the stopped
-    one's slot runs as it would (llama.cpp's sampling skips the stopped request's extra row)."""
+    one's slot runs as it would (llama.cpp's sampling skips the stopped request's extra row; with
+    backend sampling, the stopped request's device chain is freed once that decode has landed)."""
     def run(overlaps: bool, stop: list[str]) -> list[tuple[str, list[int], str]]:
-        model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1))
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1,
+                                                             backend_sampling=backend_sampling))
         engine.runner.overlaps = overlaps
         texts: dict[int, list[str]] = {}
         ends: dict[int, str] = {}
