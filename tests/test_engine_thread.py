@@ -347,3 +347,28 @@ def test_a_stop_string_found_while_the_next_decode_runs_ends_the_request_as_befo
     assert sink_of(queued).text == "<79><80>"
     settle(engine)
     check_scheduler(sched, runner)
+
+
+def test_a_step_that_fails_after_a_stop_string_ended_a_request_leaves_no_cell_behind(harness):
+    """Overlapped, a stop string ends a request while the next decode runs; if that step then fails
+    to collect, the cell its row wrote is dropped all the same (the other requests fail)."""
+    engine, sched, runner = harness(start=False, n_slots=2, n_pages=64, max_batch_tokens=8, max_ctx=64)
+    runner.overlaps = True
+    stopped = make_request([10, 11], max_tokens=10, stop=["3><1"])
+    other = make_request([50, 51], max_tokens=10)
+    collect, failed = runner.collect, []
+
+    def failing_collect(step):
+        if not stopped.status.running and not failed:
+            failed.append(step)
+            raise RuntimeError("the device is gone")
+        return collect(step)
+
+    runner.collect = failing_collect
+    engine.start()
+    engine.submit(stopped, other)
+    wait_done(stopped, other)
+    assert failed and sink_of(stopped).finish.reason == "stop"
+    assert sink_of(other).errors and "the device is gone" in sink_of(other).errors[0].message
+    settle(engine)
+    check_scheduler(sched, runner)

@@ -908,3 +908,61 @@ def test_a_prompt_lends_its_slot_once():
     assert sched.submit(again) is None and again.status is RequestStatus.WAITING
     run_until_idle(sched, runner)
     check_scheduler(sched, runner)
+
+
+def test_a_prompt_that_reuses_a_cached_prefix_lends_no_slot():
+    """Its slot holds the prefix it reuses: a borrower would drop those cells."""
+    sched, runner = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_batch_tokens=8, max_ctx=64, per_slot=True)
+    history = list(range(100, 140))
+    assert sched.submit(make_request(history, max_tokens=1)) is None
+    run_until_idle(sched, runner)
+    extended, other = make_request(history + list(range(500, 520)), max_tokens=2), make_request(list(range(300, 310)))
+    assert sched.submit(extended, other) is None
+    step_once(sched, runner)  # the shorter prefill (10 tokens) takes the budget, the extended one waits in its slot
+    assert extended.cached_tokens >= 40 and extended.n_prefilled == extended.cached_tokens
+    short = make_request([7, 8, 9], max_tokens=2)
+    assert sched.submit(short) is None
+    assert short.status is RequestStatus.WAITING and extended.status is RequestStatus.PREFILLING
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)
+
+
+def test_a_request_started_in_the_same_admission_lends_no_slot():
+    """It has not held its slot through a step: lending it on would only rebind its sampler."""
+    sched, runner, _, unstarted = _two_long_prompts()
+    first, second = make_request(list(range(300, 320)), max_tokens=2), make_request(list(range(400, 410)), max_tokens=2)
+    sched.add(first)
+    sched.add(second)
+    sched.admit()
+    assert unstarted.status is RequestStatus.WAITING
+    assert first.status is RequestStatus.PREFILLING and second.status is RequestStatus.WAITING
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)
+
+
+def test_a_failed_finish_changes_nothing_so_the_failure_path_frees_the_slot():
+    """The text of a request's last token is released when it finishes (a cancel while its token
+    waits for the next decode's overlap): a piece that raises leaves it running, and `fail` ends it."""
+    broken = 45
+
+    def piece(token: int) -> bytes:
+        if token == broken:
+            raise RuntimeError("no piece")
+        return default_piece(token)
+
+    sched, runner = make_scheduler(piece=piece)
+    request = make_request([40, 41, 42], max_tokens=8)
+    assert sched.submit(request) is None
+    while broken not in request.output_tokens:
+        step = sched.schedule()
+        sched.update(step, runner.execute(step), release=False)
+        if broken not in request.output_tokens:
+            sched.release_text()
+    with pytest.raises(RuntimeError):
+        sched.finish(request, RequestStatus.FINISHED_CANCELLED)
+    assert request.status.running
+    sched.fail(request, RuntimeError("no piece"), "cancelling")
+    sched.emit()
+    assert request.status is RequestStatus.FINISHED_ERROR and sink_of(request).errors
+    assert not sched.running and all(slot.request is None for slot in sched.slots)
+    check_scheduler(sched, runner)

@@ -335,6 +335,7 @@ class Engine:
         try:
             outputs = self.runner.collect(step)
         except Exception as error:
+            self.scheduler.rollback(step)  # its writes, also for rows of requests that ended meanwhile
             self._step_failed(step, error)
             return
         self.scheduler.update(step, outputs, release=not self.runner.overlaps)

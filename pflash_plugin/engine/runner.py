@@ -101,7 +101,7 @@ class LlamaRunner:
             self.ctx.synchronize()  # where no row read the outputs, so that the decode has landed
         finally:
             self.sampling.landed()
-        if self._timing:  # the decode's time: its launch and the wait for it (the host work between not)
+        if self._timing and not self.overlaps:  # overlapped, the wait says nothing of the decode's time
             threads, launched = self._timing
             self.decode_threads.record(threads, len(step.items), launched + time.perf_counter() - start)
         return outputs

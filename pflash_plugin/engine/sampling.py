@@ -147,6 +147,7 @@ class Sampling:
         """The device chains of this step's rows, as they must be at its decode: a request that
         reached its min_tokens gets a chain that lets end-of-generation through again. The decode
         is in flight from here until `landed`."""
+        self.landed()  # chains a decode that never landed (a failed step) let go
         self._retired = []
         for request, _ in rows:
             slot = request.held_slot
