@@ -910,8 +910,8 @@ def test_a_prompt_lends_its_slot_once():
     check_scheduler(sched, runner)
 
 
-def test_a_prompt_that_reuses_a_cached_prefix_lends_no_slot():
-    """Its slot holds the prefix it reuses: a borrower would drop those cells."""
+def test_a_prompt_that_reuses_a_cached_prefix_longer_than_the_newcomer_lends_no_slot():
+    """Its slot holds the 40 tokens it reuses: a 3-token borrower would drop those cells."""
     sched, runner = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_batch_tokens=8, max_ctx=64, per_slot=True)
     history = list(range(100, 140))
     assert sched.submit(make_request(history, max_tokens=1)) is None
@@ -965,4 +965,22 @@ def test_a_failed_finish_changes_nothing_so_the_failure_path_frees_the_slot():
     sched.emit()
     assert request.status is RequestStatus.FINISHED_ERROR and sink_of(request).errors
     assert not sched.running and all(slot.request is None for slot in sched.slots)
+    check_scheduler(sched, runner)
+
+
+def test_a_prompt_that_reuses_no_more_than_the_newcomer_has_lends_its_slot():
+    """A shared first token cached in its slot does not keep it: the 3-token newcomer reuses it."""
+    sched, runner = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_batch_tokens=8, max_ctx=64, per_slot=True)
+    assert sched.submit(make_request([2, 5, 6], max_tokens=1)) is None
+    run_until_idle(sched, runner)
+    cached, shorter = make_request([2] + list(range(100, 139)), max_tokens=2), make_request(list(range(300, 330)))
+    assert sched.submit(cached) is None and sched.submit(shorter) is None
+    step_once(sched, runner)  # the shorter prefill takes the budget
+    assert cached.cached_tokens == cached.n_prefilled == 1
+    short = make_request([2, 7, 8], max_tokens=2)
+    assert sched.submit(short) is None
+    assert short.status is RequestStatus.PREFILLING and short.cached_tokens == 1
+    assert cached.status is RequestStatus.WAITING
+    run_until_idle(sched, runner)
+    assert len(cached.output_tokens) == 2
     check_scheduler(sched, runner)

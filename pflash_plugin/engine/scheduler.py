@@ -276,7 +276,7 @@ class Scheduler:
         """Hand off what needs compression, then give free slots to queued requests in order
         (compressed ones first); stops at the first that does not fit, so admission stays FIFO.
         Where no slot is free, the head of a queue may take the slot of a prompt at least twice as
-        long that has not written into it (`_lender`): nothing is lost, and a short chat sent
+        long that has not prefilled into it (`_lender`): little is lost, and a short chat sent
         with long prompts need not wait behind all of them."""
         self._hand_off()
         for queue in (self.prepared, self.waiting):
@@ -293,20 +293,23 @@ class Scheduler:
 
     def _lender(self, request: Request) -> Request | None:
         """The running prompt with the most prefill left that has held its slot through a step
-        without writing into it (no prefill yet, no cached prefix: the borrower would drop it),
-        has at least twice `request`'s tokens to prefill, and has not lent before. Only where each
-        slot has its own KV stream: its slot then fits any admissible request, so the lending is
-        never in vain."""
+        without prefilling into it, reuses there no more cached tokens than `request` has (the
+        borrower may drop them: at most what it prefills itself is lost; a shared first token or
+        system prompt it may reuse), has at least twice `request`'s tokens to prefill, and has not
+        lent before. Only where each slot has its own KV stream: its slot then fits any admissible
+        request, so the lending is never in vain."""
         if not self.cache.per_slot:
             return None
-        lenders = [r for r in self.running if r.status is RequestStatus.PREFILLING and r.n_prefilled == 0
-                   and self._live[r.request_id].starved and r.prefill_left >= 2 * len(request.prefill_tokens)
-                   and r.request_id not in self._lent and not self.cache.copying(self.slots[r.held_slot])]
+        n = len(request.prefill_tokens)
+        lenders = [r for r in self.running if r.status is RequestStatus.PREFILLING
+                   and r.n_prefilled == r.cached_tokens <= n and self._live[r.request_id].starved
+                   and r.prefill_left >= 2 * n and r.request_id not in self._lent
+                   and not self.cache.copying(self.slots[r.held_slot])]
         return max(lenders, key=lambda r: r.prefill_left, default=None)
 
     def _requeue(self, request: Request) -> None:
-        """Back to its queue from a slot it has not written into, behind the queued requests with
-        shorter prompts; its slot is released (empty)."""
+        """Back to its queue from a slot it has not prefilled into, behind the queued requests with
+        shorter prompts; its slot is released as an idle prefix cache."""
         slot = self.slots[request.held_slot]
         self.running.remove(request)
         self._live.pop(request.request_id)
