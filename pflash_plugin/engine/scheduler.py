@@ -310,11 +310,7 @@ class Scheduler:
     def _requeue(self, request: Request) -> None:
         """Back to its queue from a slot it has not prefilled into, behind the queued requests with
         shorter prompts; its slot is released as an idle prefix cache."""
-        slot = self.slots[request.held_slot]
-        self.running.remove(request)
-        self._live.pop(request.request_id)
-        self.kv.end_request(slot.index)
-        self.cache.release(slot, forget_kv=False)
+        self._vacate(request, forget_kv=False)
         self._lent.add(request.request_id)
         request.status, request.slot, request.timings.admitted = RequestStatus.WAITING, None, None
         request.n_prefilled = request.cached_tokens = 0
@@ -477,16 +473,21 @@ class Scheduler:
             if not any(other.compression is request.compression for other in self.compressing):
                 request.compression.cancelled.set()  # no sample waits for it: the worker drops it at its next chunk
         else:
-            self.running.remove(request)
-            live = self._live.pop(request.request_id)
+            live = self._vacate(request, forget_kv)
             stop = live.stream.stop_hit if status is RequestStatus.FINISHED_STOP else None
             if error is None and not live.stream.stopped:
                 tail = live.stream.flush()
                 if tail:
                     self._emit(request, TextEvent(tail, live.pending))
-            self.kv.end_request(request.held_slot)  # its sampler is freed, whatever becomes of its KV
-            self.cache.release(self.slots[request.held_slot], forget_kv)
         self._emit(request, error or FinishEvent(status.value, request.usage(), stop))
+
+    def _vacate(self, request: Request, forget_kv: bool) -> _Live:
+        """Take a running request off its slot (finished, or back to its queue): its sampler is
+        freed, whatever becomes of the slot's KV (a prefix cache unless `forget_kv`)."""
+        self.running.remove(request)
+        self.kv.end_request(request.held_slot)
+        self.cache.release(self.slots[request.held_slot], forget_kv)
+        return self._live.pop(request.request_id)
 
     def fail(self, request: Request, error: BaseException, what: str) -> None:
         """An exception tied to one request fails that request alone (FAILED, naming it)."""
