@@ -99,9 +99,10 @@ async def throughput(server: Server, mode: str, clients: int, args: argparse.Nam
     return {"clients": clients, "tokens": sum(counts), "wall_s": round(wall, 3), "tok_s": round(sum(counts) / wall, 1)}
 
 
-def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: bool) -> dict[str, Any]:
+def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: bool, tracer: Any = None) -> dict[str, Any]:
     """Our engine in this process: tok/s, and per step the wall time; without `overlap` also the
-    decode's (llama_decode and its synchronization) and the host's rest."""
+    decode's (llama_decode and its synchronization) and the host's rest. With `tracer` (cupti.Tracer)
+    the run is traced: per step the GPU's busy time, its kernels, copies and the host's CUDA calls."""
     from pflash_plugin.engine.loader import EngineConfig, load_engine
     from harness import run_to_end
     from pflash_plugin.engine.request import Request, SamplingParams
@@ -129,7 +130,11 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
                                                                **{**fields, "seed": i if "seed" in fields else None}))
                     for i in range(args.slots)]
         steps = engine.steps
-        wall = run_to_end(engine, requests, args.limit_s)
+        if tracer is None:
+            wall, trace = run_to_end(engine, requests, args.limit_s), None
+        else:
+            wall, trace = tracer.record(lambda: run_to_end(engine, requests, args.limit_s),
+                                        lambda _: engine.steps - steps, Path(f"/tmp/trace-{mode}-{overlap}.txt"))
         steps = engine.steps - steps
     finally:
         engine.stop()
@@ -141,6 +146,8 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
            "tok_s": round(tokens / wall, 1), "steps": steps, "step_ms": round(1000 * wall / steps, 3)}
     if not overlap:
         row.update(decode_ms=round(1000 * decode_s[0] / steps, 3), host_ms=round(1000 * (wall - decode_s[0]) / steps, 3))
+    if trace is not None:
+        row.update(slots=args.slots, trace=trace)
     return row
 
 
@@ -184,7 +191,7 @@ def table(data: dict[str, Any]) -> str:
         cells = [statistics.median([r["tok_s"] for r in rows if (r["mode"], r["clients"], r["server"])
                                     == (mode, clients, s)] or [0]) for s in servers]
         lines.append(f"| {mode} | {clients} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
-    steps = [r for r in data["results"].get("engine", []) if "step_ms" in r]
+    steps = [r for r in data["results"].get("engine", []) if "step_ms" in r and "trace" not in r]
     if steps:
         greedy = {(r["backend_sampling"], r.get("overlap")): r["outputs"] for r in steps if r["mode"] == "greedy"}
         lines += ["", "| engine: mode | backend sampling | overlap | tok/s | ms/step | decode ms | host ms |",
@@ -209,6 +216,8 @@ def main() -> None:
     parser.add_argument("--limit-s", dest="limit_s", type=float, default=180.0)
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--trace", help="cupti_trace.so (built as in draft_profile.sh): after the engine arm's reps, "
+                        "one more run per mode and overlap, traced")
     args = parser.parse_args()
 
     def run(arm: str, record: Record) -> None:
@@ -217,6 +226,12 @@ def main() -> None:
                 for mode in args.modes:
                     for overlap in (True, False)[::1 if rep % 2 == 0 else -1]:  # each first in turn
                         record.add({**engine_steps(args, mode, "off", overlap), "rep": rep})
+            if args.trace:
+                from cupti import Tracer
+                tracer = Tracer(args.trace)
+                for mode in args.modes:
+                    for overlap in (True, False):
+                        record.add({**engine_steps(args, mode, "off", overlap, tracer), "rep": "traced"})
         else:
             side_by_side(args, record)
 

@@ -167,7 +167,7 @@ def targets(median: dict[tuple[str, int, str], float]) -> list[str]:
 def engine_table(rows: list[dict[str, Any]]) -> list[str]:
     """Per mode, backend sampling and overlap (the host's work beside the next decode, or after it):
     medians over reps; decode and host ms only where the decode was timed (no overlap)."""
-    steps = [r for r in rows if "step_ms" in r]
+    steps = [r for r in rows if "step_ms" in r and "trace" not in r]  # traced runs are slowed by the tracer
     if not steps:
         return []
     lines = ["| mode | backend sampling | overlap | reps | tok/s | ms/step | decode ms | host ms |",
