@@ -5,8 +5,10 @@ import dataclasses
 
 import pytest
 
+from pflash_plugin.engine.engine import Engine
 from pflash_plugin.engine.host_cache import HostCache
-from mock_runner import EngineHarness, make_request, make_scheduler, run_until_idle, wait_done
+from pflash_plugin.engine.request import Event, FinishEvent, Request
+from mock_runner import EngineHarness, make_request, make_scheduler, run_until_idle, sink_of, wait_done
 
 # the /status keys of one model's engine part, in their order (docs/api.md)
 ENGINE_KEYS = ["slots", "running", "waiting", "compressing", "waiting_prepared", "kv_layout", "kv_pages_used",
@@ -56,3 +58,41 @@ def test_a_busy_stretch_builds_the_stats_once_a_round(harness):
     busy = [steps for steps in built if 0 < steps < engine.steps]  # published between two steps
     assert engine.steps >= 40 and len(busy) == len(set(busy))
     assert engine.stats().steps == engine.steps and engine.stats().running == 0
+
+
+def _watch(request: Request, engine: Engine, seen: dict[int, tuple[int, list[int | None]]]) -> None:
+    """At the request's last event: the engine's steps and the requests its published stats show in slots."""
+    collector = sink_of(request)
+
+    def sink(event: Event) -> None:
+        if isinstance(event, FinishEvent):
+            seen[request.request_id] = (engine.steps, [slot.request_id for slot in engine.stats().slots])
+        collector(event)
+
+    request.sink = sink
+
+
+@pytest.mark.parametrize("overlaps", [False, True])
+def test_a_client_that_got_its_answer_no_longer_sees_its_request_in_the_stats(harness, overlaps):
+    """Ended by length, by a stop string and by a cancel. Overlapped, a step's ends go out in the next
+    round, after its stats; the stop string is found beside the decode of the round whose launch the
+    other end went out before."""
+    engine, sched, runner = harness(start=False, n_slots=4, n_pages=64)
+    runner.overlaps = overlaps
+    length = make_request([10, 11], max_tokens=2)  # 12, 13
+    stop = make_request([20, 21], max_tokens=10, stop=["<23>"])  # 22, 23: the stop
+    cancelled = make_request([30, 31], max_tokens=30)
+    long = make_request([40, 41], max_tokens=12)
+    collectors = [sink_of(r) for r in (length, stop, cancelled, long)]
+    seen: dict[int, tuple[int, list[int | None]]] = {}
+    for request in (length, stop, cancelled, long):
+        _watch(request, engine, seen)
+    runner.hook = lambda index, step: engine.cancel(cancelled) if index == 5 else None
+    engine.start()
+    engine.submit(length, stop, cancelled, long)
+    for collector in collectors:
+        assert collector.done.wait(5)
+    assert [c.finish.reason for c in collectors] == ["length", "stop", "cancelled", "length"]
+    assert seen[length.request_id][0] == seen[stop.request_id][0]  # their ends went out in one round
+    for request in (length, stop, cancelled, long):
+        assert request.request_id not in seen[request.request_id][1]

@@ -214,7 +214,7 @@ class Engine:
                 for request in self.scheduler.live:
                     self._fail(request, ErrorKind.FAILED, f"internal scheduler error: {error}")
                 self._publish_status()
-            self.scheduler.emit()
+                self.scheduler.emit()
 
     def _iterate(self) -> bool:
         """One round: messages, then one step. False once a shutdown has drained everything. The
@@ -228,8 +228,11 @@ class Engine:
             self._step_started = None
 
     def _round(self) -> bool:
+        """Events go out only after stats that show them: where the runner overlaps, those a step
+        queued (ends, failures) wait for the next round, which builds the stats before sending them."""
         self._drain_inbox()
         if self._deadline is not None and self._drained():
+            self.scheduler.emit()
             return False
         step = self.scheduler.schedule() if self.scheduler.has_work and self._failure is None else Step([])
         self._hand_off()
@@ -245,8 +248,11 @@ class Engine:
             return True
         self._run(step)
         self.steps += 1
-        if not self.runner.overlaps:  # else the next round publishes them: activity before its step, stats beside it
+        # overlapped, the next round publishes them (activity before its step, stats before its
+        # events or beside its decode) and then sends this step's events
+        if not self.runner.overlaps:
             self._publish_status()
+            self.scheduler.emit()
         return True
 
     def _drained(self) -> bool:
