@@ -60,6 +60,32 @@ def test_a_busy_stretch_builds_the_stats_once_a_round(harness):
     assert engine.stats().steps == engine.steps and engine.stats().running == 0
 
 
+def test_overlapped_a_busy_stretch_with_ends_and_a_cancel_builds_the_stats_once_a_round(harness):
+    """Where the runner overlaps, a round whose events go out before its launch (the last step's
+    ends, a cancel) builds the stats there and not again beside its decode."""
+    engine, sched, runner = harness(start=False, n_slots=4, n_pages=64)
+    runner.overlaps = True
+    built = []
+    stats = sched.stats
+
+    def counted():
+        built.append(engine.steps)
+        return stats()
+
+    sched.stats = counted
+    long = make_request([1, 2, 3], max_tokens=30)
+    short = [make_request([10 + i, 20, 30], max_tokens=3 + 4 * i) for i in range(2)]  # end by length
+    cancelled = make_request([40, 41, 42], max_tokens=30)
+    runner.hook = lambda index, step: engine.cancel(cancelled) if index == 12 else None
+    engine.start()
+    engine.submit(long, *short, cancelled)
+    wait_done(long, *short, cancelled)
+    assert sink_of(cancelled).finish.reason == "cancelled"
+    busy = [steps for steps in built if 0 < steps < engine.steps]  # built between two steps
+    assert engine.steps >= 30 and len(busy) == len(set(busy))
+    assert engine.stats().running == 0  # built before the last request's end went out
+
+
 def _watch(request: Request, engine: Engine, seen: dict[int, tuple[int, list[int | None]]]) -> None:
     """At the request's last event: the engine's steps and the requests its published stats show in slots."""
     collector = sink_of(request)
@@ -76,7 +102,7 @@ def _watch(request: Request, engine: Engine, seen: dict[int, tuple[int, list[int
 def test_a_client_that_got_its_answer_no_longer_sees_its_request_in_the_stats(harness, overlaps):
     """Ended by length, by a stop string and by a cancel. Overlapped, a step's ends go out in the next
     round, after its stats; the stop string is found beside the decode of the round whose launch the
-    other end went out before."""
+    other end went out before: the stats are built again there."""
     engine, sched, runner = harness(start=False, n_slots=4, n_pages=64)
     runner.overlaps = overlaps
     length = make_request([10, 11], max_tokens=2)  # 12, 13

@@ -93,6 +93,7 @@ class Engine:
         self._deadline: float | None = None  # engine thread: draining until then
         self._failure: str | None = None  # llama.cpp failed: why
         self._stats: SchedulerStats = scheduler.stats()  # replaced whole, never changed: read without a lock
+        self._stats_live: int | None = None  # live requests when this round's stats were built; None: not yet
         self.steps = 0
         self._aborts = 0  # consecutive aborted decodes
         # a step that prefills one long prompt alone is preempted when a new request arrives, so
@@ -230,6 +231,7 @@ class Engine:
     def _round(self) -> bool:
         """Events go out only after stats that show them: where the runner overlaps, those a step
         queued (ends, failures) wait for the next round, which builds the stats before sending them."""
+        self._stats_live = None
         self._drain_inbox()
         if self._deadline is not None and self._drained():
             self.scheduler.emit()
@@ -335,9 +337,7 @@ class Engine:
             self._preemptible = False
         self._aborts = 0
         if self.runner.overlaps:
-            self.scheduler.release_text()
-            self._publish_stats()
-            self.scheduler.emit()
+            self._overlapped()
         try:
             outputs = self.runner.collect(step)
         except Exception as error:
@@ -345,6 +345,21 @@ class Engine:
             self._step_failed(step, error)
             return
         self.scheduler.update(step, outputs, release=not self.runner.overlaps)
+
+    def _overlapped(self) -> None:
+        """While the decode runs: the last step's text and events, after the stats (built again only
+        where this round's are stale)."""
+        self.scheduler.release_text()
+        if self._stats_stale():
+            self._publish_stats()
+        self.scheduler.emit()
+
+    def _stats_stale(self) -> bool:
+        """Whether the stats must be built again: none were this round, or a request has ended since
+        (a stop string in the released text, a client cut off by the events sent). Between the
+        round's build and the decode's window nothing else the stats show changes (the compression
+        progress, which another thread moves, stays as of that build)."""
+        return self._stats_live != len(self.scheduler.live)
 
     def _step_failed(self, step: Step, error: Exception) -> None:
         log.exception("engine %s: step failed", self.name)
@@ -387,5 +402,7 @@ class Engine:
 
     def _publish_stats(self) -> None:
         """Once a round in a busy stretch: after the step (and before it only when events go out
-        first, or when there is no step)."""
+        first, or when there is no step); where the runner overlaps, before the step's launch when
+        events go out first, else beside its decode."""
         self._stats = replace(self.scheduler.stats(), steps=self.steps)
+        self._stats_live = len(self.scheduler.live)
