@@ -9,7 +9,7 @@ from pflash_plugin.engine.embedder import Embedder
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, ErrorKind, FinishEvent, Request, SamplingParams, TextEvent
 from pflash_plugin.engine.prefixes import common_prefix
-from pflash_plugin.engine.scheduler import AdmissionError
+from pflash_plugin.engine.scheduler import AdmissionError, Step
 from pflash_plugin.llama import Model
 
 
@@ -283,3 +283,33 @@ def test_overlapped_steps_give_what_serial_steps_give(tiny_model, backend_sampli
     serial, overlapped = run(False, [stop]), run(True, [stop])
     assert serial[0][2] == "stop" and len(serial[0][1]) < 24
     assert overlapped == serial
+
+
+def test_collect_waits_for_the_decode_only_where_nothing_read_its_outputs(tiny_model):
+    """Reading a step's logits or sampled tokens waits for its decode (llama.cpp synchronizes), so
+    collect waits itself only after a step that sampled nothing (a prompt's chunks before its last):
+    the next launch and KV operations need that decode landed."""
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_batch=16, n_threads=1,
+                                                         n_threads_batch=1))
+    runner, collects = engine.runner, []  # [tokens returned, waits] per collect
+    synchronize, collect = runner.ctx.synchronize, runner.collect
+
+    def counted_synchronize() -> None:
+        collects[-1][1] += 1
+        synchronize()
+
+    def counted_collect(step: Step) -> dict:
+        collects.append([0, 0])
+        outputs = collect(step)
+        collects[-1][0] = len(outputs)
+        return outputs
+
+    runner.ctx.synchronize, runner.collect = counted_synchronize, counted_collect
+    try:
+        prompt = model.tokenize(" ".join(f"word{i}" for i in range(40)))
+        assert len(prompt) > 32  # prefilled in chunks of 16
+        run_together(engine, [Request(prompt, SamplingParams(max_tokens=4, temperature=0))])
+    finally:
+        engine.stop()
+    assert [waits for _, waits in collects] == [0 if returned else 1 for returned, _ in collects]
+    assert any(returned == 0 for returned, _ in collects) and sum(returned for returned, _ in collects) >= 3

@@ -94,11 +94,14 @@ class LlamaRunner:
     def collect(self, step: Step) -> dict[int, TokenOutput | Exception]:
         """One token for each row of the launched step that asked for logits and whose request is
         still running. A sampling error belongs to its request alone: it is returned in that
-        request's place."""
+        request's place. A token or error returned means the decode's outputs were read, which waits
+        for the whole decode (llama_get_logits, llama_get_sampled_token_ith synchronize): only a
+        step that returns none waits here."""
         start = time.perf_counter()
         try:
             outputs = self.sampling.sample(self._rows) if self._rows else {}
-            self.ctx.synchronize()  # where no row read the outputs, so that the decode has landed
+            if not outputs:  # no row read the outputs: the next launch and KV operations need the decode landed
+                self.ctx.synchronize()
         finally:
             self.sampling.landed()
         if self._timing and not self.overlaps:  # overlapped, the wait says nothing of the decode's time

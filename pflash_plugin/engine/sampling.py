@@ -166,7 +166,8 @@ class Sampling:
     def sample(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
         """One token per row (request, batch index), in the step's output order, for the requests
         still running (one that a stop string ended while the decode ran gets none). A sampling
-        error belongs to its request alone: it is returned in that request's place."""
+        error belongs to its request alone: it is returned in that request's place. Every entry
+        comes after a read of the decode's outputs (LlamaRunner.collect waits only where there is none)."""
         outputs: dict[int, TokenOutput | Exception] = {}
         host = []
         for k, (request, row) in enumerate(rows):
