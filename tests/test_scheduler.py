@@ -984,3 +984,83 @@ def test_a_prompt_that_reuses_no_more_than_the_newcomer_has_lends_its_slot():
     run_until_idle(sched, runner)
     assert len(cached.output_tokens) == 2
     check_scheduler(sched, runner)
+
+
+# ---- where a request's slot is, with a KV stream per slot --------------------------------------------
+def _slots_cached_in_order(finish_order: list[int], per_slot: bool, **scheduler_kw):
+    """A scheduler whose idle slots all hold caches, last used in `finish_order` (the first least
+    recently), no prompt sharing a token with another."""
+    n = len(finish_order)
+    sched, runner = make_scheduler(n_slots=n, n_pages=8 if per_slot else 8 * n, page_size=4, max_batch_tokens=64,
+                                   max_ctx=32, per_slot=per_slot, **scheduler_kw)
+    warm = [make_request([100 * (i + 1) + k for k in range(3)], max_tokens=1 + finish_order.index(i)) for i in range(n)]
+    for request in warm:
+        sched.add(request)
+    run_until_idle(sched, runner)
+    assert [r.slot for r in warm] == list(range(n))
+    return sched, runner
+
+
+def _place(sched, runner, n: int, base: int = 5000) -> list[int]:
+    requests = [make_request([base + 10 * i + k for k in range(3)], max_tokens=4) for i in range(n)]
+    for request in requests:
+        sched.add(request)
+    step_once(sched, runner)
+    return [r.slot for r in requests]
+
+
+def test_per_slot_streams_place_requests_beside_running_ones_so_a_step_is_one_ubatch():
+    """llama.cpp decodes one ubatch per run of consecutive sequences when each slot has a stream:
+    the least recently used caches (slots 5, 0, 3) would make three runs; beside one another the
+    three requests make one."""
+    sched, runner = _slots_cached_in_order([5, 0, 3, 1, 4, 2], per_slot=True)
+    assert _place(sched, runner, 3) == [5, 4, 3]
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)
+
+
+def test_a_slot_beside_a_run_is_taken_before_an_older_cache():
+    sched, runner = _slots_cached_in_order([5, 2, 0, 1, 3, 4], per_slot=True)
+    running = _place(sched, runner, 2, base=6000)  # the two least recently used: 5, then beside it 4
+    assert running == [5, 4]
+    assert _place(sched, runner, 1, base=7000) == [3]  # beside 4, though 2 and 0 are older caches
+    assert _place(sched, runner, 2, base=8000) == [2, 1]
+    check_scheduler(sched, runner)
+
+
+def test_a_unified_pool_still_takes_the_least_recently_used_cache():
+    """One stream for all slots: any order is one ubatch, so no cache is given up for adjacency."""
+    sched, runner = _slots_cached_in_order([5, 0, 3, 1, 4, 2], per_slot=False)
+    assert _place(sched, runner, 3) == [5, 0, 3]
+
+
+def test_a_slot_between_two_runs_is_taken_before_one_beside_a_single_run():
+    """Slots 0 and 2 run, 1 is idle between them: a newcomer there joins the two runs into one
+    ubatch, where slot 3 (beside one run, and an older cache) would leave two."""
+    sched, runner = _slots_cached_in_order([0, 3, 4, 5, 1, 2], per_slot=True)
+    a, b, c = (make_request([6000 + 10 * i, 6001 + 10 * i], max_tokens=n) for i, n in enumerate((20, 1, 20)))
+    for request in (a, b, c):
+        sched.add(request)
+    step_once(sched, runner)
+    assert [a.slot, b.slot, c.slot] == [0, 1, 2]
+    while not b.status.finished:
+        step_once(sched, runner)
+    assert _place(sched, runner, 1) == [1]
+    check_scheduler(sched, runner)
+
+
+def test_a_prefix_copied_from_a_busy_stream_goes_beside_running_slots():
+    """The copy's destination follows the same rule: beside slot 1, not the least recently used 3."""
+    sched, runner = _slots_cached_in_order([1, 3, 0, 2], per_slot=True, min_copy_tokens=8)
+    base = list(range(500, 514))
+    a = make_request(base, max_tokens=8)
+    sched.add(a)
+    step_once(sched, runner)
+    assert a.slot == 1
+    b = make_request(base[:12] + [900, 901], max_tokens=2)
+    sched.add(b)
+    step_once(sched, runner)
+    assert b.cached_tokens == 12 and runner.ops_of("seq_cp") == [("seq_cp", 1, b.slot, 12)]
+    assert b.slot == 0
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)
