@@ -82,12 +82,13 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
     for tokens, text in prompts:
+        echo = served.prompts.prompt_text(tokens, text) if body.echo else ""
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
                                  logprobs=body.logprobs, grammar=grammar, logit_bias=bias)
         for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash,
                                         PromptFacts(json_format=bool(grammar))):
             requests.append(request)
-            choices.append(CompletionChoice(len(choices), served.model.piece, text if body.echo else "",
+            choices.append(CompletionChoice(len(choices), served.model.piece, echo,
                                             body.logprobs is not None))
     return Generation(served, requests, choices, "text_completion", "text_completion",
                       sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
