@@ -111,3 +111,31 @@ def test_end_of_generation_waits_for_min_tokens_in_each_row_of_a_step(engine):
     work = [(f"prompt {i}", SamplingParams(max_tokens=12, temperature=0.0, min_tokens=m, logit_bias={eog: 50.0}))
             for i, m in enumerate(minimums)]
     assert [len(tokens) for tokens in run(engine, model, work)] == minimums
+
+
+def test_a_greedy_grammar_row_asks_the_grammar_about_one_token_and_gets_the_same_tokens(tiny_model, monkeypatch):
+    """Greedy with a grammar: where the row's argmax is allowed it is the answer, so the grammar is
+    asked about that token alone; the tokens equal those of the pass over the whole vocabulary."""
+    from pflash_plugin.llama.sampler import SamplerChain
+
+    loose = 'root ::= [^\\x00]+'  # allows nearly every token: the argmax mostly passes
+    work = [(f"prompt {i}", SamplingParams(max_tokens=16, temperature=0.0, grammar=g, repeat_penalty=1.2))
+            for i, g in enumerate([GRAMMAR, loose, loose])]
+    check = SamplerChain._greedy_allowed
+    served: list[int] = []
+
+    def counted(self, logits):
+        token = check(self, logits)
+        served.append(token >= 0)
+        return token
+
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=1))
+    try:
+        monkeypatch.setattr(SamplerChain, "_greedy_allowed", counted)
+        fast = run(engine, model, work)
+        monkeypatch.setattr(SamplerChain, "_greedy_allowed", lambda self, logits: -1)  # always the whole pass
+        assert run(engine, model, work) == fast
+    finally:
+        engine.stop()
+    assert sum(served) >= len(served) // 2 and not all(served), served
+    assert model.detokenize(fast[0]).startswith("the ")

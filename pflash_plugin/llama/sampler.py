@@ -250,11 +250,13 @@ class SamplerChain:
         if self.grammar is None:  # no sampler left that can throw: the native path
             return C.llama_sampler_sample(self.ptr, ctx.ptr, index)
         started = time.perf_counter()
-        allowed = self._allowed()
-        logits = np.where(allowed, ctx.logits(index), -np.inf)
-        token = self.apply(logits)
-        if not (0 <= token < allowed.size and allowed[token]):  # every allowed logit was -inf or NaN
-            token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
+        token = self._greedy_allowed(ctx.logits(index)) if self.params.temperature <= 0 else -1
+        if token < 0:
+            allowed = self._allowed()
+            logits = np.where(allowed, ctx.logits(index), -np.inf)
+            token = self.apply(logits)
+            if not (0 <= token < allowed.size and allowed[token]):  # every allowed logit was -inf or NaN
+                token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
         C.llama_sampler_accept(self.grammar, token)
         C.llama_sampler_accept(self.ptr, token)
         took = time.perf_counter() - started
@@ -276,6 +278,19 @@ class SamplerChain:
     def accept(self, token: int) -> None:
         """Record a token chosen outside `sample` (the penalties' window)."""
         C.llama_sampler_accept(self.ptr, token)
+
+    def _greedy_allowed(self, logits: np.ndarray) -> int:
+        """A greedy chain's choice over the whole row where the grammar allows it (-1 where not):
+        then it is also the choice among the allowed tokens, found by asking the grammar about one
+        token instead of the whole vocabulary (llama.cpp's common sampler does the same; ~20 ms a
+        token at a 128K vocabulary for the grammar's pass over every token)."""
+        token = self.apply(logits)
+        if token < 0:
+            return -1
+        one = (C.llama_token_data * 1)(C.llama_token_data(token, 0.0, 0.0))
+        C.llama_sampler_apply(self.grammar, ctypes.byref(C.llama_token_data_array(
+            data=ctypes.cast(one, C.llama_token_data_p), size=1, selected=-1, sorted=False)))
+        return token if one[0].logit == 0.0 else -1
 
     def _allowed(self) -> np.ndarray:
         """The grammar's verdict on every token, whatever the logits (it only writes -inf)."""
