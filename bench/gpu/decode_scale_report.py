@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_scale import MODES  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-DATA = [DOCS / "data" / f"{name}_h200.json" for name in ("decode_scale_overlap", "decode_engine_overlap",
-                                                         "decode_engine_overlap2")]
+DATA = [DOCS / "data" / f"{name}_h200.json" for name in ("decode_scale_overlap", "decode_scale_128", "decode_scale_more",
+                                                         "decode_engine_overlap", "decode_engine_overlap2", "decode_trace")]
 BEFORE = [DOCS / "data" / "decode_scale_native_h200.json"]
 BEFORE_LABEL = "the native host sampler, the host's work after each decode"
 DEVICE, HOST, PEER, PEER_BS = "ours", "ours-host-sampling", "llama-server", "llama-server-bs"
@@ -188,6 +188,36 @@ def engine_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def trace_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The traced engine runs (`--trace`, CUPTI), per step: the wall time, how long the GPU ran any
+    kernel, the logits' copy to the host, the graph launch and the other kernel launches, the host's
+    waits for the GPU; then the kernels that took the most GPU time in the first traced run."""
+    traced = [r for r in rows if "trace" in r]
+    if not traced:
+        return []
+
+    def ms(calls: dict[str, list[float]], prefix: str) -> float:
+        return sum(v[0] for name, v in calls.items() if name.startswith(prefix))
+
+    lines = ["| mode | overlap | ms/step (traced) | GPU busy ms | GPU idle | D2H copies ms | cudaGraphLaunch ms | "
+             "other kernel launches (calls) | cudaStreamSynchronize ms (calls) |", "|---|---|" + "---:|" * 7]
+    for r in traced:
+        t = r["trace"]
+        calls, copies = t["runtime calls [ms, calls] per ubatch"], t["copies"]
+        launches = sum(v[1] for name, v in calls.items() if name.startswith("cudaLaunchKernel"))
+        sync = calls.get("cudaStreamSynchronize_v3020", [0.0, 0.0])
+        idle = 1 - t["gpu_busy_ms_per_ubatch"] / t["wall_ms_per_ubatch"]
+        lines.append(f"| {r['mode']} | {'on' if r['overlap'] else 'off'} | {t['wall_ms_per_ubatch']:.2f} | "
+                     f"{t['gpu_busy_ms_per_ubatch']:.2f} | {idle:.0%} | {ms(copies, 'memcpy-kind2'):.2f} | "
+                     f"{ms(calls, 'cudaGraphLaunch'):.2f} | {launches:.0f} | {sync[0]:.2f} ({sync[1]:.0f}) |")
+    kernels = traced[0]["trace"]["kernels [ms, launches] per ubatch"]
+    lines += ["", f"Kernels per step: {traced[0]['trace']['kernels_per_ubatch']:.0f}. The most GPU time "
+              f"({traced[0]['mode']}, overlap {'on' if traced[0]['overlap'] else 'off'}):", "",
+              "| kernel | ms/step | launches/step |", "|---|---:|---:|",
+              *(f"| `{name[:70]}` | {v[0]:.3f} | {v[1]:.1f} |" for name, v in list(kernels.items())[:8])]
+    return lines
+
+
 def plot(reps: Reps, before: Reps, servers: list[str], gpu: str, path: Path) -> None:
     """This run's arms, and the earlier run's host arm (hatched) beside this run's where it has one."""
     import matplotlib
@@ -232,17 +262,13 @@ def regenerate(argv: list[str]) -> str:
 def header(data: dict[str, Any], before: dict[str, Any], reps: Reps) -> list[str]:
     """What ran where, which cells have fewer reps, and how to run it again."""
     counts = sorted({len(v) for v in reps.values()})
-    fewer: dict[str, list[str]] = {}
-    for (mode, _, server), values in reps.items():
-        if len(values) < counts[-1]:
-            fewer.setdefault(mode, []).append(server)
     runs = [(p, m, "") for p, m in data["machines"]] + [(p, m, ", earlier run") for p, m in before["machines"]]
     machines = dict.fromkeys(f"{', '.join(m['gpus'])}, {m['cpus']} CPUs" for _, m, _ in runs)
     lines = ["Machine: " + "; ".join(machines) + ".", "", "Commands, as run (the model written beforehand):", ""]
     lines += [f"- `python {' '.join(m['argv'])}` (`{p.name}`{tag})" for p, m, tag in runs]
-    lines += ["", f"Throughput: medians of {'/'.join(map(str, counts))} interleaved rep(s) per cell, "
-              "the range over reps in brackets"
-              + (f"; {counts[0]} reps in " + ", ".join(f"{m} ({', '.join(s)})" for m, s in fewer.items()) if fewer else "") + ". Engine: medians over its table's reps.", "",
+    lines += ["", f"Throughput: medians of {'/'.join(map(str, counts))} interleaved rep(s) per cell (a cell's count "
+              "where it has fewer than the most), the range over reps in brackets; a cell measured in two runs merges "
+              "their reps. Engine: medians over its table's reps.", "",
               f"Regenerate: `{regenerate(data['machines'][0][1]['argv'])}` on the CUDA machine (`--arms servers engine` "
               "for both arms in one file), copy it into `docs/data/`, then `python bench/gpu/decode_scale_report.py "
               "--data docs/data/FILE.json` (without `--data`: the files above; `--before` names the earlier run's). "
@@ -274,6 +300,8 @@ def page(data: dict[str, Any], before: dict[str, Any], notes: str) -> list[str]:
         "is built) by the faster of llama-server's two.", "", *ratio_table(median), "",
         "## Issue 27's targets (one H200, 64 clients)", "", *targets(median), "",
         f"## The engine's time per step{engine_run}", "", *engine_table(engine), "",
+        *(["## Where a step's time goes (CUPTI trace of the engine arm, `--trace`)", "", *trace_table(engine), ""]
+          if any("trace" in r for r in engine) else []),
         *(["## Failed runs", "", *failed, ""] if failed else []),
         "<!-- notes -->" + notes,
     ]
