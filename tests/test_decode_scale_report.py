@@ -77,7 +77,7 @@ def test_the_page_reports_the_medians_ratios_and_step_times_of_its_data(tmp_path
         cell = throughput[mode][COLUMNS[server]]
         assert cell.startswith(f"{value:,.0f} ("), (mode, server)
         assert cell.endswith("; 2 reps)") == (len(reps[(mode, server)]) == 2), (mode, server)
-    assert "2 reps in seeded (llama-server, llama-server-bs), penalties (ours, " in page
+    assert "Throughput: medians of 2/3 interleaved rep(s) per cell (a cell's count where it has fewer" in page
 
     earlier = {k: statistics.median(v) for k, v in medians(before).items()}
     against = {row["mode"]: row for row in table_with(page, COLUMNS["ours-host-sampling"] + ": before -> now")}
@@ -140,3 +140,23 @@ def test_without_the_device_arm_the_ratios_and_the_overlap_rows_come_from_what_r
         assert row["reps"] == str(len(cell))
         assert number(row["ms/step"]) == pytest.approx(statistics.median(r["step_ms"] for r in cell), abs=0.0005)
         assert (row["decode ms"] == "-") == (overlap == "on")
+
+
+def test_the_trace_table_gives_each_traced_step_its_gpu_share_and_host_calls():
+    report = bench_module("gpu/decode_scale_report.py")
+    trace = {"wall_ms_per_ubatch": 16.0, "gpu_busy_ms_per_ubatch": 9.6, "kernels_per_ubatch": 1247.0,
+             "kernels [ms, launches] per ubatch": {"gemm": [2.2, 62.0], "flash_attn": [0.76, 32.0]},
+             "copies": {"memcpy-kind2-32855296b": [0.62, 0.93], "memcpy-kind1-1048576b": [0.04, 0.94]},
+             "runtime calls [ms, calls] per ubatch": {"cudaStreamSynchronize_v3020": [8.4, 15.4],
+                                                      "cudaGraphLaunch_v10000": [2.0, 0.92],
+                                                      "cudaLaunchKernelExC_v11060": [0.6, 91.4],
+                                                      "cudaLaunchKernel_v7000": [0.5, 79.9]}}
+    rows = [{"mode": "greedy", "overlap": True, "step_ms": 18.0, "trace": trace},
+            {"mode": "greedy", "overlap": False, "step_ms": 17.0, "backend_sampling": "off", "tok_s": 1.0,
+             "outputs": 1}]
+    lines = report.trace_table(rows)
+    assert lines[2] == "| greedy | on | 16.00 | 9.60 | 40% | 0.62 | 2.00 | 171 | 8.40 (15) |"
+    assert "| `gemm` | 2.200 | 62.0 |" in lines and len([line for line in lines if line.startswith("| greedy")]) == 1
+    assert report.trace_table(rows[1:]) == []
+    engine = report.engine_table([{**rows[0], "backend_sampling": "off", "tok_s": 1.0, "outputs": 1}, rows[1]])
+    assert [line.split(" | ")[2] for line in engine if line.startswith("| greedy")] == ["off"]  # traced: not a rep
