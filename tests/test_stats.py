@@ -41,10 +41,9 @@ def test_the_status_shape_is_kept():
     assert with_host.stats().as_dict()["host_cache_capacity_bytes"] == 10**6
 
 
-def test_a_busy_stretch_builds_the_stats_once_a_round(harness):
-    """A round publishes after its step; before it only when events go out first (or no step runs)."""
-    engine, sched, runner = harness(n_slots=2, n_pages=32)
-    built = []
+def count_stats_builds(engine, sched) -> list[int]:
+    """The engine's step count at each build of the scheduler's stats, from now on."""
+    built: list[int] = []
     stats = sched.stats
 
     def counted():
@@ -52,6 +51,13 @@ def test_a_busy_stretch_builds_the_stats_once_a_round(harness):
         return stats()
 
     sched.stats = counted
+    return built
+
+
+def test_a_busy_stretch_builds_the_stats_once_a_round(harness):
+    """A round publishes after its step; before it only when events go out first (or no step runs)."""
+    engine, sched, runner = harness(n_slots=2, n_pages=32)
+    built = count_stats_builds(engine, sched)
     request = make_request([1, 2, 3], max_tokens=40)
     engine.submit(request)
     wait_done(request)
@@ -65,14 +71,7 @@ def test_overlapped_a_busy_stretch_with_ends_and_a_cancel_builds_the_stats_once_
     ends, a cancel) builds the stats there and not again beside its decode."""
     engine, sched, runner = harness(start=False, n_slots=4, n_pages=64)
     runner.overlaps = True
-    built = []
-    stats = sched.stats
-
-    def counted():
-        built.append(engine.steps)
-        return stats()
-
-    sched.stats = counted
+    built = count_stats_builds(engine, sched)
     long = make_request([1, 2, 3], max_tokens=30)
     short = [make_request([10 + i, 20, 30], max_tokens=3 + 4 * i) for i in range(2)]  # end by length
     cancelled = make_request([40, 41, 42], max_tokens=30)
