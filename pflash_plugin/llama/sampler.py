@@ -282,8 +282,8 @@ class SamplerChain:
     def _greedy_allowed(self, logits: np.ndarray) -> int:
         """A greedy chain's choice over the whole row where the grammar allows it (-1 where not):
         then it is also the choice among the allowed tokens, found by asking the grammar about one
-        token instead of the whole vocabulary (llama.cpp's common sampler does the same; ~20 ms a
-        token at a 128K vocabulary for the grammar's pass over every token)."""
+        token instead of the whole vocabulary, as llama.cpp's common sampler does (demo model, 262K
+        tokens, JSON grammar, 2 CPU cores: 27.9 against 47.1 ms a token, decode included)."""
         token = self.apply(logits)
         if token < 0:
             return -1
