@@ -139,3 +139,33 @@ def test_a_greedy_grammar_row_asks_the_grammar_about_one_token_and_gets_the_same
         engine.stop()
     assert sum(served) >= len(served) // 2 and not all(served), served
     assert model.detokenize(fast[0]).startswith("the ")
+
+
+def test_the_grammar_pass_over_the_vocabulary_is_split_over_threads_with_the_same_verdict(tiny_model, monkeypatch):
+    """The whole-vocabulary grammar check runs as slices on the pass's threads, which together
+    cover every token once, and allow exactly the tokens one pass over the whole array allows."""
+    import llama_cpp.llama_cpp as C
+
+    from pflash_plugin.llama import Model, SamplerParams
+    from pflash_plugin.llama import sampler as S
+
+    model = Model(tiny_model)
+    chain = S.SamplerChain(model, SamplerParams(temperature=0.0, grammar=GRAMMAR))
+    try:
+        whole = chain._allowed()
+        calls: list[tuple[str, int]] = []
+        apply = C.llama_sampler_apply
+
+        def recorded(sampler, array):
+            calls.append((threading.current_thread().name, array._obj.size))
+            return apply(sampler, array)
+
+        monkeypatch.setattr(S._GrammarPass, "MIN_PART", 64)
+        monkeypatch.setattr(S._GRAMMAR_PASS, "workers", 4)
+        monkeypatch.setattr(C, "llama_sampler_apply", recorded)
+        split = chain._allowed()
+    finally:
+        chain.close()
+    assert whole.sum() > 0 and (split == whole).all()
+    assert len(calls) == 4 and sum(size for _, size in calls) == model.n_vocab
+    assert all(name.startswith("grammar") for name, _ in calls)
