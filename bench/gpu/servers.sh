@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a CUDA machine, from the project root with .gpu/ carried and ../shared/gpu/build-llama-server.sh
-# copied into .gpu/: builds llama-server (beside the llama-cpp-python build, once per machine), writes
+# copied into .gpu/: builds llama-server (with the llama-cpp-python build, once per machine), writes
 # the random-weight models (bench/gpu/setup.sh), then runs a bench script that compares ours with it:
 #   bash bench/gpu/servers.sh bench/gpu/concurrent_gpu.py --out $OUT/concurrent_gpu.json [args...]
 set -euo pipefail
@@ -10,16 +10,29 @@ script=$1; shift
 for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
   if grep -qs /tmp/models/ "/proc/$pid/cmdline"; then kill -9 "$pid"; fi
 done
-server=$(ls /tmp/ls-src/*/vendor/llama.cpp/build/bin/llama-server 2>/dev/null || true)
+# llama-server comes from llama-cpp-python's own build: its CMake adds the vendored llama.cpp, so
+# the same build tree, kept in /tmp/lcp-build, also makes llama-server (one CUDA compile where two
+# side by side took ~11 min of a session's 30). A machine with llama-cpp-python installed before
+# and no llama-server builds it apart (.gpu/build-llama-server.sh, ~250 s on 16 cores).
+lcp_build=/tmp/lcp-build
+server=$(ls "$lcp_build/bin/llama-server" /tmp/ls-src/*/vendor/llama.cpp/build/bin/llama-server 2>/dev/null | head -1 || true)
 if [ -z "$server" ] && [ -z "${NO_LLAMA_SERVER:-}" ]; then  # NO_LLAMA_SERVER=1: arms that need none
-  bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &
-  building=$!
+  if ! PYTHONPATH=/tmp/site python3 -c "import llama_cpp" 2>/dev/null; then
+    export SKBUILD_BUILD_DIR=$lcp_build EXTRA_CMAKE_ARGS="${EXTRA_CMAKE_ARGS:-} -DLLAMA_BUILD_TOOLS=ON \
+-DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF"
+  else
+    bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &
+    building=$!
+  fi
 fi
 source bench/gpu/setup.sh
 if [ -n "${building:-}" ]; then
   wait "$building" || { cat /tmp/ls-build-out.log; exit 1; }
   server=$(tail -1 /tmp/ls-build-out.log)
   head -n -1 /tmp/ls-build-out.log
+elif [ -n "${SKBUILD_BUILD_DIR:-}" ]; then  # built with the wheel (`all`); this only checks it is there
+  cmake --build "$lcp_build" --target llama-server -j"$(nproc)" > /tmp/ls-build.log 2>&1 || { tail -40 /tmp/ls-build.log; exit 1; }
+  server=$lcp_build/bin/llama-server
 fi
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv
 python3 "$script" --target "$TARGET" --drafter "$DRAFTER" --llama-server "${server:-none}" "$@"
