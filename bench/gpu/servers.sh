@@ -12,8 +12,10 @@ for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
 done
 # llama-server comes from llama-cpp-python's own build: its CMake adds the vendored llama.cpp, so
 # the same build tree, kept in /tmp/lcp-build, also makes llama-server (one CUDA compile where two
-# side by side took ~11 min of a session's 30). A machine with llama-cpp-python installed before
-# and no llama-server builds it apart (.gpu/build-llama-server.sh, ~250 s on 16 cores).
+# side by side took ~11 min of a session's 30: on the H200 the setup with it, the CUDA ext and the
+# drafters, without the 8B target, took 315 s, llama-server --version ran). A machine with
+# llama-cpp-python installed before and no llama-server builds it apart (.gpu/build-llama-server.sh,
+# ~250 s on 16 cores).
 lcp_build=/tmp/lcp-build
 server=$(ls "$lcp_build/bin/llama-server" /tmp/ls-src/*/vendor/llama.cpp/build/bin/llama-server 2>/dev/null | head -1 || true)
 if [ -z "$server" ] && [ -z "${NO_LLAMA_SERVER:-}" ]; then  # NO_LLAMA_SERVER=1: arms that need none
