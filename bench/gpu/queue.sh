@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A device session's benches, run one after another in the background on the CUDA machine, so the
+# GPU never waits between calls and a call only watches (the machine goes back 30 s after a call
+# ends: the fewer calls a session needs, the less it loses to a late one). From the project root:
+#   bash bench/gpu/queue.sh start QUEUE   # call 1, carrying .gpu: the setup (bench/gpu/servers.sh,
+#                                         # ~6.5 min with the 8B target), then each line of QUEUE
+#   bash bench/gpu/queue.sh wait [SECONDS]  # the next calls, back to back: waits until the queue is
+#                                         # done (570 s at most), copies its results and logs into $OUT
+# A line of QUEUE is a bench script and its arguments, given to bench/gpu/servers.sh (so --target,
+# --drafter and --llama-server come from the setup); `--out /tmp/queue/NAME.json` keeps a result.
+# Lines starting with # are skipped. VOCAB_EXTRA defaults to 127000 (the 128K-vocabulary models).
+set -euo pipefail
+DIR=/tmp/queue
+case "${1:-}" in
+  start)
+    mkdir -p "$DIR" && rm -f "$DIR/rc" && cp "$2" "$DIR/queue"
+    setsid bash bench/gpu/queue.sh run > "$DIR/queue.log" 2>&1 < /dev/null &
+    echo "queue started in the background (log $DIR/queue.log)" ;;
+  run)  # the background part of `start`: its exit status goes into $DIR/rc, whatever ends it
+    trap 'echo $? > "$DIR/rc"' EXIT
+    export VOCAB_EXTRA=${VOCAB_EXTRA:-127000} PYTHONUNBUFFERED=1
+    n=0
+    grep -v '^\s*\(#\|$\)' "$DIR/queue" | while read -r line; do
+      n=$((n + 1)); start=$(date +%s)
+      # shellcheck disable=SC2086  # a line is words
+      bash bench/gpu/servers.sh $line > "$DIR/$n.log" 2>&1 < /dev/null && status=0 || status=$?
+      echo "$n: exit $status in $(( $(date +%s) - start )) s: $line"
+    done ;;
+  wait)
+    end=$(( SECONDS + ${2:-570} ))
+    until [ -f "$DIR/rc" ] || [ $SECONDS -ge $end ]; do sleep 5; done
+    cp "$DIR"/*.json "$OUT/" 2>/dev/null || true  # at most 8 files come back: the logs as one
+    tar czf "$OUT/queue-logs.tar.gz" -C "$DIR" $(cd "$DIR" && ls ./*.log) 2>/dev/null || true
+    cat "$DIR/queue.log"
+    if [ -f "$DIR/rc" ]; then echo "queue done: exit $(cat "$DIR/rc")"; else echo "queue still running"; fi
+    for log in "$DIR"/[0-9]*.log; do [ -f "$log" ] && { echo "== $log"; tail -3 "$log"; }; done ;;
+  *)
+    echo "usage: bash bench/gpu/queue.sh start QUEUE | wait [SECONDS]" >&2; exit 2 ;;
+esac
