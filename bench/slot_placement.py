@@ -4,11 +4,15 @@ sequences there (`split_equal(sequential)`), and each ubatch reads all the weigh
 
 Per rep and arm, on a fresh engine (64 slots, `--kv_layout per_slot`): 64 warm-up requests of
 random lengths leave every slot a cache in a random order of use; then `--requests` requests
-decode together. Arms, interleaved: `adjacent` (PrefixCache's rule) and `lru` (the same rule
-without its neighbour term: what it was before). Printed: the slots taken, their runs of consecutive
-slots (ubatches per decode step), ms per step, tok/s; medians over reps.
+decode together. Two scenarios, each with its two arms interleaved:
+- `new`: new prompts. `adjacent` (PrefixCache's rule) against `lru` (the same rule without its
+  neighbour term: what it was before).
+- `chats`: each request is the next turn of a warm-up's conversation, whose cache is in its slot.
+  `moved` (a lone slot's prefix copied beside the running ones) against `in_place` (reused where it is).
+Printed: the slots taken, their runs of consecutive slots (ubatches per decode step), ms per step,
+tok/s; medians over reps.
 
-    python bench/slot_placement.py [--model demo|tiny|PATH] [--requests 8] [--reps 3]
+    python bench/slot_placement.py [--scenario new|chats] [--model demo|tiny|PATH] [--requests 8] [--reps 3]
 """
 from __future__ import annotations
 
@@ -34,19 +38,29 @@ def runs(slots: list[int]) -> int:
     return 1 + sum(1 for a, b in zip(ordered, ordered[1:]) if b != a + 1)
 
 
+# per scenario: its two arms, the first PrefixCache's rule, the second what it was before
+ARMS = {"new": ("adjacent", "lru"), "chats": ("moved", "in_place")}
+WITHOUT = {"lru": ("_beside_running", lambda self, slot: 0),  # no neighbour term
+           "in_place": ("_moved_beside_running", lambda self, prefix, in_place, idle: prefix)}
+
+
 def one(path: str, arm: str, args: argparse.Namespace, seed: int) -> dict:
-    rule = PrefixCache._beside_running
-    if arm == "lru":
-        PrefixCache._beside_running = lambda self, slot: 0  # type: ignore[method-assign]
+    name, replacement = WITHOUT.get(arm, (None, None))
+    rule = getattr(PrefixCache, name) if name else None
+    if name:
+        setattr(PrefixCache, name, replacement)
     model, engine = load_engine(path, EngineConfig(n_slots=SLOTS, max_ctx=256, kv_layout="per_slot",
                                                    backend_sampling="off", model=ModelParams(n_gpu_layers=0)))
     try:
         rng = random.Random(seed)
         prompt = lambda: [rng.randrange(10, 1000) for _ in range(16)]  # noqa: E731
-        run_to_end(engine, [Request(prompt(), SamplingParams(max_tokens=rng.randint(1, 24), temperature=0))
-                            for _ in range(SLOTS)], 600)
-        requests = [Request(prompt(), SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens, temperature=0))
-                    for _ in range(args.requests)]
+        warm = [Request(prompt(), SamplingParams(max_tokens=rng.randint(1, 24), temperature=0)) for _ in range(SLOTS)]
+        run_to_end(engine, warm, 600)
+        chats = rng.sample(warm, args.requests)
+        prompts = ([w.prompt_tokens + w.output_tokens + prompt()[:4] for w in chats] if args.scenario == "chats"
+                   else [prompt() for _ in range(args.requests)])
+        requests = [Request(p, SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens, temperature=0))
+                    for p in prompts]
         steps = engine.steps
         wall = run_to_end(engine, requests, 600)
         steps = engine.steps - steps
@@ -55,13 +69,15 @@ def one(path: str, arm: str, args: argparse.Namespace, seed: int) -> dict:
         engine.stop()
         engine.close()
         model.close()
-        PrefixCache._beside_running = rule  # type: ignore[method-assign]
-    return {"arm": arm, "slots": slots, "runs": runs(slots), "ms_per_step": round(1000 * wall / steps, 2),
-            "tok_s": round(args.requests * args.tokens / wall, 1)}
+        if name:
+            setattr(PrefixCache, name, rule)
+    return {"arm": arm, "slots": slots, "runs": runs(slots), "cached": sum(r.cached_tokens for r in requests),
+            "ms_per_step": round(1000 * wall / steps, 2), "tok_s": round(args.requests * args.tokens / wall, 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=list(ARMS), default="new")
     parser.add_argument("--model", default="demo")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
@@ -71,11 +87,11 @@ def main() -> None:
     path = {"demo": demo_model_path, "tiny": lambda: str(cached_tiny_llama())}.get(args.model, lambda: args.model)()
     rows = []
     for rep in range(args.reps):
-        for arm in ("adjacent", "lru")[:: 1 if rep % 2 == 0 else -1]:  # each first in turn
+        for arm in ARMS[args.scenario][:: 1 if rep % 2 == 0 else -1]:  # each first in turn
             rows.append({**one(path, arm, args, seed=rep), "rep": rep})
             print(json.dumps(rows[-1]), flush=True)
-    summary = {arm: {key: statistics.median(r[key] for r in rows if r["arm"] == arm) for key in ("runs", "ms_per_step", "tok_s")}
-               for arm in ("adjacent", "lru")}
+    summary = {arm: {key: statistics.median(r[key] for r in rows if r["arm"] == arm)
+                     for key in ("runs", "cached", "ms_per_step", "tok_s")} for arm in ARMS[args.scenario]}
     print(json.dumps(summary, indent=1))
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps({"machine": machine(), "model": path, "rows": rows, "summary": summary}, indent=1))

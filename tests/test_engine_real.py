@@ -313,3 +313,34 @@ def test_collect_waits_for_the_decode_only_where_nothing_read_its_outputs(tiny_m
         engine.stop()
     assert [waits for _, waits in collects] == [0 if returned else 1 for returned, _ in collects]
     assert any(returned == 0 for returned, _ in collects) and sum(returned for returned, _ in collects) >= 3
+
+
+def test_a_chat_turn_whose_cache_is_in_a_lone_slot_is_copied_beside_the_running_ones(tiny_model, monkeypatch):
+    """Four slots, a KV stream each: a conversation's cache in slot 3 while two requests run in
+    slots 0 and 1. Its next turn is copied into slot 2 (one run of sequences, one ubatch a step)
+    and gives the tokens it gets where it reuses the cache in place."""
+    from pflash_plugin.engine.prefix_cache import PrefixCache
+
+    def chat_turn() -> Request:
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=128, kv_layout="per_slot",
+                                                             n_threads=1, n_threads_batch=1))
+        try:
+            greedy = lambda n: SamplingParams(max_tokens=n, min_tokens=n, temperature=0)  # noqa: E731
+            warm = [Request(model.tokenize(f"warm {i} on a long road"), greedy(1 + i)) for i in range(4)]
+            run_together(engine, warm)
+            assert [w.slot for w in warm] == [0, 1, 2, 3]
+            last = warm[3]
+            chat = Request(last.prompt_tokens + last.output_tokens + model.tokenize(" and then"), greedy(12))
+            runners = [Request([5 + i, 6], greedy(24)) for i in range(2)]  # shorter: admitted first
+            run_together(engine, runners + [chat])
+            assert [r.slot for r in runners] == [0, 1]
+        finally:
+            engine.stop()
+        return chat
+
+    moved = chat_turn()
+    monkeypatch.setattr(PrefixCache, "_moved_beside_running", lambda self, prefix, in_place, idle: prefix)
+    in_place = chat_turn()
+    assert (moved.slot, in_place.slot) == (2, 3)
+    assert moved.cached_tokens == in_place.cached_tokens > 0
+    assert moved.output_tokens == in_place.output_tokens and len(moved.output_tokens) == 12

@@ -1064,3 +1064,28 @@ def test_a_prefix_copied_from_a_busy_stream_goes_beside_running_slots():
     assert b.slot == 0
     run_until_idle(sched, runner)
     check_scheduler(sched, runner)
+
+
+def test_a_cached_prefix_in_a_lone_slot_is_copied_beside_the_running_ones():
+    """A chat's next turn whose cache sits in slot 4, away from the requests running in 0 and 1:
+    in place it would decode as a ubatch of its own, so its prefix is copied into slot 2, beside
+    them, and slot 4 keeps its cache. With nothing running, it stays in place."""
+    sched, runner = _slots_cached_in_order([0, 1, 2, 3, 4, 5], per_slot=True)
+    turn = sched.cache.slots[4].tokens + [999]
+    alone = make_request(list(turn), max_tokens=1)
+    sched.add(alone)
+    step_once(sched, runner)
+    assert alone.slot == 4 and runner.ops_of("seq_cp") == []
+    run_until_idle(sched, runner)
+    running = _place(sched, runner, 2, base=6000)
+    assert running == [0, 1]
+    turn = sched.cache.slots[4].tokens + [998]
+    chat = make_request(list(turn), max_tokens=2)
+    sched.add(chat)
+    step_once(sched, runner)
+    n = len(turn) - 1
+    assert chat.slot == 2 and chat.cached_tokens == n
+    assert runner.ops_of("seq_cp") == [("seq_cp", 4, 2, n)]
+    assert sched.cache.slots[4].tokens == turn[:-1]
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)

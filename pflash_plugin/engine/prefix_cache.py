@@ -142,19 +142,33 @@ class PrefixCache:
         # empty one (no cache lost), then the least recently used
         in_place = max(idle, key=lambda s: (usable[s.index], self._beside_running(s), not s.tokens, -s.last_used))
         own = _Prefix(usable[in_place.index])
-        prefix = self._best_source(tokens, in_place, own.n, usable)
-        # a prefix from elsewhere goes into an empty or the least recently used idle slot; a restore
-        # never into one whose stream a copy llama.cpp has not made yet reads or writes
-        targets = [s for s in idle if prefix.saved is None or s.index not in self._copying]
+        prefix = self._moved_beside_running(self._best_source(tokens, in_place, own.n, usable), in_place, idle)
+        # a prefix from elsewhere goes beside running slots, else into an empty or the least recently
+        # used idle slot; a restore or a moved prefix never into one whose stream a copy llama.cpp
+        # has not made yet reads or writes
+        careful = prefix.saved is not None or prefix.slot is in_place
+        targets = [s for s in idle if s is not prefix.slot and not (careful and s.index in self._copying)]
         if not targets:
             prefix = own
         dst = in_place if prefix.in_place else min(
             targets, key=lambda s: (-self._beside_running(s), bool(s.tokens), s.last_used))
         if self._fit(request, dst, prefix, idle):
             return True
-        # a restore writes the whole saved sequence before its tail is trimmed: if that never fits
-        # beside the running requests, prefill what is not in place
-        return prefix.saved is not None and self._fit(request, in_place, own, idle)
+        # a restore writes the whole saved sequence before its tail is trimmed, a moved prefix takes
+        # pages of another stream: if that never fits beside the running requests, reuse in place
+        return (prefix.saved is not None or prefix.slot is in_place) and self._fit(request, in_place, own, idle)
+
+    def _moved_beside_running(self, prefix: _Prefix, in_place: Slot, idle: list[Slot]) -> _Prefix:
+        """An in-place prefix whose slot would start a run of its own (per-slot streams, others
+        running, none beside it) copied instead into an idle slot beside running ones. A chat's next
+        turn finds its cache in its last slot, wherever that is; there it would add a ubatch, a pass
+        over all the weights, to every step it decodes beside the others, where the copy costs once
+        what a few prompt tokens do (demo model, 2 CPU cores: a 5,120-cell stream as 12-22 tokens)."""
+        if (not self.per_slot or not prefix.in_place or not prefix.n or self._beside_running(in_place)
+                or in_place.index in self._copying or not any(s.request is not None for s in self.slots)):
+            return prefix
+        beside = any(self._beside_running(s) and s.index not in self._copying for s in idle if s is not in_place)
+        return _Prefix(prefix.n, slot=in_place) if beside else prefix
 
     def _beside_running(self, slot: Slot) -> int:
         """How many of `slot`'s two neighbours hold a request, with a KV stream per slot (else 0).
