@@ -41,7 +41,7 @@ def runs(slots: list[int]) -> int:
 # per scenario: its two arms, the first PrefixCache's rule, the second what it was before
 ARMS = {"new": ("adjacent", "lru"), "chats": ("moved", "in_place")}
 WITHOUT = {"lru": ("_beside_running", lambda self, slot: 0),  # no neighbour term
-           "in_place": ("_moved_beside_running", lambda self, prefix, in_place, idle: prefix)}
+           "in_place": ("_lone_runs_move", lambda self, idle: False)}
 
 
 def one(path: str, arm: str, args: argparse.Namespace, seed: int) -> dict:

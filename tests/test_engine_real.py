@@ -339,7 +339,7 @@ def test_a_chat_turn_whose_cache_is_in_a_lone_slot_is_copied_beside_the_running_
         return chat
 
     moved = chat_turn()
-    monkeypatch.setattr(PrefixCache, "_moved_beside_running", lambda self, prefix, in_place, idle: prefix)
+    monkeypatch.setattr(PrefixCache, "_lone_runs_move", lambda self, idle: False)
     in_place = chat_turn()
     assert (moved.slot, in_place.slot) == (2, 3)
     assert moved.cached_tokens == in_place.cached_tokens > 0

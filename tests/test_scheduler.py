@@ -1089,3 +1089,17 @@ def test_a_cached_prefix_in_a_lone_slot_is_copied_beside_the_running_ones():
     assert sched.cache.slots[4].tokens == turn[:-1]
     run_until_idle(sched, runner)
     check_scheduler(sched, runner)
+
+
+def test_a_lone_slots_prefix_too_short_for_a_stream_copy_is_prefilled_beside_the_running_ones():
+    """A stream copy moves the whole stream: a prefix shorter than min_copy_tokens in a lone slot
+    is not copied, and the request prefills in a slot beside the running ones instead."""
+    sched, runner = _slots_cached_in_order([0, 1, 2, 3, 4, 5], per_slot=True, min_copy_tokens=8)
+    running = _place(sched, runner, 2, base=6000)
+    assert running == [0, 1]
+    short = make_request(sched.cache.slots[4].tokens[:2] + [997, 998], max_tokens=2)
+    sched.add(short)
+    step_once(sched, runner)
+    assert short.slot == 2 and short.cached_tokens == 0 and runner.ops_of("seq_cp") == []
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)

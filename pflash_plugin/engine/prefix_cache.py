@@ -138,11 +138,21 @@ class PrefixCache:
             return False
         tokens = request.prefill_tokens
         usable = [reusable(slot.tokens, tokens) for slot in self.slots]  # by slot index
-        # in place: the idle slot with the longest prefix; on a tie one beside running slots, then an
-        # empty one (no cache lost), then the least recently used
-        in_place = max(idle, key=lambda s: (usable[s.index], self._beside_running(s), not s.tokens, -s.last_used))
+        # in place: the idle slot with the longest prefix (where it would decode as a run of its own,
+        # only a prefix worth a stream copy beside the running slots counts); on a tie one beside
+        # running slots, then an empty one (no cache lost), then the least recently used
+        lone = self._lone_runs_move(idle)
+
+        def counted(s: Slot) -> int:
+            n = usable[s.index]
+            return n if not lone or n >= self.min_copy_tokens or self._beside_running(s) else 0
+
+        in_place = max(idle, key=lambda s: (counted(s), self._beside_running(s), not s.tokens, -s.last_used))
         own = _Prefix(usable[in_place.index])
-        prefix = self._moved_beside_running(self._best_source(tokens, in_place, own.n, usable), in_place, idle)
+        prefix = self._best_source(tokens, in_place, own.n, usable)
+        if lone and prefix.in_place and own.n >= max(self.min_copy_tokens, 1) and not self._beside_running(in_place) \
+                and in_place.index not in self._copying:
+            prefix = _Prefix(own.n, slot=in_place)  # copied beside the running slots; in_place keeps its cache
         # a prefix from elsewhere goes beside running slots, else into an empty or the least recently
         # used idle slot; a restore or a moved prefix never into one whose stream a copy llama.cpp
         # has not made yet reads or writes
@@ -158,17 +168,16 @@ class PrefixCache:
         # pages of another stream: if that never fits beside the running requests, reuse in place
         return (prefix.saved is not None or prefix.slot is in_place) and self._fit(request, in_place, own, idle)
 
-    def _moved_beside_running(self, prefix: _Prefix, in_place: Slot, idle: list[Slot]) -> _Prefix:
-        """An in-place prefix whose slot would start a run of its own (per-slot streams, others
-        running, none beside it) copied instead into an idle slot beside running ones. A chat's next
-        turn finds its cache in its last slot, wherever that is; there it would add a ubatch, a pass
-        over all the weights, to every step it decodes beside the others, where the copy costs once
-        what a few prompt tokens do (demo model, 2 CPU cores: a 5,120-cell stream as 12-22 tokens)."""
-        if (not self.per_slot or not prefix.in_place or not prefix.n or self._beside_running(in_place)
-                or in_place.index in self._copying or not any(s.request is not None for s in self.slots)):
-            return prefix
-        beside = any(self._beside_running(s) and s.index not in self._copying for s in idle if s is not in_place)
-        return _Prefix(prefix.n, slot=in_place) if beside else prefix
+    def _lone_runs_move(self, idle: list[Slot]) -> bool:
+        """Whether a request whose slot has no running neighbour goes beside the running slots
+        instead (per-slot streams, something running, an idle slot beside it that no stream copy
+        is due on): there it adds no ubatch, where a run of its own adds a pass over all the
+        weights to every step it decodes beside the others. A chat's next turn finds its cache in
+        its last slot, wherever that is: a prefix worth a stream copy is copied across (the copy
+        costs once what a few prompt tokens do: demo model, 2 CPU cores, a 5,120-cell stream as
+        12-22 tokens), a shorter one is prefilled there."""
+        return self.per_slot and any(s.request is not None for s in self.slots) and any(
+            self._beside_running(s) and s.index not in self._copying for s in idle)
 
     def _beside_running(self, slot: Slot) -> int:
         """How many of `slot`'s two neighbours hold a request, with a KV stream per slot (else 0).
