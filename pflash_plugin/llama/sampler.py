@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import random
 import threading
 import time
@@ -169,15 +168,16 @@ class _GrammarPass:
     whole batch's decode step takes ~17 ms), and every row of the batch waits for it."""
 
     MIN_PART = 8192  # below this a slice's thread costs more than it saves
+    WORKERS = 8
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        self.workers = min(8, len(os.sched_getaffinity(0)))
 
-    def apply(self, grammar: C.llama_sampler_p, candidates: _Candidates) -> None:
+    def apply(self, grammar: C.llama_sampler_p, candidates: _Candidates, threads: int) -> None:
+        """`threads`: the context's, idle while the step's rows are sampled."""
         n = len(candidates.ids)
-        parts = max(1, min(self.workers, n // self.MIN_PART))
+        parts = max(1, min(threads, self.WORKERS, n // self.MIN_PART))
         bounds = [n * i // parts for i in range(parts + 1)]
         arrays = [candidates.part(start, stop) for start, stop in zip(bounds, bounds[1:])]
         if parts == 1:
@@ -189,7 +189,7 @@ class _GrammarPass:
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="grammar")
+                self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="grammar")
             return self._pool
 
 
@@ -294,7 +294,7 @@ class SamplerChain:
         started = time.perf_counter()
         token = self._greedy_allowed(ctx.logits(index)) if self.params.temperature <= 0 else -1
         if token < 0:
-            allowed = self._allowed()
+            allowed = self._allowed(ctx.n_threads)
             logits = np.where(allowed, ctx.logits(index), -np.inf)
             token = self.apply(logits)
             if not (0 <= token < allowed.size and allowed[token]):  # every allowed logit was -inf or NaN
@@ -334,11 +334,12 @@ class SamplerChain:
             data=ctypes.cast(one, C.llama_token_data_p), size=1, selected=-1, sorted=False)))
         return token if one[0].logit == 0.0 else -1
 
-    def _allowed(self) -> np.ndarray:
-        """The grammar's verdict on every token, whatever the logits (it only writes -inf)."""
+    def _allowed(self, threads: int) -> np.ndarray:
+        """The grammar's verdict on every token, whatever the logits (it only writes -inf), over
+        up to `threads` threads."""
         assert self._candidates is not None and self.grammar is not None
         self._candidates.fill(0.0)
-        _GRAMMAR_PASS.apply(self.grammar, self._candidates)
+        _GRAMMAR_PASS.apply(self.grammar, self._candidates, threads)
         allowed = self._candidates.view["logit"] == 0.0
         if not allowed.any():
             raise GrammarExhausted("the grammar allows no further token")
