@@ -13,7 +13,7 @@ set -euo pipefail
 DIR=/tmp/queue
 case "${1:-}" in
   start)
-    mkdir -p "$DIR" && rm -f "$DIR/rc" && cp "$2" "$DIR/queue"
+    rm -rf "$DIR" && mkdir -p "$DIR" && cp "$2" "$DIR/queue"  # nothing of an earlier queue comes back
     setsid bash bench/gpu/queue.sh run > "$DIR/queue.log" 2>&1 < /dev/null &
     echo "queue started in the background (log $DIR/queue.log)" ;;
   run)  # the background part of `start`: its exit status goes into $DIR/rc, whatever ends it
@@ -29,11 +29,14 @@ case "${1:-}" in
   wait)
     end=$(( SECONDS + ${2:-570} ))
     until [ -f "$DIR/rc" ] || [ $SECONDS -ge $end ]; do sleep 5; done
+    [ -d "$DIR" ] || { echo "no queue was started"; exit 1; }
     cp "$DIR"/*.json "$OUT/" 2>/dev/null || true  # at most 8 files come back: the logs as one
     tar czf "$OUT/queue-logs.tar.gz" -C "$DIR" $(cd "$DIR" && ls ./*.log) 2>/dev/null || true
     cat "$DIR/queue.log"
     if [ -f "$DIR/rc" ]; then echo "queue done: exit $(cat "$DIR/rc")"; else echo "queue still running"; fi
-    for log in "$DIR"/[0-9]*.log; do [ -f "$log" ] && { echo "== $log"; tail -3 "$log"; }; done ;;
+    for log in "$DIR"/[0-9]*.log; do
+      if [ -f "$log" ]; then echo "== $log"; tail -3 "$log"; fi
+    done ;;
   *)
     echo "usage: bash bench/gpu/queue.sh start QUEUE | wait [SECONDS]" >&2; exit 2 ;;
 esac

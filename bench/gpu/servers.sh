@@ -28,13 +28,19 @@ if [ -z "$server" ] && [ -z "${NO_LLAMA_SERVER:-}" ]; then  # NO_LLAMA_SERVER=1:
   fi
 fi
 source bench/gpu/setup.sh
+if [ -z "${building:-}" ] && [ -n "${SKBUILD_BUILD_DIR:-}" ]; then
+  if [ -d "$lcp_build" ]; then  # built with the wheel (`all`); this only checks it is there
+    cmake --build "$lcp_build" --target llama-server -j"$(nproc)" > /tmp/ls-build.log 2>&1 || { tail -40 /tmp/ls-build.log; exit 1; }
+    server=$lcp_build/bin/llama-server
+  else  # the wheel came from an earlier build (.gpu/build): no build tree to take it from
+    bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &
+    building=$!
+  fi
+fi
 if [ -n "${building:-}" ]; then
   wait "$building" || { cat /tmp/ls-build-out.log; exit 1; }
   server=$(tail -1 /tmp/ls-build-out.log)
   head -n -1 /tmp/ls-build-out.log
-elif [ -n "${SKBUILD_BUILD_DIR:-}" ]; then  # built with the wheel (`all`); this only checks it is there
-  cmake --build "$lcp_build" --target llama-server -j"$(nproc)" > /tmp/ls-build.log 2>&1 || { tail -40 /tmp/ls-build.log; exit 1; }
-  server=$lcp_build/bin/llama-server
 fi
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv
 python3 "$script" --target "$TARGET" --drafter "$DRAFTER" --llama-server "${server:-none}" "$@"
