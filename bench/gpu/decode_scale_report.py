@@ -285,6 +285,7 @@ def page(data: dict[str, Any], before: dict[str, Any], notes: str) -> list[str]:
     per_request = {r["tokens"] // (2 * r["clients"]) for r in rows if r.get("kind") == "throughput" and "tokens" in r}
     engine = data["results"].get("engine") or before["results"].get("engine", [])
     engine_run = "" if data["results"].get("engine") else f" (earlier run, {BEFORE_LABEL})"
+    trace = trace_table(engine)
     return [
         "# Decode at scale on a 128K-token vocabulary: ours against llama-server, per sampling mode", "",
         *header(data, before, reps), "", "## Method", "", METHOD, "", "![tokens/s per mode and arm](decode_scale.png)", "",
@@ -300,8 +301,7 @@ def page(data: dict[str, Any], before: dict[str, Any], notes: str) -> list[str]:
         "is built) by the faster of llama-server's two.", "", *ratio_table(median), "",
         "## Issue 27's targets (one H200, 64 clients)", "", *targets(median), "",
         f"## The engine's time per step{engine_run}", "", *engine_table(engine), "",
-        *(["## Where a step's time goes (CUPTI trace of the engine arm, `--trace`)", "", *trace_table(engine), ""]
-          if any("trace" in r for r in engine) else []),
+        *(["## Where a step's time goes (CUPTI trace of the engine arm, `--trace`)", "", *trace, ""] if trace else []),
         *(["## Failed runs", "", *failed, ""] if failed else []),
         "<!-- notes -->" + notes,
     ]
