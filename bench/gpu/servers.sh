@@ -17,24 +17,24 @@ done
 # llama-cpp-python installed before and no llama-server builds it apart (.gpu/build-llama-server.sh,
 # ~250 s on 16 cores).
 lcp_build=/tmp/lcp-build
+build_apart() { bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 & building=$!; }
 server=$(ls "$lcp_build/bin/llama-server" /tmp/ls-src/*/vendor/llama.cpp/build/bin/llama-server 2>/dev/null | head -1 || true)
 if [ -z "$server" ] && [ -z "${NO_LLAMA_SERVER:-}" ]; then  # NO_LLAMA_SERVER=1: arms that need none
   if ! PYTHONPATH=/tmp/site python3 -c "import llama_cpp" 2>/dev/null; then
+    one_build=1
     export SKBUILD_BUILD_DIR=$lcp_build EXTRA_CMAKE_ARGS="${EXTRA_CMAKE_ARGS:-} -DLLAMA_BUILD_TOOLS=ON \
 -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF"
   else
-    bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &
-    building=$!
+    build_apart
   fi
 fi
 source bench/gpu/setup.sh
-if [ -z "${building:-}" ] && [ -n "${SKBUILD_BUILD_DIR:-}" ]; then
+if [ -n "${one_build:-}" ]; then
   if [ -d "$lcp_build" ]; then  # built with the wheel (`all`); this only checks it is there
     cmake --build "$lcp_build" --target llama-server -j"$(nproc)" > /tmp/ls-build.log 2>&1 || { tail -40 /tmp/ls-build.log; exit 1; }
     server=$lcp_build/bin/llama-server
   else  # the wheel came from an earlier build (.gpu/build): no build tree to take it from
-    bash .gpu/build-llama-server.sh > /tmp/ls-build-out.log 2>&1 &
-    building=$!
+    build_apart
   fi
 fi
 if [ -n "${building:-}" ]; then
