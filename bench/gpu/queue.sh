@@ -27,9 +27,10 @@ case "${1:-}" in
       echo "$n: exit $status in $(( $(date +%s) - start )) s: $line"
     done ;;
   wait)
+    # a machine that went cold comes back bare: say so at once rather than wait out the call
+    [ -d "$DIR" ] || { echo "no queue was started (the machine went cold and came back bare?)"; exit 1; }
     end=$(( SECONDS + ${2:-570} ))
     until [ -f "$DIR/rc" ] || [ $SECONDS -ge $end ]; do sleep 5; done
-    [ -d "$DIR" ] || { echo "no queue was started"; exit 1; }
     cp "$DIR"/*.json "$OUT/" 2>/dev/null || true  # at most 8 files come back: the logs as one
     tar czf "$OUT/queue-logs.tar.gz" -C "$DIR" $(cd "$DIR" && ls ./*.log) 2>/dev/null || true
     cat "$DIR/queue.log"
