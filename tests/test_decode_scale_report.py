@@ -81,10 +81,12 @@ def test_the_page_reports_the_medians_ratios_and_step_times_of_its_data(tmp_path
 
     earlier = {k: statistics.median(v) for k, v in medians(before).items()}
     against = {row["mode"]: row for row in table_with(page, COLUMNS["ours-host-sampling"] + ": before -> now")}
+    assert set(against) == {mode for mode, _ in earlier} & {mode for mode, _ in median}  # what both measured
     for (mode, server), value in median.items():
-        cell = against[mode][COLUMNS[server] + ": before -> now"]
-        old = earlier.get((mode, server))
-        assert cell == (f"{old:,.0f} -> {value:,.0f} ({value / old:.2f}x)" if old else f"- -> {value:,.0f}")
+        if mode in against:
+            cell = against[mode][COLUMNS[server] + ": before -> now"]
+            old = earlier.get((mode, server))
+            assert cell == (f"{old:,.0f} -> {value:,.0f} ({value / old:.2f}x)" if old else f"- -> {value:,.0f}")
 
     assert median[("top_p", "llama-server")] > median[("top_p", "llama-server-bs")]
     ratios = {row["mode"]: row for row in table_with(page, "host / -bs")}
@@ -102,13 +104,35 @@ def test_the_page_reports_the_medians_ratios_and_step_times_of_its_data(tmp_path
     share = median[("seeded", "ours-host-sampling")] / median[("top_p", "ours-host-sampling")]
     assert f"Seeded within 10% of unseeded (top_p): {share:.2f} of it" in page
 
-    assert "## The engine's time per step (earlier run, the native host sampler" in page
+    assert f"## The engine's time per step (earlier run, {report_module().BEFORE_LABEL})" in page
     steps = table_with(page, "host ms")
     for row, expected in zip(steps, json.loads(engine.read_text())["results"]["engine"]):
         assert (row["mode"], row["backend sampling"]) == (expected["mode"], expected["backend_sampling"])
         assert number(row["host ms"]) == expected["host_ms"] and number(row["decode ms"]) == expected["decode_ms"]
         assert number(row["tok/s"]) == round(expected["tok_s"])
     assert "Greedy tokens in every arm equalled each other" in page
+
+
+def test_a_cell_measured_in_two_files_takes_the_later_files_reps_and_names_it(tmp_path):
+    """Reps of two trees never merge: the later file supplies the cell, the table names it, and the
+    earlier run's table leaves out a cell that both sides took from one file."""
+    first, later = json.loads(SERVERS.read_text()), json.loads(SERVERS.read_text())
+    later["results"]["servers"] = [{**r, "tok_s": r["tok_s"] * 3} for r in later["results"]["servers"]
+                                   if r.get("mode") == "greedy"]
+    paths = tmp_path / "first.json", tmp_path / "later.json"
+    for path, data in zip(paths, (first, later)):
+        path.write_text(json.dumps(data))
+    report_module().main(["--data", *map(str, paths), "--before", str(paths[0]),
+                          "--out-dir", str(tmp_path), "--no-plot"])
+    page = (tmp_path / "decode_scale.md").read_text()
+    reps = medians(SERVERS)
+    throughput = {row["mode"].split(" ")[0]: row for row in table_with(page, COLUMNS["ours"])}
+    for (mode, server), values in reps.items():
+        expected = statistics.median(values) * (3 if mode == "greedy" else 1)
+        assert throughput[mode][COLUMNS[server]].startswith(f"{expected:,.0f} ("), (mode, server)
+        assert throughput[mode]["data"] == ("`later.json`" if mode == "greedy" else "`first.json`")
+    against = table_with(page, COLUMNS["ours-host-sampling"] + ": before -> now")
+    assert [row["mode"] for row in against] == ["greedy"]
 
 
 def test_the_plot_is_written(tmp_path):

@@ -2,10 +2,10 @@
 
     python bench/gpu/decode_scale_report.py
 
-By default it reads docs/data/decode_scale_overlap_h200.json (the `servers` arm) and
-docs/data/decode_engine_overlap{,2}_h200.json (the engine arm, with and without the overlap of the host's
-work and the next decode) and, as the earlier run it compares with (`--before`),
-docs/data/decode_scale_native_h200.json (the native host sampler, no overlap). `--data` and
+By default it reads the `servers` arm of docs/data/decode_scale_{128,more,confirm}_h200.json (a cell
+from the latest file that measured it), docs/data/decode_engine_overlap{,2}_h200.json (the engine
+arm, with and without the overlap of the host's work and the next decode) and, as the earlier run it
+compares with (`--before`), docs/data/decode_scale_{overlap,more}_h200.json. `--data` and
 `--before` take any results files of decode_scale.py, each side's arms merged; the engine section
 shows `--data`'s engine rows, or the earlier run's where `--data` has none. The page's text below
 `<!-- notes -->` is kept.
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_scale import MODES  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-DATA = [DOCS / "data" / f"{name}_h200.json" for name in ("decode_scale_overlap", "decode_scale_128", "decode_scale_more",
+DATA = [DOCS / "data" / f"{name}_h200.json" for name in ("decode_scale_128", "decode_scale_more", "decode_scale_confirm",
                                                          "decode_engine_overlap", "decode_engine_overlap2", "decode_trace")]
-BEFORE = [DOCS / "data" / "decode_scale_native_h200.json"]
-BEFORE_LABEL = "the native host sampler, the host's work after each decode"
+BEFORE = [DOCS / "data" / f"{name}_h200.json" for name in ("decode_scale_overlap", "decode_scale_more")]
+BEFORE_LABEL = "the host's work beside the next decode, before slot placement and the sliced grammar pass"
 DEVICE, HOST, PEER, PEER_BS = "ours", "ours-host-sampling", "llama-server", "llama-server-bs"
 LABELS = {DEVICE: "ours, `--backend_sampling on` (device)", HOST: "ours, `--backend_sampling off` (host)",
           PEER: "llama-server", PEER_BS: "llama-server `-bs`"}
@@ -62,24 +62,40 @@ def load(paths: list[Path]) -> dict[str, Any]:
     for path in paths:
         data = json.loads(path.read_text())
         for arm, rows in data["results"].items():
-            results.setdefault(arm, []).extend(rows)
+            results.setdefault(arm, []).extend({**row, "file": path.name} for row in rows)
         machines.append((path, data["machine"]))
     return {"results": results, "machines": machines}
 
 
-def cells(rows: list[dict[str, Any]]) -> Reps:
-    """tok/s of every rep, by mode, clients and server."""
+def sourced_cells(rows: list[dict[str, Any]]) -> tuple[Reps, dict[tuple[str, int, str], str]]:
+    """tok/s of every rep, by mode, clients and server, and the file each cell came from: where two
+    files measured a cell, the later one (files are given oldest first) supplies all its reps, so a
+    cell never mixes the trees of two runs."""
     out: Reps = {}
+    files: dict[tuple[str, int, str], str] = {}
     for row in rows:
         if row.get("kind") == "throughput" and "tok_s" in row:
-            out.setdefault((row["mode"], row["clients"], row["server"]), []).append(row["tok_s"])
-    return out
+            key, file = (row["mode"], row["clients"], row["server"]), row.get("file", "")
+            if files.setdefault(key, file) != file:
+                files[key], out[key] = file, []
+            out.setdefault(key, []).append(row["tok_s"])
+    return out, files
+
+
+def cells(rows: list[dict[str, Any]]) -> Reps:
+    return sourced_cells(rows)[0]
 
 
 def arms(reps: Reps) -> list[str]:
     """The servers measured, the known ones in LABELS' order."""
     found = list(dict.fromkeys(server for _, _, server in reps))
     return [s for s in LABELS if s in found] + [s for s in found if s not in LABELS]
+
+
+def mode_groups(reps: Reps) -> list[tuple[str, int]]:
+    """The (mode, clients) measured, by clients, then in MODES' order."""
+    order = list(MODES)
+    return sorted(dict.fromkeys((m, c) for m, c, _ in reps), key=lambda g: (g[1], order.index(g[0])))
 
 
 def describe(mode: str) -> str:
@@ -95,21 +111,23 @@ def cell(values: list[float] | None, most: int) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f}{fewer})"
 
 
-def throughput_table(reps: Reps, servers: list[str]) -> list[str]:
+def throughput_table(reps: Reps, files: dict[tuple[str, int, str], str], servers: list[str]) -> list[str]:
     most = max(map(len, reps.values()))
-    lines = ["| mode | clients | " + " | ".join(LABELS.get(s, s) for s in servers) + " |",
-             "|---|---:|" + "---:|" * len(servers)]
-    for mode, clients in dict.fromkeys((m, c) for m, c, _ in reps):
+    lines = ["| mode | clients | " + " | ".join(LABELS.get(s, s) for s in servers) + " | data |",
+             "|---|---:|" + "---:|" * len(servers) + "---|"]
+    for mode, clients in mode_groups(reps):
         row = [cell(reps.get((mode, clients, server)), most) for server in servers]
-        lines.append(f"| {describe(mode)} | {clients} | " + " | ".join(row) + " |")
+        sources = dict.fromkeys(files[(mode, clients, s)] for s in servers if (mode, clients, s) in files)
+        lines.append(f"| {describe(mode)} | {clients} | " + " | ".join(row) + " | " + ", ".join(f"`{f}`" for f in sources) + " |")
     return lines
 
 
 def before_table(now: Reps, before: Reps, servers: list[str]) -> list[str]:
-    """Each arm's median in the earlier run and in this one, and this one's over the earlier."""
+    """Each arm's median in the earlier run and in this one, and this one's over the earlier, for the
+    cells the earlier run measured."""
     lines = ["| mode | clients | " + " | ".join(f"{LABELS.get(s, s)}: before -> now" for s in servers) + " |",
              "|---|---:|" + "---:|" * len(servers)]
-    for mode, clients in dict.fromkeys((m, c) for m, c, _ in now):
+    for mode, clients in dict.fromkeys((m, c) for m, c, _ in now if (m, c) in {k[:2] for k in before}):
         row = []
         for server in servers:
             old, new = before.get((mode, clients, server)), now.get((mode, clients, server))
@@ -225,10 +243,10 @@ def plot(reps: Reps, before: Reps, servers: list[str], gpu: str, path: Path) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = list(dict.fromkeys((m, c) for m, c, _ in reps))
+    groups = mode_groups(reps)
     series = [(LABELS.get(s, s).replace("`", ""), s, reps, "") for s in servers]
     if HOST in servers and any(k[2] == HOST and k[:2] in groups for k in before):
-        series.insert(servers.index(HOST) + 1, (LABELS[HOST].replace("`", "") + ", earlier run (numpy)", HOST, before, "//"))
+        series.insert(servers.index(HOST) + 1, (LABELS[HOST].replace("`", "") + ", earlier run", HOST, before, "//"))
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(2.2 + 2.0 * len(groups), 3.8))
     for i, (label, server, source, hatch) in enumerate(series):
@@ -267,8 +285,8 @@ def header(data: dict[str, Any], before: dict[str, Any], reps: Reps) -> list[str
     lines = ["Machine: " + "; ".join(machines) + ".", "", "Commands, as run (the model written beforehand):", ""]
     lines += [f"- `python {' '.join(m['argv'])}` (`{p.name}`{tag})" for p, m, tag in runs]
     lines += ["", f"Throughput: medians of {'/'.join(map(str, counts))} interleaved rep(s) per cell (a cell's count "
-              "where it has fewer than the most), the range over reps in brackets; a cell measured in two runs merges "
-              "their reps. Engine: medians over its table's reps.", "",
+              "where it has fewer than the most), the range over reps in brackets; a cell measured in two files comes "
+              "from the later one (the list above is oldest first), so its reps are of one tree. Engine: medians over its table's reps.", "",
               f"Regenerate: `{regenerate(data['machines'][0][1]['argv'])}` on the CUDA machine (`--arms servers engine` "
               "for both arms in one file), copy it into `docs/data/`, then `python bench/gpu/decode_scale_report.py "
               "--data docs/data/FILE.json` (without `--data`: the files above; `--before` names the earlier run's). "
@@ -276,9 +294,15 @@ def header(data: dict[str, Any], before: dict[str, Any], reps: Reps) -> list[str
     return lines
 
 
+def earlier(reps: Reps, before: dict[str, Any]) -> Reps:
+    """The earlier run's cells, less those both sides took from one file (nothing to compare)."""
+    return {k: v for k, v in cells(before["results"].get("servers", [])).items() if reps.get(k) != v}
+
+
 def page(data: dict[str, Any], before: dict[str, Any], notes: str) -> list[str]:
     rows = data["results"].get("servers", [])
-    reps, old = cells(rows), cells(before["results"].get("servers", []))
+    reps, files = sourced_cells(rows)
+    old = earlier(reps, before)
     median = {k: statistics.median(v) for k, v in reps.items()}
     failed = [f"- {r.get('server', r.get('kind'))}, {r.get('mode', '')}: {r['error']}" for g in data["results"].values()
               for r in g if "error" in r]
@@ -290,7 +314,7 @@ def page(data: dict[str, Any], before: dict[str, Any], notes: str) -> list[str]:
         "# Decode at scale on a 128K-token vocabulary: ours against llama-server, per sampling mode", "",
         *header(data, before, reps), "", "## Method", "", METHOD, "", "![tokens/s per mode and arm](decode_scale.png)", "",
         f"## Throughput, tok/s ({'/'.join(map(str, sorted(per_request)))} tokens per request)", "",
-        *throughput_table(reps, arms(reps)), "",
+        *throughput_table(reps, files, arms(reps)), "",
         *([f"## Against the earlier run ({BEFORE_LABEL})", "",
            "Medians, tok/s; in brackets this run's over the earlier one's. llama-server is the same build in "
            "both runs, so its ratios show how far the runs differ apart from ours' changes.", "", *before_table(reps, old, arms(reps)), ""]
@@ -321,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.plot:
         reps = cells(data["results"].get("servers", []))
         gpu = data["machines"][0][1]["gpus"][0].split(",")[0] if data["machines"][0][1]["gpus"] else "no GPU"
-        plot(reps, cells(before["results"].get("servers", [])), arms(reps), gpu, args.out_dir / "decode_scale.png")
+        plot(reps, earlier(reps, before), arms(reps), gpu, args.out_dir / "decode_scale.png")
     target.write_text("\n".join(page(data, before, notes)))
 
 
