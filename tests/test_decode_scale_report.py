@@ -135,6 +135,26 @@ def test_a_cell_measured_in_two_files_takes_the_later_files_reps_and_names_it(tm
     assert [row["mode"] for row in against] == ["greedy"]
 
 
+def test_files_of_one_tree_merge_a_cells_reps(tmp_path):
+    """Two runs that queue.sh tagged with one tree: every rep of both counts."""
+    runs = [json.loads(SERVERS.read_text()) for _ in range(2)]
+    for data in runs:
+        data["machine"]["tree"] = "abc1234"
+    rows = runs[1]["results"]["servers"]
+    runs[1]["results"]["servers"] = [{**r, "tok_s": r["tok_s"] * 3} for r in rows if "tok_s" in r]
+    paths = tmp_path / "one.json", tmp_path / "two.json"
+    for path, data in zip(paths, runs):
+        path.write_text(json.dumps(data))
+    report_module().main(["--data", *map(str, paths), "--before", "--out-dir", str(tmp_path), "--no-plot"])
+    page = (tmp_path / "decode_scale.md").read_text()
+    throughput = {row["mode"].split(" ")[0]: row for row in table_with(page, COLUMNS["ours"])}
+    for (mode, server), values in medians(SERVERS).items():
+        merged = statistics.median([*values, *(v * 3 for v in values)])
+        assert throughput[mode][COLUMNS[server]].startswith(f"{merged:,.0f} ("), (mode, server)
+        assert throughput[mode]["data"] == "`one.json`, `two.json`"
+    assert "(`one.json`, tree abc1234)" in page
+
+
 def test_the_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     report_module().main(["--data", str(SERVERS), "--before", str(BEFORE), str(ENGINE), "--out-dir", str(tmp_path)])

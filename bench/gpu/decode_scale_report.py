@@ -61,24 +61,29 @@ def load(paths: list[Path]) -> dict[str, Any]:
     machines = []
     for path in paths:
         data = json.loads(path.read_text())
+        run = {"file": path.name, "tree": data["machine"].get("tree") or path.name}
         for arm, rows in data["results"].items():
-            results.setdefault(arm, []).extend({**row, "file": path.name} for row in rows)
+            results.setdefault(arm, []).extend({**row, **run} for row in rows)
         machines.append((path, data["machine"]))
     return {"results": results, "machines": machines}
 
 
-def sourced_cells(rows: list[dict[str, Any]]) -> tuple[Reps, dict[tuple[str, int, str], str]]:
-    """tok/s of every rep, by mode, clients and server, and the file each cell came from: where two
-    files measured a cell, the later one (files are given oldest first) supplies all its reps, so a
-    cell never mixes the trees of two runs."""
+def sourced_cells(rows: list[dict[str, Any]]) -> tuple[Reps, dict[tuple[str, int, str], list[str]]]:
+    """tok/s of every rep, by mode, clients and server, and the files each cell came from: files of
+    one tree (the "tree" queue.sh records; else each file is its own) merge their reps, and where
+    two trees measured a cell, the later (files are given oldest first) supplies all of them, so a
+    cell never mixes two trees."""
     out: Reps = {}
-    files: dict[tuple[str, int, str], str] = {}
+    trees: dict[tuple[str, int, str], str] = {}
+    files: dict[tuple[str, int, str], list[str]] = {}
     for row in rows:
         if row.get("kind") == "throughput" and "tok_s" in row:
-            key, file = (row["mode"], row["clients"], row["server"]), row.get("file", "")
-            if files.setdefault(key, file) != file:
-                files[key], out[key] = file, []
+            key, tree = (row["mode"], row["clients"], row["server"]), row.get("tree", "")
+            if trees.setdefault(key, tree) != tree:
+                trees[key], out[key], files[key] = tree, [], []
             out.setdefault(key, []).append(row["tok_s"])
+            if row.get("file") not in files.setdefault(key, []):
+                files[key].append(row.get("file", ""))
     return out, files
 
 
@@ -111,13 +116,13 @@ def cell(values: list[float] | None, most: int) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f}{fewer})"
 
 
-def throughput_table(reps: Reps, files: dict[tuple[str, int, str], str], servers: list[str]) -> list[str]:
+def throughput_table(reps: Reps, files: dict[tuple[str, int, str], list[str]], servers: list[str]) -> list[str]:
     most = max(map(len, reps.values()))
     lines = ["| mode | clients | " + " | ".join(LABELS.get(s, s) for s in servers) + " | data |",
              "|---|---:|" + "---:|" * len(servers) + "---|"]
     for mode, clients in mode_groups(reps):
         row = [cell(reps.get((mode, clients, server)), most) for server in servers]
-        sources = dict.fromkeys(files[(mode, clients, s)] for s in servers if (mode, clients, s) in files)
+        sources = dict.fromkeys(f for s in servers for f in files.get((mode, clients, s), []))
         lines.append(f"| {describe(mode)} | {clients} | " + " | ".join(row) + " | " + ", ".join(f"`{f}`" for f in sources) + " |")
     return lines
 
@@ -283,10 +288,12 @@ def header(data: dict[str, Any], before: dict[str, Any], reps: Reps) -> list[str
     runs = [(p, m, "") for p, m in data["machines"]] + [(p, m, ", earlier run") for p, m in before["machines"]]
     machines = dict.fromkeys(f"{', '.join(m['gpus'])}, {m['cpus']} CPUs" for _, m, _ in runs)
     lines = ["Machine: " + "; ".join(machines) + ".", "", "Commands, as run (the model written beforehand):", ""]
-    lines += [f"- `python {' '.join(m['argv'])}` (`{p.name}`{tag})" for p, m, tag in runs]
+    lines += [f"- `python {' '.join(m['argv'])}` (`{p.name}`{tag}{', tree ' + m['tree'] if m.get('tree') else ''})"
+              for p, m, tag in runs]
     lines += ["", f"Throughput: medians of {'/'.join(map(str, counts))} interleaved rep(s) per cell (a cell's count "
-              "where it has fewer than the most), the range over reps in brackets; a cell measured in two files comes "
-              "from the later one (the list above is oldest first), so its reps are of one tree. Engine: medians over its table's reps.", "",
+              "where it has fewer than the most), the range over reps in brackets; files of one tree (as queue.sh "
+              "records it) merge a cell's reps, else the later file (the list above is oldest first) supplies the "
+              "cell. Engine: medians over its table's reps.", "",
               f"Regenerate: `{regenerate(data['machines'][0][1]['argv'])}` on the CUDA machine (`--arms servers engine` "
               "for both arms in one file), copy it into `docs/data/`, then `python bench/gpu/decode_scale_report.py "
               "--data docs/data/FILE.json` (without `--data`: the files above; `--before` names the earlier run's). "

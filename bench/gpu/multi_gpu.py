@@ -372,7 +372,8 @@ def machine() -> dict[str, Any]:
             return str(error)
 
     return {"gpus": run("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader").splitlines(),
-            "topology": run("nvidia-smi", "topo", "-m"), "cpus": os.cpu_count(), "argv": sys.argv}
+            "topology": run("nvidia-smi", "topo", "-m"), "cpus": os.cpu_count(), "argv": sys.argv,
+            "tree": os.environ.get("PFLASH_TREE")}  # the device's copy has no git: queue.sh passes the commit
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 # A device session's benches, run one after another in the background on the CUDA machine, so the
 # GPU never waits between calls and a call only watches (the machine goes back 30 s after a call
 # ends: the fewer calls a session needs, the less it loses to a late one). From the project root:
-#   bash bench/gpu/queue.sh start QUEUE   # call 1, carrying .gpu: the setup (bench/gpu/servers.sh,
-#                                         # ~6.5 min with the 8B target), then each line of QUEUE
+#   PFLASH_TREE=COMMIT bash bench/gpu/queue.sh start QUEUE   # call 1, carrying .gpu: the setup
+#                                         # (bench/gpu/servers.sh, ~6.5 min with the 8B target), then each
+#                                         # line of QUEUE; COMMIT (`git rev-parse --short HEAD` here) goes
+#                                         # into each result's "machine", so reports merge reps of one tree
 #   bash bench/gpu/queue.sh wait [SECONDS]  # the next calls, back to back: waits until the queue is
 #                                         # done (570 s at most), copies its results and logs into $OUT
 # A line of QUEUE is a bench script and its arguments, given to bench/gpu/servers.sh (so --target,
