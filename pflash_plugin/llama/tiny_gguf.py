@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -80,25 +81,9 @@ def tiny_vocab(vocab_extra: int = 0) -> tuple[list[str], list[float], list[int]]
     return tokens, scores, types
 
 
-def write_tiny_llama(
-    path: str | os.PathLike[str],
-    *,
-    n_layer: int = 2,
-    n_embd: int = 64,
-    n_head: int = 4,
-    n_head_kv: int = 2,
-    n_ff: int = 128,
-    n_ctx_train: int = 4096,
-    seed: int = 0,
-    chat_template: str | None = CHATML_TEMPLATE,
-    vocab_extra: int = 0,
-    f16: bool = False,
-    add_space_prefix: bool = False,
-    tiled: bool = False,
-    quant: str | None = None,
-    per_layer_kv_heads: bool = False,
-) -> pathlib.Path:
-    """Write a deterministic random-weight llama GGUF to ``path`` and return it.
+@dataclass(frozen=True)
+class TinyLlama:
+    """A deterministic random-weight llama GGUF's shape and options; `write` writes it.
 
     ``vocab_extra`` appends dummy tokens so n_vocab differs (vocab-mismatch tests).
     ``tiled`` draws one random array per tensor shape and repeats it in every layer: an 8B-class
@@ -111,97 +96,138 @@ def write_tiny_llama(
     even without BOS; True mimics Llama-2/Mistral, whose leading " " llama-cpp-python
     only strips when the first token is BOS.
     """
-    import gguf
 
-    if n_embd % n_head or n_head % n_head_kv:
-        raise ValueError("n_embd must divide by n_head and n_head by n_head_kv")
-    path = pathlib.Path(path)
-    tokens, scores, types = tiny_vocab(vocab_extra)
-    n_vocab, head_dim = len(tokens), n_embd // n_head
-    rng = np.random.default_rng(seed)
-    wtype = np.float16 if f16 else np.float32
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_ctx_train: int = 4096
+    seed: int = 0
+    chat_template: str | None = CHATML_TEMPLATE
+    vocab_extra: int = 0
+    f16: bool = False
+    add_space_prefix: bool = False
+    tiled: bool = False
+    quant: str | None = None
+    per_layer_kv_heads: bool = False
 
-    drawn: dict[tuple[int, ...], np.ndarray[Any, Any]] = {}
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+            raise ValueError("n_embd must divide by n_head and n_head by n_head_kv")
 
-    def rand(*shape: int) -> np.ndarray[Any, Any]:
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def write(self, path: str | os.PathLike[str]) -> pathlib.Path:
+        import gguf
+
+        path = pathlib.Path(path)
+        vocab = tiny_vocab(self.vocab_extra)
+        w = gguf.GGUFWriter(path, "llama")
+        self._add_metadata(w, vocab)
+        self._add_tensors(w, vocab)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    def _add_metadata(self, w: Any, vocab: tuple[list[str], list[float], list[int]]) -> None:
+        import gguf
+
+        tokens, scores, types = vocab
+        if self.quant:
+            file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{self.quant.upper()}")
+        else:
+            file_type = gguf.LlamaFileType.MOSTLY_F16 if self.f16 else gguf.LlamaFileType.ALL_F32
+        w.add_name("pflash-tiny-llama")
+        w.add_file_type(int(file_type))
+        w.add_context_length(self.n_ctx_train)
+        w.add_embedding_length(self.n_embd)
+        w.add_block_count(self.n_layer)
+        w.add_feed_forward_length(self.n_ff)
+        w.add_head_count(self.n_head)
+        w.add_head_count_kv([self.n_head_kv] * self.n_layer if self.per_layer_kv_heads else self.n_head_kv)
+        w.add_rope_dimension_count(self.head_dim)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_vocab_size(len(tokens))
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(_BOS)
+        w.add_eos_token_id(_EOS)
+        w.add_unk_token_id(_UNK)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(self.add_space_prefix)
+        if self.chat_template:
+            w.add_chat_template(self.chat_template)
+
+    def _add_tensors(self, w: Any, vocab: tuple[list[str], list[float], list[int]]) -> None:
+        """Dim 0 of the residual stream is a constant "bias" channel: every embedding has +0.2
+        there and output rows of tokens a test should never see generated (unk/bos/eos, control
+        tokens, bytes other than "\n") read it with weight -2, a logit penalty of ~-8 against a
+        random spread of ~0.15. Stray bytes >= 0x80 would make llama-cpp-python emit invalid
+        UTF-8 and overshoot max_tokens; an EOS would end generations early. So the model always
+        writes plain ASCII up to max_tokens."""
+        tokens, _, types = vocab
+        draw = _Draw(self)
+        embd, out = draw.array(len(tokens), self.n_embd), draw.array(len(tokens), self.n_embd)
+        embd[:, 0], out[:, 0] = 0.2, 0.0
+        banned = [i for i, t in enumerate(types) if t not in (_NORMAL, _BYTE)]
+        banned += [i for i, t in enumerate(types) if t == _BYTE and tokens[i] != "<0x0A>"]
+        out[banned, 0] = -2.0
+
+        d, kv, ff = self.n_embd, self.n_head_kv * self.head_dim, self.n_ff
+        ones = np.ones(d, dtype=np.float32)  # norms stay F32 (llama.cpp expects it)
+        w.add_tensor("token_embd.weight", embd)
+        for i in range(self.n_layer):
+            w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+            for name, shape in (("attn_q", (d, d)), ("attn_k", (kv, d)), ("attn_v", (kv, d)), ("attn_output", (d, d))):
+                w.add_tensor(f"blk.{i}.{name}.weight", **draw.matrix(*shape))
+            w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+            for name, shape in (("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff))):
+                w.add_tensor(f"blk.{i}.{name}.weight", **draw.matrix(*shape))
+        w.add_tensor("output_norm.weight", ones)
+        w.add_tensor("output.weight", out)
+
+
+class _Draw:
+    """Random weights in the model's type, drawn in writing order from its seed; tiled, one array
+    per shape is drawn once and repeated."""
+
+    def __init__(self, spec: TinyLlama) -> None:
+        self.rng = np.random.default_rng(spec.seed)
+        self.dtype = np.float16 if spec.f16 else np.float32
+        self.tiled, self.quant = spec.tiled, spec.quant
+        self.drawn: dict[tuple[int, ...], np.ndarray[Any, Any]] = {}
+
+    def array(self, *shape: int) -> np.ndarray[Any, Any]:
         # numpy shape is ggml ne reversed: [rows=out, cols=in] gives ne=[in, out]
-        if tiled and shape in drawn:
-            return drawn[shape]
-        array = (0.02 * rng.standard_normal(shape)).astype(wtype)
-        if tiled:
-            drawn[shape] = array
+        if self.tiled and shape in self.drawn:
+            return self.drawn[shape]
+        array = (0.02 * self.rng.standard_normal(shape)).astype(self.dtype)
+        if self.tiled:
+            self.drawn[shape] = array
         return array
 
-    qtype = getattr(gguf.GGMLQuantizationType, quant.upper()) if quant else None
-
-    def matrix(*shape: int) -> dict[str, Any]:
+    def matrix(self, *shape: int) -> dict[str, Any]:
         """add_tensor arguments of a layer matrix: quantized when asked."""
-        array = rand(*shape)
-        if qtype is None:
+        array = self.array(*shape)
+        if self.quant is None:
             return {"tensor": array}
+        import gguf
+
+        qtype = getattr(gguf.GGMLQuantizationType, self.quant.upper())
         return {"tensor": gguf.quants.quantize(array.astype(np.float32), qtype), "raw_dtype": qtype}
 
-    if quant:
-        file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{quant.upper()}")
-    else:
-        file_type = gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("pflash-tiny-llama")
-    w.add_file_type(int(file_type))
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv([n_head_kv] * n_layer if per_layer_kv_heads else n_head_kv)
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(_BOS)
-    w.add_eos_token_id(_EOS)
-    w.add_unk_token_id(_UNK)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(add_space_prefix)
-    if chat_template:
-        w.add_chat_template(chat_template)
 
-    # Dim 0 of the residual stream is a constant "bias" channel: every embedding has
-    # +0.2 there and output rows of tokens a test should never see generated (unk/bos/
-    # eos, control tokens, bytes other than "\n") read it with weight -2, a logit
-    # penalty of ~-8 against a random spread of ~0.15. Stray bytes >= 0x80 would make
-    # llama-cpp-python emit invalid UTF-8 and overshoot max_tokens; an EOS would end
-    # generations early. So the model always writes plain ASCII up to max_tokens.
-    embd, out = rand(n_vocab, n_embd), rand(n_vocab, n_embd)
-    embd[:, 0], out[:, 0] = 0.2, 0.0
-    banned = [i for i, t in enumerate(types) if t not in (_NORMAL, _BYTE)]
-    banned += [i for i, t in enumerate(types) if t == _BYTE and tokens[i] != "<0x0A>"]
-    out[banned, 0] = -2.0
-
-    ones = np.ones(n_embd, dtype=np.float32)  # norms stay F32 (llama.cpp expects it)
-    w.add_tensor("token_embd.weight", embd)
-    for i in range(n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
-        w.add_tensor(f"blk.{i}.attn_q.weight", **matrix(n_embd, n_embd))
-        w.add_tensor(f"blk.{i}.attn_k.weight", **matrix(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_v.weight", **matrix(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_output.weight", **matrix(n_embd, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", **matrix(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", **matrix(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", **matrix(n_embd, n_ff))
-    w.add_tensor("output_norm.weight", ones)
-    w.add_tensor("output.weight", out)
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+def write_tiny_llama(path: str | os.PathLike[str], **spec: Any) -> pathlib.Path:
+    """Write the TinyLlama of `spec` (its fields as keywords) to ``path`` and return it."""
+    return TinyLlama(**spec).write(path)
 
 
 def write_tiny_lora(
