@@ -108,10 +108,10 @@ def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(ti
     started, delivered = threading.Event(), []
 
     class Slow(Drafter):
-        def _decode_politely(self, batch, should_stop, interactive_waiting):
+        def _decode_politely(self, batch, job):
             started.set()
             threading.Event().wait(0.05)  # a slow chunk
-            super()._decode_politely(batch, should_stop, interactive_waiting)
+            super()._decode_politely(batch, job)
 
     compressor = Compressor(
         PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True

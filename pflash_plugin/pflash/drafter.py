@@ -111,6 +111,26 @@ class Cancelled(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One prompt's draft, as each of its stages needs it: the tokens, when to stop, the tally of
+    tokens drafted (over every lane), the pacing beside the engine's slots."""
+
+    tokens: list[int]
+    should_stop: Callable[[], bool]
+    tally: _Tally
+    pacing: Pacing
+
+    def step_aside(self) -> None:
+        """Wait while the pacing says so (requests wait for a first token, within the bound)."""
+        while self.pacing.stepping_aside():
+            if self.should_stop():
+                raise Cancelled()
+            time.sleep(0.005)
+        if self.should_stop():
+            raise Cancelled()
+
+
 def check_vocab(target: Model, drafter: Model) -> None:
     """Refuse a drafter whose token ids mean something else than the target's."""
     same = target.n_vocab == drafter.n_vocab
@@ -275,12 +295,11 @@ class Drafter:
                 lane.scorer.begin(query_start, query_end)  # rows of an earlier prompt must not count
             forward_start = time.perf_counter()
             first, *rest = stages = self.windows.stages(query_end)
-            tally = _Tally(progress)
-            paced = (pacing or Pacing()).lane(self.duty)
+            job = _Job(tokens, should_stop, _Tally(progress), (pacing or Pacing()).lane(self.duty))
             if self.lanes and rest:
-                self._draft_in_lanes(first, rest, tokens, batch, should_stop, tally, paced)
+                self._draft_in_lanes(first, rest, job, batch)
             else:
-                self._draft_from_first(first, rest, tokens, batch, should_stop, tally, paced)
+                self._draft_from_first(first, rest, job, batch)
             forward_ms = (time.perf_counter() - forward_start) * 1000.0
             mass = self.scorer.mass()
         except ScoringError as error:
@@ -320,8 +339,7 @@ class Drafter:
         else:
             self.ctx.clear()
 
-    def _draft_in_lanes(self, first: Stage, windows: list[Stage], tokens: list[int], batch: Batch,
-                        should_stop: Callable[[], bool], tally: _Tally, pacing: Pacing) -> None:
+    def _draft_in_lanes(self, first: Stage, windows: list[Stage], job: _Job, batch: Batch) -> None:
         """The first stage and the windows dealt round-robin to this drafter and its lanes, drafted at
         once: one lane's host work (a ubatch's inputs and graph launch) overlaps another's GPU work,
         which the capture callback's synchronization otherwise serializes. This drafter, which also
@@ -330,36 +348,34 @@ class Drafter:
         stop = threading.Event()
 
         def halt() -> bool:
-            return stop.is_set() or should_stop()
+            return stop.is_set() or job.should_stop()
 
+        halting = replace(job, should_stop=halt)
         count = len(self.lanes) + 1
-        jobs = [self._pool.submit(lane._draft_as_lane, windows[i::count], tokens, halt, tally, pacing)
-                for i, lane in enumerate(self.lanes) if windows[i::count]]
-        for job in jobs:
-            job.add_done_callback(lambda done: stop.set() if done.exception() else None)
+        futures = [self._pool.submit(lane._draft_as_lane, windows[i::count], halting)
+                   for i, lane in enumerate(self.lanes) if windows[i::count]]
+        for future in futures:
+            future.add_done_callback(lambda done: stop.set() if done.exception() else None)
         errors: list[BaseException] = []
         try:
-            self._draft_from_first(first, windows[count - 1::count], tokens, batch, halt, tally, pacing)
+            self._draft_from_first(first, windows[count - 1::count], halting, batch)
         except BaseException as error:  # re-raised below, once the lanes have stopped
             errors.append(error)
             stop.set()
-        for job in jobs:
+        for future in futures:
             try:
-                job.result()
+                future.result()
             except BaseException as error:
                 errors.append(error)
         if errors:  # a lane's own failure before the Cancelled it caused in the others
             raise next((error for error in errors if not isinstance(error, Cancelled)), errors[0])
 
-    def _draft_from_first(self, first: Stage, windows: list[Stage], tokens: list[int], batch: Batch,
-                          should_stop: Callable[[], bool], tally: _Tally, pacing: Pacing) -> None:
+    def _draft_from_first(self, first: Stage, windows: list[Stage], job: _Job, batch: Batch) -> None:
         """The first stage (the sink and a first window), then `windows` beside the sink."""
-        self._draft_stage(first, tokens, batch, should_stop, tally, pacing)
-        bridge = min(self.windows.sink, first.end) - 1
-        self._draft_windows(windows, tokens, bridge, batch, should_stop, tally, pacing)
+        self._draft_stage(first, job, batch)
+        self._draft_windows(windows, min(self.windows.sink, first.end) - 1, job, batch)
 
-    def _draft_as_lane(self, windows: list[Stage], tokens: list[int], should_stop: Callable[[], bool],
-                       tally: _Tally, pacing: Pacing) -> None:
+    def _draft_as_lane(self, windows: list[Stage], job: _Job) -> None:
         """A lane's part of a prompt (its scorer begun with the lead's): the sink again, which the lead
         captured, then its windows."""
         batch = Batch(self.n_batch, 1)
@@ -369,20 +385,19 @@ class Drafter:
             self.scorer.enable(False)
             for start in range(0, sink, self.n_batch):
                 batch.clear()
-                batch.add_sequence(tokens[start:min(sink, start + self.n_batch)], start, 0, False)
-                self._decode_politely(batch, should_stop, pacing)
+                batch.add_sequence(job.tokens[start:min(sink, start + self.n_batch)], start, 0, False)
+                self._decode_politely(batch, job)
             self.scorer.enable(True)
-            self._draft_windows(windows, tokens, sink - 1, batch, should_stop, tally, pacing)
+            self._draft_windows(windows, sink - 1, job, batch)
         finally:
             self._clear()
             batch.close()
 
-    def _draft_windows(self, windows: list[Stage], tokens: list[int], bridge: int, batch: Batch,
-                       should_stop: Callable[[], bool], tally: _Tally, pacing: Pacing) -> None:
+    def _draft_windows(self, windows: list[Stage], bridge: int, job: _Job, batch: Batch) -> None:
         """The windows one after another, each beside the sink whose last cell is `bridge`."""
         for stage in windows:
             bridge = self._enter_window(stage, bridge)
-            self._draft_stage(stage, tokens, batch, should_stop, tally, pacing)
+            self._draft_stage(stage, job, batch)
 
     def _enter_window(self, stage: Stage, bridge: int) -> int:
         """Drop the previous window's cells, keeping the sink, and move the sink's last cell to just
@@ -394,44 +409,33 @@ class Drafter:
         self.ctx.seq_add(0, bridge, bridge + 1, stage.start - 1 - bridge)
         return stage.start - 1
 
-    def _draft_stage(self, stage: Stage, tokens: list[int], batch: Batch, should_stop: Callable[[], bool],
-                     tally: _Tally, pacing: Pacing) -> None:
+    def _draft_stage(self, stage: Stage, job: _Job, batch: Batch) -> None:
         """Decode a stage chunk by chunk and politely (see `run`), telling the scorer the chunk's prompt
         positions where its rows are not in prompt order (lanes)."""
         done = stage.start
         while done < stage.end:
-            self._step_aside(should_stop, pacing)  # then the turn: it may have changed meanwhile
-            turn = pacing.turn()
+            job.step_aside()  # then the turn: it may have changed meanwhile
+            turn = job.pacing.turn()
             end = min(done + min(self.n_batch, turn.chunk or self.n_batch), stage.end)
             batch.clear()
-            batch.add_sequence(tokens[done:end], done, 0, False)
+            batch.add_sequence(job.tokens[done:end], done, 0, False)
             if self.lays_out:
                 self.scorer.layout([(done, end - done)])
             chunk_start = time.perf_counter()
-            self._decode_politely(batch, should_stop, pacing)
+            self._decode_politely(batch, job)
             if self.scorer.error():
                 raise DrafterError(f"capture failed: {self.scorer.error()}")
             if turn.duty < 1.0:
                 time.sleep((time.perf_counter() - chunk_start) * (1.0 / turn.duty - 1.0))
-            tally.add(end - done)
+            job.tally.add(end - done)
             done = end
 
-    @staticmethod
-    def _step_aside(should_stop: Callable[[], bool], pacing: Pacing) -> None:
-        """Wait while the pacing says so (requests wait for a first token, within the bound)."""
-        while pacing.stepping_aside():
-            if should_stop():
-                raise Cancelled()
-            time.sleep(0.005)
-        if should_stop():
-            raise Cancelled()
-
-    def _decode_politely(self, batch: Batch, should_stop: Callable[[], bool], pacing: Pacing) -> None:
+    def _decode_politely(self, batch: Batch, job: _Job) -> None:
         """Decode one chunk, stepping aside first (and aborting it in flight) while the pacing says so."""
         while True:
-            self._step_aside(should_stop, pacing)
+            job.step_aside()
             self.scorer.checkpoint()
-            self._abort_if = pacing.stepping_aside
+            self._abort_if = job.pacing.stepping_aside
             try:
                 self.ctx.decode(batch)
                 return
