@@ -3,7 +3,7 @@
     python bench/gpu/decode_scale_report.py
 
 By default it reads the `servers` arm of docs/data/decode_scale_{128,more,confirm}_h200.json (a cell
-from the latest file that measured it), docs/data/decode_engine_overlap{,2}_h200.json (the engine
+from the latest tree that measured it: `sourced_cells`), docs/data/decode_engine_overlap{,2}_h200.json (the engine
 arm, with and without the overlap of the host's work and the next decode) and, as the earlier run it
 compares with (`--before`), docs/data/decode_scale_{overlap,more}_h200.json. `--data` and
 `--before` take any results files of decode_scale.py, each side's arms merged; the engine section
@@ -123,7 +123,8 @@ def throughput_table(reps: Reps, files: dict[tuple[str, int, str], list[str]], s
     for mode, clients in mode_groups(reps):
         row = [cell(reps.get((mode, clients, server)), most) for server in servers]
         sources = dict.fromkeys(f for s in servers for f in files.get((mode, clients, s), []))
-        lines.append(f"| {describe(mode)} | {clients} | " + " | ".join(row) + " | " + ", ".join(f"`{f}`" for f in sources) + " |")
+        data = ", ".join(f"`{f}`" for f in sources)
+        lines.append(f"| {describe(mode)} | {clients} | " + " | ".join(row) + f" | {data} |")
     return lines
 
 
