@@ -30,6 +30,22 @@ def test_file_is_deterministic(tmp_path: pathlib.Path) -> None:
     assert a.read_bytes() == b.read_bytes() != c.read_bytes()
 
 
+@pytest.mark.parametrize("tiled", [False, True])
+def test_the_bias_channel_is_in_the_embeddings_and_bans_in_the_output(tmp_path: pathlib.Path, tiled: bool) -> None:
+    """Dim 0 of every embedding is 0.2, and the output rows of control tokens read it with -2 (so
+    they are never generated): tiled too, where one array is drawn for both shapes alike."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(write_tiny_llama(tmp_path / "m.gguf", tiled=tiled))
+    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    embd, out = tensors["token_embd.weight"], tensors["output.weight"]
+    assert np.all(embd[:, 0] == np.float32(0.2))
+    tokens, _, types = tiny_vocab()
+    control = [i for i, t in enumerate(types) if t == 3]  # CONTROL
+    assert np.all(out[control, 0] == -2.0) and out[tokens.index("Hello"), 0] == 0.0
+
+
 def test_cache_reuses_file() -> None:
     assert cached_tiny_llama() == cached_tiny_llama()
     assert cached_tiny_llama() != cached_tiny_llama(seed=1)

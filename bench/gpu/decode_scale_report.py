@@ -61,7 +61,7 @@ def load(paths: list[Path]) -> dict[str, Any]:
     machines = []
     for path in paths:
         data = json.loads(path.read_text())
-        run = {"file": path.name, "tree": data["machine"].get("tree") or path.name}
+        run = {"file": path.name, "tree": data["machine"].get("tree") or str(path.resolve())}
         for arm, rows in data["results"].items():
             results.setdefault(arm, []).extend({**row, **run} for row in rows)
         machines.append((path, data["machine"]))
@@ -100,7 +100,8 @@ def arms(reps: Reps) -> list[str]:
 def mode_groups(reps: Reps) -> list[tuple[str, int]]:
     """The (mode, clients) measured, by clients, then in MODES' order."""
     order = list(MODES)
-    return sorted(dict.fromkeys((m, c) for m, c, _ in reps), key=lambda g: (g[1], order.index(g[0])))
+    return sorted(dict.fromkeys((m, c) for m, c, _ in reps),
+                  key=lambda g: (g[1], order.index(g[0]) if g[0] in order else len(order)))
 
 
 def describe(mode: str) -> str:
@@ -303,8 +304,11 @@ def header(data: dict[str, Any], before: dict[str, Any], reps: Reps) -> list[str
 
 
 def earlier(reps: Reps, before: dict[str, Any]) -> Reps:
-    """The earlier run's cells, less those both sides took from one file (nothing to compare)."""
-    return {k: v for k, v in cells(before["results"].get("servers", [])).items() if reps.get(k) != v}
+    """The earlier run's cells, less the rows (mode, clients) whose every cell both sides took from
+    one file (nothing to compare)."""
+    old = cells(before["results"].get("servers", []))
+    same = {k[:2] for k in old} - {k[:2] for k, v in old.items() if reps.get(k) != v}
+    return {k: v for k, v in old.items() if k[:2] not in same}
 
 
 def page(data: dict[str, Any], before: dict[str, Any], notes: str) -> list[str]:

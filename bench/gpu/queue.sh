@@ -4,8 +4,9 @@
 # ends: the fewer calls a session needs, the less it loses to a late one). From the project root:
 #   PFLASH_TREE=COMMIT bash bench/gpu/queue.sh start QUEUE   # call 1, carrying .gpu: the setup
 #                                         # (bench/gpu/servers.sh, ~6.5 min with the 8B target), then each
-#                                         # line of QUEUE; COMMIT (`git rev-parse --short HEAD` here) goes
-#                                         # into each result's "machine", so reports merge reps of one tree
+#                                         # line of QUEUE; COMMIT (`git rev-parse --short HEAD` on this side,
+#                                         # pasted: the device's copy has no git) goes into each result's
+#                                         # "machine", so reports merge reps of one tree
 #   bash bench/gpu/queue.sh wait [SECONDS]  # the next calls, back to back: waits until the queue is
 #                                         # done (570 s at most), copies its results and logs into $OUT
 # A line of QUEUE is a bench script and its arguments, given to bench/gpu/servers.sh (so --target,
@@ -15,6 +16,8 @@ set -euo pipefail
 DIR=/tmp/queue
 case "${1:-}" in
   start)
+    # the device's copy has no git: the commit comes from the caller's side, pasted into the command
+    [ -n "${PFLASH_TREE:-}" ] || { echo "PFLASH_TREE is empty: pass the commit (git rev-parse --short HEAD, run here)" >&2; exit 2; }
     rm -rf "$DIR" && mkdir -p "$DIR" && cp "$2" "$DIR/queue"  # nothing of an earlier queue comes back
     setsid bash bench/gpu/queue.sh run > "$DIR/queue.log" 2>&1 < /dev/null &
     echo "queue started in the background (log $DIR/queue.log)" ;;

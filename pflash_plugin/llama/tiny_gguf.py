@@ -175,7 +175,8 @@ class TinyLlama:
         writes plain ASCII up to max_tokens."""
         tokens, _, types = vocab
         draw = _Draw(self)
-        embd, out = draw.array(len(tokens), self.n_embd), draw.array(len(tokens), self.n_embd)
+        # a copy: tiled, both draws are one array, and the bias channel below must differ between them
+        embd, out = draw.array(len(tokens), self.n_embd), draw.array(len(tokens), self.n_embd).copy()
         embd[:, 0], out[:, 0] = 0.2, 0.0
         banned = [i for i, t in enumerate(types) if t not in (_NORMAL, _BYTE)]
         banned += [i for i, t in enumerate(types) if t == _BYTE and tokens[i] != "<0x0A>"]
@@ -202,7 +203,7 @@ class _Draw:
     def __init__(self, spec: TinyLlama) -> None:
         self.rng = np.random.default_rng(spec.seed)
         self.dtype = np.float16 if spec.f16 else np.float32
-        self.tiled, self.quant = spec.tiled, spec.quant
+        self.tiled, self.quant = spec.tiled, spec.quant or None
         self.drawn: dict[tuple[int, ...], np.ndarray[Any, Any]] = {}
 
     def array(self, *shape: int) -> np.ndarray[Any, Any]:
