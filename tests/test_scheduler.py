@@ -1091,6 +1091,23 @@ def test_a_cached_prefix_in_a_lone_slot_is_copied_beside_the_running_ones():
     check_scheduler(sched, runner)
 
 
+def test_a_moved_prefixs_old_slot_is_the_first_cache_given_up():
+    """A chat's turn moved from slot 6 beside the running slots leaves slot 6 a copy of what its new
+    slot holds (and that slot holds the turn too once it ends): with everything done, a new prompt
+    takes slot 6, where it would take the least recently used cache (slot 3) otherwise."""
+    sched, runner = _slots_cached_in_order([0, 1, 2, 3, 4, 5, 6, 7], per_slot=True)
+    assert _place(sched, runner, 2, base=6000) == [0, 1]
+    turn = sched.cache.slots[6].tokens + [998]
+    chat = make_request(list(turn), max_tokens=2)
+    sched.add(chat)
+    step_once(sched, runner)
+    assert chat.slot == 2 and runner.ops_of("seq_cp") == [("seq_cp", 6, 2, len(turn) - 1)]
+    run_until_idle(sched, runner)
+    assert _place(sched, runner, 1, base=7000) == [6]
+    run_until_idle(sched, runner)
+    check_scheduler(sched, runner)
+
+
 def test_a_lone_slots_prefix_too_short_for_a_stream_copy_is_prefilled_beside_the_running_ones():
     """A stream copy moves the whole stream: a prefix shorter than min_copy_tokens in a lone slot
     is not copied, and the request prefills in a slot beside the running ones instead."""

@@ -15,6 +15,8 @@ Below both, an optional host-RAM tier (engine/host_cache.py) keeps the cells a s
 """
 from __future__ import annotations
 
+import math
+
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
@@ -163,6 +165,8 @@ class PrefixCache:
         dst = in_place if prefix.in_place else min(
             targets, key=lambda s: (-self._beside_running(s), bool(s.tokens), s.last_used))
         if self._fit(request, dst, prefix, idle):
+            if prefix.slot is in_place:  # moved: dst holds the prefix now, and the turn after it once it
+                in_place.last_used = -math.inf  # ends; the old copy is the first cache to give up
             return True
         # a restore writes the whole saved sequence before its tail is trimmed, a moved prefix takes
         # pages of another stream: if that never fits beside the running requests, reuse in place
