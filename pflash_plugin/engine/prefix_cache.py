@@ -15,9 +15,8 @@ Below both, an optional host-RAM tier (engine/host_cache.py) keeps the cells a s
 """
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
