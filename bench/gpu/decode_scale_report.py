@@ -78,12 +78,12 @@ def sourced_cells(rows: list[dict[str, Any]]) -> tuple[Reps, dict[tuple[str, int
     files: dict[tuple[str, int, str], list[str]] = {}
     for row in rows:
         if row.get("kind") == "throughput" and "tok_s" in row:
-            key, tree = (row["mode"], row["clients"], row["server"]), row.get("tree", "")
+            key, tree, file = (row["mode"], row["clients"], row["server"]), row.get("tree", ""), row.get("file", "")
             if trees.setdefault(key, tree) != tree:
                 trees[key], out[key], files[key] = tree, [], []
             out.setdefault(key, []).append(row["tok_s"])
-            if row.get("file") not in files.setdefault(key, []):
-                files[key].append(row.get("file", ""))
+            if file not in files.setdefault(key, []):
+                files[key].append(file)
     return out, files
 
 
@@ -134,7 +134,8 @@ def before_table(now: Reps, before: Reps, servers: list[str]) -> list[str]:
     cells the earlier run measured."""
     lines = ["| mode | clients | " + " | ".join(f"{LABELS.get(s, s)}: before -> now" for s in servers) + " |",
              "|---|---:|" + "---:|" * len(servers)]
-    for mode, clients in dict.fromkeys((m, c) for m, c, _ in now if (m, c) in {k[:2] for k in before}):
+    measured = {k[:2] for k in before}
+    for mode, clients in dict.fromkeys((m, c) for m, c, _ in now if (m, c) in measured):
         row = []
         for server in servers:
             old, new = before.get((mode, clients, server)), now.get((mode, clients, server))
