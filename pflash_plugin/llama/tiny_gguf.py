@@ -201,28 +201,27 @@ class _Draw:
     per shape is drawn once and repeated."""
 
     def __init__(self, spec: TinyLlama) -> None:
-        self.rng = np.random.default_rng(spec.seed)
+        self.spec, self.rng = spec, np.random.default_rng(spec.seed)
         self.dtype = np.float16 if spec.f16 else np.float32
-        self.tiled, self.quant = spec.tiled, spec.quant or None
         self.drawn: dict[tuple[int, ...], np.ndarray[Any, Any]] = {}
 
     def array(self, *shape: int) -> np.ndarray[Any, Any]:
         # numpy shape is ggml ne reversed: [rows=out, cols=in] gives ne=[in, out]
-        if self.tiled and shape in self.drawn:
+        if self.spec.tiled and shape in self.drawn:
             return self.drawn[shape]
         array = (0.02 * self.rng.standard_normal(shape)).astype(self.dtype)
-        if self.tiled:
+        if self.spec.tiled:
             self.drawn[shape] = array
         return array
 
     def matrix(self, *shape: int) -> dict[str, Any]:
         """add_tensor arguments of a layer matrix: quantized when asked."""
         array = self.array(*shape)
-        if self.quant is None:
+        if not self.spec.quant:
             return {"tensor": array}
         import gguf
 
-        qtype = getattr(gguf.GGMLQuantizationType, self.quant.upper())
+        qtype = getattr(gguf.GGMLQuantizationType, self.spec.quant.upper())
         return {"tensor": gguf.quants.quantize(array.astype(np.float32), qtype), "raw_dtype": qtype}
 
 
