@@ -113,14 +113,21 @@ async def workload(arm: Arm, name: str, rep: int, scale: float) -> dict[str, Any
     shorts = [request(arm.server, token_ids(32, rng), short_out, arm.mode) for _ in range(n_short)]
     async with client() as http:
         start = time.perf_counter()
-        done = await asyncio.gather(*(stream_times(http, arm.server, r) for r in longs + shorts))
+
+        async def timed(body: bytes) -> tuple[float, dict[str, Any] | None, float]:
+            first, usage = await stream_times(http, arm.server, body)
+            return first, usage, time.perf_counter() - start
+
+        done = await asyncio.gather(*(timed(r) for r in longs + shorts))
         wall = time.perf_counter() - start
-    ttfts = [t for t, _ in done]
+    ttfts = [t for t, _, _ in done]
+    # the long answers' time per token after the first: what a prefill beside them costs their decode
+    itl = [(end - first) / (long_out - 1) for first, _, end in done[:n_long]]
     row: dict[str, Any] = {"workload": name, "seed": seed, "wall_s": round(wall, 3), "ttft_mean_s": mean(ttfts[:n_long]),
-                           "ttft_max_s": round(max(ttfts[:n_long]), 3)}
+                           "ttft_max_s": round(max(ttfts[:n_long]), 3), "itl_mean_ms": round(1000 * statistics.mean(itl), 2)}
     if n_short:
         row["short_ttft_mean_s"] = mean(ttfts[n_long:])
-    timings = [usage["timings"] for _, usage in done if usage and "timings" in usage]
+    timings = [usage["timings"] for _, usage, _ in done if usage and "timings" in usage]
     if len(timings) == len(done):  # ours
         server = [t["ttft_ms"] / 1000 for t in timings]
         row |= {"server_ttft_mean_s": mean(server[:n_long]), "server_ttft_max_s": round(max(server[:n_long]), 3),
