@@ -7,6 +7,8 @@
 #                                         # line of QUEUE; COMMIT (`git rev-parse --short HEAD` on this side,
 #                                         # pasted: the device's copy has no git) goes into each result's
 #                                         # "machine", so reports merge reps of one tree
+#   (better: `...start QUEUE; bash bench/gpu/queue.sh wait 570` in one call, so the machine is held
+#   through the setup: a late second call found it gone with the queue on it)
 #   bash bench/gpu/queue.sh wait [SECONDS]  # the next calls, back to back: waits until the queue is
 #                                         # done (570 s at most), copies its results and logs into $OUT
 # A line of QUEUE is a bench script and its arguments, given to bench/gpu/servers.sh (so --target,
