@@ -147,12 +147,12 @@ def ratios(cells: Cells) -> list[str]:
 def per_rep(cells: Cells) -> list[str]:
     """Every rep's row, for the spread behind each median."""
     lines = ["| workload | arm | rep | wall | mean TTFT | short TTFT | server's mean TTFT | server's short TTFT "
-             "| compressed |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| compressed | long answers' ms/token |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for workload, _ in WORKLOADS:
         for arm, _ in ARMS:
             for r in cells.get((arm, workload), {}).get("rows", []):
                 lines.append(f"| {workload} | {arm} | {r['rep']} | " + " | ".join(seconds(r.get(k)) for k in KEYS)
-                             + f" | {r.get('compressed', '-')} |")
+                             + f" | {r.get('compressed', '-')} | {r.get('itl_mean_ms', '-')} |")
     return lines
 
 
