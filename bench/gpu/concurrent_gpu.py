@@ -202,10 +202,13 @@ def one_server(server: Server, *arms: tuple[str, str]) -> list[Phase]:
 
 def groups(args: argparse.Namespace, group: str) -> list[Phase]:
     """A group's phases."""
-    if group == "seed":  # ours-4 stays up; llama-server and ours-serial take turns beside it
-        four, serial = ours("ours-4", args.port, args, SLOTS), ours("ours-serial", args.port + 1, args, 1)
+    if group in ("seed", "peer"):  # ours-4 stays up; llama-server and ours-serial (seed) take turns beside it
+        four = ours("ours-4", args.port, args, SLOTS)
         first = Phase([four], [Arm("full", four, "off"), Arm("pflash", four, "always")])
-        phases = [first, Phase([four, serial], [Arm("serial-pflash", serial, "always")])]
+        phases = [first]
+        if group == "seed":
+            serial = ours("ours-serial", args.port + 1, args, 1)
+            phases.append(Phase([four, serial], [Arm("serial-pflash", serial, "always")]))
         if args.llama_server != "none":
             peer = llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))
             if args.llama_server_apart:  # a phase of its own: ours stopped for it, restarted for the next rep
@@ -231,7 +234,7 @@ def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--groups", nargs="+", default=["seed"],
                         help="seed (ours full, ours PFlash, llama-server, then serial PFlash; llama-server left out with "
-                        "--llama-server none), ours-unified, ours-one-lane, polite-S, decode64")
+                        "--llama-server none), peer (seed without serial PFlash), ours-unified, ours-one-lane, polite-S, decode64")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
