@@ -170,7 +170,7 @@ def test_the_status_a_finished_client_reads_no_longer_holds_its_request(build):
 def test_only_an_arrival_preempts_a_solo_long_prefill(build):
     fake = FakeCompressor()
     engine, sched, runner = build(start=False, compressor=fake, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128,
-                                  prefill_chunk=4)
+                                  prefill_chunk=4, preempt_chunk=4)
     polls: list = []
     runner.set_abort = polls.append
     engine.__init__(sched, runner, name="test", compressor=fake)  # wire the abort callback

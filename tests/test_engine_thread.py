@@ -274,7 +274,7 @@ def test_a_long_solo_prefill_step_is_preempted_for_a_newcomer(harness):
     """The runner polls the abort callback like llama.cpp does mid-graph; a newcomer aborts the
     solo long step, which is rolled back and redone after the newcomer's first token."""
     engine, sched, runner = harness(start=False, n_slots=2, n_pages=64, max_batch_tokens=32, max_ctx=128,
-                                    prefill_chunk=4)
+                                    prefill_chunk=4, preempt_chunk=4)
     polls: list = []
     runner.set_abort = polls.append
     engine.__init__(sched, runner, name="test")  # wire the abort callback into the runner

@@ -61,15 +61,24 @@ def test_aging_moves_a_long_prompt_ahead_of_newer_short_ones():
     assert aged.chunks == (("long", 64),) and aged.left_out == ("short",)
 
 
-def test_only_a_prompt_prefilling_alone_past_the_chunk_is_preemptible():
-    policy = StepPolicy(max_batch_tokens=512, prefill_chunk=128)
+def test_only_a_prompt_prefilling_alone_past_the_preempt_chunk_is_preemptible():
+    policy = StepPolicy(max_batch_tokens=512, preempt_chunk=128)
     assert policy.preemptible([512])
     assert not policy.preemptible([128]) and not policy.preemptible([511, 1]) and not policy.preemptible([])
-    assert not StepPolicy(max_batch_tokens=512).preemptible([512])  # no cap: nothing to wait for
+    assert not StepPolicy(max_batch_tokens=512, prefill_chunk=128).preemptible([512])  # the cap alone: never
+
+
+def test_with_no_cap_a_prefill_takes_the_whole_step_after_the_decode_rows():
+    """The GPU's default (loader.step_chunks): llama-server's rule, one long chunk beside the
+    decoding rows rather than a 512-token one per step."""
+    seats = [decoding("a"), decoding("b"), prefilling("long", 20_000)]
+    assert StepPolicy(max_batch_tokens=2048).plan(seats).chunks == (("long", 2046),)
+    assert StepPolicy(max_batch_tokens=2048, prefill_chunk=512).plan(seats).chunks == (("long", 512),)
 
 
 def test_a_short_chat_arriving_beside_a_long_prefill_gets_its_first_token_next_step():
-    sched, runner = make_scheduler(n_slots=2, n_pages=256, max_batch_tokens=64, max_ctx=1024, prefill_chunk=16)
+    sched, runner = make_scheduler(n_slots=2, n_pages=256, max_batch_tokens=64, max_ctx=1024, prefill_chunk=16,
+                                   preempt_chunk=16)
     long = make_request(list(range(1, 801)), max_tokens=2)
     sched.submit(long)
     step = step_once(sched, runner)

@@ -5,6 +5,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ..llama import Context, ContextConfig, Model, ModelParams
 from ..llama.devices import gpu_count
@@ -51,7 +52,7 @@ class EngineConfig:
     host_cache_min_tokens: int = 256  # shorter sequences are not saved, nor restored for a smaller gain
     page_size: int = 32
     prefill_chunk: int | None = None  # while requests decode: prefill tokens per step, times the prompts
-    # prefilling; None: default_prefill_chunk for where the model's layers run
+    # prefilling; None: step_chunks' default for where the model's layers run
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
     n_batch: int = 512
     n_ubatch: int = 512
@@ -172,12 +173,24 @@ def check_config(config: EngineConfig, model: Model) -> None:
                          "every decoding slot needs one token of each step")
 
 
-def default_prefill_chunk(on_gpu: bool) -> int:
-    """While requests decode, the prefill tokens a step gives each prefilling prompt. On a GPU a
-    512-token chunk costs a decode step little more than a 128-token one, and 128 made the seed's
-    cd4 (4 x 84K prompts, full prefill) take 1.28x llama-server's time on an H200 where 512 took
-    1.04x (issue 28); on 2 CPU cores each chunk's time adds to every decoding request's step."""
-    return 512 if on_gpu else 128
+class StepChunks(NamedTuple):
+    prefill: int | None  # SchedulerConfig.prefill_chunk
+    preempt: int  # SchedulerConfig.preempt_chunk
+
+
+def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
+    """The prefill a step gives each prompt while others decode, and the lone prefill step past
+    which a newcomer aborts it. On the CPU (2 cores) each chunk's time adds to every decoding
+    request's step: 128 for both. On a GPU, by default, no cap: the step's whole budget after the
+    decode rows, as llama-server does. On an H200 (issue 28, docs/concurrent_gpu.md) a cap of 128
+    made the seed's cd4 (4 x 84K prompts, full prefill) take 1.28x llama-server's time; 512 left
+    mix8, qa8 and cd4 1.03-1.06x behind it; the whole step (2,048) brought all three within 1.04x, at
+    llama-server's time per token for the decoding answers. A lone step past 512 tokens is still
+    cut short for a newcomer (a 512-token step costs little on a GPU); an explicit chunk below
+    that is the threshold too."""
+    interactive = 512 if on_gpu else 128
+    prefill = prefill_chunk or (None if on_gpu else interactive)
+    return StepChunks(prefill, min(prefill or interactive, interactive))
 
 
 def build_engine(
@@ -211,9 +224,9 @@ def build_engine(
     )
     runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n,
                          backend_sampling=on_device)
-    chunk = config.prefill_chunk or default_prefill_chunk(on_gpu=gpu_count() > 0 and model.n_gpu_layers != 0)
+    chunks = step_chunks(config.prefill_chunk, on_gpu=gpu_count() > 0 and model.n_gpu_layers != 0)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
-                             max_queue=config.max_queue, prefill_chunk=chunk,
+                             max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
                              can_compress=compressor is not None)

@@ -107,6 +107,9 @@ class SchedulerConfig:
     # all of it to the shortest first, so steps stay short and the decoding ones keep their latency
     # (None: no cap)
     prefill_chunk: int | None = None
+    # a prompt prefilling alone in a step of more tokens than this is aborted for a newcomer, so
+    # the newcomer's first token need not wait for the whole step (None: never)
+    preempt_chunk: int | None = None
     # each step a prefilling prompt is left out of counts as this many fewer tokens left, so a
     # long prompt gets through a steady stream of short ones
     aging: int = 128
@@ -134,7 +137,7 @@ class Scheduler:
     ) -> None:
         assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
         self.kv, self.config = kv, config
-        self.policy = StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging)
+        self.policy = StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging, config.preempt_chunk)
         self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host)
         self.slots: list[Slot] = self.cache.slots
         self.piece, self.is_eog, self.clock = piece, is_eog, clock

@@ -3,9 +3,10 @@ running requests, with nothing of llama.cpp in it, so a test drives it with plai
 
 Each step decodes one token for every generating request (up to the step's tokens), then fills the
 rest with prefill chunks: shortest remaining prefill first, aged so a long prompt gets through a
-steady stream of short ones; while requests decode, the prefill is capped at `prefill_chunk` per
-prompt prefilling, so decode steps stay short; prompts that finish their prefill in this step go
-alone, so a long chunk never delays their first token.
+steady stream of short ones; while requests decode, the prefill may be capped at `prefill_chunk`
+per prompt prefilling, so decode steps stay short; prompts that finish their prefill in this step
+go alone, so a long chunk never delays their first token. A prompt prefilling alone gets the whole
+step, and a newcomer may cut such a step short once it is past `preempt_chunk`.
 
 Requests that reach the engine in one round (arrived together, while a step ran) are admitted
 shortest prompt first: their arrival order within the round says nothing, and free slots given to
@@ -62,8 +63,9 @@ class StepPolicy:
     """The step's limits (SchedulerConfig's)."""
 
     max_batch_tokens: int  # tokens of one step
-    prefill_chunk: int | None = None  # prefill tokens per prompt prefilling while others decode
+    prefill_chunk: int | None = None  # prefill tokens per prompt prefilling while others decode (None: no cap)
     aging: int = 128  # each step a prompt is left out of counts as this many fewer tokens left
+    preempt_chunk: int | None = None  # a prompt prefilling alone past this many tokens is cut short for a newcomer
 
     def urgency(self, seat: Seat[K]) -> int:
         """Tokens left to prefill, fewer for every step the prompt was left out of."""
@@ -92,8 +94,8 @@ class StepPolicy:
 
     def preemptible(self, chunk_sizes: Sequence[int]) -> bool:
         """A step worth aborting for a newcomer: one prompt prefilling alone in a chunk bigger
-        than a newcomer would have to wait for (with others active it would be capped)."""
-        chunk = self.prefill_chunk
+        than a newcomer should have to wait for (`preempt_chunk`; None: never)."""
+        chunk = self.preempt_chunk
         return chunk is not None and len(chunk_sizes) == 1 and chunk_sizes[0] > chunk
 
 

@@ -62,8 +62,8 @@ class ModelSettings(StockModelSettings):
     prefill_chunk: Optional[int] = Field(
         default=None, ge=1,
         description="While requests decode, a step prefills at most this many tokens times the prompts waiting for "
-        "their first token, shortest prompt first (so decode steps stay short); default: 512 where the model's "
-        "layers run on a GPU, 128 on the CPU.",
+        "their first token, shortest prompt first (so decode steps stay short); default: 128 on the CPU, and where "
+        "the model's layers run on a GPU no cap (the step's whole n_batch after the decode rows, as llama-server).",
     )
     # PFlash prefill compression
     pflash: Literal["off", "auto", "always"] = Field(
