@@ -118,6 +118,7 @@ class MockRunner:
         self.max_cells_used = 0
         self.require_active = True  # items must belong to a request between start/end_request
         self.overlaps = False  # the engine releases text between launch and collect (a GPU's order)
+        self.n_ubatch: int | None = None  # overlapping, a step of more tokens launches as one that waits (a GPU's)
         self._outputs: dict[int, TokenOutput | Exception] = {}
 
     # ---- simulated KV ----------------------------------------------------------------------
@@ -236,6 +237,9 @@ class MockRunner:
         pass
 
     # ---- stepping --------------------------------------------------------------------------
+    def returns_early(self, step: Step) -> bool:
+        return self.overlaps and (self.n_ubatch is None or step.n_tokens <= self.n_ubatch)
+
     def launch(self, step: Step) -> None:
         """The engine's half of a step: the whole decode runs here (as on the CPU); with `overlaps`
         set, the engine does its overlapped host work before `collect`, as on a GPU."""

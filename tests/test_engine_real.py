@@ -285,6 +285,24 @@ def test_overlapped_steps_give_what_serial_steps_give(tiny_model, backend_sampli
     assert overlapped == serial
 
 
+def test_only_a_step_of_one_ubatch_returns_early_where_the_runner_overlaps(tiny_model):
+    """The context's ubatch as llama.cpp sized it (n_ubatch 8 of n_batch 16): a step of more
+    tokens waits at its launch for all its ubatches but the last, so it does not return early."""
+    from pflash_plugin.engine.scheduler import BatchItem
+
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=1, max_ctx=256, n_batch=16, n_ubatch=8,
+                                                         n_threads=1, n_threads_batch=1))
+    try:
+        runner = engine.runner
+        step = lambda n: Step([BatchItem(Request([1] * n, SamplingParams()), [1] * n, 0, True)])  # noqa: E731
+        assert runner.ctx.n_ubatch == 8 and not runner.overlaps  # the CPU: nothing runs beside a launch
+        assert not runner.returns_early(step(8))
+        runner.overlaps = True
+        assert runner.returns_early(step(8)) and not runner.returns_early(step(9))
+    finally:
+        engine.stop()
+
+
 def test_collect_waits_for_the_decode_only_where_nothing_read_its_outputs(tiny_model):
     """Reading a step's logits or sampled tokens waits for its decode (llama.cpp synchronizes), so
     collect waits itself only after a step that sampled nothing (a prompt's chunks before its last):

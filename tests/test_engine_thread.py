@@ -326,6 +326,28 @@ def test_text_goes_out_while_the_next_decode_runs_where_the_runner_overlaps(harn
     assert sink_of(request).finish.reason == "length"
 
 
+@pytest.mark.parametrize("n_ubatch", [4, 8])
+def test_overlapped_a_step_of_several_ubatches_sends_the_last_steps_text_before_its_launch(harness, n_ubatch):
+    """On a GPU a launch of more tokens than a ubatch returns only as its last ubatch computes, so
+    text released after it would wait out the step: a short request's first token, decoded beside
+    a long prompt's 8-token steps, reaches its client before such a step's launch where the step is
+    two ubatches (4 tokens each), and beside it where it is one (8)."""
+    engine, sched, runner = harness(start=False, n_slots=2, n_pages=64, max_batch_tokens=8, max_ctx=128)
+    runner.overlaps, runner.n_ubatch = True, n_ubatch
+    short, long = make_request([10, 11], max_tokens=3), make_request(list(range(100, 140)), max_tokens=1)
+    at_launch: list[tuple[int, int]] = []  # each step's tokens, and the short request's text events by then
+    runner.hook = lambda index, step: at_launch.append(
+        (step.n_tokens, len([e for e in sink_of(short).events if e.text])))
+    engine.start()
+    engine.submit(short, long)
+    wait_done(short, long)
+    sent_before = n_ubatch < 8
+    # the short prompt alone, then its decode rows beside the long prompt's chunks
+    assert at_launch[:3] == [(2, 0), (8, 0 + sent_before), (8, 1 + sent_before)]
+    assert sink_of(short).text == "<12><13><14>"
+    check_scheduler(sched, runner)
+
+
 @pytest.mark.parametrize("overlaps", [False, True])
 def test_a_stop_string_found_while_the_next_decode_runs_ends_the_request_as_before(harness, overlaps):
     """The stop string spans tokens 13 and 14. Overlapped, it is found while a step with one more

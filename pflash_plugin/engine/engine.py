@@ -320,7 +320,11 @@ class Engine:
 
     def _run(self, step: Step) -> None:
         """Launch the step's decode; where it runs beside the host (a GPU), release the last step's
-        text and events meanwhile; then take its tokens."""
+        text and events meanwhile, or before the launch where the launch itself would wait for
+        most of the step (runner.returns_early); then take its tokens."""
+        beside = self.runner.returns_early(step)
+        if self.runner.overlaps and not beside:
+            self._release_last_step()  # a short request's first token would wait out a long chunk's ubatches
         self._preemptible = self.scheduler.preemptible(step)
         try:
             self.runner.launch(step)
@@ -336,8 +340,8 @@ class Engine:
         finally:
             self._preemptible = False
         self._aborts = 0
-        if self.runner.overlaps:
-            self._overlapped()
+        if beside:
+            self._release_last_step()
         try:
             outputs = self.runner.collect(step)
         except Exception as error:
@@ -346,9 +350,9 @@ class Engine:
             return
         self.scheduler.update(step, outputs, release=not self.runner.overlaps)
 
-    def _overlapped(self) -> None:
-        """While the decode runs: the last step's text and events, after the stats (built again only
-        where this round's are stale)."""
+    def _release_last_step(self) -> None:
+        """Where the runner overlaps: the last step's text and events, after the stats (built again
+        only where this round's are stale)."""
         self.scheduler.release_text()
         if self._stats_stale():
             self._publish_stats()

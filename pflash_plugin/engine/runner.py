@@ -69,6 +69,13 @@ class LlamaRunner:
         self.ctx.close()
 
     # ---- stepping --------------------------------------------------------------------------
+    def returns_early(self, step: Step) -> bool:
+        """Whether this step's launch returns while the device computes: on a GPU, a step of one
+        ubatch. ggml's scheduler waits for each ubatch's compute before it copies the next one's
+        inputs, so a longer step's launch (a prefill chunk beside the decode rows) returns only
+        as its last ubatch computes, and host work put after it would wait out the step."""
+        return self.overlaps and step.n_tokens <= self.ctx.n_ubatch
+
     def launch(self, step: Step) -> None:
         """One llama_decode for the whole step (on a GPU it returns while the device computes).
         Raises DecodeError; the engine decides whom it fails."""

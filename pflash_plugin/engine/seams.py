@@ -16,6 +16,7 @@ class Runner(SlotRunner, Protocol):
     # a step's decode is launched, then collected: between the two the engine does the host work
     # that needs nothing of this step (the last step's text and events) while a GPU computes
     overlaps: bool  # launch returns before the decode has run (a GPU)
+    def returns_early(self, step: Step) -> bool: ...  # overlaps, and this step's launch returns before it has run
     def launch(self, step: Step) -> None: ...  # raises DecodeError
     def collect(self, step: Step) -> dict[int, TokenOutput | Exception]: ...
     def set_abort(self, should_abort: Callable[[], bool]) -> None: ...

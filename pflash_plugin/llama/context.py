@@ -90,6 +90,7 @@ class Context:
         self._apply_loras()
         self.n_ctx: int = C.llama_n_ctx(self.ptr)
         self.n_batch = config.n_batch
+        self.n_ubatch: int = C.llama_n_ubatch(self.ptr)
         self.mem = C.llama_get_memory(self.ptr)
         self.n_threads: int = C.llama_n_threads(self.ptr)
         self.n_threads_batch: int = C.llama_n_threads_batch(self.ptr)
