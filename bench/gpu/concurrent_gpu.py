@@ -217,6 +217,8 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
                 first.servers.append(peer)
                 first.arms.append(Arm("llama-server", peer, None))
         return phases
+    if group == "serial":  # the seed's serial PFlash alone
+        return one_server(ours("ours-serial", args.port + 1, args, 1), ("serial-pflash", "always"))
     if group == "ours-unified":
         return one_server(ours("ours-4-unified", args.port + 2, args, SLOTS, "--kv_layout", "unified"),
                           ("full-unified", "off"), ("pflash-unified", "always"))
@@ -234,7 +236,7 @@ def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--groups", nargs="+", default=["seed"],
                         help="seed (ours full, ours PFlash, llama-server, then serial PFlash; llama-server left out with "
-                        "--llama-server none), peer (seed without serial PFlash), ours-unified, ours-one-lane, polite-S, decode64")
+                        "--llama-server none), peer (seed without serial PFlash), serial (serial PFlash alone), ours-unified, ours-one-lane, polite-S, decode64")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
