@@ -24,6 +24,25 @@ def run_together(engine, requests: list[Request], timeout: float = 120) -> list[
     return [r.output_tokens for r in requests]
 
 
+def run_texts(engine, requests: list[Request], timeout: float = 120) -> list[tuple[str, str]]:
+    """Submit all requests in one message; each one's text and finish reason ("error" for an error)."""
+    texts: dict[int, list[str]] = {}
+    ends: dict[int, str] = {}
+    done = threading.Semaphore(0)
+    for request in requests:
+        def sink(event, rid: int = request.request_id) -> None:
+            if isinstance(event, TextEvent):
+                texts.setdefault(rid, []).append(event.text)
+            elif isinstance(event, (FinishEvent, ErrorEvent)):
+                ends[rid] = getattr(event, "reason", "error")
+                done.release()
+        request.sink = sink
+    engine.submit(*requests)
+    for _ in requests:
+        assert done.acquire(timeout=timeout), "a request did not finish"
+    return [("".join(texts.get(r.request_id, [])), ends[r.request_id]) for r in requests]
+
+
 def test_same_seed_same_concurrency_same_output(tiny_model):
     outputs = []
     for _ in range(2):
@@ -256,27 +275,41 @@ def test_overlapped_steps_give_what_serial_steps_give(tiny_model, backend_sampli
         model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1,
                                                              backend_sampling=backend_sampling))
         engine.runner.overlaps = overlaps
-        texts: dict[int, list[str]] = {}
-        ends: dict[int, str] = {}
-        done = threading.Semaphore(0)
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
                             SamplingParams(max_tokens=24, temperature=0, stop=stop if i == 0 else []))
                     for i in range(3)]
-        for request in requests:
-            def sink(event, rid: int = request.request_id) -> None:
-                if isinstance(event, TextEvent):
-                    texts.setdefault(rid, []).append(event.text)
-                elif isinstance(event, (FinishEvent, ErrorEvent)):
-                    ends[rid] = getattr(event, "reason", "error")
-                    done.release()
-            request.sink = sink
         try:
-            engine.submit(*requests)
-            for _ in requests:
-                assert done.acquire(timeout=120), "a request did not finish"
+            return [(text, r.output_tokens, reason) for r, (text, reason) in zip(requests, run_texts(engine, requests))]
         finally:
             engine.stop()
-        return [("".join(texts.get(r.request_id, [])), r.output_tokens, ends[r.request_id]) for r in requests]
+
+    whole = run(False, [])[0][0]
+    stop = whole[len(whole) // 2:len(whole) // 2 + 3]
+    serial, overlapped = run(False, [stop]), run(True, [stop])
+    assert serial[0][2] == "stop" and len(serial[0][1]) < 24
+    assert overlapped == serial
+
+
+@pytest.mark.parametrize("backend_sampling", ["off", "on"])
+def test_a_stop_found_before_a_launch_of_several_ubatches_gives_what_serial_steps_give(tiny_model, backend_sampling):
+    """A GPU's order forced on the CPU with ubatches of 4 tokens: a long prompt prefills beside a
+    short one's answer in steps of 16 tokens, so each step's text goes out before its launch, and
+    the stop string is found there, with the stopped request's row already in the step about to
+    launch. Tokens, texts and finish reasons are the serial order's."""
+    def run(overlaps: bool, stop: list[str]) -> list[tuple[str, list[int], str]]:
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=512, n_batch=16, n_ubatch=4,
+                                                             n_threads=1, n_threads_batch=1,
+                                                             backend_sampling=backend_sampling))
+        engine.runner.overlaps = overlaps
+        greedy = SamplingParams(max_tokens=24, temperature=0, stop=stop)
+        requests = [Request(model.tokenize("a short prompt about the weather"), greedy),
+                    Request(model.tokenize(" ".join(f"word{i}" for i in range(150))),
+                            SamplingParams(max_tokens=2, temperature=0))]
+        try:
+            assert 15 * 24 < len(requests[1].prompt_tokens) < 500  # still prefilling when the short one stops
+            return [(text, r.output_tokens, reason) for r, (text, reason) in zip(requests, run_texts(engine, requests))]
+        finally:
+            engine.stop()
 
     whole = run(False, [])[0][0]
     stop = whole[len(whole) // 2:len(whole) // 2 + 3]

@@ -146,10 +146,14 @@ class Sampling:
     def before_decode(self, rows: list[tuple[Request, int]]) -> None:
         """The device chains of this step's rows, as they must be at its decode: a request that
         reached its min_tokens gets a chain that lets end-of-generation through again. The decode
-        is in flight from here until `landed`."""
+        is in flight from here until `landed`. A row of a request that ended since the step was
+        planned (a stop string in the text released before a launch of several ubatches) has no
+        chain: its row decodes, nothing samples it (`sample`), and the scheduler drops what it wrote."""
         self.landed()  # chains a decode that never landed (a failed step) let go
         self._retired = []
         for request, _ in rows:
+            if not request.status.running:
+                continue
             slot = request.held_slot
             bound = self._slots[slot]
             if bound.path == "device" and bound.holds_eog != bound.short_of_min_tokens \
