@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import pytest
 
@@ -264,20 +265,15 @@ def test_a_grammar_whose_steps_keep_growing_ends_its_request_with_a_400(tiny_mod
     assert isinstance(ends[beside.request_id], FinishEvent) and len(beside.output_tokens) == 30
 
 
-@pytest.mark.parametrize("backend_sampling", ["off", "on"])
-def test_overlapped_steps_give_what_serial_steps_give(tiny_model, backend_sampling):
-    """A GPU's order forced on the CPU (`runner.overlaps`): the text of a step is released while
-    the next decode runs, so a stop string ends its request one decode late. The tokens, texts and
-    finish reasons are those of the serial order, and the queued request that takes the stopped
-    one's slot runs as it would (llama.cpp's sampling skips the stopped request's extra row; with
-    backend sampling, the stopped request's device chain is freed once that decode has landed)."""
+def assert_overlapped_is_serial(tiny_model, config: EngineConfig,
+                                make_requests: Callable[[Model, list[str]], list[Request]]) -> None:
+    """The requests' tokens, texts and finish reasons, overlapped as on a GPU (`runner.overlaps`),
+    are the serial order's, with a stop string for the first request cut from the middle of its
+    answer (which must end on it, early)."""
     def run(overlaps: bool, stop: list[str]) -> list[tuple[str, list[int], str]]:
-        model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1,
-                                                             backend_sampling=backend_sampling))
+        model, engine = load_engine(tiny_model, config)
         engine.runner.overlaps = overlaps
-        requests = [Request(model.tokenize(f"prompt {i} about the weather"),
-                            SamplingParams(max_tokens=24, temperature=0, stop=stop if i == 0 else []))
-                    for i in range(3)]
+        requests = make_requests(model, stop)
         try:
             return [(text, r.output_tokens, reason) for r, (text, reason) in zip(requests, run_texts(engine, requests))]
         finally:
@@ -288,6 +284,22 @@ def test_overlapped_steps_give_what_serial_steps_give(tiny_model, backend_sampli
     serial, overlapped = run(False, [stop]), run(True, [stop])
     assert serial[0][2] == "stop" and len(serial[0][1]) < 24
     assert overlapped == serial
+
+
+@pytest.mark.parametrize("backend_sampling", ["off", "on"])
+def test_overlapped_steps_give_what_serial_steps_give(tiny_model, backend_sampling):
+    """A GPU's order forced on the CPU (`runner.overlaps`): the text of a step is released while
+    the next decode runs, so a stop string ends its request one decode late. The tokens, texts and
+    finish reasons are those of the serial order, and the queued request that takes the stopped
+    one's slot runs as it would (llama.cpp's sampling skips the stopped request's extra row; with
+    backend sampling, the stopped request's device chain is freed once that decode has landed)."""
+    def requests(model: Model, stop: list[str]) -> list[Request]:
+        return [Request(model.tokenize(f"prompt {i} about the weather"),
+                        SamplingParams(max_tokens=24, temperature=0, stop=stop if i == 0 else []))
+                for i in range(3)]
+
+    assert_overlapped_is_serial(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1,
+                                                         backend_sampling=backend_sampling), requests)
 
 
 @pytest.mark.parametrize("backend_sampling", ["off", "on"])
@@ -296,26 +308,16 @@ def test_a_stop_found_before_a_launch_of_several_ubatches_gives_what_serial_step
     short one's answer in steps of 16 tokens, so each step's text goes out before its launch, and
     the stop string is found there, with the stopped request's row already in the step about to
     launch. Tokens, texts and finish reasons are the serial order's."""
-    def run(overlaps: bool, stop: list[str]) -> list[tuple[str, list[int], str]]:
-        model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=512, n_batch=16, n_ubatch=4,
-                                                             n_threads=1, n_threads_batch=1,
-                                                             backend_sampling=backend_sampling))
-        engine.runner.overlaps = overlaps
-        greedy = SamplingParams(max_tokens=24, temperature=0, stop=stop)
-        requests = [Request(model.tokenize("a short prompt about the weather"), greedy),
-                    Request(model.tokenize(" ".join(f"word{i}" for i in range(150))),
-                            SamplingParams(max_tokens=2, temperature=0))]
-        try:
-            assert 15 * 24 < len(requests[1].prompt_tokens) < 500  # still prefilling when the short one stops
-            return [(text, r.output_tokens, reason) for r, (text, reason) in zip(requests, run_texts(engine, requests))]
-        finally:
-            engine.stop()
+    def requests(model: Model, stop: list[str]) -> list[Request]:
+        long = model.tokenize(" ".join(f"word{i}" for i in range(150)))
+        assert 15 * 24 < len(long) < 500  # still prefilling when the short one stops
+        return [Request(model.tokenize("a short prompt about the weather"),
+                        SamplingParams(max_tokens=24, temperature=0, stop=stop)),
+                Request(long, SamplingParams(max_tokens=2, temperature=0))]
 
-    whole = run(False, [])[0][0]
-    stop = whole[len(whole) // 2:len(whole) // 2 + 3]
-    serial, overlapped = run(False, [stop]), run(True, [stop])
-    assert serial[0][2] == "stop" and len(serial[0][1]) < 24
-    assert overlapped == serial
+    config = EngineConfig(n_slots=2, max_ctx=512, n_batch=16, n_ubatch=4, n_threads=1, n_threads_batch=1,
+                          backend_sampling=backend_sampling)
+    assert_overlapped_is_serial(tiny_model, config, requests)
 
 
 def test_only_a_step_of_one_ubatch_returns_early_where_the_runner_overlaps(tiny_model):
