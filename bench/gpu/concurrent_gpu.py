@@ -81,6 +81,11 @@ def ours(label: str, port: int, args: argparse.Namespace, slots: int, *extra: st
     ], port=port, log_dir=log_dir(args), ours=True)
 
 
+def ours_serial(args: argparse.Namespace) -> Server:
+    """Serial PFlash: ours with one slot."""
+    return ours("ours-serial", args.port + 1, args, 1)
+
+
 def n_ctx(args: argparse.Namespace) -> int:
     return -(-int(N_CTX * args.scale) // 256) * 256
 
@@ -207,7 +212,7 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
         first = Phase([four], [Arm("full", four, "off"), Arm("pflash", four, "always")])
         phases = [first]
         if group == "seed":
-            serial = ours("ours-serial", args.port + 1, args, 1)
+            serial = ours_serial(args)
             phases.append(Phase([four, serial], [Arm("serial-pflash", serial, "always")]))
         if args.llama_server != "none":
             peer = llama_server("llama-server", args.port + 3, args, SLOTS, n_ctx(args))
@@ -218,7 +223,7 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
                 first.arms.append(Arm("llama-server", peer, None))
         return phases
     if group == "serial":  # the seed's serial PFlash alone
-        return one_server(ours("ours-serial", args.port + 1, args, 1), ("serial-pflash", "always"))
+        return one_server(ours_serial(args), ("serial-pflash", "always"))
     if group == "ours-unified":
         return one_server(ours("ours-4-unified", args.port + 2, args, SLOTS, "--kv_layout", "unified"),
                           ("full-unified", "off"), ("pflash-unified", "always"))
@@ -236,7 +241,8 @@ def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--groups", nargs="+", default=["seed"],
                         help="seed (ours full, ours PFlash, llama-server, then serial PFlash; llama-server left out with "
-                        "--llama-server none), peer (seed without serial PFlash), serial (serial PFlash alone), ours-unified, ours-one-lane, polite-S, decode64")
+                        "--llama-server none), peer (seed without serial PFlash), serial (serial PFlash alone), "
+                        "ours-unified, ours-one-lane, polite-S, decode64")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
