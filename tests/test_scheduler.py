@@ -878,6 +878,23 @@ def test_a_short_request_takes_the_slot_of_a_long_prompt_that_has_not_begun_its_
     check_scheduler(sched, runner)
 
 
+def test_a_short_request_queued_behind_a_long_one_still_takes_a_lent_slot():
+    """The long one queued ahead could not take that slot (not half the lender's tokens); the short
+    one need not wait behind it for a slot that frees."""
+    sched, runner, started, unstarted = _two_long_prompts()
+    long_queued, short = make_request(list(range(300, 340)), max_tokens=2), make_request([7, 8, 9], max_tokens=2)
+    lent = unstarted.slot
+    assert sched.submit(long_queued) is None and long_queued.status is RequestStatus.WAITING
+    assert sched.submit(short) is None
+    assert short.status is RequestStatus.PREFILLING and short.slot == lent
+    assert unstarted.status is RequestStatus.WAITING and long_queued.status is RequestStatus.WAITING
+    assert list(sched.waiting) == [unstarted, long_queued]  # the lender back ahead of the equally long one
+    run_until_idle(sched, runner)
+    for request in (started, unstarted, long_queued, short):
+        assert sink_of(request).finish.reason == "length" and len(request.output_tokens) == 2
+    check_scheduler(sched, runner)
+
+
 def test_no_slot_is_lent_once_its_prompt_has_prefilled_or_to_a_prompt_not_half_as_long():
     sched, runner, started, unstarted = _two_long_prompts()
     not_half = make_request(list(range(300, 321)), max_tokens=2)  # 21 tokens: more than half of 40

@@ -278,37 +278,58 @@ class Scheduler:
     def admit(self) -> None:
         """Hand off what needs compression, then give free slots to queued requests in order
         (compressed ones first); stops at the first that does not fit, so admission stays FIFO.
-        Where no slot is free, the head of a queue may take the slot of a prompt at least twice as
-        long that has not prefilled into it (`_lender`): little is lost, and a short chat sent
-        with long prompts need not wait behind all of them."""
+        Where no slot is free, a queued request may take the slot of a prompt at least twice as
+        long that has not prefilled into it (`_loan`), even behind a longer one queued ahead of it
+        (which could not take that slot): little is lost, and a short chat sent with long prompts
+        need not wait behind all of them."""
         self._hand_off()
-        for queue in (self.prepared, self.waiting):
-            while queue:
-                request = queue[0]
-                if not self.cache.place(request):
-                    lender = self._lender(request)
-                    if lender is None:
-                        return
-                    self._requeue(lender)
-                    continue
-                queue.popleft()
-                self._start(request)
+        while self._admit_next():
+            pass
 
-    def _lender(self, request: Request) -> Request | None:
-        """The running prompt with the most prefill left that has held its slot through a step
-        without prefilling into it, reuses there no more cached tokens than `request` has (the
-        borrower may drop them: at most what it prefills itself is lost; a shared first token or
-        system prompt it may reuse), has at least twice `request`'s tokens to prefill, and has not
-        lent before. Only where each slot has its own KV stream: its slot then fits any admissible
-        request, so the lending is never in vain."""
+    def _admit_next(self) -> bool:
+        """Start one queued request: the head of the queues where a slot fits it, else the first
+        queued request that a slot is lent to. False when neither is possible."""
+        queue = self.prepared or self.waiting
+        if not queue:
+            return False
+        if self.cache.place(queue[0]):
+            self._start(queue.popleft())
+            return True
+        loan = self._loan()
+        if loan is None:
+            return False
+        borrower, lender = loan
+        self._requeue(lender)
+        queue = self.prepared if any(r is borrower for r in self.prepared) else self.waiting
+        del queue[next(k for k, r in enumerate(queue) if r is borrower)]
+        placed = self.cache.place(borrower)
+        assert placed, "a lent slot fits any admissible request (a KV stream per slot)"
+        self._start(borrower)
+        return True
+
+    def _loan(self) -> tuple[Request, Request] | None:
+        """The first queued request (compressed ones first) that a running prompt may lend its slot
+        to, and that prompt: of those that have held their slot through a step without prefilling
+        into it and have not lent before, the one with the most prefill left that reuses there no
+        more cached tokens than the borrower has (the borrower may drop them: at most what it
+        prefills itself is lost; a shared first token or system prompt it may reuse) and has at
+        least twice the borrower's tokens to prefill. Only where each slot has its own KV stream:
+        its slot then fits any admissible request, so the lending is never in vain."""
         if not self.cache.per_slot:
             return None
-        n = len(request.prefill_tokens)
         lenders = [r for r in self.running if r.status is RequestStatus.PREFILLING
-                   and r.n_prefilled == r.cached_tokens <= n and self._live[r.request_id].starved
-                   and r.prefill_left >= 2 * n and r.request_id not in self._lent
-                   and not self.cache.copying(self.slots[r.held_slot])]
-        return max(lenders, key=lambda r: r.prefill_left, default=None)
+                   and r.n_prefilled == r.cached_tokens and self._live[r.request_id].starved
+                   and r.request_id not in self._lent and not self.cache.copying(self.slots[r.held_slot])]
+        most_left = max((r.prefill_left for r in lenders), default=0)
+        for borrower in (*self.prepared, *self.waiting):
+            n = len(borrower.prefill_tokens)
+            if 2 * n > most_left:
+                continue
+            lender = max((r for r in lenders if r.cached_tokens <= n and r.prefill_left >= 2 * n),
+                         key=lambda r: r.prefill_left, default=None)
+            if lender is not None:
+                return borrower, lender
+        return None
 
     def _requeue(self, request: Request) -> None:
         """Back to its queue from a slot it has not prefilled into, behind the queued requests with
