@@ -2,7 +2,13 @@
 token ids with what the checks look for: they skip the ids, not what sits among them."""
 from __future__ import annotations
 
-from pflash_plugin.server.errors import MAX_JSON_DEPTH, deeper_than, unencodable_field
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from pflash_plugin.server.errors import MAX_JSON_DEPTH, _may_hold_lone_surrogate, deeper_than, unencodable_field
+from pflash_plugin.server.protocol import CompletionRequest
 
 
 def nested(depth: int) -> list:
@@ -25,3 +31,27 @@ def test_a_lone_surrogate_among_token_ids_is_named_by_its_path():
     assert unencodable_field({"prompt": [5, 6, "ok", "\udcff"]}) == "prompt.3"
     assert unencodable_field({"prompt": [5, [7, {"k": "\udcff"}]]}) == "prompt.1.1.k"
     assert unencodable_field({"prompt": list(range(22000))}) is None
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"prompt": "\\udcff"}', b'{"prompt": "\\uDCFF"}',  # escapes, either case
+    '{"prompt": "a\udcffb"}'.encode("utf-8", "surrogatepass"),  # raw bytes json.loads lets through
+    '{"prompt": "a\udcffb"}'.encode("utf-16", "surrogatepass"),
+])
+def test_every_way_json_loads_yields_a_lone_surrogate_keeps_the_walk(raw):
+    assert unencodable_field(json.loads(raw)) == "prompt"
+    assert _may_hold_lone_surrogate(raw)
+
+
+def test_token_ids_and_plain_text_skip_the_walk():
+    assert not _may_hold_lone_surrogate(json.dumps({"prompt": list(range(22000))}).encode())
+    assert not _may_hold_lone_surrogate(json.dumps({"prompt": "caf\u00e9 \U0001f600"}, ensure_ascii=False).encode())
+    assert _may_hold_lone_surrogate(json.dumps({"prompt": "\U0001f600"}).encode())  # an escaped pair: walked, fine
+
+
+def test_a_bad_prompt_of_many_token_ids_is_one_error_per_union_member_not_one_per_id():
+    """Each list of the prompt's union stops at its first bad item: 22K ids tried as a list of text
+    cost 6 ms of the event loop, an error each."""
+    with pytest.raises(ValidationError) as refused:
+        CompletionRequest.model_validate({"prompt": list(range(5000)) + [None]})
+    assert refused.value.error_count() <= 4

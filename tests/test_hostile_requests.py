@@ -73,6 +73,13 @@ def test_a_lone_surrogate_is_a_400_naming_its_field(server, raw, param):
     assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
 
 
+def test_a_lone_surrogate_sent_as_raw_bytes_is_a_400(server):
+    """json.loads takes UTF-8's surrogate range ('surrogatepass'): no escape needed to send one."""
+    raw = '{"prompt": [5, "a\udcffb"]}'.encode("utf-8", "surrogatepass")
+    answer = httpx.post(server.url + COMPLETIONS, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "prompt.1", answer.text
+
+
 def test_a_lone_surrogate_in_a_chat_message_is_a_400(server):
     raw = '{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "\\udcff"}]}'
     answer = post(server, "/v1/chat/completions", raw)

@@ -36,8 +36,12 @@ class _Extensions(BaseModel):
 
 MAX_N = 128  # choices per request: each one is an engine request
 
-# OpenAI accepts a prompt as text, token ids, or a batch of either
-Prompt = Union[str, List[str], List[int], List[List[int]]]
+# OpenAI accepts a prompt as text, token ids, or a batch of either. Each list stops at its first bad
+# item: the union tries every member, and a prompt of 22K token ids took 6 ms of the event loop to
+# fail as a list of strings with an error per id (0.3 ms this way; the same values either way).
+_FAIL_FAST = Field(fail_fast=True)
+TokenIds = Annotated[List[int], _FAIL_FAST]
+Prompt = Union[str, Annotated[List[str], _FAIL_FAST], TokenIds, Annotated[List[TokenIds], _FAIL_FAST]]
 
 
 class ContentPart(BaseModel):
