@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-DATA = [DOCS / "data" / name for name in ("concurrent_seed_h200.json", "concurrent_seed_r1_h200.json",
-                                          "concurrent_seed_r2_h200.json", "concurrent_seed_lend_h200.json",
-                                          "concurrent_seed_confirm_h200.json", "concurrent_peer_cd4_h200.json")]
+DATA = [DOCS / "data" / name for name in ("concurrent_defaults_r0_h200.json", "concurrent_defaults_r1_h200.json",
+                                          "concurrent_defaults_r2_h200.json", "concurrent_defaults_serial_r0_h200.json")]
 ARMS = [("full", "ours, full prefill"), ("pflash", "ours, PFlash"), ("llama-server", "llama-server, full prefill"),
         ("serial-pflash", "ours, serial PFlash (1 slot)")]
 WORKLOADS = [("qa8", "qa8: 8 x 22K tokens, 16 out"), ("mix8", "mix8: 4 x 22K + 4 short, 32 out"),
