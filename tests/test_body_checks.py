@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from pflash_plugin.server.errors import MAX_JSON_DEPTH, _may_hold_lone_surrogate, deeper_than, unencodable_field
+from pflash_plugin.server.errors import MAX_JSON_DEPTH, may_hold_lone_surrogate, deeper_than, unencodable_field
 from pflash_plugin.server.protocol import CompletionRequest
 
 
@@ -40,13 +40,13 @@ def test_a_lone_surrogate_among_token_ids_is_named_by_its_path():
 ])
 def test_every_way_json_loads_yields_a_lone_surrogate_keeps_the_walk(raw):
     assert unencodable_field(json.loads(raw)) == "prompt"
-    assert _may_hold_lone_surrogate(raw)
+    assert may_hold_lone_surrogate(raw)
 
 
 def test_token_ids_and_plain_text_skip_the_walk():
-    assert not _may_hold_lone_surrogate(json.dumps({"prompt": list(range(22000))}).encode())
-    assert not _may_hold_lone_surrogate(json.dumps({"prompt": "caf\u00e9 \U0001f600"}, ensure_ascii=False).encode())
-    assert _may_hold_lone_surrogate(json.dumps({"prompt": "\U0001f600"}).encode())  # an escaped pair: walked, fine
+    assert not may_hold_lone_surrogate(json.dumps({"prompt": list(range(22000))}).encode())
+    assert not may_hold_lone_surrogate(json.dumps({"prompt": "caf\u00e9 \U0001f600"}, ensure_ascii=False).encode())
+    assert may_hold_lone_surrogate(json.dumps({"prompt": "\U0001f600"}).encode())  # an escaped pair: walked, fine
 
 
 def test_a_bad_prompt_of_many_token_ids_is_one_error_per_union_member_not_one_per_id():

@@ -106,7 +106,7 @@ def unencodable_field(body: Any) -> str | None:
     return None
 
 
-def _may_hold_lone_surrogate(raw: bytes) -> bool:
+def may_hold_lone_surrogate(raw: bytes) -> bool:
     """Whether a JSON body may decode to a lone surrogate: through a \\uD800-\\uDFFF escape, or
     raw bytes json.loads lets through ('surrogatepass'): UTF-8's surrogate range begins with 0xED,
     and UTF-16 or UTF-32 JSON holds zero bytes. False for plain token ids and most text."""
@@ -135,7 +135,7 @@ async def _body_error(request: Request) -> Response | None:
     # event loop, which every request behind it waited out
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and deeper_than(body, MAX_JSON_DEPTH):
         return too_deep()
-    field = unencodable_field(body) if _may_hold_lone_surrogate(raw) else None
+    field = unencodable_field(body) if may_hold_lone_surrogate(raw) else None
     if field is None:
         return None
     message = f"{field}: the text is not valid Unicode (a lone surrogate cannot be encoded as UTF-8)"
