@@ -298,37 +298,39 @@ class Scheduler:
         loan = self._loan()
         if loan is None:
             return False
-        borrower, lender = loan
+        queue, at, lender = loan
+        borrower = queue[at]
+        del queue[at]
         self._requeue(lender)
-        queue = self.prepared if any(r is borrower for r in self.prepared) else self.waiting
-        del queue[next(k for k, r in enumerate(queue) if r is borrower)]
         placed = self.cache.place(borrower)
         assert placed, "a lent slot fits any admissible request (a KV stream per slot)"
         self._start(borrower)
         return True
 
-    def _loan(self) -> tuple[Request, Request] | None:
+    def _loan(self) -> tuple[deque[Request], int, Request] | None:
         """The first queued request (compressed ones first) that a running prompt may lend its slot
-        to, and that prompt: of those that have held their slot through a step without prefilling
-        into it and have not lent before, the one with the most prefill left that reuses there no
-        more cached tokens than the borrower has (the borrower may drop them: at most what it
-        prefills itself is lost; a shared first token or system prompt it may reuse) and has at
-        least twice the borrower's tokens to prefill. Only where each slot has its own KV stream:
-        its slot then fits any admissible request, so the lending is never in vain."""
+        to, as its queue and place there, and that prompt: of those that have held their slot
+        through a step without prefilling into it and have not lent before, the one with the most
+        prefill left that reuses there no more cached tokens than the borrower has (the borrower
+        may drop them: at most what it prefills itself is lost; a shared first token or system
+        prompt it may reuse) and has at least twice the borrower's tokens to prefill. Only where
+        each slot has its own KV stream: its slot then fits any admissible request, so the lending
+        is never in vain."""
         if not self.cache.per_slot:
             return None
         lenders = [r for r in self.running if r.status is RequestStatus.PREFILLING
                    and r.n_prefilled == r.cached_tokens and self._live[r.request_id].starved
                    and r.request_id not in self._lent and not self.cache.copying(self.slots[r.held_slot])]
         most_left = max((r.prefill_left for r in lenders), default=0)
-        for borrower in (*self.prepared, *self.waiting):
-            n = len(borrower.prefill_tokens)
-            if 2 * n > most_left:
-                continue
-            lender = max((r for r in lenders if r.cached_tokens <= n and r.prefill_left >= 2 * n),
-                         key=lambda r: r.prefill_left, default=None)
-            if lender is not None:
-                return borrower, lender
+        for queue in (self.prepared, self.waiting):
+            for at, borrower in enumerate(queue):
+                n = len(borrower.prefill_tokens)
+                if 2 * n > most_left:
+                    continue
+                lender = max((r for r in lenders if r.cached_tokens <= n and r.prefill_left >= 2 * n),
+                             key=lambda r: r.prefill_left, default=None)
+                if lender is not None:
+                    return queue, at, lender
         return None
 
     def _requeue(self, request: Request) -> None:
