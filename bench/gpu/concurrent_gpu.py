@@ -21,7 +21,8 @@ ours-serial (llama-server stopped for it); each phase records the GPU memory its
 (`kind: memory`), and `--llama_server_apart` gives llama-server a phase of its own should ours-4 and
 it not fit together after all. Other groups, one server each, for A/Bs:
 `ours-unified` (`--kv_layout unified`), `ours-one-lane` (`--pflash_drafter_lanes 1`), `polite-S`
-(PFlash only, `--pflash_polite_s S`).
+(PFlash only, `--pflash_polite_s S`); `upstream`: ours-4 (full, PFlash) beside llama-cpp-python's
+own example server (bench/upstream.py: 4 sequences, a KV stream each).
 Every request draws its prompt from a seed of its arm, workload and rep, so no prompt repeats and
 our prefix cache never serves one from an earlier arm or rep; `--first_rep N` numbers the reps from
 N, so a second run (another device call) continues with new prompts, into its own file (the report
@@ -45,6 +46,7 @@ from typing import Any
 
 from multi_gpu import (Record, Server, body, client, log_dir, models_parser, run_arms, start_all, stream_times,
                        streamed, throughput, token_ids)
+from upstream import UpstreamServer, model_options
 
 WORKLOADS = {  # name: (long prompts, their tokens, tokens out, short prompts, short tokens out)
     "qa8": (8, 22528, 16, 0, 0),
@@ -95,6 +97,15 @@ def llama_server(label: str, port: int, args: argparse.Namespace, slots: int, sl
         "-m", args.target, "--host", "127.0.0.1", "-ngl", "999", "-c", str(slot_ctx * slots), "-np", str(slots),
         "-b", "2048", "-ub", "512", "-fa", "on", "--cache-ram", "0",
     ], program=[args.llama_server], port=port, log_dir=log_dir(args))
+
+
+def upstream(args: argparse.Namespace) -> UpstreamServer:
+    """llama-cpp-python's own example server (bench/upstream.py) with 4 sequences of a slot's cells
+    each, a KV stream per sequence (`kv_unified` false: what llama-server defaults to, and what long
+    prompts side by side need; one unified pool made four 84K prefills 5x slower in ours)."""
+    options = model_options(args.target, slots=SLOTS, n_ctx=SLOTS * n_ctx(args), gpu=True)
+    return UpstreamServer("upstream", [], port=args.port + 8, log_dir=log_dir(args),
+                          options={**options, "kv_unified": False})
 
 
 def request(server: Server, prompt: list[int], max_tokens: int, mode: str | None) -> bytes:
@@ -222,6 +233,10 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
                 first.servers.append(peer)
                 first.arms.append(Arm("llama-server", peer, None))
         return phases
+    if group == "upstream":  # ours-4 beside llama-cpp-python's own example server
+        four, peer = ours("ours-4", args.port, args, SLOTS), upstream(args)
+        return [Phase([four, peer], [Arm("full", four, "off"), Arm("pflash", four, "always"),
+                                     Arm("upstream", peer, None)])]
     if group == "serial":  # the seed's serial PFlash alone
         return one_server(ours_serial(args), ("serial-pflash", "always"))
     if group == "ours-unified":
@@ -242,6 +257,7 @@ def main() -> None:
     parser.add_argument("--groups", nargs="+", default=["seed"],
                         help="seed (ours full, ours PFlash, llama-server, then serial PFlash; llama-server left out with "
                         "--llama-server none), peer (seed without serial PFlash), serial (serial PFlash alone), "
+                        "upstream (ours full and PFlash beside llama-cpp-python's example server), "
                         "ours-unified, ours-one-lane, polite-S, decode64")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)

@@ -1,5 +1,6 @@
 """Decode at scale on a real vocabulary: ours (backend sampling on and off) against llama-server
-(with and without `-bs`), per sampling mode, and the host's time per step of our engine.
+(with and without `-bs`) and llama-cpp-python's own example server (`--servers ... upstream`, in its
+best configuration: bench/upstream.py), per sampling mode, and the host's time per step of our engine.
 
 On the CUDA machine, with the 128K-vocabulary models (`VOCAB_EXTRA=127000`, bench/gpu/setup.sh):
     VOCAB_EXTRA=127000 bash bench/gpu/servers.sh bench/gpu/decode_scale.py --out $OUT/decode_scale.json
@@ -35,6 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi_gpu import (  # noqa: E402
     Record, Server, client, complete, log_dir, models_parser, run_arms, stream_times, token_ids)
+from upstream import UpstreamServer, model_options  # noqa: E402  (bench/, on the path through multi_gpu)
 
 JSON_GRAMMAR = r'''root ::= "{" ws "\"a\":" ws [0-9]+ ws "}" ws
 ws ::= [ \n]*'''
@@ -62,6 +64,12 @@ def llama_server(label: str, port: int, args: argparse.Namespace, *extra: str) -
         "-m", args.target, "--host", "127.0.0.1", "-ngl", "999", "-c", str(512 * args.slots), "-np", str(args.slots),
         "-fa", "on", "--cache-ram", "0", *extra,
     ], program=[args.llama_server], port=port, log_dir=log_dir(args))
+
+
+def upstream(label: str, port: int, args: argparse.Namespace) -> UpstreamServer:
+    """llama-cpp-python's own batched server (bench/upstream.py), as many slots and cells as the others."""
+    options = model_options(args.target, slots=args.slots, n_ctx=512 * args.slots, gpu=args.gpu_layers != 0)
+    return UpstreamServer(label, [], port=port, log_dir=log_dir(args), options=options)
 
 
 def request_body(server: Server, mode: str, rng: random.Random, args: argparse.Namespace, grammar: bool) -> dict:
@@ -151,7 +159,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     return row
 
 
-SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs")
+SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream")
 
 
 def side_by_side(args: argparse.Namespace, record: Record) -> None:
@@ -159,6 +167,7 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
     if args.llama_server != "none":
         servers += [llama_server("llama-server", args.port + 2, args),
                     llama_server("llama-server-bs", args.port + 3, args, "-bs")]
+    servers += [upstream("upstream", args.port + 4, args)]
     servers = [server for server in servers if server.label in args.servers]
     try:
         for server in servers:
@@ -207,8 +216,9 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=["engine", "servers"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--clients", nargs="+", type=int, default=[64])
-    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS,
-                        help="ours: --backend_sampling on; ours-host-sampling: off (what auto picks with the native sampler)")
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS[:4]), choices=SERVERS,
+                        help="ours: --backend_sampling on; ours-host-sampling: off (what auto picks with the native "
+                        "sampler); upstream: llama-cpp-python's example server (bench/upstream.py)")
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
