@@ -114,9 +114,11 @@ class PrefixCache:
         """The slot holding the longest prefix of `tokens` (at most len - 1: one token must run)."""
         return longest_prefix(self.slots, lambda slot: slot.tokens, tokens)
 
-    def cached_prefix(self, tokens: list[int]) -> int:
-        """Tokens of `tokens` whose KV a slot or the host tier holds."""
-        _, n = self.best_prefix(tokens)
+    def cached_prefix(self, tokens: list[int], settled: bool = False) -> int:
+        """Tokens of `tokens` whose KV a slot or the host tier holds; `settled`: leaving out the
+        slots whose request is still prefilling (what they hold grows)."""
+        slots = [s for s in self.slots if not (settled and s.request is not None and s.request.prefill_left)]
+        _, n = longest_prefix(slots, lambda slot: slot.tokens, tokens)
         return max(n, self.host.best(tokens)[1]) if self.host is not None else n
 
     def compressed_source(self, prompt: list[int]) -> Slot | None:

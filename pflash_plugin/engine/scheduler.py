@@ -5,7 +5,8 @@ generating slot and fills the rest of the token budget with prefill chunks, so a
 never stalls decoding (the rule, and what background drafting is told: step_policy.py). Idle
 slots keep their KV as a prefix cache; a new request reuses the longest cached prefix of any
 slot (in place, or shared through `seq_cp`), and idle caches are evicted least recently used when
-pages are needed.
+pages are needed. A queued request whose prefix another is prefilling waits for that prefill and
+reuses it (prefill_sharing.py), so a prompt is prefilled once.
 
 Every request moves through one `RequestStatus` lifecycle, and `finish` is the only way out of it.
 The scheduler never calls a sink while it decides: it queues events, and `emit` delivers them, so
@@ -21,6 +22,7 @@ from typing import Callable, Protocol
 
 from .kv_pool import PagePool
 from .host_cache import HostCache
+from .prefill_sharing import PrefillSharing
 from .prefix_cache import KVOps, PrefixCache, Slot
 from .request import (
     ErrorEvent,
@@ -122,6 +124,9 @@ class SchedulerConfig:
     # per-slot KV streams: a prefix another slot holds is copied (a whole stream) only when it is
     # this many tokens longer than what the chosen slot reuses in place (PrefixCache)
     min_copy_tokens: int = 0
+    # a queued request whose prefix a running one is prefilling waits for it (prefill_sharing.py)
+    # where that saves at least this many tokens (and min_copy_tokens); None: never
+    share_prefill_tokens: int | None = 64
 
 
 class Scheduler:
@@ -138,6 +143,8 @@ class Scheduler:
         assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
         self.kv, self.config = kv, config
         self.policy = StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging, config.preempt_chunk)
+        share = config.share_prefill_tokens
+        self.sharing = PrefillSharing(None if share is None else max(share, config.min_copy_tokens))
         self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host)
         self.slots: list[Slot] = self.cache.slots
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
@@ -207,7 +214,8 @@ class Scheduler:
             self.refuse(requests, error)
             return error
         for request in requests:
-            if request.compression is None and not self.waiting and not self.prepared and self.cache.place(request):
+            if (request.compression is None and not self.waiting and not self.prepared and not self._waits(request)
+                    and self.cache.place(request)):
                 self._start(request)
             else:
                 self.add(request)
@@ -277,7 +285,8 @@ class Scheduler:
 
     def admit(self) -> None:
         """Hand off what needs compression, then give free slots to queued requests in order
-        (compressed ones first); stops at the first that does not fit, so admission stays FIFO.
+        (compressed ones first), passing over those that wait for another's prefill of their prefix
+        (prefill_sharing.py); stops at the first that does not fit, so admission stays FIFO.
         Where no slot is free, a queued request may take the slot of a prompt at least twice as
         long that has not prefilled into it (`_loan`), even behind a longer one queued ahead of it
         (which could not take that slot): little is lost, and a short chat sent with long prompts
@@ -287,13 +296,17 @@ class Scheduler:
             pass
 
     def _admit_next(self) -> bool:
-        """Start one queued request: the head of the queues where a slot fits it, else the first
-        queued request that a slot is lent to. False when neither is possible."""
-        queue = self.prepared or self.waiting
-        if not queue:
+        """Start one queued request: the first that waits for no other's prefill (`_waits`) where a
+        slot fits it, else the first queued request that a slot is lent to. False when neither is
+        possible."""
+        head = self._head()
+        if head is None:
             return False
-        if self.cache.place(queue[0]):
-            self._start(queue.popleft())
+        queue, at = head
+        if self.cache.place(queue[at]):
+            request = queue[at]
+            del queue[at]
+            self._start(request)
             return True
         loan = self._loan()
         if loan is None:
@@ -306,6 +319,20 @@ class Scheduler:
         assert placed, "a lent slot fits any admissible request (a KV stream per slot)"
         self._start(borrower)
         return True
+
+    def _head(self) -> tuple[deque[Request], int] | None:
+        """The first queued request (compressed ones first) that waits for no other's prefill, as
+        its queue and place there."""
+        for queue in (self.prepared, self.waiting):
+            for at, request in enumerate(queue):
+                if not self._waits(request):
+                    return queue, at
+        return None
+
+    def _waits(self, request: Request) -> bool:
+        """Whether `request` waits for a running request's prefill of its prefix (prefill_sharing.py)."""
+        settled = lambda tokens: self.cache.cached_prefix(tokens, settled=True)  # noqa: E731
+        return self.sharing.leader(request, self.running, settled) is not None
 
     def _loan(self) -> tuple[deque[Request], int, Request] | None:
         """The first queued request (compressed ones first) that a running prompt may lend its slot
@@ -325,7 +352,7 @@ class Scheduler:
         for queue in (self.prepared, self.waiting):
             for at, borrower in enumerate(queue):
                 n = len(borrower.prefill_tokens)
-                if 2 * n > most_left:
+                if 2 * n > most_left or self._waits(borrower):
                     continue
                 lender = max((r for r in lenders if r.cached_tokens <= n and r.prefill_left >= 2 * n),
                              key=lambda r: r.prefill_left, default=None)

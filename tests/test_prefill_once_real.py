@@ -1,0 +1,62 @@
+"""Prefill once on a real llama.cpp context (tiny model, both KV layouts): the n choices of one
+prompt decode its tokens once, the others reuse its cells, and what they generate agrees with
+separate prefills (exactly where the batch shape is the same, DESIGN.md 3)."""
+from __future__ import annotations
+
+import pytest
+
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.prefill_sharing import PrefillSharing
+from pflash_plugin.engine.request import Request, SamplingParams
+from pflash_plugin.engine.scheduler import Step
+
+from test_engine_real import run_together
+
+TEXT = " ".join(f"sentence {i} of a long shared document about rivers and hills." for i in range(30))
+
+
+def count_prompt_tokens(engine, n_prompt: int) -> list[int]:
+    """Record the prompt tokens each launched step decodes (positions before `n_prompt`)."""
+    counted: list[int] = []
+    launch = engine.runner.launch
+
+    def counting(step: Step) -> None:
+        counted.append(sum(len(item.tokens[:max(n_prompt - item.start_pos, 0)]) for item in step.items))
+        launch(step)
+
+    engine.runner.launch = counting
+    return counted
+
+
+@pytest.mark.parametrize("layout", ["unified", "per_slot"])
+def test_the_choices_of_one_prompt_decode_its_tokens_once_and_agree_with_separate_prefills(tiny_model, layout):
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=1024, kv_layout=layout,
+                                                         n_threads=1, n_threads_batch=1))
+    try:
+        prompt = model.tokenize(TEXT)
+        assert len(prompt) > 300
+        greedy = SamplingParams(max_tokens=6, temperature=0)
+        counted = count_prompt_tokens(engine, len(prompt))
+        alone = run_together(engine, [Request(prompt, greedy)])[0]
+        engine.clear_prefix_cache()
+        counted.clear()
+        shared = run_together(engine, [Request(prompt, greedy) for _ in range(3)])
+        assert sum(counted) == len(prompt) + 2  # the prompt once, then each follower's last token
+        stats = engine.stats().cache
+        assert stats.prefix_reused_tokens["copied"] == 2 * (len(prompt) - 1)  # from the leader's slot
+        assert shared[0] == alone  # the leader prefilled as the lone request did
+        assert shared[1] == shared[2]  # the followers ran the same batch shapes
+        assert shared[1][0] == alone[0]  # other shapes: the first token agrees (DESIGN.md 3)
+
+        engine.clear_prefix_cache()
+        engine.scheduler.sharing = PrefillSharing(None)  # each choice prefills its own
+        counted.clear()
+        separate = run_together(engine, [Request(prompt, greedy) for _ in range(3)])
+        assert sum(counted) == 3 * len(prompt)
+        assert separate[1] == separate[2] and separate[0][0] == shared[1][0]
+        sched = engine.scheduler
+        assert not sched.live and sched.cache.used_pages == sum(len(s.pages) for s in sched.slots)
+        for slot in sched.slots:  # the real KV holds exactly what each idle cache says
+            assert engine.runner.ctx.seq_pos_max(slot.index) == len(slot.tokens) - 1
+    finally:
+        engine.stop()
