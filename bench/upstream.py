@@ -30,6 +30,10 @@ from harness import REPO, ServerProcess
 
 VERSION = "0.3.36"
 SCRIPT_ENV, SITE_ENV = "PFLASH_UPSTREAM_SERVER", "PFLASH_UPSTREAM_SITE"
+# The script imports numpy before llama_cpp; on the H200 machine (numpy of its torch venv) the CUDA
+# model load then segfaults (seen 5 of 5; llama_cpp first, the same load works): run it as __main__
+# with llama_cpp imported first, its code unchanged.
+LAUNCH = "import sys, runpy, llama_cpp; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 # where bench/gpu's bundle carries it (.gpu/ travels to the CUDA machine)
 BUNDLED = REPO / ".gpu" / "upstream_server.py"
 
@@ -80,7 +84,7 @@ class UpstreamServer(ServerProcess):
 
     @property
     def argv(self) -> list[str]:
-        return [sys.executable, str(script()), "-C", str(self.config_path)]
+        return [sys.executable, "-c", LAUNCH, str(script()), "-C", str(self.config_path)]
 
     def launch(self) -> ServerProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
