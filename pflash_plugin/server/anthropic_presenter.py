@@ -1,15 +1,16 @@
-"""Anthropic's Messages API out: a message with content blocks, or its stream of events
-(message_start, content_block_start/delta/stop, message_delta, message_stop)."""
+"""Anthropic's Messages API out: a message with content blocks (thinking, text, tool_use), or its
+stream of events (message_start, content_block_start/delta/stop, message_delta, message_stop)."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from starlette.responses import JSONResponse
 
 from ..engine.request import ErrorEvent, FinishEvent, TextEvent
 from .anthropic_errors import error_body
-from .blocks import Block, BlockEvent, BlockStream, blocks_of
+from .blocks import Block, BlockEvent, BlockStream, blocks_of, chat_choice
 from .errors import http_of
 from .generation import Generation
 from .presenters import Sse, sse
@@ -31,20 +32,30 @@ def stop_reason(finish: str, stop: str | None, client_stops: list[str]) -> tuple
 def _block(block: Block) -> dict[str, Any]:
     if block.kind == "text":
         return {"type": "text", "text": block.text}
+    if block.kind == "reasoning":  # no signature: the server signs nothing, and takes thinking back unsigned
+        return {"type": "thinking", "thinking": block.text, "signature": ""}
     return {"type": "tool_use", "id": block.call_id, "name": block.name, "input": block.arguments()}
 
 
-def _rendered(event: BlockEvent) -> Sse:
-    block = event.block
+def _delta(block: Block, fragment: str) -> dict[str, Any]:
+    if block.kind == "text":
+        return {"type": "text_delta", "text": fragment}
+    if block.kind == "reasoning":
+        return {"type": "thinking_delta", "thinking": fragment}
+    return {"type": "input_json_delta", "partial_json": fragment}
+
+
+def _rendered(event: BlockEvent) -> list[Sse]:
+    block, at = event.block, event.block.position
     if event.kind == "open":
-        start = {"type": "text", "text": ""} if block.kind == "text" else {**_block(block), "input": {}}
-        return sse({"type": "content_block_start", "index": block.position, "content_block": start},
-                   "content_block_start")
+        start = {**_block(block), "input": {}} if block.kind == "call" else _block(replace(block, text=""))
+        return [sse({"type": "content_block_start", "index": at, "content_block": start}, "content_block_start")]
     if event.kind == "delta":
-        delta = {"type": "text_delta", "text": event.fragment} if block.kind == "text" else \
-            {"type": "input_json_delta", "partial_json": event.fragment}
-        return sse({"type": "content_block_delta", "index": block.position, "delta": delta}, "content_block_delta")
-    return sse({"type": "content_block_stop", "index": block.position}, "content_block_stop")
+        delta = _delta(block, event.fragment)
+        return [sse({"type": "content_block_delta", "index": at, "delta": delta}, "content_block_delta")]
+    signed = [sse({"type": "content_block_delta", "index": at, "delta": {"type": "signature_delta", "signature": ""}},
+                  "content_block_delta")] if block.kind == "reasoning" else []
+    return [*signed, sse({"type": "content_block_stop", "index": at}, "content_block_stop")]
 
 
 class MessagesPresenter:
@@ -66,13 +77,13 @@ class MessagesPresenter:
                 sse({"type": "ping"}, "ping")]
 
     def delta(self, index: int, event: TextEvent) -> list[Sse]:
-        events = self.blocks.read(self.gen.choices[index], event.text, event.tokens)
-        return [_rendered(e) for e in events]
+        events = self.blocks.read(chat_choice(self.gen.choices[index]), event.text, event.tokens)
+        return [item for e in events for item in _rendered(e)]
 
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
-        events, reason = self.blocks.end(self.gen.choices[index], event.reason)
+        events, reason = self.blocks.end(chat_choice(self.gen.choices[index]), event.reason)
         self.stop = stop_reason(reason, event.stop, self.client_stops)
-        return [_rendered(e) for e in events]
+        return [item for e in events for item in _rendered(e)]
 
     def done(self, used: Totals) -> list[Sse]:
         delta = {"stop_reason": self.stop[0], "stop_sequence": self.stop[1]}
@@ -83,8 +94,9 @@ class MessagesPresenter:
         return [sse(error_body(http_of(event.kind).status, event.message), "error")]
 
     def body(self, finals: list[dict], ends: list[FinishEvent], used: Totals) -> dict:
-        content = [_block(block) for block in blocks_of(finals[0]["message"])]
-        return self._message(content, stop_reason(finals[0]["finish_reason"], ends[0].stop, self.client_stops),
+        answer = chat_choice(self.gen.choices[0]).finished(ends[0].reason)
+        content = [_block(block) for block in blocks_of(answer)]
+        return self._message(content, stop_reason(answer.finish_reason, ends[0].stop, self.client_stops),
                              anthropic_usage(used))
 
     def error(self, event: ErrorEvent) -> JSONResponse:

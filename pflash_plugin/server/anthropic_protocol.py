@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..chat.switches import template_kwargs
 from .bridge import as_chat, chat_tool, joined_text
 from .protocol import ChatCompletionRequest, PflashOverride, RequestError
 
@@ -71,13 +72,22 @@ class OutputConfig(BaseModel):
     format: Optional[OutputFormat] = None
 
 
+class Thinking(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Optional[int] = Field(
+        default=None, ge=1, description="Accepted, not enforced: max_tokens bounds the thinking and the answer.")
+
+
 class CountTokensRequest(BaseModel):
     model: Optional[str] = None
     messages: List[InputMessage]
     system: Optional[Union[str, List[ContentBlock]]] = None
     tools: Optional[List[Tool]] = None
     tool_choice: Optional[ToolChoice] = None
-    thinking: Optional[Dict[str, Any]] = Field(default=None, description="Accepted; the model does not think aloud.")
+    thinking: Optional[Thinking] = Field(
+        default=None, description="enabled or disabled: the template's thinking switch (enable_thinking); the "
+        "thinking comes back as thinking blocks (docs/reasoning.md).")
 
 
 class MessagesRequest(CountTokensRequest):
@@ -108,13 +118,14 @@ def _call(block: ContentBlock, field: str) -> dict[str, Any]:
 
 def _turn(message: InputMessage, field: str) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: tool results become tool messages (before the
-    user's text, where Anthropic puts them), tool uses an assistant's tool calls; thinking blocks
-    of earlier turns are dropped."""
+    user's text, where Anthropic puts them), tool uses an assistant's tool calls; an assistant's
+    thinking blocks its reasoning_content (redacted ones, unreadable here, are dropped)."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     results: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     texts: list[ContentBlock] = []
+    thoughts: list[str] = []
     for j, block in enumerate(message.content):
         where = f"{field}.content.{j}"
         if block.type == "tool_result" and message.role == "user":
@@ -124,17 +135,27 @@ def _turn(message: InputMessage, field: str) -> list[dict[str, Any]]:
                             "content": _text(block.content, f"{where}.content")})
         elif block.type == "tool_use" and message.role == "assistant":
             calls.append(_call(block, where))
-        elif block.type in ("thinking", "redacted_thinking") and message.role == "assistant":
+        elif block.type == "thinking" and message.role == "assistant":
+            thoughts.append(_thinking(block, where))
+        elif block.type == "redacted_thinking" and message.role == "assistant":
             continue
         else:
             texts.append(block)
     chat = results
     text = _text(texts, f"{field}.content") if texts else None
+    thought = {"reasoning_content": "\n".join(thoughts)} if thoughts else {}
     if calls:
-        chat.append({"role": "assistant", "content": text, "tool_calls": calls})
+        chat.append({"role": "assistant", "content": text, **thought, "tool_calls": calls})
     elif text is not None or not results:
-        chat.append({"role": message.role, "content": text or ""})
+        chat.append({"role": message.role, "content": text or "", **thought})
     return chat
+
+
+def _thinking(block: ContentBlock, where: str) -> str:
+    thinking = (block.model_extra or {}).get("thinking")
+    if not isinstance(thinking, str):
+        raise RequestError(400, f"{where}: a thinking block needs its 'thinking' text", param=f"{where}.thinking")
+    return thinking
 
 
 def _tools(body: CountTokensRequest) -> dict[str, Any]:
@@ -171,6 +192,8 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     for i, message in enumerate(body.messages):
         messages += _turn(message, f"messages.{i}")
     chat: dict[str, Any] = {"model": body.model, "messages": messages, **_tools(body)}
+    if body.thinking is not None and body.thinking.type != "adaptive":  # adaptive: the template's default
+        chat["chat_template_kwargs"] = template_kwargs(thinking=body.thinking.type == "enabled")
     if isinstance(body, MessagesRequest):
         form = body.output_config.format if body.output_config else None
         chat.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences or None,

@@ -1,22 +1,26 @@
 """A chat answer as a sequence of content blocks, the shape both the Responses API (output items)
-and Anthropic's Messages API (content blocks) give it: text, then tool calls, each block opened,
-written to and closed in turn. Built from the chat choice's deltas (responses.ChatChoice), which
-already read the tool calls out of the model's text, streamed or whole."""
+and Anthropic's Messages API (content blocks) give it: reasoning, text, then tool calls, each block
+opened, written to and closed in turn. Built from the chat choice's typed deltas (chat/deltas.py,
+from responses.ChatChoice, which already read the thinking and the tool calls out of the model's
+text, streamed or whole)."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..chat.deltas import CallDelta, Delta, ReasoningDelta, TextDelta
 from ..engine.request import TokenOutput
-from .responses import Choice
+from .responses import Answer, ChatChoice, Choice
+
+BlockKind = Literal["reasoning", "text", "call"]
 
 
 @dataclass
 class Block:
     position: int  # its place among the answer's blocks
-    kind: Literal["text", "call"]
-    text: str = ""  # the text, or a call's arguments (JSON) as far as written
+    kind: BlockKind
+    text: str = ""  # the text (or reasoning), or a call's arguments (JSON) as far as written
     call_id: str = ""
     name: str = ""
 
@@ -44,23 +48,28 @@ class BlockStream:
         self.blocks: list[Block] = []
         self.open: Block | None = None
         self._space = ""
-        self._calls: dict[int, Block] = {}  # the chat delta's call index -> its block
+        self._calls: dict[int, Block] = {}  # the delta's call index -> its block
 
-    def feed(self, delta: dict[str, Any]) -> list[BlockEvent]:
-        events = self._text(delta.get("content") or "")
-        for call in delta.get("tool_calls") or []:
-            events += self._call(call)
+    def feed(self, deltas: list[Delta]) -> list[BlockEvent]:
+        events: list[BlockEvent] = []
+        for delta in deltas:
+            if isinstance(delta, TextDelta):
+                events += self._text(delta.text)
+            elif isinstance(delta, ReasoningDelta):
+                events += self._write("reasoning", delta.text)
+            else:
+                events += self._call(delta)
         return events
 
-    def read(self, choice: Choice, text: str, outputs: list[TokenOutput]) -> list[BlockEvent]:
+    def read(self, choice: ChatChoice, text: str, outputs: list[TokenOutput]) -> list[BlockEvent]:
         """A streamed choice's text as block events."""
-        return self.feed(choice.chunk(text, outputs, None)["delta"])
+        return self.feed(choice.step(text, outputs, None)[0])
 
-    def end(self, choice: Choice, reason: str) -> tuple[list[BlockEvent], str]:
+    def end(self, choice: ChatChoice, reason: str) -> tuple[list[BlockEvent], str]:
         """The choice's end: its last events, the open block closed, and the finish reason the choice
         gives (tool_calls when it made calls)."""
-        chunk = choice.chunk("", [], reason)
-        return [*self.feed(chunk["delta"]), *self.close()], chunk["finish_reason"]
+        deltas, finish = choice.step("", [], reason)
+        return [*self.feed(deltas), *self.close()], finish or reason
 
     def close(self) -> list[BlockEvent]:
         """Close the open block (at the end of the answer, or when the next one opens)."""
@@ -76,39 +85,47 @@ class BlockStream:
         self.open = block
         return [*events, BlockEvent("open", block)]
 
+    def _write(self, kind: BlockKind, text: str) -> list[BlockEvent]:
+        """`text` into the open block of `kind`, opened first unless it is open."""
+        events: list[BlockEvent] = []
+        if self.open is None or self.open.kind != kind:
+            events = self._open(Block(len(self.blocks), kind))
+        assert self.open is not None
+        self.open.text += text
+        return [*events, BlockEvent("delta", self.open, text)]
+
     def _text(self, text: str) -> list[BlockEvent]:
         if not text:
             return []
-        events: list[BlockEvent] = []
         if self.open is None or self.open.kind != "text":
             if not (self._space + text).strip():
                 self._space += text
                 return []
             text, self._space = self._space + text, ""
-            events = self._open(Block(len(self.blocks), "text"))
-        assert self.open is not None
-        self.open.text += text
-        return [*events, BlockEvent("delta", self.open, text)]
+        return self._write("text", text)
 
-    def _call(self, call: dict[str, Any]) -> list[BlockEvent]:
-        function = call.get("function") or {}
+    def _call(self, call: CallDelta) -> list[BlockEvent]:
         events: list[BlockEvent] = []
-        if call.get("id"):  # a call's first delta names it
-            block = Block(len(self.blocks), "call", call_id=call["id"], name=function.get("name", ""))
-            self._calls[call["index"]] = block
+        if call.opens:  # a call's first delta names it
+            block = Block(len(self.blocks), "call", call_id=call.id, name=call.name)
+            self._calls[call.index] = block
             events = self._open(block)
-        block = self._calls[call["index"]]
-        fragment = function.get("arguments") or ""
-        if fragment:
-            block.text += fragment
-            events.append(BlockEvent("delta", block, fragment))
+        block = self._calls[call.index]
+        if call.arguments:
+            block.text += call.arguments
+            events.append(BlockEvent("delta", block, call.arguments))
         return events
 
 
-def blocks_of(message: dict[str, Any]) -> list[Block]:
-    """A whole chat message (ChatChoice.final's) as blocks."""
+def chat_choice(choice: Choice) -> ChatChoice:
+    """A generation's choice as the chat choice the block APIs (Responses, Messages) always make."""
+    assert isinstance(choice, ChatChoice), "the block APIs answer chat requests"
+    return choice
+
+
+def blocks_of(answer: Answer) -> list[Block]:
+    """A whole chat choice (ChatChoice.finished's) as blocks."""
     stream = BlockStream()
-    calls = [{**call, "index": i} for i, call in enumerate(message.get("tool_calls") or [])]
-    stream.feed({"content": message.get("content"), "tool_calls": calls})
+    stream.feed(answer.deltas)
     stream.close()
     return stream.blocks

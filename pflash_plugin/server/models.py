@@ -7,6 +7,7 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
+from ..chat.reasoning import think_tags
 from ..llama.devices import gpu_count
 from ..pflash.payoff import Calibration
 from ..pflash.planning import Planner
@@ -28,6 +29,9 @@ class ServedModel:
         self.plan, self.name, self.model, self.engine = parts.plan, parts.plan.name, parts.model, parts.engine
         self.compression, self.embedder, self.prompts = parts.compression, parts.embedder, parts.prompts
         self.drafter_file = parts.drafter_file  # the GGUF a separate drafter runs (its cut copy, say)
+        # the markers of the thinking the chat template teaches (None: answers are read as content only)
+        template = self.model.chat_template() if settings.chat_format is None else None
+        self.think_tags = think_tags(template, settings.reasoning_format)
         self.pflash = self.plan.pflash.config
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         if self.pflash_scorer == "numpy" and self.plan.pflash.scorer == "auto":

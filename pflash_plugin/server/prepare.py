@@ -11,6 +11,7 @@ import dataclasses
 
 from llama_cpp import llama_grammar
 
+from ..chat.reasoning import ReasoningReader, opens_in_prompt
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
@@ -124,12 +125,26 @@ def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
 def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
     """The conversation through the chat template, with the tools unless tool_choice is none."""
     messages = chat_messages(body.messages)
+    switches = body.template_kwargs()
     if tools is not None and tools.syntax.renders_tools:
-        return served.prompts.render_chat(messages, tools.tools, body.tool_choice)
+        return served.prompts.render_chat(messages, tools.tools, body.tool_choice, template_kwargs=switches)
     if tools is not None:  # the system prompt describes them: a template's own format would be one we cannot read
-        return served.prompts.render_chat(tools.messages(messages))
+        return served.prompts.render_chat(tools.messages(messages), template_kwargs=switches)
     plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
-    return served.prompts.render_chat(plain_history(messages) if plain else messages)
+    return served.prompts.render_chat(plain_history(messages) if plain else messages, template_kwargs=switches)
+
+
+PROMPT_TAIL_TOKENS = 24  # the prompt's end that says whether it opened a thinking block
+
+
+def _reasoning(served: ServedModel, rendered: ChatPrompt) -> ReasoningReader | None:
+    """A choice's reader of the thinking the model writes (none where the template has no markers);
+    it starts inside the block when the prompt opened it (Qwen3.5 thinking, DeepSeek R1)."""
+    tags = served.think_tags
+    if tags is None:
+        return None
+    tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
+    return ReasoningReader(tags, opens_in_prompt(tags, tail))
 
 
 def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolRequest | None, ChatPrompt]:
@@ -155,6 +170,7 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
                         json_format=bool(grammar))
     requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts)
-    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools)) for i in range(len(requests))]
+    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools), _reasoning(served, rendered))
+               for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",
                       len(rendered.tokens), _include_usage(body), new_id("chatcmpl"))

@@ -18,7 +18,7 @@ from .errors import error_response, http_of
 from .generation import Generation
 from .protocol import error_body
 from .responses import envelope, new_id
-from .usage import Totals, openai_usage
+from .usage import Totals, openai_usage, reasoning_tokens
 
 Sse = dict[str, str]
 
@@ -64,6 +64,10 @@ class ChatPresenter:
     def __init__(self, gen: Generation) -> None:
         self.gen = gen
 
+    def _usage(self, usage: Totals) -> dict[str, Any]:
+        chat = self.gen.object == "chat.completion"
+        return openai_usage(usage, reasoning_tokens(self.gen.choices) if chat else None)
+
     def _chunk(self, choices: list[dict], usage: dict | None = None, rid: str | None = None) -> Sse:
         return sse(envelope(rid or self.gen.rid, self.gen.chunk_object, self.gen.served.name, choices, usage))
 
@@ -77,7 +81,7 @@ class ChatPresenter:
         return [self._chunk([self.gen.choices[index].chunk("", [], event.reason)])]
 
     def done(self, usage: Totals) -> list[Sse]:
-        tail = [self._chunk([], openai_usage(usage), new_id("usage"))] if self.gen.include_usage else []
+        tail = [self._chunk([], self._usage(usage), new_id("usage"))] if self.gen.include_usage else []
         return [*tail, {"data": "[DONE]"}]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
@@ -85,7 +89,7 @@ class ChatPresenter:
         return [sse(error_body(event.message, kind, code=kind))]
 
     def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict:
-        return envelope(self.gen.rid, self.gen.object, self.gen.served.name, finals, openai_usage(usage))
+        return envelope(self.gen.rid, self.gen.object, self.gen.served.name, finals, self._usage(usage))
 
     def error(self, event: ErrorEvent) -> JSONResponse:
         return openai_error(event)

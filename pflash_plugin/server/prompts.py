@@ -92,9 +92,12 @@ class Prompts:
         # the tool-call syntax the template teaches (a named chat_format renders no tools)
         self.tool_syntax = syntax_for(model.chat_template() if chat_format is None else None)
 
-    def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None) -> ChatPrompt:
+    def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None,
+                    template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
+        """`template_kwargs`: the request's template variables, over the server's chat_template_kwargs."""
+        kwargs = {**self._template_kwargs, **(template_kwargs or {})}
         try:
-            result = self._formatter(messages=messages, tools=tools, tool_choice=tool_choice, **self._template_kwargs)
+            result = self._formatter(messages=messages, tools=tools, tool_choice=tool_choice, **kwargs)
         except Exception as error:  # template errors are the client's messages' fault
             raise RequestError(400, f"the chat template could not render the messages: {error}",
                                param="messages") from None

@@ -10,6 +10,7 @@ from llama_cpp.server.types import CreateCompletionRequest as StockCompletionReq
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import NotRequired, TypedDict
 
+from ..chat.switches import reserved_keys, template_kwargs
 from ..engine.request import SamplingParams
 
 
@@ -70,6 +71,9 @@ class UserMessage(_Message):
 
 class AssistantMessage(_Message):
     role: Literal["assistant"]
+    reasoning_content: Optional[str] = Field(
+        default=None, description="The turn's thinking, as the answer gave it: passed to the template, which "
+        "renders it where the model reads it (Qwen3: within the turn's <think> block) or leaves it out.")
     tool_calls: Optional[ChatCompletionMessageToolCalls] = None
     function_call: Optional[ChatCompletionRequestAssistantMessageFunctionCall] = None
 
@@ -148,6 +152,25 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
         default=None, description="Functions the model may call; one without parameters takes no arguments.")
     max_completion_tokens: Optional[int] = Field(
         default=None, description="OpenAI's current name for max_tokens, with the same meaning (LangChain sends it).")
+    chat_template_kwargs: Optional[Dict[str, Any]] = Field(
+        default=None, description="Variables for the chat template (e.g. enable_thinking), over the server's "
+        "chat_template_kwargs setting, as llama-server and vLLM take them.")
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = Field(
+        default=None, description="none: no thinking (the template's enable_thinking false); any other: thinking "
+        "on, and gpt-oss's effort (low, medium or high) (docs/reasoning.md).")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_kwargs(cls, kwargs: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        taken = reserved_keys(kwargs or {})
+        if taken:
+            raise RequestError(400, f"chat_template_kwargs: {', '.join(taken)} are the server's to set (the "
+                               "request's messages and tools are)", param="chat_template_kwargs")
+        return kwargs
+
+    def template_kwargs(self) -> Dict[str, Any]:
+        """The request's template variables (the server's setting goes under them)."""
+        return template_kwargs(self.reasoning_effort, explicit=self.chat_template_kwargs)
 
     @field_validator("tools")
     @classmethod

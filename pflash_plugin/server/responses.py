@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Union
 
 from pydantic import BaseModel, ConfigDict
 
+from ..chat.deltas import CallDelta, Delta, ReasoningDelta, TextDelta, call_deltas, merged
+from ..chat.reasoning import ReasoningReader
 from ..engine.request import TokenOutput
 from .tools import ToolCallReader
 
@@ -21,6 +24,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: Optional[Dict[str, int]] = None
+    completion_tokens_details: Optional[Dict[str, int]] = None
     timings: Optional[Dict[str, Any]] = None
 
 
@@ -64,6 +68,7 @@ class ToolCall(BaseModel):
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None  # the model's thinking, split from content (docs/reasoning.md)
     tool_calls: Optional[List[ToolCall]] = None
 
 
@@ -188,6 +193,10 @@ class Choice(Protocol):
 
     index: int
 
+    @property
+    def reasoning_tokens(self) -> int:
+        """The tokens the choice spent thinking (usage's reasoning_tokens)."""
+
     def head(self) -> dict | None:
         """The choice's first streamed delta, sent before any token (or None)."""
 
@@ -207,6 +216,10 @@ class CompletionChoice:
         self.texts: list[str] = [echo]
         self.logprobs = CompletionLogprobs(piece) if logprobs else None
 
+    @property
+    def reasoning_tokens(self) -> int:
+        return 0  # a completion's text is not read for thinking
+
     def head(self) -> dict | None:
         return self.chunk(self.echo, [], None) if self.echo else None
 
@@ -224,42 +237,108 @@ class CompletionChoice:
         return {"text": "".join(self.texts), "index": self.index, "logprobs": logprobs, "finish_reason": finish}
 
 
-class ChatChoice:
-    """A chat choice; with a tool-call reader, the text that makes tool calls is held back and
-    becomes `tool_calls` when the choice finishes."""
+@dataclass(frozen=True)
+class Answer:
+    """A whole chat choice as typed deltas (one per block: reasoning, text, each call), and the
+    finish reason its readers give (tool_calls when it made calls)."""
 
-    def __init__(self, index: int, piece: Piece, logprobs: bool, tools: ToolCallReader | None = None) -> None:
-        self.index, self.piece, self.tools = index, piece, tools
-        self.texts: list[str] = []
+    deltas: list[Delta]
+    finish_reason: str
+
+
+class ChatChoice:
+    """A chat choice: its text read by the reasoning reader (thinking split from the answer), then
+    the content by the tool-call reader, whose calls' text is held back and becomes tool calls.
+    Both read streamed and whole text alike; their output is typed deltas (chat/deltas.py)."""
+
+    def __init__(self, index: int, piece: Piece, logprobs: bool, tools: ToolCallReader | None = None,
+                 reasoning: ReasoningReader | None = None) -> None:
+        self.index, self.piece, self.tools, self.reasoning = index, piece, tools, reasoning
+        self.parts: list[Delta] = []  # a whole choice's reasoning and content, as read so far
         self.logprobs: list | None = [] if logprobs else None
+        self.answer: Answer | None = None  # the whole choice, once finished
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.reasoning.tokens if self.reasoning is not None else 0
 
     def head(self) -> dict | None:
         # the role alone, as stock sends it: a client that checks each content delta is non-empty passes
         return {"index": self.index, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
 
-    def _read(self, text: str, finish: str | None, stream: bool) -> tuple[str, list[dict], str | None]:
-        """The content to release, the tool calls and the finish reason."""
-        if self.tools is None:
-            return text, [], finish
-        return self.tools.read(text, finish, stream)
+    def _split(self, text: str, outputs: list[TokenOutput], finish: str | None) -> list[Delta]:
+        """`text` as reasoning and content deltas."""
+        if self.reasoning is None:
+            return [TextDelta(text)] if text else []
+        deltas = self.reasoning.feed(text, len(outputs))
+        return deltas + self.reasoning.finish() if finish is not None else deltas
+
+    def _read(self, parts: list[Delta], finish: str | None, stream: bool) -> tuple[list[Delta], str | None]:
+        """The reasoning, then the content to release and the tool calls; the finish reason."""
+        thought = [d for d in parts if isinstance(d, ReasoningDelta)]
+        content = "".join(d.text for d in parts if isinstance(d, TextDelta))
+        calls: list[dict] = []
+        if self.tools is not None:
+            content, calls, finish = self.tools.read(content, finish, stream)
+        return [*thought, *([TextDelta(content)] if content else []), *call_deltas(calls)], finish
+
+    def step(self, text: str, outputs: list[TokenOutput], finish: str | None) -> tuple[list[Delta], str | None]:
+        """A streamed step: its deltas and, at the end, the finish reason."""
+        return self._read(self._split(text, outputs, finish), finish, stream=True)
 
     def chunk(self, text: str, outputs: list[TokenOutput], finish: str | None) -> dict:
         logprobs = {"content": chat_logprobs(self.piece, outputs)} if self.logprobs is not None else None
-        text, calls, finish = self._read(text, finish, stream=True)
-        delta: dict[str, Any] = {"content": text} if text else {}
-        if calls:
-            delta["tool_calls"] = calls
-        return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        deltas, finish = self.step(text, outputs, finish)
+        return {"index": self.index, "delta": openai_delta(deltas), "logprobs": logprobs, "finish_reason": finish}
 
     def add(self, text: str, outputs: list[TokenOutput]) -> None:
-        self.texts.append(text)
+        self.parts += self._split(text, outputs, None)
         if self.logprobs is not None:
             self.logprobs.extend(chat_logprobs(self.piece, outputs))
 
+    def finished(self, finish: str) -> Answer:
+        """The whole choice (read once: later calls return the same answer)."""
+        if self.answer is None:
+            deltas, reason = self._read(self.parts + self._split("", [], finish), finish, stream=False)
+            self.answer = Answer(merged(deltas), reason or finish)
+        return self.answer
+
     def final(self, finish: str) -> dict:
-        content, calls, finish_reason = self._read("".join(self.texts), finish, stream=False)
-        message: dict[str, Any] = {"role": "assistant", "content": None if calls and not content.strip() else content}
-        if calls:
-            message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in calls]
+        answer = self.finished(finish)
         logprobs = {"content": self.logprobs} if self.logprobs is not None else None
-        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": self.index, "message": openai_message(answer.deltas), "logprobs": logprobs,
+                "finish_reason": answer.finish_reason}
+
+
+def openai_delta(deltas: list[Delta]) -> dict[str, Any]:
+    """A streamed step's deltas as an OpenAI chunk's `delta`: its texts joined, each call delta one
+    entry of tool_calls (a call's header apart from its arguments, as OpenAI streams them)."""
+    delta: dict[str, Any] = {}
+    calls = []
+    for part in deltas:
+        if isinstance(part, ReasoningDelta):
+            delta["reasoning_content"] = delta.get("reasoning_content", "") + part.text
+        elif isinstance(part, TextDelta):
+            delta["content"] = delta.get("content", "") + part.text
+        elif part.opens:
+            calls.append({"index": part.index, "id": part.id, "type": "function",
+                          "function": {"name": part.name, "arguments": part.arguments}})
+        else:
+            calls.append({"index": part.index, "function": {"arguments": part.arguments}})
+    if calls:
+        delta["tool_calls"] = calls
+    return delta
+
+
+def openai_message(deltas: list[Delta]) -> dict[str, Any]:
+    """A whole choice's deltas (merged: one per block) as an OpenAI chat message."""
+    thought = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta))
+    content = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    calls = [{"id": d.id, "type": "function", "function": {"name": d.name, "arguments": d.arguments}}
+             for d in deltas if isinstance(d, CallDelta)]
+    message: dict[str, Any] = {"role": "assistant", "content": None if calls and not content.strip() else content}
+    if thought:
+        message["reasoning_content"] = thought
+    if calls:
+        message["tool_calls"] = calls
+    return message

@@ -1,5 +1,5 @@
-"""The OpenAI Responses API out: a response object with output items (a message of output_text,
-function calls), or its stream of named events (response.created ... response.completed), each
+"""The OpenAI Responses API out: a response object with output items (reasoning, a message of
+output_text, function calls), or its stream of named events (response.created ... response.completed), each
 with its sequence_number."""
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from ..engine.request import ErrorEvent, FinishEvent, TextEvent
-from .blocks import Block, BlockEvent, BlockStream, blocks_of
+from .blocks import Block, BlockEvent, BlockStream, blocks_of, chat_choice
 from .errors import http_of
 from .generation import Generation
 from .presenters import Sse, openai_error, sse
 from .responses_protocol import ResponsesRequest
-from .usage import Totals, responses_usage
+from .usage import Totals, reasoning_tokens, responses_usage
 
 
 def _id(prefix: str) -> str:
@@ -36,11 +36,14 @@ class ResponsesPresenter:
 
     # ---- shapes shared by the stream and the body ---------------------------------------------
     def _item(self, block: Block, status: str) -> dict[str, Any]:
-        prefix = "msg" if block.kind == "text" else "fc"
-        item_id = self.item_ids.setdefault(block.position, _id(prefix))
+        item_id = self.item_ids.setdefault(block.position, _id(_PREFIX[block.kind]))
+        done = status == "completed"
         if block.kind == "text":
             return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-                    "content": [_part(block.text)] if status == "completed" else []}
+                    "content": [_part(block.text)] if done else []}
+        if block.kind == "reasoning":
+            return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+                    "content": [_part(block.text, "reasoning_text")] if done else []}
         return {"type": "function_call", "id": item_id, "call_id": block.call_id, "name": block.name,
                 "arguments": block.text if status == "completed" else "", "status": status}
 
@@ -59,7 +62,8 @@ class ResponsesPresenter:
             "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "text": {"format": form}, "store": False, "previous_response_id": None, "truncation": "disabled",
-            "usage": responses_usage(used) if used is not None else None,
+            "reasoning": body.reasoning.model_dump() if body.reasoning else None,
+            "usage": responses_usage(used, reasoning_tokens(self.gen.choices)) if used is not None else None,
         }
 
     def _status(self) -> str:
@@ -74,19 +78,25 @@ class ResponsesPresenter:
         block, at = event.block, event.block.position
         if event.kind == "open":
             added = [self._event("response.output_item.added", output_index=at, item=self._item(block, "in_progress"))]
-            if block.kind == "text":
+            if block.kind != "call":
                 added.append(self._event("response.content_part.added", item_id=self.item_ids[at], output_index=at,
-                                         content_index=0, part=_part("")))
+                                         content_index=0, part=_part("", _PART[block.kind])))
             return added
         where = {"item_id": self.item_ids[at], "output_index": at}
         if event.kind == "delta":
             if block.kind == "text":
                 return [self._event("response.output_text.delta", **where, content_index=0, delta=event.fragment,
                                     logprobs=[])]
+            if block.kind == "reasoning":
+                return [self._event("response.reasoning_text.delta", **where, content_index=0, delta=event.fragment)]
             return [self._event("response.function_call_arguments.delta", **where, delta=event.fragment)]
         if block.kind == "text":
             closing = [self._event("response.output_text.done", **where, content_index=0, text=block.text, logprobs=[]),
                        self._event("response.content_part.done", **where, content_index=0, part=_part(block.text))]
+        elif block.kind == "reasoning":
+            part = _part(block.text, "reasoning_text")
+            closing = [self._event("response.reasoning_text.done", **where, content_index=0, text=block.text),
+                       self._event("response.content_part.done", **where, content_index=0, part=part)]
         else:
             closing = [self._event("response.function_call_arguments.done", **where, name=block.name,
                                    arguments=block.text)]
@@ -99,11 +109,11 @@ class ResponsesPresenter:
                 self._event("response.in_progress", response=started)]
 
     def delta(self, index: int, event: TextEvent) -> list[Sse]:
-        events = self.blocks.read(self.gen.choices[index], event.text, event.tokens)
+        events = self.blocks.read(chat_choice(self.gen.choices[index]), event.text, event.tokens)
         return [item for e in events for item in self._rendered(e)]
 
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
-        events, reason = self.blocks.end(self.gen.choices[index], event.reason)
+        events, reason = self.blocks.end(chat_choice(self.gen.choices[index]), event.reason)
         self.finish_reason = reason
         return [item for e in events for item in self._rendered(e)]
 
@@ -117,13 +127,20 @@ class ResponsesPresenter:
 
     # ---- the whole body -----------------------------------------------------------------------
     def body(self, finals: list[dict], ends: list[FinishEvent], used: Totals) -> dict:
-        self.finish_reason = finals[0]["finish_reason"]
-        output = [self._item(block, "completed") for block in blocks_of(finals[0]["message"])]
+        answer = chat_choice(self.gen.choices[0]).finished(ends[0].reason)
+        self.finish_reason = answer.finish_reason
+        output = [self._item(block, "completed") for block in blocks_of(answer)]
         return self._response(self._status(), output, used)
 
     def error(self, event: ErrorEvent) -> JSONResponse:
         return openai_error(event)
 
 
-def _part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+_PREFIX = {"text": "msg", "reasoning": "rs", "call": "fc"}  # item ids by block kind
+_PART = {"text": "output_text", "reasoning": "reasoning_text"}  # content part types by block kind
+
+
+def _part(text: str, kind: str = "output_text") -> dict[str, Any]:
+    if kind == "reasoning_text":
+        return {"type": kind, "text": text}
+    return {"type": kind, "text": text, "annotations": [], "logprobs": []}

@@ -34,6 +34,14 @@ class TextConfig(BaseModel):
     format: Optional[TextFormat] = None
 
 
+class ReasoningConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")  # generate_summary: accepted, the thinking is shown whole
+    effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = Field(
+        default=None, description="none: no thinking; any other: thinking on (chat's reasoning_effort).")
+    summary: Optional[str] = Field(default=None, description="Accepted: reasoning items carry the whole thinking "
+                                   "as reasoning_text content, with no summary.")
+
+
 class ResponsesRequest(BaseModel):
     model: Optional[str] = None
     input: Union[str, List[Dict[str, Any]]] = Field(description="Text, or message and function-call items.")
@@ -45,6 +53,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: Optional[Union[str, Dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
     text: Optional[TextConfig] = None
+    reasoning: Optional[ReasoningConfig] = None
     stream: bool = False
     metadata: Optional[Dict[str, Any]] = None
     user: Optional[str] = None
@@ -85,33 +94,62 @@ def _field(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's thinking: its reasoning_text content, else its summary's text."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise RequestError(400, f"{where}.content: a list of reasoning_text parts", param=f"{where}.content")
+    pairs = [(p.get("type"), p.get("text")) if isinstance(p, dict) else (None, None) for p in parts]
+    return joined_text(pairs, f"{where}.content", ("reasoning_text", "summary_text"), "part")
+
+
+def _assistant(messages: list[dict[str, Any]], thought: str | None, content: str | None = None) -> dict[str, Any]:
+    """A new assistant message, with the thinking of the reasoning items before it."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if thought is not None:
+        message["reasoning_content"] = thought
+    messages.append(message)
+    return message
+
+
 def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     """Instructions and input items as chat messages: consecutive function calls are one
-    assistant message's tool calls, their outputs tool messages; reasoning items are dropped."""
+    assistant message's tool calls, their outputs tool messages; a reasoning item's text is the
+    reasoning_content of the assistant message after it."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": body.instructions}] if body.instructions else []
     items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    thought: str | None = None  # reasoning items' text, for the next assistant message
     for i, item in enumerate(items):
         where, kind = f"input.{i}", item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(400, f"{where}.role: user, assistant, system or developer", param=f"{where}.role")
-            messages.append({"role": "system" if role == "developer" else role,
-                             "content": _text(item.get("content"), f"{where}.content")})
+            content = _text(item.get("content"), f"{where}.content")
+            if role == "assistant":
+                _assistant(messages, thought, content)
+            else:
+                messages.append({"role": "system" if role == "developer" else role, "content": content})
+            thought = None
+        elif kind == "reasoning":
+            text = _reasoning_text(item, where)
+            thought = text if thought is None else f"{thought}\n{text}"
         elif kind == "function_call":
             call = {"id": _field(item, "call_id", where), "type": "function",
                     "function": {"name": _field(item, "name", where), "arguments": _field(item, "arguments", where)}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+            if thought is None and last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                _assistant(messages, thought)["tool_calls"] = [call]
+            thought = None
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
                              "content": _text(item.get("output"), f"{where}.output")})
-        elif kind != "reasoning":
+            thought = None
+        else:
             raise RequestError(400, f"{where}: an input item of type {kind!r} is not taken here (message, "
-                               "function_call, function_call_output)", param=f"{where}.type")
+                               "reasoning, function_call, function_call_output)", param=f"{where}.type")
     return messages
 
 
@@ -151,5 +189,6 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
             raise RequestError(400, f"{name}: {why}", param=name)
     chat = {"model": body.model, "messages": _messages(body), "max_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
-            "response_format": _response_format(body), "pflash": body.pflash, **_tools(body)}
+            "response_format": _response_format(body), "pflash": body.pflash, **_tools(body),
+            "reasoning_effort": body.reasoning.effort if body.reasoning else None}
     return as_chat(chat)

@@ -65,6 +65,13 @@ class ModelSettings(StockModelSettings):
         "their first token, shortest prompt first (so decode steps stay short); default: 128 on the CPU, and where "
         "the model's layers run on a GPU no cap (the step's whole n_batch after the decode rows, as llama-server).",
     )
+    reasoning_format: Literal["auto", "deepseek", "none"] = Field(
+        default="auto",
+        description="Thinking in the model's answers (llama-server's values): auto and deepseek split it from the "
+        "answer (reasoning_content; Responses reasoning items; Anthropic thinking blocks) by the markers the chat "
+        "template writes (<think>, [THINK]; deepseek: <think> on any template); none leaves it in the content "
+        "(docs/reasoning.md).",
+    )
     # PFlash prefill compression
     pflash: Literal["off", "auto", "always"] = Field(
         default="off", description="Prefill compression: off, auto (prompts over the threshold), always."

@@ -4,9 +4,10 @@ Our timings (queue, compression, prefill, first token, decode; the PFlash report
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..engine.request import Usage
+from .responses import Choice
 
 
 @dataclass(frozen=True)
@@ -48,22 +49,30 @@ def timings(used: Totals) -> dict[str, Any]:
     return {**first, "choices": [_timings(u) for u in used.choices]}
 
 
-def openai_usage(used: Totals) -> dict[str, Any]:
-    """OpenAI's usage object, with our timings."""
-    return {
+def reasoning_tokens(choices: Sequence[Choice]) -> int:
+    """The completion tokens the choices spent thinking (their reasoning readers count them)."""
+    return sum(choice.reasoning_tokens for choice in choices)
+
+
+def openai_usage(used: Totals, reasoning: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object, with our timings; `reasoning`: the chat choices' reasoning tokens
+    (None: a completion, which has no such details)."""
+    usage: dict[str, Any] = {
         "prompt_tokens": used.prompt_tokens,
         "completion_tokens": used.completion_tokens,
         "total_tokens": used.total_tokens,
         "prompt_tokens_details": {"cached_tokens": used.cached_tokens},
-        "timings": timings(used),
     }
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return {**usage, "timings": timings(used)}
 
 
-def responses_usage(used: Totals) -> dict[str, Any]:
+def responses_usage(used: Totals, reasoning: int = 0) -> dict[str, Any]:
     """The Responses API's usage, with our timings."""
     return {"input_tokens": used.prompt_tokens, "output_tokens": used.completion_tokens,
             "total_tokens": used.total_tokens, "input_tokens_details": {"cached_tokens": used.cached_tokens},
-            "output_tokens_details": {"reasoning_tokens": 0}, "timings": timings(used)}
+            "output_tokens_details": {"reasoning_tokens": reasoning}, "timings": timings(used)}
 
 
 def anthropic_usage(used: Totals) -> dict[str, Any]:

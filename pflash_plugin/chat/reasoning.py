@@ -1,0 +1,164 @@
+"""Thinking split from the answer: the reasoning families' markers (chosen from the chat template,
+or by --reasoning_format) and a streaming reader that turns a choice's text into reasoning and
+content deltas at O(1) cost per character (it holds back at most a marker's length and a run of
+whitespace, never re-reads the text before).
+
+Families (llama.cpp's models/templates): `<think>...</think>` for Qwen3/3.5/3.6, QwQ, DeepSeek R1
+and V3.1, GLM 4.5/4.6, Kimi K2 Thinking (and the other templates that write those tags);
+`[THINK]...[/THINK]` for Magistral. A template whose generation prompt ends inside the block
+(Qwen3.5 with thinking on, DeepSeek R1: `...<think>\\n`) makes the model's text start in it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .deltas import Delta, ReasoningDelta, TextDelta
+
+ReasoningFormat = Literal["auto", "deepseek", "none"]
+REASONING_FORMATS: tuple[str, ...] = ("auto", "deepseek", "none")
+
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """One family's markers around its thinking."""
+
+    open: str
+    close: str
+
+
+THINK = ThinkTags("<think>", "</think>")
+MAGISTRAL = ThinkTags("[THINK]", "[/THINK]")
+
+
+def think_tags(template: str | None, reasoning_format: str = "auto") -> ThinkTags | None:
+    """The markers the template teaches its model; None: the text is all content (reasoning_format
+    none, or a template that writes no thinking markers). `deepseek` on a template without
+    markers reads `<think>` tags, as llama-server does."""
+    if reasoning_format == "none":
+        return None
+    text = template or ""
+    if MAGISTRAL.close in text:
+        return MAGISTRAL
+    if THINK.close in text or reasoning_format == "deepseek":
+        return THINK
+    return None
+
+
+def opens_in_prompt(tags: ThinkTags, prompt_tail: str) -> bool:
+    """Whether the rendered prompt (its end) leaves a thinking block open: its last marker is an
+    open one (the generation prompt's `<think>\n`, or a prefill that stops in the middle of one)."""
+    return prompt_tail.rfind(tags.open) > prompt_tail.rfind(tags.close)
+
+
+def _partial(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that starts `marker` (shorter than the marker)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+class ReasoningReader:
+    """One choice's text in, reasoning and content deltas out. Before the answer's first text the
+    reader waits for the open marker (whitespace first allowed); inside the block, reasoning until
+    the close marker; after it, content. The reasoning is stripped of the whitespace around it and
+    the content of the whitespace after the close marker, as llama-server does."""
+
+    def __init__(self, tags: ThinkTags, inside: bool) -> None:
+        """`inside`: the prompt opened the block (a repeated open marker first is skipped)."""
+        self.tags, self.inside = tags, inside
+        self.state: Literal["start", "reasoning", "content"] = "start"
+        self.held = ""  # the start's whitespace and marker prefix, or the end of a possible close marker
+        self.space = ""  # the reasoning's trailing whitespace, released when more reasoning follows
+        self.began = False  # reasoning text released (its leading whitespace is dropped before)
+        self.strip = False  # the content's leading whitespace is dropped (after the close marker)
+        self.opened = False  # the text went into a thinking block
+        self.tokens = 0  # the reasoning's tokens: of the texts read up to and with the close marker
+        self._undecided = 0  # tokens of texts read before the start was known to be reasoning or not
+
+    @property
+    def thinking(self) -> bool:
+        """Whether the text read so far is still reasoning (or may open it)."""
+        return self.state != "content"
+
+    def feed(self, text: str, tokens: int = 0) -> list[Delta]:
+        """The deltas of `text`, the next text of the choice; `tokens`: how many tokens it came from."""
+        thinking = self.thinking
+        out: list[Delta] = []
+        while text:
+            if self.state == "start":
+                text = self._start(text)
+            elif self.state == "reasoning":
+                text = self._reasoning(text, out)
+            else:
+                self._content(text, out)
+                text = ""
+        self._count(thinking, tokens)
+        return out
+
+    def _count(self, thinking: bool, tokens: int) -> None:
+        """A text's tokens are reasoning when it was read in (or into, or out of) the block."""
+        if self.state == "start":
+            self._undecided += tokens
+        elif thinking and self.opened:
+            self.tokens += self._undecided + tokens
+            self._undecided = 0
+
+    def finish(self) -> list[Delta]:
+        """The end of the text: what was held is released as what it was read as."""
+        held, self.held = self.held, ""
+        out: list[Delta] = []
+        if self.state == "start" and held:
+            self.state, self.opened = ("reasoning", True) if self.inside else ("content", False)
+        if self.state == "reasoning":
+            self._think(held, out)
+        elif held:
+            self._content(held, out)
+        return out
+
+    def _start(self, text: str) -> str:
+        """Before anything was released: the text that is left once the state is known."""
+        held = self.held + text
+        head = held.lstrip()
+        if head.startswith(self.tags.open):
+            self.held, self.state, self.opened = "", "reasoning", True
+            return head[len(self.tags.open):]
+        if not head or self.tags.open.startswith(head):
+            self.held = held  # whitespace, or the marker's beginning
+            return ""
+        self.held, self.state, self.opened = "", "reasoning" if self.inside else "content", self.inside
+        return held
+
+    def _reasoning(self, text: str, out: list[Delta]) -> str:
+        pending = self.held + text
+        close = self.tags.close
+        at = pending.find(close)
+        if at >= 0:
+            self.held = ""
+            self._think(pending[:at], out)
+            self.space, self.state, self.strip = "", "content", True
+            return pending[at + len(close):]
+        keep = _partial(pending, close)
+        self.held = pending[len(pending) - keep:]
+        self._think(pending[:len(pending) - keep], out)
+        return ""
+
+    def _think(self, text: str, out: list[Delta]) -> None:
+        """Reasoning text, its whitespace at either end held back (dropped at the block's ends)."""
+        if not self.began:
+            text = text.lstrip()
+        body = text.rstrip()
+        if not body:
+            self.space += text
+            return
+        out.append(ReasoningDelta(self.space + body))
+        self.space, self.began = text[len(body):], True
+
+    def _content(self, text: str, out: list[Delta]) -> None:
+        if self.strip:
+            text = text.lstrip()
+            if not text:
+                return
+            self.strip = False
+        out.append(TextDelta(text))
