@@ -137,3 +137,22 @@ def test_the_samples_of_one_compressed_prompt_prefill_its_kept_tokens_once(per_s
     assert all(len(s.output_tokens) == 2 for s in samples)
     check_scheduler(sched, runner)
     assert_all_back(sched, runner)
+
+
+def test_a_request_that_waits_for_a_prefill_borrows_no_slot_from_a_prompt_yet_to_start():
+    """Per-slot streams: a short request may take the slot of a long prompt that has not begun its
+    prefill (Scheduler._loan), but not one that waits to reuse a prefix being prefilled."""
+    sched, runner = make_scheduler(n_slots=2, n_pages=16, page_size=4, max_batch_tokens=8, max_ctx=64,
+                                   per_slot=True, share_prefill_tokens=8)
+    first, second = make_request(PROMPT, max_tokens=2), make_request(list(range(200, 240)), max_tokens=2)
+    sched.submit(first, second)
+    step_once(sched, runner)
+    assert first.n_prefilled == 8 and second.n_prefilled == 0  # second holds its slot, not started
+    queued = make_request(list(range(300, 340)), max_tokens=2)  # ahead of it: too long to borrow a slot
+    follower = make_request(PROMPT[:18] + [1, 2], max_tokens=2)
+    sched.submit(queued)
+    sched.submit(follower)
+    assert follower.status is RequestStatus.WAITING and second.status is RequestStatus.PREFILLING
+    run_until_idle(sched, runner)
+    assert all(sink_of(r).finish.reason == "length" for r in (first, second, queued, follower))
+    assert_all_back(sched, runner)
