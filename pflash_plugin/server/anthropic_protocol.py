@@ -98,6 +98,8 @@ class MessagesRequest(CountTokensRequest):
     top_k: Optional[int] = Field(default=None, ge=0)
     metadata: Optional[Dict[str, Any]] = None
     output_config: Optional[OutputConfig] = Field(default=None, description="format: a JSON schema the answer follows.")
+    grammar: Optional[str] = Field(default=None, description="A GBNF grammar the answer follows (llama.cpp's "
+                                   "extension, as on chat completions).")
     stream: bool = False
     pflash: Optional[PflashOverride] = None
 
@@ -197,8 +199,9 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     if isinstance(body, MessagesRequest):
         form = body.output_config.format if body.output_config else None
         chat.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences or None,
-                    pflash=body.pflash, **{key: getattr(body, key) for key in ("temperature", "top_p", "top_k")
-                                           if getattr(body, key) is not None})
+                    pflash=body.pflash, grammar=body.grammar,
+                    **{key: getattr(body, key) for key in ("temperature", "top_p", "top_k")
+                       if getattr(body, key) is not None})
         if form is not None:
             chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": form.schema_}}
     return as_chat(chat)

@@ -54,6 +54,8 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: Optional[bool] = None
     text: Optional[TextConfig] = None
     reasoning: Optional[ReasoningConfig] = None
+    grammar: Optional[str] = Field(default=None, description="A GBNF grammar the answer follows (llama.cpp's "
+                                   "extension, as on chat completions).")
     stream: bool = False
     metadata: Optional[Dict[str, Any]] = None
     user: Optional[str] = None
@@ -190,5 +192,5 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     chat = {"model": body.model, "messages": _messages(body), "max_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
             "response_format": _response_format(body), "pflash": body.pflash, **_tools(body),
-            "reasoning_effort": body.reasoning.effort if body.reasoning else None}
+            "reasoning_effort": body.reasoning.effort if body.reasoning else None, "grammar": body.grammar}
     return as_chat(chat)

@@ -1,0 +1,255 @@
+"""Thinking split from the answer (chat/reasoning.py) on real reasoning templates (tests/data/templates:
+Qwen3.5's and llama.cpp's DeepSeek R1), a tiny model's answers forced by a grammar into the shape those
+models write: reasoning_content on chat, reasoning items on Responses, thinking blocks on Messages,
+plain and streamed; the per-request switches of the templates' thinking."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import live_server
+
+from pflash_plugin.chat.deltas import ReasoningDelta, TextDelta, merged
+from pflash_plugin.chat.reasoning import MAGISTRAL, THINK, ReasoningReader, opens_in_prompt, think_tags
+from pflash_plugin.llama import Model
+from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+QWEN35 = (TEMPLATES / "Qwen3.5-4B.jinja").read_text()
+DEEPSEEK_R1 = (TEMPLATES / "llama-cpp-deepseek-r1.jinja").read_text()
+THOUGHT, ANSWER = "I should answer briefly.", "Paris is the capital."
+WRITTEN = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"  # the answer as Qwen3 writes it
+AFTER_OPEN = f"{THOUGHT}\n</think>\n\n{ANSWER}"  # as Qwen3.5 and R1 write it after the prompt's <think>\n
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _gbnf(text: str) -> str:
+    return "root ::= " + json.dumps(text)  # a JSON string is a GBNF literal (\n, \", \\ escapes)
+
+
+def _read(chunks: list[str], inside: bool, tags=THINK) -> tuple[list, int]:
+    reader = ReasoningReader(tags, inside)
+    deltas = [d for chunk in chunks for d in reader.feed(chunk, 1)] + reader.finish()
+    return merged(deltas), reader.tokens
+
+
+# ---- the reader ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,inside", [(WRITTEN, False), (AFTER_OPEN, True), (WRITTEN, True)])
+def test_the_reader_splits_thinking_alike_in_any_pieces(text, inside):
+    expected = [ReasoningDelta(THOUGHT), TextDelta(ANSWER)]
+    assert _read([text], inside)[0] == expected
+    for step in (1, 2, 3, 5, 7):
+        assert _read([text[i:i + step] for i in range(0, len(text), step)], inside)[0] == expected
+    # tokens: the pieces up to and with the close marker's last character
+    assert _read(list(text), inside)[1] == text.index("</think>") + len("</think>")
+
+
+def test_text_without_a_block_is_content_and_an_unclosed_block_is_reasoning():
+    assert _read(list("Hello <think> there"), False) == ([TextDelta("Hello <think> there")], 0)
+    assert _read(list("  <thin"), False)[0] == [TextDelta("  <thin")]  # a marker never finished
+    assert _read(list("<think>cut short </thi"), False)[0] == [ReasoningDelta("cut short </thi")]
+    assert _read(list("all thought"), True) == ([ReasoningDelta("all thought")], 11)
+    assert _read(list("[THINK]Hm.[/THINK]Yes."), False, MAGISTRAL)[0] == [ReasoningDelta("Hm."), TextDelta("Yes.")]
+
+
+def test_the_families_markers_are_read_from_their_templates():
+    assert think_tags(QWEN35) is THINK and think_tags(DEEPSEEK_R1) is THINK
+    glm = "{{ '\\n<think></think>' if not enable_thinking }}{{ content.split('</think>')[-1] }}"
+    kimi = "<think>{{rc}}</think>{{render_content(message)}}"
+    magistral = "{{ '[THINK]' + block['thinking'] + '[/THINK]' }}"
+    assert think_tags(glm) is THINK and think_tags(kimi) is THINK and think_tags(magistral) is MAGISTRAL
+    assert think_tags(CHATML_TEMPLATE) is None and think_tags(CHATML_TEMPLATE, "deepseek") is THINK
+    assert think_tags(QWEN35, "none") is None
+    assert opens_in_prompt(THINK, "assistant\n<think>\n") and not opens_in_prompt(THINK, "<think>\n\n</think>\n\n")
+
+
+def test_the_tiny_vocabulary_writes_think_tags_as_text():
+    """<think> is plain text here (in real Qwen vocabularies a user-defined token, which llama.cpp
+    also renders): the server's detokenizer, which drops control tokens, keeps it."""
+    model = Model(cached_tiny_llama(chat_template=QWEN35))
+    tokens = model.tokenize(WRITTEN, add_special=False, parse_special=True)
+    assert len(tokens) > 10 and model.detokenize(tokens) == WRITTEN
+    assert b"".join(model.piece(t) for t in tokens[:3]) == b"<think>"
+
+
+# ---- the APIs -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    def model(alias: str, template: str, **kw) -> dict:
+        return {"model": str(cached_tiny_llama(chat_template=template)), "model_alias": alias, "n_ctx": 1024,
+                "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, **kw}
+
+    with live_server([model("qwen35", QWEN35), model("r1", DEEPSEEK_R1),
+                      model("raw", QWEN35, reasoning_format="none")]) as live:
+        yield live
+
+
+def _sse(response) -> list[dict]:
+    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+def _chat(client, model: str, forced: str, stream: bool, **kw) -> dict | list[dict]:
+    body = {"model": model, "messages": ASK, "max_tokens": 60, "grammar": _gbnf(forced), "stream": stream,
+            "temperature": 0, **kw}  # greedy: the streamed answer is the same tokens
+    if not stream:
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        return _sse(response)
+
+
+@pytest.mark.parametrize("model", ["qwen35", "r1"])
+@pytest.mark.parametrize("forced", [AFTER_OPEN, WRITTEN])
+def test_chat_gives_the_thinking_as_reasoning_content(server, model, forced):
+    with server.client() as client:
+        body = _chat(client, model, forced, stream=False)
+        message = body["choices"][0]["message"]
+        assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
+        usage = body["usage"]
+        assert 0 < usage["completion_tokens_details"]["reasoning_tokens"] < usage["completion_tokens"]
+        chunks = _chat(client, model, forced, stream=True, stream_options={"include_usage": True})
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == THOUGHT
+    assert "".join(d.get("content") or "" for d in deltas) == ANSWER
+    assert chunks[-1]["usage"]["completion_tokens_details"] == usage["completion_tokens_details"]
+
+
+def test_reasoning_format_none_leaves_the_thinking_in_the_content(server):
+    with server.client() as client:
+        message = _chat(client, "raw", WRITTEN, stream=False)["choices"][0]["message"]
+    assert message["content"] == WRITTEN and message["reasoning_content"] is None
+
+
+def test_responses_give_a_reasoning_item_before_the_message(server):
+    body = {"model": "qwen35", "input": ASK[0]["content"], "max_output_tokens": 60}
+    with server.client() as client:
+        plain = _responses(client, body, stream=False)
+        events = _responses(client, body, stream=True)
+    reasoning, message = plain["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["summary"] == []
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": THOUGHT}]
+    assert message["content"][0]["text"] == ANSWER and plain["output_text"] == ANSWER
+    assert plain["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+    kinds = [e["type"] for e in events]
+    assert kinds[2:6] == ["response.output_item.added", "response.content_part.added",
+                          "response.reasoning_text.delta", "response.reasoning_text.delta"]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == THOUGHT
+    assert next(e for e in events if e["type"] == "response.reasoning_text.done")["text"] == THOUGHT
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == ANSWER
+    done = events[-1]["response"]
+    assert [item["type"] for item in done["output"]] == ["reasoning", "message"]
+    assert done["output"][0]["content"] == reasoning["content"]
+
+
+def _responses(client, body: dict, stream: bool) -> dict | list[dict]:
+    sent = {**body, "stream": stream, "grammar": _gbnf(AFTER_OPEN)}
+    if not stream:
+        response = client.post("/v1/responses", json=sent)
+        assert response.status_code == 200, response.text
+        return response.json()
+    with client.stream("POST", "/v1/responses", json=sent) as response:
+        assert response.status_code == 200
+        return _sse(response)
+
+
+def _messages(client, stream: bool, **kw) -> dict | list[dict]:
+    body = {"model": "r1", "max_tokens": 60, "messages": ASK, "grammar": _gbnf(AFTER_OPEN), "stream": stream, **kw}
+    if not stream:
+        response = client.post("/v1/messages", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+    with client.stream("POST", "/v1/messages", json=body) as response:
+        assert response.status_code == 200
+        return _sse(response)
+
+
+def test_messages_give_a_thinking_block_before_the_text(server):
+    with server.client() as client:
+        plain = _messages(client, stream=False)
+        events = _messages(client, stream=True)
+    assert plain["content"] == [{"type": "thinking", "thinking": THOUGHT, "signature": ""},
+                                {"type": "text", "text": ANSWER}]
+    assert plain["stop_reason"] == "end_turn"
+    starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    assert starts == [{"type": "thinking", "thinking": "", "signature": ""}, {"type": "text", "text": ""}]
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(d["thinking"] for d in deltas if d["type"] == "thinking_delta") == THOUGHT
+    assert "".join(d["text"] for d in deltas if d["type"] == "text_delta") == ANSWER
+    signature = next(i for i, d in enumerate(deltas) if d["type"] == "signature_delta")
+    assert all(d["type"] == "text_delta" for d in deltas[signature + 1:])  # the thinking block closed first
+
+
+def test_the_anthropic_sdk_reads_the_thinking_block(server):
+    anthropic = pytest.importorskip("anthropic")
+    sdk = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    message = sdk.messages.create(model="r1", max_tokens=60, messages=ASK, extra_body={"grammar": _gbnf(AFTER_OPEN)})
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == THOUGHT and message.content[1].text == ANSWER
+    with sdk.messages.stream(model="r1", max_tokens=60, messages=ASK,
+                             extra_body={"grammar": _gbnf(AFTER_OPEN)}) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].thinking == THOUGHT and final.content[1].text == ANSWER
+
+
+# ---- per-request switches -----------------------------------------------------------------------
+def _prompt_tokens(client, **kw) -> int:
+    body = {"model": "qwen35", "messages": ASK, "max_tokens": 1, **kw}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]["prompt_tokens"]
+
+
+def test_chat_template_kwargs_and_reasoning_effort_switch_the_templates_thinking(server):
+    with server.client() as client:
+        on = _prompt_tokens(client)
+        off = _prompt_tokens(client, chat_template_kwargs={"enable_thinking": False})
+        assert off > on  # the generation prompt closes the block: <think>\n\n</think>\n\n
+        assert _prompt_tokens(client, chat_template_kwargs={"enable_thinking": True}) == on
+        assert _prompt_tokens(client, reasoning_effort="none") == off
+        assert _prompt_tokens(client, reasoning_effort="high") == on
+        # the request's own kwargs win over what reasoning_effort sets
+        assert _prompt_tokens(client, reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == on
+        refused = client.post("/v1/chat/completions", json={"model": "qwen35", "messages": ASK,
+                                                            "chat_template_kwargs": {"messages": []}})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
+        count = {"model": "qwen35", "messages": ASK}
+        anthropic_on = client.post("/v1/messages/count_tokens", json=count).json()["input_tokens"]
+        anthropic_off = client.post("/v1/messages/count_tokens",
+                                    json={**count, "thinking": {"type": "disabled"}}).json()["input_tokens"]
+        assert (anthropic_on, anthropic_off) == (on, off)
+        responses_off = client.post("/v1/responses", json={"model": "qwen35", "input": ASK[0]["content"],
+                                                           "max_output_tokens": 1, "reasoning": {"effort": "none"}})
+        assert responses_off.json()["usage"]["input_tokens"] == off
+
+
+def test_with_thinking_off_the_answer_is_content(server):
+    with server.client() as client:
+        body = _chat(client, "qwen35", ANSWER, stream=False, chat_template_kwargs={"enable_thinking": False})
+    message = body["choices"][0]["message"]
+    assert message["content"] == ANSWER and message["reasoning_content"] is None
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_an_earlier_turns_reasoning_goes_back_to_the_template(server):
+    """Qwen3.5 renders the thinking of the turns after the last user message (a tool loop): the
+    thinking sent back as reasoning_content (chat), a reasoning item (Responses) or a thinking block
+    (Messages) is in the prompt."""
+    with server.client() as client:
+        def tokens(thought: str | None) -> tuple[int, int, int]:
+            turn = {"role": "assistant", "content": "Let me see."}
+            chat = _prompt_tokens(client, messages=[*ASK, {**turn, "reasoning_content": thought} if thought else turn,
+                                                    {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
+            thinking = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+            messages = [*ASK, {"role": "assistant", "content": [*thinking, {"type": "text", "text": "Let me see."}]}]
+            anthropic = client.post("/v1/messages/count_tokens", json={"model": "qwen35", "messages": messages})
+            reasoning = [{"type": "reasoning", "id": "rs_1", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": thought}]}] if thought else []
+            items = [*ASK, *reasoning, {"type": "message", "role": "assistant", "content": "Let me see."}]
+            responses = client.post("/v1/responses", json={"model": "qwen35", "input": items, "max_output_tokens": 1})
+            return chat, anthropic.json()["input_tokens"], responses.json()["usage"]["input_tokens"]
+
+        without, with_thought = tokens(None), tokens("The user asks about the weather in Paris.")
+    assert all(b > a for a, b in zip(without, with_thought)), (without, with_thought)
