@@ -20,11 +20,12 @@ def reserved_keys(kwargs: dict[str, Any]) -> list[str]:
 
 def template_kwargs(effort: str | None = None, thinking: bool | None = None,
                     explicit: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The template variables of one request: OpenAI's `reasoning_effort` ("none": no thinking),
-    or Anthropic's thinking switch, then the request's `chat_template_kwargs` over them."""
+    """The template variables of one request: OpenAI's `reasoning_effort` (none and minimal: no
+    thinking, as llama-cpp-python's example Qwen3.5 template reads them; low on: thinking), or
+    Anthropic's thinking switch, then the request's `chat_template_kwargs` over them."""
     out: dict[str, Any] = {}
     if effort is not None:
-        out = {"enable_thinking": effort != "none", "reasoning_effort": _EFFORT.get(effort, effort)}
+        out = {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": _EFFORT.get(effort, effort)}
     if thinking is not None:
         out["enable_thinking"] = thinking
     return {**out, **(explicit or {})}

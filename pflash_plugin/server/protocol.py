@@ -156,8 +156,8 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
         default=None, description="Variables for the chat template (e.g. enable_thinking), over the server's "
         "chat_template_kwargs setting, as llama-server and vLLM take them.")
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = Field(
-        default=None, description="none: no thinking (the template's enable_thinking false); any other: thinking "
-        "on, and gpt-oss's effort (low, medium or high) (docs/reasoning.md).")
+        default=None, description="none or minimal: no thinking (the template's enable_thinking false); low and up: "
+        "thinking on; gpt-oss's effort (low, medium or high) either way (docs/reasoning.md).")
 
     @field_validator("chat_template_kwargs")
     @classmethod

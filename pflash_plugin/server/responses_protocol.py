@@ -37,7 +37,7 @@ class TextConfig(BaseModel):
 class ReasoningConfig(BaseModel):
     model_config = ConfigDict(extra="allow")  # generate_summary: accepted, the thinking is shown whole
     effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = Field(
-        default=None, description="none: no thinking; any other: thinking on (chat's reasoning_effort).")
+        default=None, description="none or minimal: no thinking; low and up: thinking on (chat's reasoning_effort).")
     summary: Optional[str] = Field(default=None, description="Accepted: reasoning items carry the whole thinking "
                                    "as reasoning_text content, with no summary.")
 
