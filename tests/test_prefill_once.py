@@ -3,6 +3,8 @@ request whose prefix a running request is prefilling waits for that prefill and 
 both KV layouts; the KV accounting comes back whatever ends the leader."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from pflash_plugin.engine.request import Request, RequestStatus
@@ -155,4 +157,41 @@ def test_a_request_that_waits_for_a_prefill_borrows_no_slot_from_a_prompt_yet_to
     assert follower.status is RequestStatus.WAITING and second.status is RequestStatus.PREFILLING
     run_until_idle(sched, runner)
     assert all(sink_of(r).finish.reason == "length" for r in (first, second, queued, follower))
+    assert_all_back(sched, runner)
+
+
+@pytest.mark.parametrize("seed, per_slot", [(1, False), (2, False), (3, True), (4, True)])
+def test_random_groups_sharing_prefixes_with_leaders_cancelled_return_every_page(seed, per_slot):
+    """Groups of choices and requests over a few shared prefixes, some cancelled or failed (leaders
+    among them), every invariant of check_scheduler after every step: all end, the pages come back,
+    and requests did wait for a prefill with a slot free."""
+    rng = random.Random(seed)
+    sched, runner = make_scheduler(n_slots=4, n_pages=64 if per_slot else 256, page_size=4, max_batch_tokens=8,
+                                   max_ctx=64, max_queue=16, per_slot=per_slot, share_prefill_tokens=4)
+    bases = [[rng.randrange(1, 200) for _ in range(40)] for _ in range(3)]
+    requests: list[Request] = []
+    waited: set[int] = set()  # queued while a slot was free: waiting for another's prefill
+    steps = 0
+    while len(requests) < 120 or sched.has_work:
+        if len(requests) < 120 and rng.random() < 0.3:
+            tail = [rng.randrange(200, 400) for _ in range(rng.randint(0, 4))]
+            prompt = rng.choice(bases)[: rng.randint(8, 40)] + tail
+            group = [make_request(prompt, rng.randint(1, 6)) for _ in range(rng.choice([1, 1, 2, 3]))]
+            if sched.submit(*group) is None:
+                requests += group
+        live = [r for r in requests if not r.status.finished]
+        roll = rng.random()
+        if live and roll < 0.05:
+            sched.finish(rng.choice(live), RequestStatus.FINISHED_CANCELLED)
+        elif live and roll < 0.07:
+            sched.fail(rng.choice(live), RuntimeError("random failure"), "testing")
+        sched.admit()
+        if any(s.request is None for s in sched.slots):
+            waited |= {r.request_id for r in sched.waiting}
+        step = step_once(sched, runner)
+        assert step.items or not sched.has_work, "work left but nothing scheduled"
+        steps += 1
+        assert steps < 20_000
+    assert all(len(sink_of(r).terminal) == 1 for r in requests)
+    assert len(waited) >= 10, waited
     assert_all_back(sched, runner)
