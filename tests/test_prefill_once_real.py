@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
-from pflash_plugin.engine.prefill_sharing import PrefillSharing
 from pflash_plugin.engine.request import Request, SamplingParams
 from pflash_plugin.engine.scheduler import Step
 
@@ -49,7 +48,7 @@ def test_the_choices_of_one_prompt_decode_its_tokens_once_and_agree_with_separat
         assert shared[1][0] == alone[0]  # other shapes: the first token agrees (DESIGN.md 3)
 
         engine.clear_prefix_cache()
-        engine.scheduler.sharing = PrefillSharing(None)  # each choice prefills its own
+        engine.scheduler.sharing.min_tokens = None  # each choice prefills its own
         counted.clear()
         separate = run_together(engine, [Request(prompt, greedy) for _ in range(3)])
         assert sum(counted) == 3 * len(prompt)

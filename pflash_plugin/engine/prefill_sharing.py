@@ -13,30 +13,31 @@ request that shares a few tokens with a long prompt starts at once, shortest fir
 leader that ends early (finished, cancelled, failed), or goes back to the queue (it lent its slot),
 is no longer prefilling: whoever waited for it proceeds on its own, reusing what it left cached.
 
-Pure Python over the requests' own fields, apart from the Scheduler's mechanism (admission asks
-`leader` before it places a queued request).
+Pure Python over the requests and the prefix cache, apart from the Scheduler's mechanism
+(admission asks it before it places or lends a slot to a queued request).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from collections import deque
+from typing import Sequence
 
+from .prefix_cache import PrefixCache
 from .prefixes import reusable
 from .request import Request, RequestStatus
 
 
-@dataclass(frozen=True)
 class PrefillSharing:
-    """The rule, with its threshold (SchedulerConfig.share_prefill_tokens; None: off)."""
+    """The rule over the scheduler's prefix cache, with its threshold (SchedulerConfig.share_prefill_tokens;
+    None: off)."""
 
-    min_tokens: int | None = 64
+    def __init__(self, cache: PrefixCache, min_tokens: int | None = 64) -> None:
+        self.cache, self.min_tokens = cache, min_tokens
 
-    def leader(self, request: Request, running: Iterable[Request],
-               settled: Callable[[list[int]], int]) -> Request | None:
+    def leader(self, request: Request, running: Sequence[Request]) -> Request | None:
         """The running request whose prefill `request` waits for: of those still prefilling a prefix
-        of `request`'s prompt, the one that will hold the longest; None to start now. `settled`: how
-        many of a prompt's tokens the KV holds outside the slots still prefilling (so the answer
-        does not change as the leader's prefill advances)."""
+        of `request`'s prompt, the one that will hold the longest; None to start now. The gain is
+        counted over what the KV holds outside the slots still prefilling, so the answer does not
+        change as the leader's prefill advances."""
         if self.min_tokens is None:
             return None
         tokens = request.prefill_tokens
@@ -48,6 +49,18 @@ class PrefillSharing:
                     best, shared = other, n
         if best is None:
             return None
-        now = settled(tokens)
+        now = self.cache.cached_prefix(tokens, settled=True)
         gain = shared - now
         return best if gain >= self.min_tokens and 2 * gain >= len(tokens) - now else None
+
+    def waits(self, request: Request, running: Sequence[Request]) -> bool:
+        return self.leader(request, running) is not None
+
+    def first(self, running: Sequence[Request], *queues: deque[Request]) -> tuple[deque[Request], int] | None:
+        """The first queued request, queue by queue, that waits for no other's prefill, as its queue
+        and place there; None if there is none."""
+        for queue in queues:
+            for at, request in enumerate(queue):
+                if not self.waits(request, running):
+                    return queue, at
+        return None

@@ -143,9 +143,9 @@ class Scheduler:
         assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
         self.kv, self.config = kv, config
         self.policy = StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging, config.preempt_chunk)
-        share = config.share_prefill_tokens
-        self.sharing = PrefillSharing(None if share is None else max(share, config.min_copy_tokens))
         self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host)
+        share = config.share_prefill_tokens
+        self.sharing = PrefillSharing(self.cache, None if share is None else max(share, config.min_copy_tokens))
         self.slots: list[Slot] = self.cache.slots
         self.piece, self.is_eog, self.clock = piece, is_eog, clock
         self.waiting: deque[Request] = deque()  # new arrivals, first come first served
@@ -214,8 +214,8 @@ class Scheduler:
             self.refuse(requests, error)
             return error
         for request in requests:
-            if (request.compression is None and not self.waiting and not self.prepared and not self._waits(request)
-                    and self.cache.place(request)):
+            if (request.compression is None and not self.waiting and not self.prepared
+                    and not self.sharing.waits(request, self.running) and self.cache.place(request)):
                 self._start(request)
             else:
                 self.add(request)
@@ -296,10 +296,10 @@ class Scheduler:
             pass
 
     def _admit_next(self) -> bool:
-        """Start one queued request: the first that waits for no other's prefill (`_waits`) where a
-        slot fits it, else the first queued request that a slot is lent to. False when neither is
-        possible."""
-        head = self._head()
+        """Start one queued request: the first that waits for no other's prefill (prefill_sharing.py)
+        where a slot fits it, else the first queued request that a slot is lent to. False when
+        neither is possible."""
+        head = self.sharing.first(self.running, self.prepared, self.waiting)
         if head is None:
             return False
         queue, at = head
@@ -320,20 +320,6 @@ class Scheduler:
         self._start(borrower)
         return True
 
-    def _head(self) -> tuple[deque[Request], int] | None:
-        """The first queued request (compressed ones first) that waits for no other's prefill, as
-        its queue and place there."""
-        for queue in (self.prepared, self.waiting):
-            for at, request in enumerate(queue):
-                if not self._waits(request):
-                    return queue, at
-        return None
-
-    def _waits(self, request: Request) -> bool:
-        """Whether `request` waits for a running request's prefill of its prefix (prefill_sharing.py)."""
-        settled = lambda tokens: self.cache.cached_prefix(tokens, settled=True)  # noqa: E731
-        return self.sharing.leader(request, self.running, settled) is not None
-
     def _loan(self) -> tuple[deque[Request], int, Request] | None:
         """The first queued request (compressed ones first) that a running prompt may lend its slot
         to, as its queue and place there, and that prompt: of those that have held their slot
@@ -352,7 +338,7 @@ class Scheduler:
         for queue in (self.prepared, self.waiting):
             for at, borrower in enumerate(queue):
                 n = len(borrower.prefill_tokens)
-                if 2 * n > most_left or self._waits(borrower):
+                if 2 * n > most_left or self.sharing.waits(borrower, self.running):
                     continue
                 lender = max((r for r in lenders if r.cached_tokens <= n and r.prefill_left >= 2 * n),
                              key=lambda r: r.prefill_left, default=None)
