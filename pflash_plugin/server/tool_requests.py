@@ -127,16 +127,17 @@ def _hoisted(parameters: dict[str, Any], prefix: str, defs: dict[str, Any]) -> d
 def plain_history(messages: list[dict]) -> list[dict]:
     """Earlier calls and their results as text, for a template that renders neither: a call in
     `<tool_call>` tags in its assistant message, results in `<tool_response>` tags in one user
-    message (as Qwen's template writes them), so that roles still alternate."""
+    message (as Qwen's template writes them), so that roles still alternate. A run of results is
+    joined once, at its end: linear in the history, whatever its length (issue 49)."""
     plain: list[dict] = []
+    results: list[str] = []
     for message in messages:
         if message.get("role") == "tool":
-            result = f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"
-            if plain and plain[-1].get("tool_results"):
-                plain[-1] = {**plain[-1], "content": f"{plain[-1]['content']}\n{result}"}
-            else:
-                plain.append({"role": "user", "content": result, "tool_results": True})
+            results.append(f"<tool_response>\n{message.get('content') or ''}\n</tool_response>")
             continue
+        if results:
+            plain.append({"role": "user", "content": "\n".join(results)})
+            results = []
         calls = message.get("tool_calls")
         if calls:
             written = [f'<tool_call>\n{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
@@ -144,7 +145,9 @@ def plain_history(messages: list[dict]) -> list[dict]:
             message = {k: v for k, v in message.items() if k != "tool_calls"}
             message["content"] = "\n".join(filter(None, [message.get("content"), *written]))
         plain.append(message)
-    return [{k: v for k, v in m.items() if k != "tool_results"} for m in plain]
+    if results:
+        plain.append({"role": "user", "content": "\n".join(results)})
+    return plain
 
 
 def _named_choice(choice: Any) -> str:
