@@ -14,6 +14,7 @@ from pflash_plugin.chat.deltas import ReasoningDelta, TextDelta, merged
 from pflash_plugin.chat.reasoning import MAGISTRAL, THINK, ReasoningReader, opens_in_prompt, think_tags
 from pflash_plugin.llama import Model
 from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
+from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 QWEN35 = (TEMPLATES / "Qwen3.5-4B.jinja").read_text()
@@ -81,7 +82,8 @@ def server():
                 "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, **kw}
 
     with live_server([model("qwen35", QWEN35), model("r1", DEEPSEEK_R1),
-                      model("raw", QWEN35, reasoning_format="none")]) as live:
+                      model("raw", QWEN35, reasoning_format="none"),
+                      model("hermes", TOOL_TEMPLATES["hermes"], reasoning_format="deepseek")]) as live:
         yield live
 
 
@@ -253,3 +255,35 @@ def test_an_earlier_turns_reasoning_goes_back_to_the_template(server):
 
         without, with_thought = tokens(None), tokens("The user asks about the weather in Paris.")
     assert all(b > a for a, b in zip(without, with_thought)), (without, with_thought)
+
+
+# ---- thinking, then a tool call -----------------------------------------------------------------
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+PLAN = "I will write <tool_call> for the weather."  # a marker inside the thinking is thinking
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_only_the_answer_after_the_thinking_is_read_for_tool_calls(server, stream):
+    """--reasoning_format deepseek on a Hermes template (no thinking markers of its own)."""
+    forced = f"<think>\n{PLAN}\n</think>\n\n{CALL}"
+    with server.client() as client:
+        got = _chat(client, "hermes", forced, stream, tools=WEATHER, max_tokens=200)
+        anthropic = client.post("/v1/messages", json={
+            "model": "hermes", "max_tokens": 200, "messages": ASK, "grammar": _gbnf(forced), "stream": False,
+            "tools": [{"name": "get_weather", "input_schema": WEATHER[0]["function"]["parameters"]}]}).json()
+    if stream:
+        deltas = [c["choices"][0]["delta"] for c in got if c["choices"]]
+        thought = "".join(d.get("reasoning_content") or "" for d in deltas)
+        calls = [call for d in deltas for call in d.get("tool_calls") or []]
+        name, arguments = calls[0]["function"]["name"], "".join(c["function"]["arguments"] for c in calls)
+        finish = got[-1]["choices"][0]["finish_reason"]
+    else:
+        message = got["choices"][0]["message"]
+        thought, (call,) = message["reasoning_content"], message["tool_calls"]
+        name, arguments, finish = call["function"]["name"], call["function"]["arguments"], \
+            got["choices"][0]["finish_reason"]
+    assert (thought, name, json.loads(arguments), finish) == (PLAN, "get_weather", {"city": "Paris"}, "tool_calls")
+    assert [b["type"] for b in anthropic["content"]] == ["thinking", "tool_use"]
+    assert anthropic["content"][0]["thinking"] == PLAN and anthropic["stop_reason"] == "tool_use"
