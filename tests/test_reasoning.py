@@ -46,6 +46,17 @@ def test_the_reader_splits_thinking_alike_in_any_pieces(text, inside):
     assert _read(list(text), inside)[1] == text.index("</think>") + len("</think>")
 
 
+def test_the_reader_holds_back_no_more_than_a_marker_whatever_the_length():
+    """O(1) per token: a long thinking is released as it comes, never re-read (what is held back
+    at any time is shorter than the close marker, or a run of whitespace)."""
+    reader = ReasoningReader(THINK, inside=True)
+    released = 0
+    for i in range(20_000):
+        released += sum(len(d.text) for d in reader.feed(f"word{i} </th" if i % 7 == 0 else f"w{i} ", 1))
+        assert len(reader.held) < len("</think>") and len(reader.space) <= 1
+    assert released > 100_000 and reader.tokens == 20_000
+
+
 def test_text_without_a_block_is_content_and_an_unclosed_block_is_reasoning():
     assert _read(list("Hello <think> there"), False) == ([TextDelta("Hello <think> there")], 0)
     assert _read(list("  <thin"), False)[0] == [TextDelta("  <thin")]  # a marker never finished
