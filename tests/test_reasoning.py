@@ -157,6 +157,23 @@ def test_responses_give_a_reasoning_item_before_the_message(server):
     assert done["output"][0]["content"] == reasoning["content"]
 
 
+def test_the_openai_sdk_reads_the_reasoning_item(server):
+    openai = pytest.importorskip("openai")
+    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    extra = {"grammar": _gbnf(AFTER_OPEN)}
+    reply = sdk.responses.create(model="qwen35", input=ASK[0]["content"], max_output_tokens=60, extra_body=extra)
+    assert reply.output[0].type == "reasoning" and reply.output[0].content[0].text == THOUGHT
+    assert reply.output_text == ANSWER and reply.usage.output_tokens_details.reasoning_tokens > 0
+    with sdk.responses.stream(model="qwen35", input=ASK[0]["content"], max_output_tokens=60,
+                              extra_body=extra) as stream:
+        thought = "".join(e.delta for e in stream if e.type == "response.reasoning_text.delta")
+        final = stream.get_final_response()
+    assert thought == THOUGHT and final.output[0].content[0].text == THOUGHT and final.output_text == ANSWER
+    chat = sdk.chat.completions.create(model="qwen35", messages=ASK, max_tokens=60, extra_body=extra)
+    assert chat.choices[0].message.model_extra["reasoning_content"] == THOUGHT
+    assert chat.usage.completion_tokens_details.reasoning_tokens > 0
+
+
 def _responses(client, body: dict, stream: bool) -> dict | list[dict]:
     sent = {**body, "stream": stream, "grammar": _gbnf(AFTER_OPEN)}
     if not stream:
