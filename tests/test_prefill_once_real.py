@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.prefixes import common_prefix
 from pflash_plugin.engine.request import Request, SamplingParams
 from pflash_plugin.engine.scheduler import Step
 
@@ -59,3 +60,29 @@ def test_the_choices_of_one_prompt_decode_its_tokens_once_and_agree_with_separat
             assert engine.runner.ctx.seq_pos_max(slot.index) == len(slot.tokens) - 1
     finally:
         engine.stop()
+
+
+@pytest.mark.demo
+@pytest.mark.parametrize("layout", ["unified", "per_slot"])
+def test_on_the_demo_model_shared_choices_stay_close_to_separate_prefills(demo_model, layout):
+    """Gemma 3's sliding-window KV (whole-context SWA cells) shared or copied: the leader answers as
+    the lone request (the same batch shapes), the others as separate prefills do within batch-shape
+    numerics (DESIGN.md 3)."""
+    model, engine = load_engine(demo_model, EngineConfig(n_slots=4, max_ctx=1024, kv_layout=layout))
+    try:
+        prompt = model.tokenize("Once upon a time, in a small village by the river, " + TEXT[:3000])
+        greedy = SamplingParams(max_tokens=8, temperature=0)
+        alone = run_together(engine, [Request(prompt, greedy)])[0]
+        engine.clear_prefix_cache()
+        counted = count_prompt_tokens(engine, len(prompt))
+        shared = run_together(engine, [Request(prompt, greedy) for _ in range(3)])
+        assert sum(counted) == len(prompt) + 2
+        engine.clear_prefix_cache()
+        engine.scheduler.sharing.min_tokens = None
+        separate = run_together(engine, [Request(prompt, greedy) for _ in range(3)])
+    finally:
+        engine.stop()
+    assert shared[0] == alone and shared[1] == shared[2]
+    assert len({s[0] for s in shared + separate}) == 1
+    prefixes = [common_prefix(s, t) for s, t in zip(shared, separate)]
+    assert sum(prefixes) / len(prefixes) >= 4, prefixes
