@@ -174,23 +174,30 @@ class _GrammarPass:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def apply(self, grammar: C.llama_sampler_p, candidates: _Candidates, threads: int) -> None:
-        """`threads`: the context's, idle while the step's rows are sampled."""
+    def apply(self, grammar: C.llama_sampler_p, candidates: _Candidates, threads: int) -> float:
+        """`threads`: the context's, idle while the step's rows are sampled. Returns the CPU
+        seconds the pool's threads spent on it (the caller's own thread counts its own)."""
         n = len(candidates.ids)
         parts = max(1, min(threads, self.WORKERS, n // self.MIN_PART))
         bounds = [n * i // parts for i in range(parts + 1)]
         arrays = [candidates.part(start, stop) for start, stop in zip(bounds, bounds[1:])]
         if parts == 1:
             C.llama_sampler_apply(grammar, ctypes.byref(arrays[0]))
-            return
-        for future in [self.pool().submit(C.llama_sampler_apply, grammar, ctypes.byref(a)) for a in arrays]:
-            future.result()
+            return 0.0
+        return sum(future.result() for future in [self.pool().submit(_cpu_timed_apply, grammar, a) for a in arrays])
 
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="grammar")
             return self._pool
+
+
+def _cpu_timed_apply(grammar: C.llama_sampler_p, array: C.llama_token_data_array) -> float:
+    """One slice of the grammar's pass, and the CPU seconds this thread spent on it."""
+    started = time.thread_time()
+    C.llama_sampler_apply(grammar, ctypes.byref(array))
+    return time.thread_time() - started
 
 
 _GRAMMAR_PASS = _GrammarPass()
@@ -217,7 +224,10 @@ class SamplerParams:
     mirostat: int = 0  # 0 off, 1 or 2: mirostat version
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
-    max_grammar_step_s: float = 1.0  # a grammar that takes longer for one token ends its request
+    # a grammar whose one token takes more CPU seconds than this ends its request: CPU time, not the
+    # clock, so that a machine loaded by other requests never refuses a schema (issue 49: a 3-field
+    # pydantic model was refused at 1.53 s on the clock at load 10)
+    max_grammar_step_s: float = 1.0
 
 
 class SamplerChain:
@@ -288,22 +298,22 @@ class SamplerChain:
     def sample(self, ctx: Context, index: int) -> int:
         """Sample from batch row `index` and accept the token (penalties, grammar state).
         Raises GrammarExhausted where the grammar allows nothing, GrammarTooSlow where its step
-        ran past max_grammar_step_s."""
+        ran past max_grammar_step_s of CPU time (this thread's and the grammar pool's)."""
         if self.grammar is None:  # no sampler left that can throw: the native path
             return C.llama_sampler_sample(self.ptr, ctx.ptr, index)
-        started = time.perf_counter()
+        started, pooled = time.thread_time(), 0.0
         token = self._greedy_allowed(ctx.logits(index)) if self.params.temperature <= 0 else -1
         if token < 0:
-            allowed = self._allowed(ctx.n_threads)
+            allowed, pooled = self._allowed(ctx.n_threads)
             logits = np.where(allowed, ctx.logits(index), -np.inf)
             token = self.apply(logits)
             if not (0 <= token < allowed.size and allowed[token]):  # every allowed logit was -inf or NaN
                 token = int(np.flatnonzero(allowed)[np.argmax(logits[allowed])])
         C.llama_sampler_accept(self.grammar, token)
         C.llama_sampler_accept(self.ptr, token)
-        took = time.perf_counter() - started
+        took = time.thread_time() - started + pooled
         if took > self.params.max_grammar_step_s:  # the next token would cost more: end it here
-            raise GrammarTooSlow(f"the grammar took {took:.2f} s for one token, over "
+            raise GrammarTooSlow(f"the grammar took {took:.2f} s of CPU time for one token, over "
                                  f"{self.params.max_grammar_step_s:g} s: its parse states grow with every token")
         return token
 
@@ -334,16 +344,16 @@ class SamplerChain:
             data=ctypes.cast(one, C.llama_token_data_p), size=1, selected=-1, sorted=False)))
         return token if one[0].logit == 0.0 else -1
 
-    def _allowed(self, threads: int) -> np.ndarray:
+    def _allowed(self, threads: int) -> tuple[np.ndarray, float]:
         """The grammar's verdict on every token, whatever the logits (it only writes -inf), over
-        up to `threads` threads."""
+        up to `threads` threads; and the CPU seconds the other threads spent on it."""
         assert self._candidates is not None and self.grammar is not None
         self._candidates.fill(0.0)
-        _GRAMMAR_PASS.apply(self.grammar, self._candidates, threads)
+        pooled = _GRAMMAR_PASS.apply(self.grammar, self._candidates, threads)
         allowed = self._candidates.view["logit"] == 0.0
         if not allowed.any():
             raise GrammarExhausted("the grammar allows no further token")
-        return allowed
+        return allowed, pooled
 
     def close(self) -> None:
         if self.grammar:

@@ -54,7 +54,10 @@ def parse_settings(argv: list[str] | None = None) -> tuple[ServerSettings, list[
     return server, [cast(ModelSettings, parse_model_from_args(ModelSettings, args))]
 
 
-SHUTDOWN_MARGIN_S = 5.0
+# uvicorn's own wait for connections, once the engines have drained (within the grace, at the
+# signal): what is left is a response being written, or a body that may never come; the process is
+# gone shutdown.HARD_MARGIN_S after the grace whatever it waits for
+SHUTDOWN_MARGIN_S = 1.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         port=port,
         ssl_keyfile=server_settings.ssl_keyfile,
         ssl_certfile=server_settings.ssl_certfile,
-        # a backstop: the engines drain within the grace at the signal (server/shutdown.py)
-        timeout_graceful_shutdown=server_settings.shutdown_grace_s + SHUTDOWN_MARGIN_S,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=SHUTDOWN_MARGIN_S,  # type: ignore[arg-type]
         http=guarded_protocol(ConnectionLimits(server_settings.header_timeout_s, server_settings.body_timeout_s,
                                                server_settings.max_connections or default_max_connections())),
     )

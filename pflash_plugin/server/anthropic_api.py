@@ -15,6 +15,7 @@ from .anthropic_protocol import ERROR_RESPONSES, CountTokensRequest, MessagesReq
 from .bridge import answer
 from .context import ServerContext, get_context
 from .errors import OpenAIRoute
+from .models import ServedModel
 from .prepare import chat_prompt
 
 
@@ -44,13 +45,19 @@ router = APIRouter(route_class=AnthropicRoute, tags=["Anthropic Messages"], resp
 @router.post("/v1/messages")
 async def create_message(http: Request, body: MessagesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     stops = body.stop_sequences or []
-    return await answer(http, ctx, chat_request(body), lambda generation: MessagesPresenter(generation, stops),
+    chat = await run_in_threadpool(chat_request, body)  # linear in the body, off the event loop
+    return await answer(http, ctx, chat, lambda generation: MessagesPresenter(generation, stops),
                         {"response_format": "output_config.format", "stop": "stop_sequences"})
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    chat = chat_request(body)
+    """The prompt's length as the template renders it: converted, rendered and tokenized on the
+    tokenizer's threads (a 429 when they are busy), never on the event loop."""
     served = ctx.models.get(body.model)
-    _, prompt = await run_in_threadpool(chat_prompt, served, chat)
-    return {"input_tokens": len(prompt.tokens)}
+    return {"input_tokens": await ctx.tokenizer.run(_prompt_length, served, body)}
+
+
+def _prompt_length(served: ServedModel, body: CountTokensRequest) -> int:
+    _, prompt = chat_prompt(served, chat_request(body))
+    return len(prompt.tokens)

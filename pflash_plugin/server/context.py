@@ -3,6 +3,7 @@ module-level routers serve any number of apps in one process."""
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -14,6 +15,7 @@ from .metrics import Metrics
 from .models import ModelRegistry, ServedModel
 from .protocol import RequestError
 from .settings import ServerSettings
+from .tokenizer_pool import TokenizerPool
 
 
 @dataclass
@@ -21,11 +23,13 @@ class ServerContext:
     settings: ServerSettings
     models: ModelRegistry
     metrics: Metrics
+    tokenizer: TokenizerPool  # the routes that only tokenize
 
     @classmethod
     def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:
         metrics = Metrics(lambda: {name: m.engine.stats() for name, m in models.models.items()})
-        return cls(settings, models, metrics)
+        threads = settings.tokenizer_threads or max(1, (os.cpu_count() or 1) // 8)
+        return cls(settings, models, metrics, TokenizerPool(threads, settings.tokenizer_queue))
 
     async def submit(self, served: ServedModel, requests: list[EngineRequest]) -> None:
         """Hand a client's requests (its n choices) to their model's engine and wait for the engine
@@ -43,6 +47,7 @@ class ServerContext:
         return RequestError(status, error.message, kind, code=kind, counted=True)
 
     def close(self) -> None:
+        self.tokenizer.close()
         self.models.close(self.settings.shutdown_grace_s)
 
 

@@ -1,5 +1,6 @@
 """llama_cpp.server's extras (tokenize, detokenize) and our operations routes (health, status,
-metrics), as module-level routers."""
+metrics), as module-level routers. The extras run on the tokenizer's own threads
+(tokenizer_pool.py), never beside generation unbounded."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -14,7 +15,6 @@ from llama_cpp.server.types import (
     TokenizeInputResponse,
 )
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
 from .context import ServerContext, get_context
 from .errors import OpenAIRoute
@@ -36,12 +36,12 @@ def _tokens(served: ServedModel, text: str) -> list[int]:
 
 @extras.post("/extras/tokenize", response_model=TokenizeInputResponse)
 async def tokenize(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    return TokenizeInputResponse(tokens=await run_in_threadpool(_tokens, ctx.models.get(body.model), body.input))
+    return TokenizeInputResponse(tokens=await ctx.tokenizer.run(_tokens, ctx.models.get(body.model), body.input))
 
 
 @extras.post("/extras/tokenize/count", response_model=TokenizeInputCountResponse)
 async def count_tokens(body: TokenizeInputRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    tokens = await run_in_threadpool(_tokens, ctx.models.get(body.model), body.input)
+    tokens = await ctx.tokenizer.run(_tokens, ctx.models.get(body.model), body.input)
     return TokenizeInputCountResponse(count=len(tokens))
 
 
@@ -52,7 +52,7 @@ async def detokenize(body: DetokenizeInputRequest, ctx: ServerContext = Depends(
     for token in body.tokens:
         if not 0 <= token < served.model.n_vocab:
             raise RequestError(400, f"token id {token} is outside the vocabulary", param="tokens")
-    return DetokenizeInputResponse(text=await run_in_threadpool(served.model.detokenize, body.tokens))
+    return DetokenizeInputResponse(text=await ctx.tokenizer.run(served.model.detokenize, body.tokens))
 
 
 class Health(BaseModel):

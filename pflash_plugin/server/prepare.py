@@ -15,7 +15,7 @@ from ..chat.reasoning import ReasoningReader, opens_in_prompt
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
-from ..pflash.planning import PlanError, PromptFacts
+from ..pflash.planning import MAX_EXPLICIT_QUERY, PlanError, PromptFacts
 from .generation import Generation
 from .models import ServedModel
 from .prompts import ChatPrompt, count_prompts
@@ -64,6 +64,8 @@ def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingPar
                      ask: PflashOverride | None, facts: PromptFacts) -> list[EngineRequest]:
     """The n samples of one prompt, sharing its PFlash plan: one compression job for all of them
     (the engine runs it once and hands its result to each), or the report of why there is none."""
+    if ask is not None and ask.query:  # before it is tokenized: 7 MB took 3 s and 430 MB (issue 49)
+        served.prompts.limit.check_text(ask.query, "pflash.query", MAX_EXPLICIT_QUERY)
     try:
         plan = served.planner.plan(tokens, ask, facts)
     except PlanError as error:
@@ -125,6 +127,7 @@ def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
 def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
     """The conversation through the chat template, with the tools unless tool_choice is none."""
     messages = chat_messages(body.messages)
+    served.prompts.limit.check_messages(messages)  # before the template joins them
     switches = body.template_kwargs()
     if tools is not None and tools.syntax.renders_tools:
         return served.prompts.render_chat(messages, tools.tools, body.tool_choice, template_kwargs=switches)

@@ -183,7 +183,13 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
 
     @model_validator(mode="after")
     def _one_max_tokens(self) -> ChatCompletionRequest:
-        """max_completion_tokens is max_tokens; both, when they differ, is a 400."""
+        """max_completion_tokens is max_tokens; both, when they differ, is a 400; so is either
+        below 1 (stock llama_cpp reads 0 or less as "to the context's end": a slot held for max_ctx
+        tokens, where OpenAI, Responses and Messages refuse it)."""
+        given = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        value = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if value is not None and value < 1:
+            raise RequestError(400, f"{given} must be at least 1 ({value} given)", param=given)
         if self.max_completion_tokens is None:
             return self
         if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:

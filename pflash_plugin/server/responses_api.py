@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from .bridge import answer
 from .context import ServerContext, get_context
@@ -18,5 +19,6 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI Responses"], responses
 
 @router.post("/v1/responses")
 async def create_response(http: Request, body: ResponsesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    return await answer(http, ctx, chat_request(body), lambda generation: ResponsesPresenter(generation, body),
+    chat = await run_in_threadpool(chat_request, body)  # linear in the body, off the event loop
+    return await answer(http, ctx, chat, lambda generation: ResponsesPresenter(generation, body),
                         {"response_format": "text.format", "max_tokens": "max_output_tokens"})

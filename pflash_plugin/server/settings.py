@@ -192,6 +192,11 @@ class ServerSettings(StockServerSettings):
     max_connections: Optional[int] = Field(
         default=None, ge=1, description="Open connections at most; more are closed as soon as accepted. Default: "
         "the open-file limit less 128 (python -m pflash_plugin.server only).")
+    tokenizer_threads: Optional[int] = Field(
+        default=None, ge=1, description="Threads for the routes that only tokenize (count_tokens, /extras/tokenize, "
+        "/extras/detokenize), apart from generation. Default: one per 8 CPU cores, at least one.")
+    tokenizer_queue: int = Field(
+        default=16, ge=0, description="Such requests waiting for a tokenizer thread; more get 429.")
     cors_origins: List[str] = Field(
         default=["*"], description="Origins a browser page may call from: * any (without credentials: no "
         "cookies, no HTTP auth), or the listed ones (credentials allowed); none given: no CORS headers at all.",

@@ -4,12 +4,20 @@
 At the first signal the engines start draining at once (new requests get 503; requests in flight
 finish or are cancelled within the grace) while the server still listens, so that /health and new
 requests are answered 503 rather than refused; once drained, the server's own graceful shutdown
-runs (a second signal starts it at once). Streams end with their requests instead of being cut by
-sse-starlette; the app's lifespan then frees the models.
+runs. Streams end with their requests instead of being cut by sse-starlette; the app's lifespan
+then frees the models.
+
+Whatever the connections do (a client that sent half a body holds its connection until the body
+timeout), the process is gone `HARD_MARGIN_S` after the grace: the drain, the server's shutdown and
+the lifespan each had a timeout of their own, and together they took 15-27.7 s against a 10 s grace
+(issue 49). A second signal ends the process at once.
 """
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -19,6 +27,32 @@ from sse_starlette.sse import AppStatus
 from .models import ModelRegistry
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HARD_MARGIN_S = 2.0  # past the grace: the server's shutdown and the models' release, then the exit
+DEADLINE_EXIT = 1  # the exit status of a shutdown the deadline ended
+
+log = logging.getLogger(__name__)
+
+
+def exit_now(status: int, why: str) -> None:
+    """End the process at once, whatever its threads and connections are doing (logs flushed)."""
+    log.error("%s: exiting now", why)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def exit_by(deadline_s: float) -> threading.Timer:
+    """A timer that ends the process `deadline_s` from now, unless it has ended by then."""
+    timer = threading.Timer(deadline_s, exit_now,
+                            (DEADLINE_EXIT, f"the shutdown ran past its deadline ({deadline_s:g} s after the signal)"))
+    timer.name, timer.daemon = "pflash-shutdown-deadline", True
+    timer.start()
+    return timer
 
 
 def drain_on_signal(models: ModelRegistry, grace_s: float) -> None:
@@ -41,9 +75,10 @@ def drain_on_signal(models: ModelRegistry, grace_s: float) -> None:
 
     def handler(sig: int, frame: FrameType | None) -> Any:
         if started.acquire(blocking=False):  # the first signal: the server shuts down once drained
+            exit_by(grace_s + HARD_MARGIN_S)
             threading.Thread(target=drain, args=(sig, frame), name="pflash-drain", daemon=True).start()
             return None
-        return chained[sig](sig, frame)
+        exit_now(128 + sig, f"a second {signal.Signals(sig).name} during the shutdown")
 
     for sig in SIGNALS:
         signal.signal(sig, handler)

@@ -11,6 +11,7 @@ sees it. The longest piece is read once, on the first text that needs it.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from ..llama import Model
 from .protocol import RequestError
@@ -23,15 +24,36 @@ class TextLimit:
         self._piece: int | None = None
         self._lock = threading.Lock()
 
-    def check_text(self, text: str, param: str) -> None:
-        """A 400 for a text whose tokens cannot fit in max_ctx, before it is tokenized."""
-        if len(text) <= self.max_tokens:  # every token holds at least one character
+    def check_text(self, text: str, param: str, max_tokens: int | None = None) -> None:
+        """A 400 for a text whose tokens cannot fit in `max_tokens` (max_ctx unless given), before
+        it is tokenized."""
+        self._check_chars(len(text), param, self.max_tokens if max_tokens is None else max_tokens)
+
+    def check_messages(self, messages: list[dict[str, Any]], param: str = "messages") -> None:
+        """A 400 for a conversation whose messages' text alone cannot fit in max_ctx, before the
+        template renders it: a template writes every message's content and every call's arguments,
+        so the prompt is at least that long (200K tool results of 8 MB rendered and joined for
+        91 s before the prompt's length was checked, issue 49)."""
+        total = 0
+        for message in messages:
+            content = message.get("content")
+            total += len(content) if isinstance(content, str) else 0
+            for call in message.get("tool_calls") or ():
+                arguments = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
+                total += len(arguments) if isinstance(arguments, str) else 0
+        self._check_chars(total, param, self.max_tokens)
+
+    def _check_chars(self, chars: int, param: str, max_tokens: int) -> None:
+        if chars <= max_tokens:  # every token holds at least one character
             return
-        most = self.max_tokens * self.longest_piece()
-        if len(text) > most:
-            raise RequestError(400, f"{param}: {len(text):,} characters are over max_ctx ({self.max_tokens:,} "
-                               f"tokens) whatever they are: a token of this model holds at most "
-                               f"{self.longest_piece()} characters, so {most:,} characters at most", param=param)
+        most = max_tokens * self.longest_piece()
+        if chars > most:
+            raise RequestError(400, f"{param}: {chars:,} characters are over {self._limit(max_tokens)} whatever they "
+                               f"are: a token of this model holds at most {self.longest_piece()} characters, so "
+                               f"{most:,} characters at most", param=param)
+
+    def _limit(self, max_tokens: int) -> str:
+        return f"max_ctx ({max_tokens:,} tokens)" if max_tokens == self.max_tokens else f"{max_tokens:,} tokens"
 
     def check_tokens(self, tokens: list[int], param: str) -> None:
         if len(tokens) > self.max_tokens:
