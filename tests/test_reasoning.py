@@ -19,6 +19,8 @@ from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 QWEN35 = (TEMPLATES / "Qwen3.5-4B.jinja").read_text()
 DEEPSEEK_R1 = (TEMPLATES / "llama-cpp-deepseek-r1.jinja").read_text()
+MAGISTRAL_TEMPLATE = (TEMPLATES / "mistralai-Ministral-3-14B-Reasoning-2512.jinja").read_text()
+MARKERS = ("[THINK]", "[/THINK]")  # control tokens in Mistral's vocabularies
 THOUGHT, ANSWER = "I should answer briefly.", "Paris is the capital."
 WRITTEN = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"  # the answer as Qwen3 writes it
 AFTER_OPEN = f"{THOUGHT}\n</think>\n\n{ANSWER}"  # as Qwen3.5 and R1 write it after the prompt's <think>\n
@@ -88,13 +90,15 @@ def test_the_tiny_vocabulary_writes_think_tags_as_text():
 # ---- the APIs -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    def model(alias: str, template: str, **kw) -> dict:
-        return {"model": str(cached_tiny_llama(chat_template=template)), "model_alias": alias, "n_ctx": 1024,
-                "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, **kw}
+    def model(alias: str, template: str, control_tokens: tuple[str, ...] = (), **kw) -> dict:
+        path = cached_tiny_llama(chat_template=template, control_tokens=control_tokens)
+        return {"model": str(path), "model_alias": alias, "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1,
+                "n_threads_batch": 1, **kw}
 
     with live_server([model("qwen35", QWEN35), model("r1", DEEPSEEK_R1),
                       model("raw", QWEN35, reasoning_format="none"),
-                      model("hermes", TOOL_TEMPLATES["hermes"], reasoning_format="deepseek")]) as live:
+                      model("hermes", TOOL_TEMPLATES["hermes"], reasoning_format="deepseek"),
+                      model("magistral", MAGISTRAL_TEMPLATE, control_tokens=MARKERS)]) as live:
         yield live
 
 
@@ -315,3 +319,29 @@ def test_only_the_answer_after_the_thinking_is_read_for_tool_calls(server, strea
     assert (thought, name, json.loads(arguments), finish) == (PLAN, "get_weather", {"city": "Paris"}, "tool_calls")
     assert [b["type"] for b in anthropic["content"]] == ["thinking", "tool_use"]
     assert anthropic["content"][0]["thinking"] == PLAN and anthropic["stop_reason"] == "tool_use"
+
+
+# ---- markers that are control tokens ------------------------------------------------------------
+def test_control_token_markers_are_read_too(server):
+    """Magistral's [THINK] and [/THINK] are control tokens, whose text the detokenizer drops: the
+    server has the model write those of its family's markers (llama-server's preserved tokens).
+    A logit bias makes the model pick the control tokens where the grammar allows the markers."""
+    model = Model(cached_tiny_llama(chat_template=MAGISTRAL_TEMPLATE, control_tokens=MARKERS))
+    ids = [model.tokenize(m, add_special=False, parse_special=True) for m in MARKERS]
+    assert all(len(one) == 1 for one in ids) and model.piece(ids[0][0]) == b""  # dropped, unless rendered
+    bias = {str(one[0]): 100 for one in ids}
+    forced = f"[THINK]{THOUGHT}[/THINK]{ANSWER}"
+    with server.client() as client:
+        for stream in (False, True):
+            got = _chat(client, "magistral", forced, stream, logit_bias=bias, max_tokens=120, logprobs=not stream)
+            if stream:
+                deltas = [c["choices"][0]["delta"] for c in got if c["choices"]]
+                split = tuple("".join(d.get(k) or "" for d in deltas) for k in ("reasoning_content", "content"))
+            else:
+                message = got["choices"][0]["message"]
+                split = (message["reasoning_content"], message["content"])
+                written = [entry["token"] for entry in got["choices"][0]["logprobs"]["content"]]
+                assert written[0] == "[THINK]" and "[/THINK]" in written  # the control tokens, each whole
+                usage = got["usage"]
+                assert 0 < usage["completion_tokens_details"]["reasoning_tokens"] < usage["completion_tokens"]
+            assert split == (THOUGHT, ANSWER)

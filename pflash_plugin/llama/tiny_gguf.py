@@ -49,7 +49,7 @@ _UNK, _BOS, _EOS = 0, 1, 2
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6  # gguf.TokenType values
 
 
-def tiny_vocab(vocab_extra: int = 0) -> tuple[list[str], list[float], list[int]]:
+def tiny_vocab(vocab_extra: int = 0, control: tuple[str, ...] = ()) -> tuple[list[str], list[float], list[int]]:
     """Return (tokens, scores, token_types) of the byte-fallback SPM vocabulary.
 
     llama.cpp's SPM tokenizer only merges adjacent pieces whose concatenation is in
@@ -70,7 +70,7 @@ def tiny_vocab(vocab_extra: int = 0) -> tuple[list[str], list[float], list[int]]
             tokens.append(piece)
             types.append(_NORMAL)
             scores.append(float(len(piece)))  # higher score merges first: prefer long pieces
-    for special in ("<|im_start|>", "<|im_end|>"):
+    for special in ("<|im_start|>", "<|im_end|>", *control):
         tokens.append(special)
         types.append(_CONTROL)
         scores.append(0.0)
@@ -92,6 +92,8 @@ class TinyLlama:
     repacked CPU kernels take (the AMX probe needs them; F32 and F16 never reach those kernels).
     ``per_layer_kv_heads`` writes head_count_kv as one entry per layer, as some models do
     (llama.cpp takes either; a cut copy must shorten the array).
+    ``control_tokens`` adds CONTROL tokens after ChatML's (a family's markers that are control
+    tokens in its vocabulary, as Magistral's ``[THINK]``).
     ``add_space_prefix`` defaults to False (like Gemma) so detokenize(tokenize(s)) == s
     even without BOS; True mimics Llama-2/Mistral, whose leading " " llama-cpp-python
     only strips when the first token is BOS.
@@ -111,6 +113,7 @@ class TinyLlama:
     tiled: bool = False
     quant: str | None = None
     per_layer_kv_heads: bool = False
+    control_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
@@ -124,7 +127,7 @@ class TinyLlama:
         import gguf
 
         path = pathlib.Path(path)
-        vocab = tiny_vocab(self.vocab_extra)
+        vocab = tiny_vocab(self.vocab_extra, tuple(self.control_tokens))
         w = gguf.GGUFWriter(path, "llama")
         self._add_metadata(w, vocab)
         self._add_tensors(w, vocab)

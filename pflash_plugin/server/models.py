@@ -32,6 +32,8 @@ class ServedModel:
         # the markers of the thinking the chat template teaches (None: answers are read as content only)
         template = self.model.chat_template() if settings.chat_format is None else None
         self.think_tags = think_tags(template, settings.reasoning_format)
+        if self.think_tags is not None:  # markers that are control tokens (Magistral's [THINK]) reach the reader
+            self.model.render_tokens((self.think_tags.open, self.think_tags.close))
         self.pflash = self.plan.pflash.config
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         if self.pflash_scorer == "numpy" and self.plan.pflash.scorer == "auto":
