@@ -2,12 +2,15 @@
 template, prompts given as text or token ids, logit_bias keys; each checked, a bad one a 400."""
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from llama_cpp import llama_chat_format
 
+from ..chat.content_text import ContentText
+from ..chat.turns import continued_text, cut_after, render_merging
 from ..llama import Model
 from .protocol import RequestError
 from .text_limits import TextLimit
@@ -88,23 +91,47 @@ class Prompts:
         self.model = model
         self.limit = TextLimit(model, max_ctx)  # texts too long for max_ctx are refused untokenized
         self._formatter = chat_formatter(model, chat_format)
+        self._closing = _closing(self._formatter)  # renders a final assistant turn, to continue it
+        self._content = ContentText(model)
         self._template_kwargs = chat_template_kwargs
         # the tool-call syntax the template teaches (a named chat_format renders no tools)
         self.tool_syntax = syntax_for(model.chat_template() if chat_format is None else None)
 
     def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None,
                     template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
-        """`template_kwargs`: the request's template variables, over the server's chat_template_kwargs."""
+        """`template_kwargs`: the request's template variables, over the server's chat_template_kwargs.
+        The messages' text is text: a control token it spells is not read as one (chat/content_text.py);
+        a final assistant message is continued (chat/turns.py)."""
         kwargs = {**self._template_kwargs, **(template_kwargs or {})}
+        guarded = self._content.guard(messages, tools)
         try:
-            result = self._formatter(messages=messages, tools=tools, tool_choice=tool_choice, **kwargs)
+            text, stop, added = render_merging(
+                lambda turns: self._render(turns, guarded.tools, tool_choice, kwargs), guarded.messages)
+        except RequestError:
+            raise
         except Exception as error:  # template errors are the client's messages' fault
             raise RequestError(400, f"the chat template could not render the messages: {error}",
                                param="messages") from None
-        self.limit.check_text(result.prompt, "messages")
-        tokens = self.model.tokenize(result.prompt, add_special=not result.added_special, parse_special=True)
-        stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        self.limit.check_text(text, "messages")
+        tokens = self._content.tokenize(text, guarded, add_special=not added)
         return ChatPrompt(tokens, stop, _last(messages, "user"), _last(messages, "system"))
+
+    def _render(self, messages: list[dict], tools: Any, tool_choice: Any,
+                kwargs: dict[str, Any]) -> tuple[str, list[str], bool]:
+        """The prompt's text, its stop strings, and whether it holds the BOS token; a final
+        assistant message left open (rendered as a finished turn, cut after its text)."""
+        continued = continued_text(messages) if self._closing is not None else None
+        formatter = self._formatter if continued is None else self._closing
+        result = formatter(messages=messages, tools=tools, tool_choice=tool_choice, **kwargs)
+        text = result.prompt
+        if continued is not None:
+            cut = cut_after(text, continued)
+            if cut is None:
+                raise RequestError(400, "the chat template does not render the final assistant message's text, "
+                                   "so the answer cannot continue it", param="messages")
+            text = cut
+        stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        return text, stop, bool(result.added_special)
 
     def tokenize(self, prompt: str, param: str = "prompt") -> list[int]:
         self.limit.check_text(prompt, param)
@@ -148,6 +175,16 @@ class Prompts:
                 raise RequestError(400, f"logit_bias token {token} is outside the vocabulary", param="logit_bias")
             bias[token] = value
         return bias
+
+
+def _closing(formatter: Any) -> Any:
+    """A Jinja template's formatter without the generation prompt (None for llama_cpp's named
+    formats, which always open a new turn)."""
+    if not isinstance(formatter, llama_chat_format.Jinja2ChatFormatter):
+        return None
+    closing = copy.copy(formatter)
+    closing.add_generation_prompt = False
+    return closing
 
 
 def count_prompts(prompt: str | list) -> int:
