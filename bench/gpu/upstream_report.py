@@ -30,32 +30,31 @@ NAMES = {"qa8": "qa8: 8 x 22K tokens, 16 out", "mix8": "mix8: 4 x 22K + 4 short,
 NOTES = "<!-- notes -->"
 
 
-def decode_cells(path: Path) -> tuple[dict[tuple[str, int, str], str], dict[str, Any]]:
-    """Per (mode, clients, server): the median tok/s over reps as text, or the limit it ran over."""
+Decode = dict[tuple[str, int, str], "float | str"]  # (mode, clients, server): median tok/s, or why none
+
+
+def decode_cells(path: Path) -> tuple[Decode, dict[str, Any]]:
+    """Per (mode, clients, server): the median tok/s over reps, or the limit it ran over."""
     data = json.loads(path.read_text())
     rows = [r for r in data["results"]["servers"] if r.get("kind") == "throughput"]
-    cells: dict[tuple[str, int, str], str] = {}
+    cells: Decode = {}
     for key in dict.fromkeys((r["mode"], r["clients"], r["server"]) for r in rows):
         reps = [r for r in rows if (r["mode"], r["clients"], r["server"]) == key]
         done = [r["tok_s"] for r in reps if "tok_s" in r]
-        cells[key] = f"{statistics.median(done):,.0f}" if len(done) == len(reps) else \
+        cells[key] = float(statistics.median(done)) if len(done) == len(reps) else \
             f"over the limit in {len(reps) - len(done)} of {len(reps)}"
     return cells, data["machine"]
 
 
-def ratio(a: str, b: str) -> str:
-    try:
-        return f"{float(a.replace(',', '')) / float(b.replace(',', '')):.2f}x"
-    except ValueError:
-        return "-"
-
-
-def decode_table(cells: dict[tuple[str, int, str], str]) -> list[str]:
+def decode_table(cells: Decode) -> list[str]:
     lines = ["| mode | clients | " + " | ".join(name for _, name in SERVERS) + " | ours / upstream |",
              "|---|---|" + "---|" * (len(SERVERS) + 1)]
     for mode, clients in dict.fromkeys((m, c) for m, c, _ in cells):
         row = [cells.get((mode, clients, server), "-") for server, _ in SERVERS]
-        lines.append(f"| {mode} | {clients} | " + " | ".join(row) + f" | **{ratio(row[0], row[-1])}** |")
+        ours, peer = row[0], row[-1]
+        gain = f"{ours / peer:.2f}x" if isinstance(ours, float) and isinstance(peer, float) else "-"
+        shown = [f"{c:,.0f}" if isinstance(c, float) else c for c in row]
+        lines.append(f"| {mode} | {clients} | " + " | ".join(shown) + f" | **{gain}** |")
     return lines
 
 
@@ -76,7 +75,7 @@ def workload_table(cells: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(cells: dict[tuple[str, int, str], str], workloads: dict[tuple[str, str], dict[str, Any]], path: Path) -> None:
+def plot(cells: Decode, workloads: dict[tuple[str, str], dict[str, Any]], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -85,10 +84,8 @@ def plot(cells: dict[tuple[str, int, str], str], workloads: dict[tuple[str, str]
     keys = list(dict.fromkeys((m, c) for m, c, _ in cells))
     width = 0.8 / len(SERVERS)
     for i, (server, name) in enumerate(SERVERS):
-        values = []
-        for mode, clients in keys:
-            text = cells.get((mode, clients, server), "0")
-            values.append(float(text.replace(",", "")) if text[0].isdigit() else 0.0)
+        values = [cell if isinstance(cell := cells.get((mode, clients, server)), float) else 0.0
+                  for mode, clients in keys]
         left.bar([k + i * width for k in range(len(keys))], values, width, label=name)
     left.set_xticks([k + width for k in range(len(keys))], [f"{m}\n{c} cl." for m, c in keys], fontsize=8)
     left.set_ylabel("tok/s (median)")
