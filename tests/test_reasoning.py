@@ -11,7 +11,8 @@ import pytest
 from conftest import live_server
 
 from pflash_plugin.chat.deltas import ReasoningDelta, TextDelta, merged
-from pflash_plugin.chat.reasoning import MAGISTRAL, THINK, ReasoningReader, opens_in_prompt, think_tags
+from pflash_plugin.chat.harmony import HarmonyReader
+from pflash_plugin.chat.reasoning import HARMONY, MAGISTRAL, THINK, ReasoningReader, opens_in_prompt, think_tags
 from pflash_plugin.llama import Model
 from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
 from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
@@ -98,7 +99,8 @@ def server():
     with live_server([model("qwen35", QWEN35), model("r1", DEEPSEEK_R1),
                       model("raw", QWEN35, reasoning_format="none"),
                       model("hermes", TOOL_TEMPLATES["hermes"], reasoning_format="deepseek"),
-                      model("magistral", MAGISTRAL_TEMPLATE, control_tokens=MARKERS)]) as live:
+                      model("magistral", MAGISTRAL_TEMPLATE, control_tokens=MARKERS),
+                      model("gpt-oss", GPT_OSS, control_tokens=HARMONY_TOKENS)]) as live:
         yield live
 
 
@@ -345,3 +347,59 @@ def test_control_token_markers_are_read_too(server):
                 usage = got["usage"]
                 assert 0 < usage["completion_tokens_details"]["reasoning_tokens"] < usage["completion_tokens"]
             assert split == (THOUGHT, ANSWER)
+
+
+# ---- gpt-oss's harmony channels -----------------------------------------------------------------
+GPT_OSS = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
+CHANNELS = f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final<|message|>{ANSWER}"
+
+
+def test_harmony_channels_split_alike_in_any_pieces():
+    for step in (1, 2, 3, 5, len(CHANNELS)):
+        reader = HarmonyReader()
+        deltas = [d for i in range(0, len(CHANNELS), step) for d in reader.feed(CHANNELS[i:i + step], 1)]
+        assert merged(deltas + reader.finish()) == [ReasoningDelta(THOUGHT), TextDelta(ANSWER)]
+    reader = HarmonyReader()
+    assert merged([d for c in "Just text." for d in reader.feed(c)] + reader.finish()) == [TextDelta("Just text.")]
+    call = "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"
+    reader = HarmonyReader()
+    assert merged(reader.feed(f"<|channel|>analysis<|message|>Hm.<|end|>{call}") + reader.finish()) == \
+        [ReasoningDelta("Hm."), TextDelta(call)]  # a call stays whole for a tool-call reader
+    assert think_tags(GPT_OSS) is HARMONY
+
+
+def test_gpt_oss_thinking_comes_back_split(server):
+    """The tiny vocabulary has gpt-oss's control tokens: llama.cpp loads <|channel|>, <|message|>,
+    <|start|> and <|end|> as user-defined (rendered), as it does for gpt-oss's own vocabulary."""
+    model = Model(cached_tiny_llama(chat_template=GPT_OSS, control_tokens=HARMONY_TOKENS))
+    end = model.tokenize("<|end|>", add_special=False, parse_special=True)
+    assert len(end) == 1 and model.piece(end[0]) == b"<|end|>" and not model.is_eog(end[0])
+    with server.client() as client:
+        message = _chat(client, "gpt-oss", CHANNELS, stream=False, max_tokens=200)["choices"][0]["message"]
+        assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
+        chunks = _chat(client, "gpt-oss", CHANNELS, stream=True, max_tokens=200)
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == THOUGHT
+        assert "".join(d.get("content") or "" for d in deltas) == ANSWER
+        anthropic = client.post("/v1/messages", json={"model": "gpt-oss", "max_tokens": 200, "messages": ASK,
+                                                      "grammar": _gbnf(CHANNELS)}).json()
+    assert [(b["type"], b.get("thinking") or b.get("text")) for b in anthropic["content"]] == \
+        [("thinking", THOUGHT), ("text", ANSWER)]
+
+
+def test_gpt_oss_reads_an_earlier_turns_reasoning_as_thinking():
+    """gpt-oss's template renders a tool-calling turn's analysis from `thinking`: reasoning_content
+    is passed under that name too."""
+    from pflash_plugin.chat.reasoning import for_template
+    from pflash_plugin.server.prompts import Prompts
+
+    prompts = Prompts(Model(cached_tiny_llama(chat_template=GPT_OSS, control_tokens=HARMONY_TOKENS)), None, {}, 2048)
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    turn = {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": "Weather, then."}
+    messages = [*ASK, turn, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    tools = [{"type": "function", "function": {**WEATHER[0]["function"], "description": "The weather."}}]
+    with_thought = prompts.render_chat(for_template(messages, HARMONY), tools).tokens
+    assert len(with_thought) > len(prompts.render_chat(messages, tools).tokens)
+    assert "<|channel|>analysis<|message|>Weather, then.<|end|>" in prompts.model.detokenize(with_thought)
+    assert for_template(messages, THINK) is messages

@@ -5,14 +5,16 @@ whitespace, never re-reads the text before).
 
 Families (llama.cpp's models/templates): `<think>...</think>` for Qwen3/3.5/3.6, QwQ, DeepSeek R1
 and V3.1, GLM 4.5/4.6, Kimi K2 Thinking (and the other templates that write those tags);
-`[THINK]...[/THINK]` for Magistral. A template whose generation prompt ends inside the block
-(Qwen3.5 with thinking on, DeepSeek R1: `...<think>\\n`) makes the model's text start in it.
+`[THINK]...[/THINK]` for Magistral; gpt-oss's harmony channels (harmony.py: analysis is
+reasoning). A template whose generation prompt ends inside the block (Qwen3.5 with thinking on,
+DeepSeek R1: `...<think>\\n`) makes the model's text start in it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
+from . import harmony
 from .deltas import Delta, ReasoningDelta, TextDelta
 
 ReasoningFormat = Literal["auto", "deepseek", "none"]
@@ -21,14 +23,35 @@ REASONING_FORMATS: tuple[str, ...] = ("auto", "deepseek", "none")
 
 @dataclass(frozen=True)
 class ThinkTags:
-    """One family's markers around its thinking."""
+    """One family's markers around its thinking (gpt-oss: its harmony channels)."""
 
     open: str
     close: str
+    channels: bool = False  # harmony: messages on channels, read by harmony.HarmonyReader
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The texts the model must write for its thinking to be read (Model.render_tokens)."""
+        if self.channels:
+            return harmony.START, harmony.CHANNEL, harmony.MESSAGE, harmony.END
+        return self.open, self.close
 
 
 THINK = ThinkTags("<think>", "</think>")
 MAGISTRAL = ThinkTags("[THINK]", "[/THINK]")
+HARMONY = ThinkTags(harmony.CHANNEL + "analysis" + harmony.MESSAGE, harmony.END, channels=True)
+
+
+class Reader(Protocol):
+    """Reads one choice's text into reasoning and content deltas, streamed."""
+
+    tokens: int  # the reasoning's tokens so far
+
+    def feed(self, text: str, tokens: int = 0) -> list[Delta]:
+        """The deltas of the choice's next text (from `tokens` tokens)."""
+
+    def finish(self) -> list[Delta]:
+        """The deltas of what was held back, at the end of the text."""
 
 
 def think_tags(template: str | None, reasoning_format: str = "auto") -> ThinkTags | None:
@@ -38,6 +61,8 @@ def think_tags(template: str | None, reasoning_format: str = "auto") -> ThinkTag
     if reasoning_format == "none":
         return None
     text = template or ""
+    if harmony.CHANNEL in text and harmony.MESSAGE in text:
+        return HARMONY
     if MAGISTRAL.close in text:
         return MAGISTRAL
     if THINK.close in text or reasoning_format == "deepseek":
@@ -49,6 +74,22 @@ def opens_in_prompt(tags: ThinkTags, prompt_tail: str) -> bool:
     """Whether the rendered prompt (its end) leaves a thinking block open: its last marker is an
     open one (the generation prompt's `<think>\n`, or a prefill that stops in the middle of one)."""
     return prompt_tail.rfind(tags.open) > prompt_tail.rfind(tags.close)
+
+
+def reader_for(tags: ThinkTags, prompt_tail: str) -> Reader:
+    """The reader of a choice whose prompt ends with `prompt_tail` (the last few tokens' text)."""
+    if tags.channels:
+        return harmony.HarmonyReader()
+    return ReasoningReader(tags, opens_in_prompt(tags, prompt_tail))
+
+
+def for_template(messages: list[dict], tags: ThinkTags | None) -> list[dict]:
+    """Earlier turns' thinking (an assistant message's reasoning_content, which Qwen3's templates
+    read) also under the name gpt-oss's template reads, `thinking`."""
+    if tags is None or not tags.channels:
+        return messages
+    return [{**m, "thinking": m["reasoning_content"]} if m.get("role") == "assistant"
+            and isinstance(m.get("reasoning_content"), str) else m for m in messages]
 
 
 def _partial(text: str, marker: str) -> int:

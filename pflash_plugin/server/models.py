@@ -33,7 +33,7 @@ class ServedModel:
         template = self.model.chat_template() if settings.chat_format is None else None
         self.think_tags = think_tags(template, settings.reasoning_format)
         if self.think_tags is not None:  # markers that are control tokens (Magistral's [THINK]) reach the reader
-            self.model.render_tokens((self.think_tags.open, self.think_tags.close))
+            self.model.render_tokens(self.think_tags.markers)
         self.pflash = self.plan.pflash.config
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         if self.pflash_scorer == "numpy" and self.plan.pflash.scorer == "auto":

@@ -11,7 +11,7 @@ import dataclasses
 
 from llama_cpp import llama_grammar
 
-from ..chat.reasoning import ReasoningReader, opens_in_prompt
+from ..chat.reasoning import Reader, for_template, reader_for
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
@@ -126,7 +126,7 @@ def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
 
 def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
     """The conversation through the chat template, with the tools unless tool_choice is none."""
-    messages = chat_messages(body.messages)
+    messages = for_template(chat_messages(body.messages), served.think_tags)
     served.prompts.limit.check_messages(messages)  # before the template joins them
     switches = body.template_kwargs()
     if tools is not None and tools.syntax.renders_tools:
@@ -140,14 +140,14 @@ def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest
 PROMPT_TAIL_TOKENS = 24  # the prompt's end that says whether it opened a thinking block
 
 
-def _reasoning(served: ServedModel, rendered: ChatPrompt) -> ReasoningReader | None:
+def _reasoning(served: ServedModel, rendered: ChatPrompt) -> Reader | None:
     """A choice's reader of the thinking the model writes (none where the template has no markers);
     it starts inside the block when the prompt opened it (Qwen3.5 thinking, DeepSeek R1)."""
     tags = served.think_tags
     if tags is None:
         return None
     tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
-    return ReasoningReader(tags, opens_in_prompt(tags, tail))
+    return reader_for(tags, tail)
 
 
 def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolRequest | None, ChatPrompt]:

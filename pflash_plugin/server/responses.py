@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Union
 from pydantic import BaseModel, ConfigDict
 
 from ..chat.deltas import CallDelta, Delta, ReasoningDelta, TextDelta, call_deltas, merged
-from ..chat.reasoning import ReasoningReader
+from ..chat.reasoning import Reader
 from ..engine.request import TokenOutput
 from .tools import ToolCallReader
 
@@ -252,7 +252,7 @@ class ChatChoice:
     Both read streamed and whole text alike; their output is typed deltas (chat/deltas.py)."""
 
     def __init__(self, index: int, piece: Piece, logprobs: bool, tools: ToolCallReader | None = None,
-                 reasoning: ReasoningReader | None = None) -> None:
+                 reasoning: Reader | None = None) -> None:
         self.index, self.piece, self.tools, self.reasoning = index, piece, tools, reasoning
         self.parts: list[Delta] = []  # a whole choice's reasoning and content, as read so far
         self.logprobs: list | None = [] if logprobs else None
