@@ -245,6 +245,11 @@ class Model:
             longest = max(longest, len(buf.raw[:n].decode("utf-8", errors="replace")))
         return longest
 
+    def token_text(self, token: int) -> str:
+        """A token's text in the vocabulary, a control token's included (`piece` renders those as
+        nothing): what chat templates get as bos_token and eos_token, as in llama_cpp.Llama."""
+        return (C.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", errors="replace")
+
     def control_tokens(self) -> dict[str, int]:
         """Each control token's text (and the unknown token's): what llama.cpp's tokenizer reads as
         that one token when it parses special tokens, and as text when it does not. User-defined

