@@ -10,8 +10,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from .anthropic_presenter import MessagesPresenter
+from .anthropic_checks import check_body
 from .anthropic_errors import error_body
 from .anthropic_protocol import ERROR_RESPONSES, CountTokensRequest, MessagesRequest, chat_request
+from .protocol import ChatCompletionRequest
 from .bridge import answer
 from .context import ServerContext, get_context
 from .errors import OpenAIRoute
@@ -45,7 +47,7 @@ router = APIRouter(route_class=AnthropicRoute, tags=["Anthropic Messages"], resp
 @router.post("/v1/messages")
 async def create_message(http: Request, body: MessagesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     stops = body.stop_sequences or []
-    chat = await run_in_threadpool(chat_request, body)  # linear in the body, off the event loop
+    chat = await run_in_threadpool(converted, ctx.models.get(body.model), body)  # off the event loop
     return await answer(http, ctx, chat, lambda generation: MessagesPresenter(generation, stops),
                         {"response_format": "output_config.format", "stop": "stop_sequences"})
 
@@ -59,5 +61,11 @@ async def count_tokens(body: CountTokensRequest, ctx: ServerContext = Depends(ge
 
 
 def _prompt_length(served: ServedModel, body: CountTokensRequest) -> int:
-    _, prompt = chat_prompt(served, chat_request(body))
+    _, prompt = chat_prompt(served, converted(served, body))
     return len(prompt.tokens)
+
+
+def converted(served: ServedModel, body: CountTokensRequest) -> ChatCompletionRequest:
+    """The body as a chat request, checked first (anthropic_checks.py)."""
+    check_body(body, served.prompts.limit)
+    return chat_request(body)

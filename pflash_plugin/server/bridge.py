@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .context import ServerContext
 from .dispatch import respond
+from .errors import validation_message
 from .generation import Generation
 from .prepare import prepare_chat
 from .presenters import Presenter
@@ -42,9 +43,8 @@ def as_chat(chat: dict[str, Any]) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise RequestError(400, f"{where}: {first.get('msg', 'invalid')}", param=where or None) from None
+        where, message = validation_message(error.errors(), chat)
+        raise RequestError(400, f"{where}: {message}" if where else message, param=where) from None
 
 
 async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
@@ -54,18 +54,26 @@ async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
     served = ctx.models.get(chat.model)
     try:
         generation = await run_in_threadpool(prepare_chat, served, chat)
-    except RequestError as error:
+        return await respond(http, ctx, generation, bool(chat.stream), presenter(generation))
+    except RequestError as error:  # a refusal, before any byte of the answer
         raise renamed(error, fields) from None
-    return await respond(http, ctx, generation, bool(chat.stream), presenter(generation))
 
 
 def renamed(error: RequestError, fields: Mapping[str, str]) -> RequestError:
-    """`error` with its chat field (the start of its param, and of its message) as the client named it."""
+    """`error` with its chat field as the client named it: the start of its param and of its
+    message, or, in the message of an error without a param (the engine's "prompt (N tokens) +
+    max_tokens (M)"), where the field's value follows it in parentheses."""
     chat_field = next((f for f in fields if error.param is not None
                        and (error.param == f or error.param.startswith(f + "."))), None)
+    if chat_field is None and error.param is None:
+        said = next((f for f in fields if f"{f} (" in error.message), None)
+        if said is not None:
+            message = error.message.replace(f"{said} (", f"{fields[said]} (")
+            return RequestError(error.status, message, error.type, None, error.code, error.counted)
     if chat_field is None:
         return error
     assert error.param is not None
     ours = fields[chat_field]
     message = ours + error.message[len(chat_field):] if error.message.startswith(chat_field) else error.message
-    return RequestError(error.status, message, error.type, ours + error.param[len(chat_field):], error.code)
+    return RequestError(error.status, message, error.type, ours + error.param[len(chat_field):], error.code,
+                        error.counted)

@@ -5,7 +5,7 @@ counted in pflash_errors_total. An unknown path or method gets OpenAI's shape to
 the app's handler)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Coroutine, Iterator, NamedTuple
+from typing import Any, Callable, Coroutine, Iterator, NamedTuple, Sequence
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -55,9 +55,40 @@ def validation_error_response(error: RequestValidationError) -> JSONResponse:
     first = error.errors()[0] if error.errors() else {}
     if first.get("type") == "json_invalid":
         return error_response(400, f"the body is not valid JSON: {first.get('msg', '')}", "invalid_request_error")
-    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-    message = first.get("msg", "invalid request")
+    field, message = validation_message(error.errors(), error.body, skip=("body",))
     return error_response(400, f"{field}: {message}" if field else message, "invalid_request_error", field)
+
+
+def validation_message(errors: Sequence[Any], body: Any, skip: tuple[str, ...] = ()) -> tuple[str | None, str]:
+    """The first validation error as the client's field and what it should be: the field's path
+    in the client's body, without pydantic's names of union members (`literal['none','auto']`,
+    `str`, a message's role tag), and what each member wanted, joined ("a valid string or a valid
+    list")."""
+    first = errors[0] if errors else {}
+    field = client_field(first.get("loc", ()), body, first.get("type") == "missing", skip)
+    wants = [str(e.get("msg", "invalid")) for e in errors
+             if client_field(e.get("loc", ()), body, e.get("type") == "missing", skip) == field]
+    unique = list(dict.fromkeys(wants or ["invalid request"]))
+    said = unique[:1] + [w.removeprefix("Input should be ") for w in unique[1:]]
+    return field, " or ".join(said)
+
+
+def client_field(loc: Sequence[Any], body: Any, missing: bool, skip: tuple[str, ...] = ()) -> str | None:
+    """A validation error's location as the client's dotted field: the keys and indexes found in
+    the body; the others are pydantic's labels of union members, left out (a missing field, the
+    last part, is kept)."""
+    parts: list[str] = []
+    value = body
+    path = [p for p in loc if p not in skip]
+    for i, part in enumerate(path):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            value = value[part]
+        elif not (missing and i == len(path) - 1):
+            continue
+        parts.append(str(part))
+    return ".".join(parts) or None
 
 
 def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:

@@ -126,6 +126,7 @@ def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
 
 def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
     """The conversation through the chat template, with the tools unless tool_choice is none."""
+    served.prompts.limit.check_turns(len(body.messages), "messages", "messages")  # before any is converted
     messages = for_template(chat_messages(body.messages), served.think_tags)
     served.prompts.limit.check_messages(messages)  # before the template joins them
     switches = body.template_kwargs()

@@ -12,6 +12,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from ..chat.switches import reserved_keys, template_kwargs
 from ..engine.request import SamplingParams
+from .schema_shape import shape_error
 
 
 class StreamOptions(BaseModel):
@@ -176,9 +177,13 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
     @classmethod
     def _parameters_default_to_none(cls, tools: Optional[List[FunctionTool]]) -> Optional[List[FunctionTool]]:
         """A function without `parameters` as the templates and the forcing grammar read one: an
-        object with no properties."""
-        for tool in tools or []:
+        object with no properties; one whose parameters are no JSON schema, a 400 naming them."""
+        for i, tool in enumerate(tools or []):
             tool["function"].setdefault("parameters", dict(NO_PARAMETERS))
+            wrong = shape_error(tool["function"]["parameters"])
+            if wrong is not None:
+                where = f"tools.{i}.function.parameters{wrong[0]}"
+                raise RequestError(400, f"{where}: {wrong[1]}", param=where)
         return tools
 
     @model_validator(mode="after")

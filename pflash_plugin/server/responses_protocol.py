@@ -179,8 +179,7 @@ def _response_format(body: ResponsesRequest) -> dict[str, Any] | None:
         return None
     if form.type == "json_object":
         return {"type": "json_object"}
-    if form.schema_ is None:
-        raise RequestError(400, "text.format: type json_schema needs a schema", param="text.format.schema")
+    # without a schema: any JSON object, as on chat and completions (docs/api.md)
     return {"type": "json_schema", "json_schema": {"name": form.name, "schema": form.schema_, "strict": form.strict}}
 
 

@@ -22,6 +22,7 @@ from llama_cpp import llama_grammar
 
 from ..llama.sampler import MAX_GRAMMAR_NESTING, MAX_GRAMMAR_STACKS
 from .protocol import RequestError
+from .schema_shape import shape_error
 
 MAX_SCHEMA_REPETITION = 10_000  # minItems, minLength, a pattern's {m}: each copy is written out
 # maxItems - minItems (and the like) optional copies nest a group each, in one rule
@@ -291,7 +292,11 @@ def _pattern(walk: _Walk, node: _Node, pattern: str, unit: int) -> int:
 
 
 def schema_grammar(schema: Any, param: str) -> str:
-    """The GBNF grammar of a JSON schema, bounded first (RequestError 400 naming `param`)."""
+    """The GBNF grammar of a JSON schema, its shape checked and bounded first (RequestError 400
+    naming `param`)."""
+    wrong = shape_error(schema)
+    if wrong is not None:
+        raise RequestError(400, f"{param}{wrong[0]}: {wrong[1]}", param=param + wrong[0])
     check_schema_bounds(schema, param)
     try:
         return llama_grammar.json_schema_to_gbnf(json.dumps(schema))

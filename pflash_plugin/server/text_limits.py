@@ -43,6 +43,13 @@ class TextLimit:
                 total += len(arguments) if isinstance(arguments, str) else 0
         self._check_chars(total, param, self.max_tokens)
 
+    def check_turns(self, count: int, what: str, param: str) -> None:
+        """A 400 for more messages (or tool calls and results) than max_ctx tokens: a template
+        writes each one in at least a token of its own (a role marker, a result's tags)."""
+        if count > self.max_tokens:
+            raise RequestError(400, f"{param}: {count:,} {what} are over max_ctx ({self.max_tokens:,} tokens): each "
+                               "one takes at least a token of the prompt", param=param)
+
     def _check_chars(self, chars: int, param: str, max_tokens: int) -> None:
         if chars <= max_tokens:  # every token holds at least one character
             return
