@@ -12,7 +12,15 @@ from conftest import live_server
 
 from pflash_plugin.chat.deltas import ReasoningDelta, TextDelta, merged
 from pflash_plugin.chat.harmony import HarmonyReader
-from pflash_plugin.chat.reasoning import HARMONY, MAGISTRAL, THINK, ReasoningReader, opens_in_prompt, think_tags
+from pflash_plugin.chat.reasoning import (
+    HARMONY,
+    MAGISTRAL,
+    THINK,
+    ReasoningReader,
+    opens_in_prompt,
+    requested_tags,
+    think_tags,
+)
 from pflash_plugin.llama import Model
 from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
 from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES
@@ -74,8 +82,8 @@ def test_the_families_markers_are_read_from_their_templates():
     kimi = "<think>{{rc}}</think>{{render_content(message)}}"
     magistral = "{{ '[THINK]' + block['thinking'] + '[/THINK]' }}"
     assert think_tags(glm) is THINK and think_tags(kimi) is THINK and think_tags(magistral) is MAGISTRAL
-    assert think_tags(CHATML_TEMPLATE) is None and think_tags(CHATML_TEMPLATE, "deepseek") is THINK
-    assert think_tags(QWEN35, "none") is None
+    assert think_tags(CHATML_TEMPLATE) is None and requested_tags(None, "deepseek") is THINK
+    assert requested_tags(THINK, "none") is None and requested_tags(MAGISTRAL, "deepseek") is MAGISTRAL
     assert opens_in_prompt(THINK, "assistant\n<think>\n") and not opens_in_prompt(THINK, "<think>\n\n</think>\n\n")
 
 
@@ -100,7 +108,8 @@ def server():
                       model("raw", QWEN35, reasoning_format="none"),
                       model("hermes", TOOL_TEMPLATES["hermes"], reasoning_format="deepseek"),
                       model("magistral", MAGISTRAL_TEMPLATE, control_tokens=MARKERS),
-                      model("gpt-oss", GPT_OSS, control_tokens=HARMONY_TOKENS)]) as live:
+                      model("gpt-oss", GPT_OSS, control_tokens=HARMONY_TOKENS),
+                      model("chatml", CHATML_TEMPLATE)]) as live:
         yield live
 
 
@@ -403,3 +412,17 @@ def test_gpt_oss_reads_an_earlier_turns_reasoning_as_thinking():
     assert len(with_thought) > len(prompts.render_chat(messages, tools).tokens)
     assert "<|channel|>analysis<|message|>Weather, then.<|end|>" in prompts.model.detokenize(with_thought)
     assert for_template(messages, THINK) is messages
+
+
+def test_a_requests_reasoning_format_overrides_the_models(server):
+    with server.client() as client:
+        raw = _chat(client, "qwen35", WRITTEN, stream=False, reasoning_format="none")["choices"][0]["message"]
+        split = _chat(client, "raw", WRITTEN, stream=False, reasoning_format="auto")["choices"][0]["message"]
+        chatml = _chat(client, "chatml", WRITTEN, stream=False)["choices"][0]["message"]
+        read = _chat(client, "chatml", WRITTEN, stream=False, reasoning_format="deepseek")["choices"][0]["message"]
+        bad = client.post("/v1/chat/completions", json={"model": "qwen35", "messages": ASK, "reasoning_format": "x"})
+    assert (raw["reasoning_content"], raw["content"]) == (None, WRITTEN)
+    assert (split["reasoning_content"], split["content"]) == (THOUGHT, ANSWER)
+    assert (chatml["reasoning_content"], chatml["content"]) == (None, WRITTEN)
+    assert (read["reasoning_content"], read["content"]) == (THOUGHT, ANSWER)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_format"

@@ -17,9 +17,6 @@ from typing import Literal, Protocol
 from . import harmony
 from .deltas import Delta, ReasoningDelta, TextDelta
 
-ReasoningFormat = Literal["auto", "deepseek", "none"]
-REASONING_FORMATS: tuple[str, ...] = ("auto", "deepseek", "none")
-
 
 @dataclass(frozen=True)
 class ThinkTags:
@@ -54,20 +51,24 @@ class Reader(Protocol):
         """The deltas of what was held back, at the end of the text."""
 
 
-def think_tags(template: str | None, reasoning_format: str = "auto") -> ThinkTags | None:
-    """The markers the template teaches its model; None: the text is all content (reasoning_format
-    none, or a template that writes no thinking markers). `deepseek` on a template without
-    markers reads `<think>` tags, as llama-server does."""
-    if reasoning_format == "none":
-        return None
+def think_tags(template: str | None) -> ThinkTags | None:
+    """The markers the template teaches its model; None: it writes no thinking markers."""
     text = template or ""
     if harmony.CHANNEL in text and harmony.MESSAGE in text:
         return HARMONY
     if MAGISTRAL.close in text:
         return MAGISTRAL
-    if THINK.close in text or reasoning_format == "deepseek":
+    if THINK.close in text:
         return THINK
     return None
+
+
+def requested_tags(template_tags: ThinkTags | None, reasoning_format: str) -> ThinkTags | None:
+    """The markers read under a reasoning_format: none reads none (the thinking stays content);
+    deepseek reads `<think>` tags where the template has no markers, as llama-server does."""
+    if reasoning_format == "none":
+        return None
+    return THINK if template_tags is None and reasoning_format == "deepseek" else template_tags
 
 
 def opens_in_prompt(tags: ThinkTags, prompt_tail: str) -> bool:

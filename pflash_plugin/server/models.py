@@ -7,7 +7,7 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from ..chat.reasoning import think_tags
+from ..chat.reasoning import requested_tags, think_tags
 from ..llama.devices import gpu_count
 from ..pflash.payoff import Calibration
 from ..pflash.planning import Planner
@@ -29,11 +29,13 @@ class ServedModel:
         self.plan, self.name, self.model, self.engine = parts.plan, parts.plan.name, parts.model, parts.engine
         self.compression, self.embedder, self.prompts = parts.compression, parts.embedder, parts.prompts
         self.drafter_file = parts.drafter_file  # the GGUF a separate drafter runs (its cut copy, say)
-        # the markers of the thinking the chat template teaches (None: answers are read as content only)
-        template = self.model.chat_template() if settings.chat_format is None else None
-        self.think_tags = think_tags(template, settings.reasoning_format)
-        if self.think_tags is not None:  # markers that are control tokens (Magistral's [THINK]) reach the reader
-            self.model.render_tokens(self.think_tags.markers)
+        # the markers of the thinking the chat template teaches, and those read under --reasoning_format
+        # (None: answers are read as content only); a request's reasoning_format may read the template's
+        self.template_tags = think_tags(self.model.chat_template() if settings.chat_format is None else None)
+        self.think_tags = requested_tags(self.template_tags, settings.reasoning_format)
+        for tags in (self.template_tags, self.think_tags):  # markers that are control tokens reach the readers
+            if tags is not None:
+                self.model.render_tokens(tags.markers)
         self.pflash = self.plan.pflash.config
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         if self.pflash_scorer == "numpy" and self.plan.pflash.scorer == "auto":

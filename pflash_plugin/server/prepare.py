@@ -11,7 +11,7 @@ import dataclasses
 
 from llama_cpp import llama_grammar
 
-from ..chat.reasoning import Reader, for_template, reader_for
+from ..chat.reasoning import Reader, for_template, reader_for, requested_tags
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
@@ -141,10 +141,10 @@ def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest
 PROMPT_TAIL_TOKENS = 24  # the prompt's end that says whether it opened a thinking block
 
 
-def _reasoning(served: ServedModel, rendered: ChatPrompt) -> Reader | None:
+def _reasoning(served: ServedModel, body: ChatCompletionRequest, rendered: ChatPrompt) -> Reader | None:
     """A choice's reader of the thinking the model writes (none where the template has no markers);
     it starts inside the block when the prompt opened it (Qwen3.5 thinking, DeepSeek R1)."""
-    tags = served.think_tags
+    tags = requested_tags(served.template_tags, body.reasoning_format or served.settings.reasoning_format)
     if tags is None:
         return None
     tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
@@ -174,7 +174,7 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
                         json_format=bool(grammar))
     requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts)
-    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools), _reasoning(served, rendered))
-               for i in range(len(requests))]
+    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools),
+                          _reasoning(served, body, rendered)) for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",
                       len(rendered.tokens), _include_usage(body), new_id("chatcmpl"))

@@ -156,6 +156,9 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
     chat_template_kwargs: Optional[Dict[str, Any]] = Field(
         default=None, description="Variables for the chat template (e.g. enable_thinking), over the server's "
         "chat_template_kwargs setting, as llama-server and vLLM take them.")
+    reasoning_format: Optional[Literal["auto", "deepseek", "none"]] = Field(
+        default=None, description="This request's --reasoning_format (llama-server's field): none leaves the "
+        "thinking in the content; deepseek reads <think> tags on any template (docs/reasoning.md).")
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = Field(
         default=None, description="none or minimal: no thinking (the template's enable_thinking false); low and up: "
         "thinking on; gpt-oss's effort (low, medium or high) either way (docs/reasoning.md).")
