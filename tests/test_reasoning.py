@@ -426,3 +426,20 @@ def test_a_requests_reasoning_format_overrides_the_models(server):
     assert (chatml["reasoning_content"], chatml["content"]) == (None, WRITTEN)
     assert (read["reasoning_content"], read["content"]) == (THOUGHT, ANSWER)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_format"
+
+
+# the generation prompt of llama.cpp's DeepSeek-R1-Distill-Qwen-32B template (models/templates), which
+# closes the block unless enable_thinking is set, as llama-server always sets it
+R1_DISTILL_END = CHATML_TEMPLATE.replace(
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}"
+    "{% if not enable_thinking %}{{- '</think>' -}}{% endif %}{% endif %}")
+
+
+def test_templates_that_think_only_when_asked_think_by_default():
+    with live_server([{"model": str(cached_tiny_llama(chat_template=R1_DISTILL_END)), "model_alias": "r1d",
+                       "n_ctx": 512, "n_threads": 1, "n_threads_batch": 1}]) as live, live.client() as client:
+        message = _chat(client, "r1d", AFTER_OPEN, stream=False)["choices"][0]["message"]
+        off = _chat(client, "r1d", ANSWER, stream=False, reasoning_effort="none")["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
+    assert (off["reasoning_content"], off["content"]) == (None, ANSWER)

@@ -13,6 +13,12 @@ RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "tool_choice", "funct
 _EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 
 
+# llama-server's default for a template with thinking markers: it always sets enable_thinking (true
+# unless reasoning is off), and the templates llama.cpp ships (DeepSeek R1 distills, V3.1, QwQ, MiniCPM,
+# ...) think only when it is true; Qwen3's own test `enable_thinking is false`, which it leaves alone
+THINKING_DEFAULT: dict[str, Any] = {"enable_thinking": True}
+
+
 def reserved_keys(kwargs: dict[str, Any]) -> list[str]:
     """The keys of `kwargs` that name what the server passes the template itself."""
     return sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))

@@ -8,10 +8,12 @@ the KV pool share what they can); sample i of a seeded request uses seed + i, so
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from llama_cpp import llama_grammar
 
 from ..chat.reasoning import Reader, for_template, reader_for, requested_tags
+from ..chat.switches import THINKING_DEFAULT
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
@@ -129,13 +131,20 @@ def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest
     served.prompts.limit.check_turns(len(body.messages), "messages", "messages")  # before any is converted
     messages = for_template(chat_messages(body.messages), served.think_tags)
     served.prompts.limit.check_messages(messages)  # before the template joins them
-    switches = body.template_kwargs()
+    switches = _template_kwargs(served, body)
     if tools is not None and tools.syntax.renders_tools:
         return served.prompts.render_chat(messages, tools.tools, body.tool_choice, template_kwargs=switches)
     if tools is not None:  # the system prompt describes them: a template's own format would be one we cannot read
         return served.prompts.render_chat(tools.messages(messages), template_kwargs=switches)
     plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
     return served.prompts.render_chat(plain_history(messages) if plain else messages, template_kwargs=switches)
+
+
+def _template_kwargs(served: ServedModel, body: ChatCompletionRequest) -> dict[str, Any]:
+    """The request's template variables over the server's, over llama-server's default thinking
+    switch where the template has thinking markers."""
+    default = THINKING_DEFAULT if served.template_tags is not None else {}
+    return {**default, **(served.settings.chat_template_kwargs or {}), **body.template_kwargs()}
 
 
 PROMPT_TAIL_TOKENS = 24  # the prompt's end that says whether it opened a thinking block
