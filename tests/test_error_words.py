@@ -1,0 +1,92 @@
+"""Issue 49: errors name the client's fields in the client's API, never a library's internals:
+Responses says max_output_tokens, Anthropic says tool_choice `any`, `param` holds no pydantic
+union labels, a schema of the wrong shape is a 400 naming its keyword, a tool_result must answer
+a tool_use, and a json_schema format without a schema is any JSON object on every route."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from conftest import WEATHER, hermes_model, live_server
+
+ASK = [{"role": "user", "content": "weather?"}]
+BAD_SCHEMA = {"type": "object", "properties": [1, 2]}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with live_server([hermes_model("hermes")]) as live:
+        yield live
+
+
+def openai_error(server, path: str, body: dict) -> dict:
+    reply = httpx.post(server.url + path, json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    return reply.json()["error"]
+
+
+def anthropic_error(server, body: dict) -> str:
+    reply = httpx.post(server.url + "/v1/messages", json={"model": "hermes", "max_tokens": 8, **body}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["type"] == "error", reply.text
+    return reply.json()["error"]["message"]
+
+
+def test_responses_context_errors_name_max_output_tokens(server):
+    error = openai_error(server, "/v1/responses", {"input": "hi", "max_output_tokens": 100_000})
+    assert "max_output_tokens (100000)" in error["message"] and "max_tokens" not in error["message"], error
+    assert error["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"messages": ASK, "tool_choice": {"type": "any"}}, "tool_choice: type 'any' needs tools"),
+    ({"messages": ASK, "tools": [{"name": "w", "input_schema": WEATHER}], "tool_choice": {"type": "any"},
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "tool_choice 'any' makes the answer a tool call: it cannot be combined with output_config.format"),
+    ({"messages": ASK, "tools": [{"name": "w", "input_schema": BAD_SCHEMA}], "tool_choice": {"type": "any"}},
+     "tools.0.input_schema.properties: must be an object of schemas, not list"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content: Input should be a valid string or a valid"),
+    ({"messages": [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "w", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "zzz", "content": "x"}]}]},
+     "messages.2.content.0: tool_result block for tool_use_id 'zzz', which no tool_use block of the previous"),
+])
+def test_anthropic_errors_speak_anthropic(server, body, said):
+    message = anthropic_error(server, body)
+    assert said in message and "required" not in message, message
+
+
+@pytest.mark.parametrize("body, param, said", [
+    ({"tool_choice": "bogus", "tools": [{"type": "function", "function": {"name": "w", "parameters": WEATHER}}]},
+     "tool_choice", "Input should be 'none', 'auto' or 'required' or a valid dictionary"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "a valid string or a valid list"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool_call_id", "Field required"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "w", "parameters": BAD_SCHEMA}}]},
+     "tools.0.function.parameters.properties", "must be an object of schemas, not list"),
+])
+def test_chat_params_are_the_clients_fields(server, body, param, said):
+    error = openai_error(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **body})
+    assert error["param"] == param and said in error["message"], error
+
+
+def test_a_schema_of_the_wrong_shape_in_response_format_names_its_keyword(server):
+    form = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "items": 3}}}
+    error = openai_error(server, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "response_format": form})
+    assert error["param"] == "response_format.items" and "must be a schema or an array of schemas" in error["message"]
+
+
+NAMED_ONLY = {"type": "json_schema", "json_schema": {"name": "x"}}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi", "response_format": NAMED_ONLY}),
+    ("/v1/chat/completions", {"messages": ASK, "response_format": NAMED_ONLY}),
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}),
+])
+def test_json_schema_without_a_schema_is_any_json_object_on_every_route(server, path, body):
+    reply = httpx.post(server.url + path, json={"model": "hermes", "temperature": 0, **body,
+                                                 "max_output_tokens" if "input" in body else "max_tokens": 6},
+                       timeout=60)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    text = (answer["output_text"] if "output_text" in answer else answer["choices"][0].get("text")
+            or answer["choices"][0]["message"]["content"])
+    assert text.lstrip().startswith("{"), text
