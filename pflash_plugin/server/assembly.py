@@ -164,7 +164,7 @@ def assemble(settings: ModelSettings) -> Parts:
     config = served.engine
     embedder = (Embedder(target, config.max_ctx, config.n_batch, config.n_threads_batch, config.max_queue)
                 if llama.embedding else None)
-    prompts = Prompts(target, llama.chat_format, llama.chat_template_kwargs, config.max_ctx)
+    prompts = Prompts(target, llama.chat_format, llama.chat_template_kwargs, config.max_ctx, settings.tool_syntax)
     return Parts(served, target, engine, compression, embedder, prompts, drafter.path if drafter else None,
                  devices.on_gpu)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from llama_cpp import llama_grammar
 
-from ..chat.reasoning import Reader, for_template, reader_for, requested_tags
+from ..chat.reasoning import Reader, for_template, opens_in_prompt, reader_for, requested_tags
 from ..chat.switches import THINKING_DEFAULT
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
@@ -99,10 +99,12 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
                       sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
 
 
-def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> str | None:
-    """A forced tool call's grammar; response_format json_object or json_schema (strict or not: the
+def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None,
+                  rendered: ChatPrompt) -> str | None:
+    """A forced tool call's grammar (after what closes a thinking block the prompt opened: the call
+    is written outside it); response_format json_object or json_schema (strict or not: the
     grammar enforces the schema either way); otherwise the request's own grammar, if any."""
-    forced = tools.grammar() if tools else None
+    forced = tools.grammar(_closing(served, rendered)) if tools else None
     if forced:
         if body.grammar or body.response_format is not None and body.response_format.type != "text":
             raise RequestError(400, "a required or named tool_choice constrains the answer to a tool call: it "
@@ -160,6 +162,15 @@ def _reasoning(served: ServedModel, body: ChatCompletionRequest, rendered: ChatP
     return reader_for(tags, tail)
 
 
+def _closing(served: ServedModel, rendered: ChatPrompt) -> str:
+    """What closes the thinking block the prompt opened ("" where it opened none)."""
+    tags = served.think_tags
+    if tags is None or tags.channels:
+        return ""
+    tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
+    return f"{tags.close}\n\n" if opens_in_prompt(tags, tail) else ""
+
+
 def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolRequest | None, ChatPrompt]:
     """The request's tools as served, and its conversation as the model reads it."""
     if not body.messages:
@@ -170,7 +181,7 @@ def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolR
 
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
     tools, rendered = chat_prompt(served, body)
-    grammar = _chat_grammar(served, body, tools)
+    grammar = _chat_grammar(served, body, tools, rendered)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
         body,

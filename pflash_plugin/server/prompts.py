@@ -87,7 +87,8 @@ class Prompts:
     """Tokenizes and checks the prompts of one model."""
 
     def __init__(self, model: Model, chat_format: str | None, chat_template_kwargs: dict[str, Any],
-                 max_ctx: int) -> None:
+                 max_ctx: int, tool_syntax: str = "auto") -> None:
+        """`tool_syntax`: the --tool_syntax setting (auto: by the template's markers)."""
         self.model = model
         self.limit = TextLimit(model, max_ctx)  # texts too long for max_ctx are refused untokenized
         self._formatter = chat_formatter(model, chat_format)
@@ -95,7 +96,8 @@ class Prompts:
         self._content = ContentText(model)
         self._template_kwargs = chat_template_kwargs
         # the tool-call syntax the template teaches (a named chat_format renders no tools)
-        self.tool_syntax = syntax_for(model.chat_template() if chat_format is None else None)
+        self.tool_syntax = syntax_for(model.chat_template() if chat_format is None else None, tool_syntax)
+        model.render_tokens(self.tool_syntax.markers)  # its markers reach the reader, control tokens too
 
     def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None,
                     template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:

@@ -10,7 +10,11 @@ from typing import Any
 
 from .protocol import ChatCompletionRequest, RequestError
 from .schema_bounds import schema_grammar
-from .tools import CALL_RULE, MISTRAL, ToolCallReader, ToolSyntax
+from .tagged_grammar import tagged_grammar
+from .tools import CALL_RULE, MISTRAL, Syntax, TaggedSyntax, ToolCallReader, ToolSyntax
+
+
+CALLS_RULE = "tool-calls"  # the calls' rule, where text goes before them
 
 
 def _system_prompt(tools: list[dict]) -> str:
@@ -30,13 +34,13 @@ class ToolRequest:
     parallel_tool_calls: False keeps the first call the model writes; a forced grammar allows
     several calls only when it is True (small models, forced, repeat calls until max_tokens)."""
 
-    syntax: ToolSyntax
+    syntax: Syntax
     tools: list[dict]
     forced: list[str] | None
     parallel: bool | None
 
     @classmethod
-    def of(cls, body: ChatCompletionRequest, syntax: ToolSyntax) -> ToolRequest | None:
+    def of(cls, body: ChatCompletionRequest, syntax: Syntax) -> ToolRequest | None:
         """None when the request has no tools or tool_choice is none."""
         tools: list[dict[str, Any]] = [dict(tool) for tool in body.tools or []]
         choice = body.tool_choice or ("auto" if tools else "none")
@@ -58,44 +62,73 @@ class ToolRequest:
 
     def reader(self) -> ToolCallReader:
         """A choice's reader of the calls the model writes: calls of these tools only."""
-        return ToolCallReader(self.syntax, self.parallel is not False, [t["function"]["name"] for t in self.tools])
+        parameters = {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools}
+        return ToolCallReader(self.syntax, self.parallel is not False, parameters, parameters)
 
     def messages(self, messages: list[dict]) -> list[dict]:
         """For a template that renders no tools: the conversation with the tools described in its
-        system message, and earlier calls and results as text."""
-        messages = plain_history(messages)
-        prompt = _system_prompt(self.tools)
+        system message (as the syntax's family describes them, whose template renders the earlier
+        calls and results; else as Hermes, and those as text)."""
+        describe = self.syntax.describe if isinstance(self.syntax, TaggedSyntax) else None
+        messages = messages if describe else plain_history(messages)
+        prompt = describe(self.tools) if describe else _system_prompt(self.tools)
         if messages and messages[0].get("role") == "system":
             first = messages[0]
             return [{**first, "content": f"{first.get('content') or ''}\n\n{prompt}".lstrip()}, *messages[1:]]
         return [{"role": "system", "content": prompt}, *messages]
 
-    def grammar(self) -> str | None:
-        """A forced call's grammar: the syntax around calls whose arguments follow their schemas."""
+    def grammar(self, first: str = "") -> str | None:
+        """A forced call's grammar: the syntax around calls whose arguments follow their schemas.
+        `first`: text written before the calls (what closes a thinking block the prompt opened)."""
+        gbnf = self._calls_grammar()
+        if not gbnf or not first:
+            return gbnf
+        return f"root ::= {json.dumps(first)} {CALLS_RULE}\n" + re.sub(r"^root ::=", f"{CALLS_RULE} ::=", gbnf, count=1)
+
+    def _calls_grammar(self) -> str | None:
         if self.forced is None:
             return None
-        defs: dict[str, Any] = {}  # every tool's `$defs`, hoisted to the root, where their refs point
-        schemas = [self._call_schema(tool, f"t{i}_", defs) for i, tool in enumerate(self.tools)
-                   if tool["function"]["name"] in self.forced]
-        schema: dict[str, Any] = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-        several = self.parallel is True
-        if self.syntax is MISTRAL:
-            schema = {"type": "array", "items": schema, "minItems": 1, **({} if several else {"maxItems": 1})}
-        if defs:
-            schema = {**schema, "$defs": defs}
-        gbnf = schema_grammar(schema, "tools")  # the functions' parameters, bounded first
-        renamed = re.sub(r"^root ::=", f"{CALL_RULE} ::=", gbnf, count=1, flags=re.MULTILINE)
-        return f"{self.syntax.root_rule(several)}\n{renamed}"
+        functions = self._forced_functions(self.forced)
+        if isinstance(self.syntax, TaggedSyntax):
+            return tagged_grammar(self.syntax, functions, self.parallel is True)
+        return _json_grammar(self.syntax, functions, self.parallel is True)
 
-    def _call_schema(self, tool: dict, prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
-        """The call object's schema; the parameters' `$defs` (or `definitions`) go into `defs`,
-        their names prefixed so that two tools' do not clash, and the refs to them follow."""
-        function = tool["function"]
-        parameters = function.get("parameters") or {"type": "object"}
-        if isinstance(parameters, dict) and any(isinstance(parameters.get(k), dict) for k in _DEFS_KEYS):
-            parameters = _hoisted(parameters, prefix, defs)
-        return {"type": "object", "properties": {"name": {"const": function["name"]}, self.syntax.args_key: parameters},
-                "required": ["name", self.syntax.args_key]}
+    def _forced_functions(self, forced: list[str]) -> list[tuple[str, dict[str, Any]]]:
+        """The forced functions' names and parameters, each tool's `$defs` (or `definitions`) under
+        `$defs`, their names prefixed so that two tools' do not clash, and the refs to them following."""
+        functions = []
+        for i, tool in enumerate(self.tools):
+            function = tool["function"]
+            if function["name"] not in forced:
+                continue
+            parameters = function.get("parameters") or {"type": "object"}
+            defs: dict[str, Any] = {}
+            if isinstance(parameters, dict) and any(isinstance(parameters.get(k), dict) for k in _DEFS_KEYS):
+                parameters = {**_hoisted(parameters, f"t{i}_", defs), "$defs": defs}
+            functions.append((function["name"], parameters))
+        return functions
+
+
+def _json_grammar(syntax: ToolSyntax, functions: list[tuple[str, dict[str, Any]]], several: bool) -> str:
+    """The JSON families' forced calls: call objects whose arguments follow their schemas, every
+    tool's `$defs` hoisted to the root, where their refs point."""
+    defs: dict[str, Any] = {}
+    schemas = []
+    for name, parameters in functions:
+        found = parameters.get("$defs")
+        if isinstance(found, dict):
+            defs.update(found)
+            parameters = {k: v for k, v in parameters.items() if k != "$defs"}
+        schemas.append({"type": "object", "properties": {"name": {"const": name}, syntax.args_key: parameters},
+                        "required": ["name", syntax.args_key]})
+    schema: dict[str, Any] = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if syntax is MISTRAL:
+        schema = {"type": "array", "items": schema, "minItems": 1, **({} if several else {"maxItems": 1})}
+    if defs:
+        schema = {**schema, "$defs": defs}
+    gbnf = schema_grammar(schema, "tools")  # the functions' parameters, bounded first
+    renamed = re.sub(r"^root ::=", f"{CALL_RULE} ::=", gbnf, count=1, flags=re.MULTILINE)
+    return f"{syntax.root_rule(several)}\n{renamed}"
 
 
 _DEFS_KEYS = ("$defs", "definitions")

@@ -8,13 +8,19 @@ Syntaxes (llama-server's names): `hermes` (Hermes, Qwen 2/2.5/3: `<tool_call>{js
 the tools in the system prompt and asks for the hermes syntax. Control tokens such as
 `<|python_tag|>` and `[TOOL_CALLS]` are not in the text the server detokenizes, so the readers also
 take a call without them where the syntax puts the call first.
+
+The families that write calls in tags (Qwen3-Coder/Qwen3.5 XML, GLM 4.5, DeepSeek V3.1, Kimi K2)
+are pflash_plugin/chat/tool_syntaxes.py: the reader takes either kind (`Syntax`), by the scanner
+each makes. `--tool_syntax` names one, over the template's markers (SYNTAXES).
 """
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping, Union
 
+from ..chat.tagged_calls import TaggedScanner
+from ..chat.tool_syntaxes import TAGGED_SYNTAXES, TaggedSyntax, tagged_syntax_for
 from .tool_stream import CallScanner
 
 CALL_RULE = "tool-call"  # the call object's rule in the forced grammar (the schema's root, renamed)
@@ -42,6 +48,16 @@ class ToolSyntax:
         one = f'"<tool_call>\\n" {CALL_RULE} "\\n</tool_call>"'
         return f'root ::= {one} ("\\n" {one})*' if parallel else f"root ::= {one}"
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The texts the model must be able to write (control tokens in some vocabularies)."""
+        return tuple(m for m in (*self.anywhere, *self.leading) if len(m) > 1)
+
+    def scanner(self, parallel: bool, names: frozenset[str] | None,
+                parameters: Mapping[str, Any] | None = None) -> CallScanner:
+        """The reader of the calls' text, from the first marker on (the JSON arguments need no schema)."""
+        return CallScanner(self.between, self.blocks, self.call_id, parallel, names)
+
     def call_id(self) -> str:
         # Mistral's templates refuse ids that are not 9 letters or digits
         return uuid.uuid4().hex[:9] if self.name == "mistral" else f"call_{uuid.uuid4().hex[:24]}"
@@ -58,13 +74,23 @@ MISTRAL = ToolSyntax("mistral", "arguments", ("[TOOL_CALLS]",), ("[",), renders_
 GENERIC = ToolSyntax("generic", "arguments", ("<tool_call>",), (), renders_tools=False, between=BLOCK_TOKENS,
                      blocks=True)
 
+Syntax = Union[ToolSyntax, TaggedSyntax]
+SYNTAXES: dict[str, Syntax] = {s.name: s for s in (HERMES, LLAMA3, MISTRAL, GENERIC, *TAGGED_SYNTAXES)}
+TOOL_SYNTAXES = ("auto", *SYNTAXES)  # --tool_syntax's values
+
 # stock's tool-calling chat formats: their own prompt and response code, which this server does not run
 REFUSED_CHAT_FORMATS = ("chatml-function-calling", "functionary", "functionary-v1", "functionary-v2")
 
 
-def syntax_for(template: str | None) -> ToolSyntax:
-    """The syntax a chat template teaches its model, by the markers it writes; generic for one
-    that renders no tools, or renders them in a format not known here."""
+def syntax_for(template: str | None, override: str = "auto") -> Syntax:
+    """The syntax a chat template teaches its model, by the markers it writes (`override`, the
+    --tool_syntax setting, names one instead); generic for one that renders no tools, or renders
+    them in a format not known here."""
+    if override != "auto":
+        return SYNTAXES[override]
+    tagged = tagged_syntax_for(template or "")  # DeepSeek's renders calls, not the tools: they go first
+    if tagged is not None:
+        return tagged
     if not template or "tools" not in template:
         return GENERIC
     if "<tool_call>" in template:
@@ -82,13 +108,15 @@ class ToolCallReader:
     streamed or whole: once it cannot be calls before a call was found, what was held is content
     after all and the text goes on as content; after the calls, the rest is ignored."""
 
-    def __init__(self, syntax: ToolSyntax, parallel: bool, names: Iterable[str] | None = None) -> None:
+    def __init__(self, syntax: Syntax, parallel: bool, names: Iterable[str] | None = None,
+                 parameters: Mapping[str, Any] | None = None) -> None:
         """`parallel` False: only the first call is kept (the request's parallel_tool_calls).
-        `names`: the tools' names; a call of another function is content (None: any name)."""
-        self.syntax, self.parallel = syntax, parallel
+        `names`: the tools' names; a call of another function is content (None: any name).
+        `parameters`: each tool's parameters schema (the tagged syntaxes type their values by it)."""
+        self.syntax, self.parallel, self.parameters = syntax, parallel, parameters
         self.names = frozenset(names) if names is not None else None
         self.pending = ""  # text not yet released: it may start calls, or is them
-        self.scanner: CallScanner | None = None  # set while capturing: a marker was seen
+        self.scanner: CallScanner | TaggedScanner | None = None  # set while capturing: a marker was seen
         self.started = False  # content other than whitespace was released
         self.deltas: list[dict] = []  # the streamed calls' deltas not yet returned
 
@@ -149,8 +177,7 @@ class ToolCallReader:
         return out
 
     def _capture(self) -> None:
-        self.scanner = CallScanner(self.syntax.between, self.syntax.blocks, self.syntax.call_id, self.parallel,
-                                   self.names)
+        self.scanner = self.syntax.scanner(self.parallel, self.names, self.parameters)
 
     def finish(self, finish: str = "stop") -> tuple[str, list[dict]]:
         """The content still held, and the calls (OpenAI's shape, with their index). At

@@ -1,0 +1,338 @@
+"""The tool-call syntaxes written in tags (pflash_plugin/chat/tool_syntaxes.py): Qwen3.5's and
+Qwen3-Coder's XML, GLM 4.5's pairs, DeepSeek V3.1's and Kimi K2's markers. Tiny models carry the
+families' real templates (tests/data/templates); a named tool_choice makes the server force a call
+in the family's own syntax, and a request grammar writes text then calls, or parallel calls: each
+comes back as tool_calls (chat), function_call items (Responses) and tool_use blocks (Messages),
+plain and streamed. The readers, streamed in any pieces and whole; the forced grammars."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from conftest import live_server
+
+from pflash_plugin.chat.tool_syntaxes import DEEPSEEK_V3_1, GLM45, KIMI_K2, QWEN3_CODER, TaggedSyntax
+from pflash_plugin.server.tool_requests import ToolRequest
+from pflash_plugin.server.tools import GENERIC, HERMES, SYNTAXES, ToolCallReader, syntax_for
+from pflash_plugin.testing import cached_tiny_llama
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+FAMILIES = {  # alias: (template file, the syntax its markers choose)
+    "qwen35": ("Qwen3.5-4B.jinja", QWEN3_CODER),
+    "qwen3_coder": ("Qwen3-Coder.jinja", QWEN3_CODER),
+    "glm45": ("GLM-4.6.jinja", GLM45),
+    "deepseek_v3_1": ("deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK_V3_1),
+    "kimi_k2": ("Kimi-K2-Instruct.jinja", KIMI_K2),
+}
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "enum": ["Paris", "Oslo"]},
+    "days": {"type": "integer"},
+    "note": {"type": "string", "maxLength": 12},
+    "metric": {"type": "boolean"},
+}, "required": ["city", "days", "note"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Time", "parameters": TIME}}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+# what each family writes: a text, then two calls (the second one's value has a newline and a quote)
+TEXT = "Let me look.\n"
+CALLS = [("get_weather", {"city": "Paris", "days": 2, "note": "a \"b\"\nc"}), ("get_time", {"zone": "UTC"})]
+WRITTEN = {
+    QWEN3_CODER: "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n"
+                 "</parameter>\n<parameter=note>\na \"b\"\nc\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+                 "<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>",
+    GLM45: "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+           "<arg_value>2</arg_value>\n<arg_key>note</arg_key>\n<arg_value>a \"b\"\nc</arg_value>\n</tool_call>\n"
+           "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>",
+    DEEPSEEK_V3_1: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", "
+                   "\"days\": 2, \"note\": \"a \\\"b\\\"\\nc\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
+                   "<｜tool▁sep｜>{\"zone\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    KIMI_K2: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+             "{\"city\": \"Paris\", \"days\": 2, \"note\": \"a \\\"b\\\"\\nc\"}<|tool_call_end|><|tool_call_begin|>"
+             "functions.get_time:1<|tool_call_argument_begin|>{\"zone\": \"UTC\"}<|tool_call_end|>"
+             "<|tool_calls_section_end|>",
+}
+SYNTAX_IDS = [s.name for s in WRITTEN]
+FORCED_HEAD = {  # how a forced call of get_weather starts, in each syntax
+    QWEN3_CODER: "<tool_call>\n<function=get_weather>\n<parameter=city>\n",
+    GLM45: "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>",
+    DEEPSEEK_V3_1: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{",
+    KIMI_K2: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:",
+}
+
+
+def _loads(text: str) -> object:
+    """Arguments as JSON; a call cut short's as the text that went out."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _read(syntax, text: str, step: int, finish: str = "stop", parallel: bool = True):
+    """`text` read in `step`-character pieces: (content, [(name, arguments)], finish), and whole."""
+    reader = ToolCallReader(syntax, parallel, SCHEMAS, SCHEMAS)
+    content, calls, reason = "", {}, None
+    for i in range(0, len(text) + 1, step):
+        piece, deltas, reason = reader.read(text[i:i + step], finish if i + step > len(text) else None, True)
+        content += piece
+        for delta in deltas:
+            call = calls.setdefault(delta["index"], ["", ""])
+            call[0] += delta["function"].get("name", "")
+            call[1] += delta["function"]["arguments"]
+    whole, found, whole_reason = ToolCallReader(syntax, parallel, SCHEMAS, SCHEMAS).read(text, finish, False)
+    streamed = (content, [(n, _loads(a)) for n, a in calls.values()], reason)
+    return streamed, (whole, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in found],
+                      whole_reason)
+
+
+# ---- the readers --------------------------------------------------------------------------------
+@pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
+@pytest.mark.parametrize("step", [1, 2, 5, 10_000])
+def test_text_then_calls_read_alike_streamed_in_any_pieces_and_whole(syntax, step):
+    streamed, whole = _read(syntax, TEXT + WRITTEN[syntax], step)
+    assert streamed == whole == (TEXT, CALLS, "tool_calls")
+
+
+@pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
+def test_llama_cpps_examples_read(syntax):
+    """test-chat.cpp's examples of each format (special_function, arg1: 1)."""
+    example = {
+        QWEN3_CODER: "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n</parameter>\n</function>\n"
+                     "</tool_call>",
+        GLM45: "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+        DEEPSEEK_V3_1: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}"
+                       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        KIMI_K2: "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0"
+                 "<|tool_call_argument_begin|>{\"arg1\": 1}<|tool_call_end|><|tool_calls_section_end|>",
+    }[syntax]
+    schema = {"special_function": {"type": "object", "properties": {"arg1": {"type": "integer"}}}}
+    content, calls, finish = ToolCallReader(syntax, True, schema, schema).read(example, "stop", False)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("special_function", '{"arg1": 1}')]
+
+
+def test_pair_values_are_typed_by_the_schema():
+    """A string parameter's value is its text (even "2" or "true"); others are JSON, or their text."""
+    schema = {"f": {"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": "number"}, "o": {"type": "object"}, "a": {"type": "array"},
+        "b": {"type": "boolean"}, "e": {"enum": ["x", "y"]}, "u": {"type": ["integer", "string"]}}}}
+    values = {"s": "2", "n": "2.5", "o": '{"k": [1]}', "a": "[1, 2]", "b": "true", "e": "x", "u": "abc",
+              "free": "[3]"}
+    text = "<tool_call>\n<function=f>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items()) \
+        + "</function>\n</tool_call>"
+    _, calls, _ = ToolCallReader(QWEN3_CODER, True, schema, schema).read(text, "stop", False)
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "s": "2", "n": 2.5, "o": {"k": [1]}, "a": [1, 2], "b": True, "e": "x", "u": "abc", "free": [3]}
+
+
+@pytest.mark.parametrize("syntax, text", [
+    (QWEN3_CODER, "Use <tool_call> tags to call a tool."),
+    (QWEN3_CODER, "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>"),  # not one of the tools
+    (GLM45, "<tool_call>delete_all\n</tool_call> is not a tool"),
+    (DEEPSEEK_V3_1, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>[1]<｜tool▁call▁end｜>"),
+    (KIMI_K2, "<|tool_calls_section_begin|> and words"),
+])
+@pytest.mark.parametrize("step", [1, 10_000])
+def test_text_that_is_not_calls_is_content(syntax, text, step):
+    streamed, whole = _read(syntax, text, step)
+    assert streamed == whole == (text, [], "stop")
+
+
+@pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
+def test_a_reply_cut_at_max_tokens_keeps_its_complete_calls(syntax):
+    text = WRITTEN[syntax]
+    cut = text[:text.index("UTC")]  # in the second call's arguments
+    streamed, whole = _read(syntax, cut, 3, finish="length")
+    assert whole == ("", CALLS[:1], "tool_calls")
+    assert streamed[1][:1] == CALLS[:1] and streamed[2] == "length"  # the cut call's header went out
+
+
+@pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
+def test_parallel_false_keeps_the_first_call(syntax):
+    streamed, whole = _read(syntax, WRITTEN[syntax], 4, parallel=False)
+    assert streamed[1] == whole[1] == CALLS[:1]
+
+
+@pytest.mark.parametrize("syntax", [QWEN3_CODER, DEEPSEEK_V3_1], ids=["pairs", "json"])
+def test_the_scanner_resumes_its_search_near_the_end_whatever_the_length(syntax):
+    """O(1) per token: a 200,000-character value is searched for its close marker from a marker's
+    length before the end, never from its start."""
+    head = {QWEN3_CODER: "<tool_call>\n<function=get_time>\n<parameter=zone>\n",
+            DEEPSEEK_V3_1: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \""}[syntax]
+    scanner = syntax.scanner(True, None, SCHEMAS)
+    text = head
+    scanner.feed(text)
+    for _ in range(20_000):
+        text += "abcdefghi "
+        scanner.feed(text)
+        assert len(text) - max(scanner.seek, scanner.pos) < 32
+
+
+def test_the_syntax_is_chosen_from_the_templates_markers_or_the_flag():
+    for template, syntax in FAMILIES.values():
+        assert syntax_for((TEMPLATES / template).read_text()) is syntax
+    assert syntax_for((TEMPLATES / "llama-cpp-deepseek-r1.jinja").read_text()) is GENERIC  # R1's fenced JSON
+    assert syntax_for((TEMPLATES / "Qwen3.5-4B.jinja").read_text(), "hermes") is HERMES
+    assert all(syntax_for(None, name) is syntax for name, syntax in SYNTAXES.items())
+
+
+@pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
+@pytest.mark.parametrize("parallel", [False, True])
+def test_every_forced_grammar_is_one_llama_cpp_takes(tiny_model, syntax, parallel):
+    from pflash_plugin.llama import Model, check_grammar
+
+    model = Model(str(tiny_model), verbose=False)
+    try:
+        for forced in (["get_weather"], ["get_weather", "get_time"]):
+            grammar = ToolRequest(syntax, TOOLS, forced, parallel).grammar()
+            assert grammar is not None and grammar.startswith("root ::=")
+            check_grammar(model, grammar)
+            assert ("*" in grammar.splitlines()[0]) == parallel
+    finally:
+        model.close()
+
+
+# ---- the APIs, on tiny models with the families' templates ------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    def model(alias: str, template: str) -> dict:
+        path = cached_tiny_llama(chat_template=(TEMPLATES / template).read_text())
+        return {"model": str(path), "model_alias": alias, "n_ctx": 4096, "max_concurrency": 2, "n_threads": 1,
+                "n_threads_batch": 1}
+
+    with live_server([model(alias, template) for alias, (template, _) in FAMILIES.items()]) as live:
+        yield live
+
+
+def _sse(response) -> list[dict]:
+    assert response.status_code == 200, response.read()
+    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+def _post(client, path: str, body: dict, stream: bool) -> dict | list[dict]:
+    if not stream:
+        response = client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+    with client.stream("POST", path, json={**body, "stream": True}) as response:
+        return _sse(response)
+
+
+def _chat_calls(client, body: dict, stream: bool) -> tuple[str, list[tuple[str, dict]], str]:
+    """(content, calls, finish_reason) of a chat completion, plain or streamed."""
+    reply = _post(client, "/v1/chat/completions", body, stream)
+    if isinstance(reply, dict):
+        choice = reply["choices"][0]
+        message = choice["message"]
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                 for c in message.get("tool_calls") or []]
+        return message["content"] or "", calls, choice["finish_reason"]
+    content, parts, finish = "", {}, ""
+    for chunk in reply:
+        for choice in chunk["choices"]:
+            content += choice["delta"].get("content") or ""
+            for delta in choice["delta"].get("tool_calls") or []:
+                part = parts.setdefault(delta["index"], ["", ""])
+                part[0] += delta["function"].get("name") or ""
+                part[1] += delta["function"].get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return content, [(n, json.loads(a)) for n, a in parts.values()], finish
+
+
+def _responses_calls(client, body: dict, stream: bool) -> tuple[str, list[tuple[str, dict]]]:
+    """(text, function calls) of a Responses answer; streamed, the calls' argument deltas must
+    add up to the completed response's items."""
+    reply = _post(client, "/v1/responses", body, stream)
+    if isinstance(reply, list):
+        deltas = "".join(e["delta"] for e in reply if e["type"] == "response.function_call_arguments.delta")
+        reply = next(e["response"] for e in reply if e["type"] == "response.completed")
+        assert deltas == "".join(i["arguments"] for i in reply["output"] if i["type"] == "function_call")
+    text = "".join(p["text"] for i in reply["output"] if i["type"] == "message" for p in i["content"])
+    calls = [(i["name"], json.loads(i["arguments"])) for i in reply["output"] if i["type"] == "function_call"]
+    return text, calls
+
+
+def _messages_calls(client, body: dict, stream: bool) -> tuple[str, list[tuple[str, dict]], str]:
+    """(text, tool_use blocks, stop_reason) of an Anthropic Messages answer, plain or streamed."""
+    reply = _post(client, "/v1/messages", body, stream)
+    if isinstance(reply, dict):
+        text = "".join(b["text"] for b in reply["content"] if b["type"] == "text")
+        uses = [(b["name"], b["input"]) for b in reply["content"] if b["type"] == "tool_use"]
+        return text, uses, reply["stop_reason"]
+    blocks: dict[int, dict] = {}
+    stop = ""
+    for event in reply:
+        if event["type"] == "content_block_start":
+            blocks[event["index"]] = {**event["content_block"], "json": ""}
+        elif event["type"] == "content_block_delta":
+            delta, block = event["delta"], blocks[event["index"]]
+            block["text" if delta["type"] == "text_delta" else "json"] = \
+                block.get("text", "") + delta["text"] if delta["type"] == "text_delta" else \
+                block["json"] + delta.get("partial_json", "")
+        elif event["type"] == "message_delta":
+            stop = event["delta"]["stop_reason"]
+    ordered = [blocks[i] for i in sorted(blocks)]
+    text = "".join(b.get("text", "") for b in ordered if b["type"] == "text")
+    return text, [(b["name"], json.loads(b["json"])) for b in ordered if b["type"] == "tool_use"], stop
+
+
+def _valid(calls: list[tuple[str, dict]]) -> list[str]:
+    for name, arguments in calls:
+        jsonschema.validate(arguments, SCHEMAS[name])
+    return [name for name, _ in calls]
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
+                   for t in TOOLS]
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_named_tool_choice_is_forced_in_the_familys_syntax_on_every_api(server, family, stream):
+    """With the templates' thinking on (Qwen3.5's prompt opens the block: the forced grammar closes
+    it first, and the call is read outside it)."""
+    common = {"model": family, "temperature": 0}
+    chat = {**common, "messages": ASK, "tools": TOOLS, "max_tokens": 400,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    with server.client() as client:
+        content, calls, finish = _chat_calls(client, chat, stream)
+        assert (content, _valid(calls), finish) == ("", ["get_weather"], "tool_calls")
+        # what the model wrote (its tokens' text): the call in the family's own syntax
+        tokens = client.post("/v1/chat/completions", json={**chat, "logprobs": True}).json()
+        written = bytes(b for t in tokens["choices"][0]["logprobs"]["content"] for b in t["bytes"]).decode()
+        assert FORCED_HEAD[FAMILIES[family][1]] in written[:80]
+        text, calls = _responses_calls(client, {**common, "input": ASK, "tools": RESPONSES_TOOLS,
+                                                "max_output_tokens": 400,
+                                                "tool_choice": {"type": "function", "name": "get_weather"}}, stream)
+        assert (text, _valid(calls)) == ("", ["get_weather"])
+        text, calls, stop = _messages_calls(client, {**common, "messages": ASK, "tools": ANTHROPIC_TOOLS,
+                                                     "max_tokens": 400,
+                                                     "tool_choice": {"type": "tool", "name": "get_weather"}}, stream)
+        assert (text, _valid(calls), stop) == ("", ["get_weather"], "tool_use")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_text_then_parallel_calls_come_back_on_every_api(server, family, stream):
+    """A request grammar writes the family's real shape: a text, then two calls."""
+    syntax: TaggedSyntax = FAMILIES[family][1]
+    grammar = "root ::= " + json.dumps(TEXT + WRITTEN[syntax], ensure_ascii=False)
+    common = {"model": family, "temperature": 0, "grammar": grammar}  # thinking off: the answer is content
+    expected = [name for name, _ in CALLS]
+    with server.client() as client:
+        content, calls, finish = _chat_calls(client, {**common, "messages": ASK, "tools": TOOLS, "max_tokens": 400,
+                                                      "reasoning_effort": "none"}, stream)
+        assert (content, calls, finish) == (TEXT, CALLS, "tool_calls")
+        text, calls = _responses_calls(client, {**common, "input": ASK, "tools": RESPONSES_TOOLS,
+                                                "max_output_tokens": 400, "reasoning": {"effort": "none"}}, stream)
+        assert (text, calls) == (TEXT, CALLS)
+        text, calls, stop = _messages_calls(client, {**common, "messages": ASK, "tools": ANTHROPIC_TOOLS,
+                                                     "max_tokens": 400, "thinking": {"type": "disabled"}}, stream)
+        assert (text.strip(), [n for n, _ in calls], stop) == (TEXT.strip(), expected, "tool_use")
+        assert calls == CALLS
