@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from conftest import live_server
 
-from pflash_plugin.chat.tool_syntaxes import DEEPSEEK_V3_1, GLM45, KIMI_K2, QWEN3_CODER, TaggedSyntax
+from pflash_plugin.chat.tool_syntaxes import DEEPSEEK_V3_1, GLM45, GPT_OSS, KIMI_K2, QWEN3_CODER, TaggedSyntax
 from pflash_plugin.server.tool_requests import ToolRequest
 from pflash_plugin.server.tools import GENERIC, HERMES, SYNTAXES, ToolCallReader, syntax_for
 from pflash_plugin.testing import cached_tiny_llama
@@ -25,7 +25,10 @@ FAMILIES = {  # alias: (template file, the syntax its markers choose)
     "glm45": ("GLM-4.6.jinja", GLM45),
     "deepseek_v3_1": ("deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK_V3_1),
     "kimi_k2": ("Kimi-K2-Instruct.jinja", KIMI_K2),
+    "gpt_oss": ("openai-gpt-oss-120b.jinja", GPT_OSS),
 }
+# control tokens in gpt-oss's vocabulary (the test model adds them as such; the server renders them)
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "enum": ["Paris", "Oslo"]},
     "days": {"type": "integer"},
@@ -55,13 +58,18 @@ WRITTEN = {
              "{\"city\": \"Paris\", \"days\": 2, \"note\": \"a \\\"b\\\"\\nc\"}<|tool_call_end|><|tool_call_begin|>"
              "functions.get_time:1<|tool_call_argument_begin|>{\"zone\": \"UTC\"}<|tool_call_end|>"
              "<|tool_calls_section_end|>",
+    # one call a turn; what chat/harmony.py passes on of a call's message (its header whole)
+    GPT_OSS: "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+             "{\"city\": \"Paris\", \"days\": 2, \"note\": \"a \\\"b\\\"\\nc\"}",
 }
+EXPECTED = {syntax: CALLS[:1] if syntax.one_call else CALLS for syntax in WRITTEN}
 SYNTAX_IDS = [s.name for s in WRITTEN]
 FORCED_HEAD = {  # how a forced call of get_weather starts, in each syntax
     QWEN3_CODER: "<tool_call>\n<function=get_weather>\n<parameter=city>\n",
     GLM45: "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>",
     DEEPSEEK_V3_1: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{",
     KIMI_K2: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:",
+    GPT_OSS: "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{",
 }
 
 
@@ -95,7 +103,7 @@ def _read(syntax, text: str, step: int, finish: str = "stop", parallel: bool = T
 @pytest.mark.parametrize("step", [1, 2, 5, 10_000])
 def test_text_then_calls_read_alike_streamed_in_any_pieces_and_whole(syntax, step):
     streamed, whole = _read(syntax, TEXT + WRITTEN[syntax], step)
-    assert streamed == whole == (TEXT, CALLS, "tool_calls")
+    assert streamed == whole == (TEXT, EXPECTED[syntax], "tool_calls")
 
 
 @pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
@@ -109,6 +117,7 @@ def test_llama_cpps_examples_read(syntax):
                        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
         KIMI_K2: "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0"
                  "<|tool_call_argument_begin|>{\"arg1\": 1}<|tool_call_end|><|tool_calls_section_end|>",
+        GPT_OSS: " to=functions.special_function<|channel|>analysis <|constrain|>json<|message|>{\"arg1\": 1}",
     }[syntax]
     schema = {"special_function": {"type": "object", "properties": {"arg1": {"type": "integer"}}}}
     content, calls, finish = ToolCallReader(syntax, True, schema, schema).read(example, "stop", False)
@@ -136,6 +145,7 @@ def test_pair_values_are_typed_by_the_schema():
     (GLM45, "<tool_call>delete_all\n</tool_call> is not a tool"),
     (DEEPSEEK_V3_1, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>[1]<｜tool▁call▁end｜>"),
     (KIMI_K2, "<|tool_calls_section_begin|> and words"),
+    (GPT_OSS, "Hello <|channel|> there"),
 ])
 @pytest.mark.parametrize("step", [1, 10_000])
 def test_text_that_is_not_calls_is_content(syntax, text, step):
@@ -143,7 +153,7 @@ def test_text_that_is_not_calls_is_content(syntax, text, step):
     assert streamed == whole == (text, [], "stop")
 
 
-@pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
+@pytest.mark.parametrize("syntax", [s for s in WRITTEN if not s.one_call], ids=lambda s: s.name)
 def test_a_reply_cut_at_max_tokens_keeps_its_complete_calls(syntax):
     text = WRITTEN[syntax]
     cut = text[:text.index("UTC")]  # in the second call's arguments
@@ -192,7 +202,7 @@ def test_every_forced_grammar_is_one_llama_cpp_takes(tiny_model, syntax, paralle
             grammar = ToolRequest(syntax, TOOLS, forced, parallel).grammar()
             assert grammar is not None and grammar.startswith("root ::=")
             check_grammar(model, grammar)
-            assert ("*" in grammar.splitlines()[0]) == parallel
+            assert ("*" in grammar.splitlines()[0]) == (parallel and not syntax.one_call)
     finally:
         model.close()
 
@@ -201,7 +211,8 @@ def test_every_forced_grammar_is_one_llama_cpp_takes(tiny_model, syntax, paralle
 @pytest.fixture(scope="module")
 def server():
     def model(alias: str, template: str) -> dict:
-        path = cached_tiny_llama(chat_template=(TEMPLATES / template).read_text())
+        tokens = HARMONY_TOKENS if alias == "gpt_oss" else ()
+        path = cached_tiny_llama(chat_template=(TEMPLATES / template).read_text(), control_tokens=tokens)
         return {"model": str(path), "model_alias": alias, "n_ctx": 4096, "max_concurrency": 2, "n_threads": 1,
                 "n_threads_batch": 1}
 
@@ -287,9 +298,10 @@ def _valid(calls: list[tuple[str, dict]]) -> list[str]:
     return [name for name, _ in calls]
 
 
-RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
-                   for t in TOOLS]
-ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in TOOLS]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -322,17 +334,18 @@ def test_a_named_tool_choice_is_forced_in_the_familys_syntax_on_every_api(server
 def test_text_then_parallel_calls_come_back_on_every_api(server, family, stream):
     """A request grammar writes the family's real shape: a text, then two calls."""
     syntax: TaggedSyntax = FAMILIES[family][1]
-    grammar = "root ::= " + json.dumps(TEXT + WRITTEN[syntax], ensure_ascii=False)
+    # gpt-oss: the text on the final channel, then the call's message
+    text = f"<|channel|>final<|message|>{TEXT}<|end|>" if syntax is GPT_OSS else TEXT
+    grammar = "root ::= " + json.dumps(text + WRITTEN[syntax], ensure_ascii=False)
     common = {"model": family, "temperature": 0, "grammar": grammar}  # thinking off: the answer is content
-    expected = [name for name, _ in CALLS]
+    expected = EXPECTED[syntax]
     with server.client() as client:
         content, calls, finish = _chat_calls(client, {**common, "messages": ASK, "tools": TOOLS, "max_tokens": 400,
                                                       "reasoning_effort": "none"}, stream)
-        assert (content, calls, finish) == (TEXT, CALLS, "tool_calls")
+        assert (content, calls, finish) == (TEXT, expected, "tool_calls")
         text, calls = _responses_calls(client, {**common, "input": ASK, "tools": RESPONSES_TOOLS,
                                                 "max_output_tokens": 400, "reasoning": {"effort": "none"}}, stream)
-        assert (text, calls) == (TEXT, CALLS)
+        assert (text, calls) == (TEXT, expected)
         text, calls, stop = _messages_calls(client, {**common, "messages": ASK, "tools": ANTHROPIC_TOOLS,
                                                      "max_tokens": 400, "thinking": {"type": "disabled"}}, stream)
-        assert (text.strip(), [n for n, _ in calls], stop) == (TEXT.strip(), expected, "tool_use")
-        assert calls == CALLS
+        assert (text.strip(), calls, stop) == (TEXT.strip(), expected, "tool_use")

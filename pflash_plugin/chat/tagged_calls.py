@@ -45,6 +45,7 @@ class Markers:
     pairs: Pairs | None = None
     args_open: str = ""
     name_prefix: str = ""  # written before the name (Kimi's "functions.")
+    open_ended: bool = False  # the close marker ends generation and is not in the text (gpt-oss's <|call|>)
 
 
 @dataclass
@@ -111,6 +112,18 @@ class TaggedScanner:
             step = getattr(self, f"_{self.state}")
             if not step(deltas):
                 break  # wait for more text
+        return deltas
+
+    def finish(self, reason: str) -> list[dict]:
+        """At the text's end: a call whose close marker ends generation (open_ended) is closed by
+        a stop, its arguments' last text (held back as a maybe-marker) sent."""
+        call = self.call
+        if call is None or self.state != "json" or not self.m.open_ended or reason != "stop" or self.stopped:
+            return []
+        deltas: list[dict] = []
+        if len(self.text) > self.pos:
+            self._send(call, self.text[self.pos:], deltas)
+        self._closed(call, len(self.text))
         return deltas
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -185,7 +198,7 @@ class TaggedScanner:
         """Kimi's `:0` after the name, up to the arguments' marker."""
         found = self._find((self.m.args_open,))
         if found is None:
-            if len(self.text) - self.pos > 16 + len(self.m.args_open):  # more than an index before it
+            if len(self.text) - self.pos > 64 + len(self.m.args_open):  # more than a short header before it
                 self._fail(self.pos)
             return False
         return self._to("args", found[0] + len(self.m.args_open))

@@ -45,6 +45,7 @@ class TaggedSyntax:
     leading: tuple[str, ...] = ()
     renders_tools: bool = True
     describe: Callable[[list[dict]], str] | None = None  # the tools' system prompt, where the template has none
+    one_call: bool = False  # a turn holds one call (gpt-oss: the call's end ends generation)
 
     def call_id(self) -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
@@ -58,12 +59,13 @@ class TaggedSyntax:
         """The texts the model must be able to write (control tokens in some vocabularies)."""
         m = self.read
         pairs = (m.pairs.key_open, m.pairs.key_close, m.pairs.value_open, m.pairs.value_close) if m.pairs else ()
-        return tuple(t for t in (*m.skip, m.call_open, m.call_close, m.args_open, *pairs, *self.section) if t)
+        texts = (*m.skip, m.call_open, *m.name_ends, m.call_close, m.args_open, *pairs, *self.section)
+        return tuple(dict.fromkeys(t for t in texts if t.strip()))
 
     def root_rule(self, call_rule: str, parallel: bool) -> str:
         """The forced grammar's root: the calls (one, or several when parallel) in their section."""
         separator = f"{literal(self.separator)} " if self.separator else ""
-        parts = [call_rule, f"({separator}{call_rule})*" if parallel else ""]
+        parts = [call_rule, f"({separator}{call_rule})*" if parallel and not self.one_call else ""]
         head, tail = (literal(s) if s else "" for s in self.section)
         return "root ::= " + " ".join(p for p in (head, *parts, tail) if p)
 
@@ -120,7 +122,19 @@ KIMI_K2 = TaggedSyntax(
     (literal("<|tool_call_begin|>functions."), f'":" [0-9] {literal("<|tool_call_argument_begin|>")}',
      literal("<|tool_call_end|>")))
 
-TAGGED_SYNTAXES = (QWEN3_CODER, GLM45, DEEPSEEK_V3_1, KIMI_K2)
+# the text a call's header leaves after gpt-oss's harmony reader (chat/harmony.py), which passes a
+# call's message on whole: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`,
+# or ` to=functions.NAME<|channel|>commentary json<|message|>{...}` (the recipient in the role's
+# header, as its template writes earlier calls); `<|call|>` ends generation
+GPT_OSS = TaggedSyntax(
+    "gpt_oss", ("<|start|>assistant", "<|channel|>"),
+    Markers(("<|start|>assistant", "<|channel|>commentary", "<|channel|>analysis"), "to=functions.",
+            (" ", "<|channel|>", "<|constrain|>", "<|message|>"), "<|call|>", args_open="<|message|>",
+            open_ended=True),
+    ("", ""), "", (literal("<|channel|>commentary to=functions."), literal(" <|constrain|>json<|message|>"), ""),
+    leading=("to=functions.",), one_call=True)
+
+TAGGED_SYNTAXES = (QWEN3_CODER, GLM45, DEEPSEEK_V3_1, KIMI_K2, GPT_OSS)
 
 
 def tagged_syntax_for(template: str) -> TaggedSyntax | None:
@@ -133,5 +147,7 @@ def tagged_syntax_for(template: str) -> TaggedSyntax | None:
         return DEEPSEEK_V3_1
     if "<|tool_call_argument_begin|>" in template:
         return KIMI_K2
+    if "<|channel|>" in template and " to=" in template and "functions." in template:  # harmony's recipients
+        return GPT_OSS
     return None
 

@@ -86,6 +86,10 @@ class CallScanner:
             deltas += self._arguments(self.call)
         return deltas
 
+    def finish(self, reason: str) -> list[dict]:
+        """At the text's end: nothing is held back (a call ends at its closing brace)."""
+        return []
+
     def _fail(self, at: int) -> None:
         self.stopped, self.failed_at, self.call = True, at, None
 

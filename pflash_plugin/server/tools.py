@@ -126,6 +126,8 @@ class ToolCallReader:
         when there are complete calls, even at max_tokens (an agent loop looks for it, and the
         text after the calls is ignored), "length" when the last call streamed was cut short."""
         content = self.feed(text)
+        if finish is not None and self.scanner is not None:
+            self.deltas += self.scanner.finish(finish)
         deltas, self.deltas = (self.deltas if stream else []), []
         if finish is None:
             return content, deltas, None
