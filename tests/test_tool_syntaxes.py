@@ -7,6 +7,7 @@ plain and streamed. The readers, streamed in any pieces and whole; the forced gr
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import jsonschema
@@ -14,8 +15,9 @@ import pytest
 from conftest import live_server
 
 from pflash_plugin.chat.tool_syntaxes import DEEPSEEK_V3_1, GLM45, GPT_OSS, KIMI_K2, QWEN3_CODER, TaggedSyntax
+from pflash_plugin.server.settings import ModelSettings
 from pflash_plugin.server.tool_requests import ToolRequest
-from pflash_plugin.server.tools import GENERIC, HERMES, SYNTAXES, ToolCallReader, syntax_for
+from pflash_plugin.server.tools import GENERIC, HERMES, SYNTAXES, TOOL_SYNTAXES, ToolCallReader, syntax_for
 from pflash_plugin.testing import cached_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -189,6 +191,8 @@ def test_the_syntax_is_chosen_from_the_templates_markers_or_the_flag():
     assert syntax_for((TEMPLATES / "llama-cpp-deepseek-r1.jinja").read_text()) is GENERIC  # R1's fenced JSON
     assert syntax_for((TEMPLATES / "Qwen3.5-4B.jinja").read_text(), "hermes") is HERMES
     assert all(syntax_for(None, name) is syntax for name, syntax in SYNTAXES.items())
+    setting = ModelSettings.model_fields["tool_syntax"]
+    assert typing.get_args(setting.annotation) == TOOL_SYNTAXES and setting.default == "auto"  # each one a value
 
 
 @pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
