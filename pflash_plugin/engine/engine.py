@@ -239,7 +239,7 @@ class Engine:
         step = self.scheduler.schedule() if self.scheduler.has_work and self._failure is None else Step([])
         self._hand_off()
         self._publish_activity()
-        if self.scheduler.has_output or not step.items:
+        if self.scheduler.outbox or not step.items:
             self._publish_stats()  # before the events go out: a client that got its answer sees it
         self.scheduler.emit()
         if not step.items:
@@ -330,7 +330,7 @@ class Engine:
             self.runner.launch(step)
         except DecodeError as error:
             if error.code == 2 and self._preemptible and self._arrival.is_set():
-                self.scheduler.rollback(step)  # preempted for a newcomer: redo with it next step
+                self.scheduler.steps.rollback(step)  # preempted for a newcomer: redo with it next step
             else:
                 self._on_decode_error(step, error)
             return
@@ -345,7 +345,7 @@ class Engine:
         try:
             outputs = self.runner.collect(step)
         except Exception as error:
-            self.scheduler.rollback(step)  # its writes, also for rows of requests that ended meanwhile
+            self.scheduler.steps.rollback(step)  # its writes, also for rows of requests that ended meanwhile
             self._step_failed(step, error)
             return
         self.scheduler.update(step, outputs, release=not self.runner.overlaps)
@@ -374,7 +374,7 @@ class Engine:
             return  # nothing was written; retry the same work next step with the caches freed
         if error.code == 2 and self._aborts < 3:
             self._aborts += 1
-            self.scheduler.rollback(step)
+            self.scheduler.steps.rollback(step)
             return  # aborted: retry the step
         log.error("engine %s: %s", self.name, error)
         if error.code <= -2:  # allocation or compute failure inside llama.cpp: the model is broken
@@ -402,7 +402,7 @@ class Engine:
         self._publish_stats()
 
     def _publish_activity(self) -> None:
-        self.activity.publish(self.scheduler.flags())
+        self.activity.publish(self.scheduler.steps.flags(self.scheduler.running))
 
     def _publish_stats(self) -> None:
         """Once a round in a busy stretch: after the step (and before it only when events go out

@@ -57,6 +57,7 @@ class EngineConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     max_queue: int = 64
+    schedule_policy: str = "fcfs"  # SchedulerConfig.schedule_policy
     n_threads: int = field(default_factory=decode_threads)
     n_threads_batch: int = field(default_factory=physical_cores)
     model: ModelParams = field(default_factory=ModelParams)  # the target's load, rope and LoRA
@@ -229,7 +230,7 @@ def build_engine(
                              max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
-                             can_compress=compressor is not None)
+                             can_compress=compressor is not None, schedule_policy=config.schedule_policy)
     host = HostCache(config.host_cache_bytes, config.host_cache_min_tokens) if config.host_cache_bytes else None
     scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog,
                           host=host)

@@ -19,7 +19,7 @@ Pure Python over the requests and the prefix cache, apart from the Scheduler's m
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from .prefix_cache import PrefixCache
 from .prefixes import reusable
@@ -56,11 +56,11 @@ class PrefillSharing:
     def waits(self, request: Request, running: Sequence[Request]) -> bool:
         return self.leader(request, running) is not None
 
-    def first(self, running: Sequence[Request], *queues: deque[Request]) -> tuple[deque[Request], int] | None:
-        """The first queued request, queue by queue, that waits for no other's prefill, as its queue
-        and place there; None if there is none."""
-        for queue in queues:
-            for at, request in enumerate(queue):
-                if not self.waits(request, running):
-                    return queue, at
+    def first(self, running: Sequence[Request],
+              entries: Iterable[tuple[deque[Request], int]]) -> tuple[deque[Request], int] | None:
+        """The first queued request, in admission order (`entries`: RequestQueue.entries), that waits
+        for no other's prefill, as its queue and place there; None if there is none."""
+        for queue, at in entries:
+            if not self.waits(queue[at], running):
+                return queue, at
         return None

@@ -206,16 +206,19 @@ class Request:
     timings: Timings = field(default_factory=Timings)
     pflash: Report | None = None  # compression report for usage.timings.pflash
     compression: CompressionJob | None = None  # the compression job still to run
+    # vLLM's field: under the `priority` admission policy lower values take a slot first (admission.py)
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.prefill_tokens:
             self.prefill_tokens = list(self.prompt_tokens)
 
     @classmethod
-    def planned(cls, tokens: list[int], params: SamplingParams, plan: Plan, sink: Sink = discard) -> Request:
+    def planned(cls, tokens: list[int], params: SamplingParams, plan: Plan, sink: Sink = discard,
+                priority: int = 0) -> Request:
         """A request built with its prompt's compression plan (the HTTP path and the in-process
         one alike), so nothing attaches the job or the report afterwards."""
-        return cls(tokens, params, sink, compression=plan.job, pflash=plan.report)
+        return cls(tokens, params, sink, compression=plan.job, pflash=plan.report, priority=priority)
 
     @property
     def finish_reason(self) -> str | None:
