@@ -122,6 +122,12 @@ KIMI_K2 = TaggedSyntax(
     (literal("<|tool_call_begin|>functions."), f'":" [0-9] {literal("<|tool_call_argument_begin|>")}',
      literal("<|tool_call_end|>")))
 
+# Functionary v3.1 (Llama 3.1): `<function=NAME>{json}</function>`
+FUNCTIONARY_V3_1 = TaggedSyntax(
+    "functionary_v3_1", ("<function=",),
+    Markers((), "<function=", (">",), "</function>"),
+    ("", ""), "", (literal("<function="), literal(">"), literal("</function>")))
+
 # the text a call's header leaves after gpt-oss's harmony reader (chat/harmony.py), which passes a
 # call's message on whole: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`,
 # or ` to=functions.NAME<|channel|>commentary json<|message|>{...}` (the recipient in the role's
@@ -134,13 +140,15 @@ GPT_OSS = TaggedSyntax(
     ("", ""), "", (literal("<|channel|>commentary to=functions."), literal(" <|constrain|>json<|message|>"), ""),
     leading=("to=functions.",), one_call=True)
 
-TAGGED_SYNTAXES = (QWEN3_CODER, GLM45, DEEPSEEK_V3_1, KIMI_K2, GPT_OSS)
+TAGGED_SYNTAXES = (QWEN3_CODER, GLM45, DEEPSEEK_V3_1, KIMI_K2, GPT_OSS, FUNCTIONARY_V3_1)
 
 
 def tagged_syntax_for(template: str) -> TaggedSyntax | None:
     """The tagged family whose markers the template writes, if any."""
     if "<function=" in template and "<parameter=" in template:
         return QWEN3_CODER
+    if "<function=" in template and "</function>" in template:
+        return FUNCTIONARY_V3_1
     if "<arg_key>" in template and "<arg_value>" in template:
         return GLM45
     if "<｜tool▁sep｜>" in template and "```json" not in template:  # DeepSeek R1 writes a fenced block

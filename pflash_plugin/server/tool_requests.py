@@ -11,7 +11,7 @@ from typing import Any
 from .protocol import ChatCompletionRequest, RequestError
 from .schema_bounds import schema_grammar
 from .tagged_grammar import tagged_grammar
-from .tools import CALL_RULE, MISTRAL, Syntax, TaggedSyntax, ToolCallReader, ToolSyntax
+from .tools import CALL_RULE, Syntax, TaggedSyntax, ToolCallReader, ToolSyntax
 
 
 CALLS_RULE = "tool-calls"  # the calls' rule, where text goes before them
@@ -122,7 +122,7 @@ def _json_grammar(syntax: ToolSyntax, functions: list[tuple[str, dict[str, Any]]
         schemas.append({"type": "object", "properties": {"name": {"const": name}, syntax.args_key: parameters},
                         "required": ["name", syntax.args_key]})
     schema: dict[str, Any] = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    if syntax is MISTRAL:
+    if syntax.array:
         schema = {"type": "array", "items": schema, "minItems": 1, **({} if several else {"maxItems": 1})}
     if defs:
         schema = {**schema, "$defs": defs}

@@ -15,6 +15,7 @@ each makes. `--tool_syntax` names one, over the template's markers (SYNTAXES).
 """
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Union
@@ -37,11 +38,12 @@ class ToolSyntax:
     renders_tools: bool  # the chat template describes the tools itself
     between: tuple[str, ...]  # what may stand between the call objects, besides whitespace
     blocks: bool = False  # each call object stands between <tool_call> and </tool_call>
+    array: str = ""  # the calls are one JSON array after this marker (Mistral's, Granite's)
 
     def root_rule(self, parallel: bool) -> str:
         """The forced grammar's root around the call rule."""
-        if self.name == "mistral":  # the calls are one JSON array (its schema bounds the count)
-            return f'root ::= "[TOOL_CALLS]" {CALL_RULE}'
+        if self.array:  # the calls are one JSON array (its schema bounds the count)
+            return f"root ::= {json.dumps(self.array)} {CALL_RULE}"
         if self.name == "llama3":
             more = f' (";" " "? {CALL_RULE})*' if parallel else ""
             return f"root ::= {CALL_RULE}{more}"
@@ -70,12 +72,15 @@ HERMES = ToolSyntax("hermes", "arguments", ("<tool_call>",), (), renders_tools=T
 LLAMA3 = ToolSyntax("llama3", "parameters", (), ("<|python_tag|>", "{"), renders_tools=True,
                     between=("<|python_tag|>", ";"))
 MISTRAL = ToolSyntax("mistral", "arguments", ("[TOOL_CALLS]",), ("[",), renders_tools=True,
-                     between=("[TOOL_CALLS]", "[", "]", ",", ";"))
+                     between=("[TOOL_CALLS]", "[", "]", ",", ";"), array="[TOOL_CALLS]")
+# Granite 3.x: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`
+GRANITE = ToolSyntax("granite", "arguments", ("<|tool_call|>",), (), renders_tools=True,
+                     between=("<|tool_call|>", "[", "]", ","), array="<|tool_call|>")
 GENERIC = ToolSyntax("generic", "arguments", ("<tool_call>",), (), renders_tools=False, between=BLOCK_TOKENS,
                      blocks=True)
 
 Syntax = Union[ToolSyntax, TaggedSyntax]
-SYNTAXES: dict[str, Syntax] = {s.name: s for s in (HERMES, LLAMA3, MISTRAL, GENERIC, *TAGGED_SYNTAXES)}
+SYNTAXES: dict[str, Syntax] = {s.name: s for s in (HERMES, LLAMA3, MISTRAL, GRANITE, GENERIC, *TAGGED_SYNTAXES)}
 TOOL_SYNTAXES = ("auto", *SYNTAXES)  # --tool_syntax's values
 
 # stock's tool-calling chat formats: their own prompt and response code, which this server does not run
@@ -95,6 +100,8 @@ def syntax_for(template: str | None, override: str = "auto") -> Syntax:
         return GENERIC
     if "<tool_call>" in template:
         return HERMES
+    if "<|tool_call|>" in template:
+        return GRANITE
     if "[TOOL_CALLS]" in template:
         return MISTRAL
     if "<|python_tag|>" in template or "<|start_header_id|>" in template:
