@@ -207,6 +207,16 @@ def test_cut_after_keeps_the_text_as_the_template_wrote_it():
     assert continued_text([*ASK_FRUITS[:1], {"role": "assistant", "content": "x", "tool_calls": CHAT_CALL}]) is None
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_template_ends_the_prompt_inside_the_assistant_turn(family):
+    """The prompt is the closed render up to the prefill's end: what the template wrote before it
+    (Qwen3.5's empty think block, gpt-oss's final channel) is kept, its closing marker is not."""
+    model, prompts = _prompts(family)
+    closed = prompts._closing(messages=ASK_FRUITS).prompt
+    text = _spelled(model, prompts.render_chat(ASK_FRUITS).tokens)
+    assert text.endswith(PREFILL) and closed.startswith(text) and len(closed) > len(text)
+
+
 def test_a_final_assistant_message_is_continued_on_every_route():
     """The prompt ends inside the assistant's turn, right after its text; the answer (forced by a
     grammar) is only the continuation, on chat, Responses and Messages."""
