@@ -27,8 +27,8 @@ def main() -> None:
     print(f"prompt tokens {reply.usage.prompt_tokens}, TTFT {timings['ttft_ms']:.0f} ms, "
           f"pflash {timings.get('pflash')}")
 
-    # the demo model is a base model: it continues text (chat works with models that carry a chat
-    # template, e.g. client.chat.completions.create(messages=[...]))
+    # the demo model is a base model: it continues text (for chat, serve the instruct demo model,
+    # --model demo-chat, and call client.chat.completions.create(messages=[...]): README's "Using it")
     stream = client.completions.create(
         model="any", prompt="Three rivers of Europe: the Danube, the", max_tokens=24, temperature=0,
         stream=True, stream_options={"include_usage": True},
