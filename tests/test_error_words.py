@@ -67,6 +67,12 @@ def test_chat_params_are_the_clients_fields(server, body, param, said):
     assert error["param"] == param and said in error["message"], error
 
 
+def test_responses_names_a_tools_schema_as_sent(server):
+    tool = {"type": "function", "name": "w", "parameters": BAD_SCHEMA}
+    error = openai_error(server, "/v1/responses", {"input": "hi", "tools": [tool], "tool_choice": "required"})
+    assert error["param"] == "tools.0.parameters.properties" and "must be an object of schemas" in error["message"]
+
+
 def test_a_schema_of_the_wrong_shape_in_response_format_names_its_keyword(server):
     form = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "items": 3}}}
     error = openai_error(server, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "response_format": form})

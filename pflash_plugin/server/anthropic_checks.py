@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .anthropic_protocol import CountTokensRequest, MessagesRequest
 from .protocol import RequestError
-from .schema_shape import shape_error
+from .schema_shape import first_shape_error
 from .text_limits import TextLimit
 
 TURN_BLOCKS = ("tool_use", "tool_result")
@@ -16,10 +16,9 @@ def check_body(body: CountTokensRequest, limit: TextLimit) -> None:
     _check_turns(body, limit)
     _check_tool_results(body)
     _check_tool_choice(body)
-    for i, tool in enumerate(body.tools or []):
-        wrong = shape_error(tool.input_schema) if tool.input_schema is not None else None
-        if wrong is not None:
-            raise RequestError(400, f"tools.{i}.input_schema{wrong[0]}: {wrong[1]}", param=f"tools.{i}.input_schema")
+    wrong = first_shape_error((f"tools.{i}.input_schema", tool.input_schema) for i, tool in enumerate(body.tools or []))
+    if wrong is not None:
+        raise RequestError(400, f"{wrong[0]}: {wrong[1]}", param=wrong[0])
 
 
 def _check_turns(body: CountTokensRequest, limit: TextLimit) -> None:

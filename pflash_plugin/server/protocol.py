@@ -12,7 +12,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from ..chat.switches import reserved_keys, template_kwargs
 from ..engine.request import SamplingParams
-from .schema_shape import shape_error
+from .schema_shape import first_shape_error
 
 
 class StreamOptions(BaseModel):
@@ -34,6 +34,8 @@ class _Extensions(BaseModel):
     stream_options: Optional[StreamOptions] = None
     typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
     pflash: Optional[PflashOverride] = None
+    priority: int = Field(default=0, description="vLLM's field: under --schedule_policy priority a queued request "
+                          "with a lower value takes a free slot first (ties in arrival order); otherwise ignored.")
 
 
 MAX_N = 128  # choices per request: each one is an engine request
@@ -181,12 +183,12 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
     def _parameters_default_to_none(cls, tools: Optional[List[FunctionTool]]) -> Optional[List[FunctionTool]]:
         """A function without `parameters` as the templates and the forcing grammar read one: an
         object with no properties; one whose parameters are no JSON schema, a 400 naming them."""
-        for i, tool in enumerate(tools or []):
+        for tool in tools or []:
             tool["function"].setdefault("parameters", dict(NO_PARAMETERS))
-            wrong = shape_error(tool["function"]["parameters"])
-            if wrong is not None:
-                where = f"tools.{i}.function.parameters{wrong[0]}"
-                raise RequestError(400, f"{where}: {wrong[1]}", param=where)
+        wrong = first_shape_error((f"tools.{i}.function.parameters", tool["function"]["parameters"])
+                                  for i, tool in enumerate(tools or []))
+        if wrong is not None:
+            raise RequestError(400, f"{wrong[0]}: {wrong[1]}", param=wrong[0])
         return tools
 
     @model_validator(mode="after")

@@ -10,15 +10,26 @@ from starlette.concurrency import run_in_threadpool
 from .bridge import answer
 from .context import ServerContext, get_context
 from .errors import OpenAIRoute
+from .protocol import ChatCompletionRequest, RequestError
 from .responses import ERROR_RESPONSES
 from .responses_presenter import ResponsesPresenter
 from .responses_protocol import ResponsesRequest, chat_request
+from .schema_shape import first_shape_error
 
 router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI Responses"], responses=ERROR_RESPONSES)
 
 
 @router.post("/v1/responses")
 async def create_response(http: Request, body: ResponsesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    chat = await run_in_threadpool(chat_request, body)  # linear in the body, off the event loop
+    chat = await run_in_threadpool(_converted, body)  # linear in the body, off the event loop
     return await answer(http, ctx, chat, lambda generation: ResponsesPresenter(generation, body),
                         {"response_format": "text.format", "max_tokens": "max_output_tokens"})
+
+
+def _converted(body: ResponsesRequest) -> ChatCompletionRequest:
+    """The body as a chat request; its tools' schemas checked first, so that a wrong one is named
+    as the client sent it (`tools.0.parameters.properties`)."""
+    wrong = first_shape_error((f"tools.{i}.parameters", tool.parameters) for i, tool in enumerate(body.tools or []))
+    if wrong is not None:
+        raise RequestError(400, f"{wrong[0]}: {wrong[1]}", param=wrong[0])
+    return chat_request(body)

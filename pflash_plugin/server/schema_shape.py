@@ -3,7 +3,7 @@ converts it: `properties: [1, 2]` is a 400 naming the keyword and where it is, n
 Python error ("'list' object has no attribute 'items'", issue 49)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 # keyword -> what its value must be: "schemas" a map of names to schemas, "schema" a schema
 # (an object, or true/false), "schema list" an array of schemas, "schema or list" either (`items`,
@@ -39,6 +39,16 @@ def shape_error(schema: Any) -> tuple[str, str] | None:
             if not _fits(value, kind):
                 return at, f"must be {_SAID[kind]}, not {type(value).__name__}"
             todo += _children(value, kind, at)
+    return None
+
+
+def first_shape_error(schemas: Iterable[tuple[str, Any]]) -> tuple[str, str] | None:
+    """Of (field, schema) pairs (a schema None: none given), the first wrong one's keyword as a
+    field of the client's body, and why; None when all are of the right shape."""
+    for field, schema in schemas:
+        wrong = shape_error(schema) if schema is not None else None
+        if wrong is not None:
+            return field + wrong[0], wrong[1]
     return None
 
 
