@@ -91,6 +91,13 @@ def test_235k_tool_messages_are_refused_before_they_are_converted(server):
 REFUSING_TEMPLATE = "{{ raise_exception('this template renders nothing') }}"
 
 
+def test_responses_input_items_are_counted_before_they_are_converted(server):
+    items = [{"type": "function_call_output", "call_id": "c", "output": ""} for _ in range(100_000)]
+    reply = httpx.post(server.url + "/v1/responses", timeout=60, **compact({"input": items}))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input", reply.text
+    assert "100,000 input items are over max_ctx" in reply.json()["error"]["message"]
+
+
 def test_a_conversation_too_long_for_max_ctx_is_refused_before_the_template_renders_it():
     """A template that refuses every conversation: what a long one is told is its length, so the
     template never ran (a short one is told what the template said)."""

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from .bridge import answer
 from .context import ServerContext, get_context
 from .errors import OpenAIRoute
+from .models import ServedModel
 from .protocol import ChatCompletionRequest, RequestError
 from .responses import ERROR_RESPONSES
 from .responses_presenter import ResponsesPresenter
@@ -21,14 +22,17 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI Responses"], responses
 
 @router.post("/v1/responses")
 async def create_response(http: Request, body: ResponsesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    chat = await run_in_threadpool(_converted, body)  # linear in the body, off the event loop
+    chat = await run_in_threadpool(_converted, ctx.models.get(body.model), body)  # off the event loop
     return await answer(http, ctx, chat, lambda generation: ResponsesPresenter(generation, body),
                         {"response_format": "text.format", "max_tokens": "max_output_tokens"})
 
 
-def _converted(body: ResponsesRequest) -> ChatCompletionRequest:
-    """The body as a chat request; its tools' schemas checked first, so that a wrong one is named
-    as the client sent it (`tools.0.parameters.properties`)."""
+def _converted(served: ServedModel, body: ResponsesRequest) -> ChatCompletionRequest:
+    """The body as a chat request; checked first, so that a refusal names the field as the client
+    sent it (`tools.0.parameters.properties`) and comes before the conversion: more input items
+    than max_ctx tokens cannot fit (each one takes a token at least)."""
+    if isinstance(body.input, list):
+        served.prompts.limit.check_turns(len(body.input), "input items", "input")
     wrong = first_shape_error((f"tools.{i}.parameters", tool.parameters) for i, tool in enumerate(body.tools or []))
     if wrong is not None:
         raise RequestError(400, f"{wrong[0]}: {wrong[1]}", param=wrong[0])
