@@ -47,7 +47,13 @@ class Guarded:
 
     messages: list[dict[str, Any]]
     tools: Any
-    spelled: dict[str, str] = field(default_factory=dict)
+    spelled: list[str] = field(default_factory=list)  # placeholder i's text
+    nonce: str = ""
+
+    def spelled_out(self, text: str) -> str:
+        """`text` with each placeholder replaced by what it stands for."""
+        found = re.compile(re.escape(_OPEN + self.nonce) + r"(\d+)" + re.escape(_CLOSE))
+        return found.sub(lambda m: self.spelled[int(m.group(1))], text)
 
 
 class ContentText:
@@ -61,16 +67,14 @@ class ContentText:
     def guard(self, messages: list[dict[str, Any]], tools: Any) -> Guarded:
         """The messages and tools (every string in them, keys aside) with their control tokens'
         texts in placeholders of a per-request nonce (a client cannot spell one)."""
-        guarded = Guarded(messages, tools)
+        guarded = Guarded(messages, tools, nonce=secrets.token_hex(4))
         if self._pattern is None:
             return guarded
-        nonce = secrets.token_hex(4)
         pattern = self._pattern
 
         def placeholder(match: re.Match[str]) -> str:
-            key = f"{_OPEN}{nonce}{len(guarded.spelled)}{_CLOSE}"
-            guarded.spelled[key] = match.group(0)
-            return key
+            guarded.spelled.append(match.group(0))
+            return f"{_OPEN}{guarded.nonce}{len(guarded.spelled) - 1}{_CLOSE}"
 
         def walk(value: Any) -> Any:
             if isinstance(value, str):
@@ -92,17 +96,12 @@ class ContentText:
         if not guarded.spelled or self._pattern is None:
             return self.model.tokenize(text, add_special=add_special, parse_special=True)
         tokens = self.model.tokenize("", add_special=True, parse_special=False) if add_special else []
-        placeholders = re.compile("|".join(re.escape(key) for key in guarded.spelled))
-
-        def spelled_out(piece: str) -> list[int]:
-            return self._text(placeholders.sub(lambda m: guarded.spelled[m.group(0)], piece))
-
         cursor = 0
         for match in self._pattern.finditer(text):
-            tokens += spelled_out(text[cursor:match.start()])
+            tokens += self._text(guarded.spelled_out(text[cursor:match.start()]))
             tokens.append(self._tokens[match.group(0)])
             cursor = match.end()
-        return tokens + spelled_out(text[cursor:])
+        return tokens + self._text(guarded.spelled_out(text[cursor:]))
 
     def _text(self, piece: str) -> list[int]:
         """A piece between two control tokens, as llama.cpp tokenizes such a piece of a whole
