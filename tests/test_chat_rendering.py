@@ -113,6 +113,18 @@ def test_real_templates_keep_their_markers_and_the_conversation_is_text(family):
     assert len(_control(model, tokens)) == len(_control(model, plain))
 
 
+def test_markers_in_a_content_the_template_writes_as_ascii_json_are_text():
+    """tojson(ensure_ascii=True) escapes the placeholders' private-use characters: found all the same."""
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | tojson(ensure_ascii=True) }}"
+                "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    model = Model(cached_tiny_llama(chat_template=template), ModelParams(vocab_only=True))
+    prompts = Prompts(model, None, {}, 4096)
+    messages = [{"role": "user", "content": f"Summarize: {CHATML_FORGED} é"}]
+    tokens = prompts.render_chat(messages).tokens
+    assert _spelled(model, tokens) == prompts._formatter(messages=messages).prompt
+    assert len(_control(model, tokens)) == 3  # the template's: <|im_start|>, <|im_end|>, <|im_start|>
+
+
 def test_a_conversation_over_http_counts_the_markers_as_text():
     """count_tokens, usage.prompt_tokens (chat, Responses) agree: the forged markers are text tokens."""
     model, prompts = _prompts("chatml")

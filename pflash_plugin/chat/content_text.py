@@ -52,7 +52,8 @@ class Guarded:
 
     def spelled_out(self, text: str) -> str:
         """`text` with each placeholder replaced by what it stands for."""
-        found = re.compile(re.escape(_OPEN + self.nonce) + r"(\d+)" + re.escape(_CLOSE))
+        # as rendered, or as JSON escapes it where a template asks tojson for ASCII
+        found = re.compile(rf"(?:{_OPEN}|\\ue000){self.nonce}(\d+)(?:{_CLOSE}|\\ue001)")
         return found.sub(lambda m: self.spelled[int(m.group(1))], text)
 
 
