@@ -28,8 +28,8 @@ _MODEL_KEYS = {"model", "model_alias", "chat_format", "chat_template_kwargs", "n
                "tensor_split", "lora_path", "embedding", "verbose", "seed", "use_mmap", "use_mlock",
                "kv_overrides", "rpc_servers", "numa", "type_k", "type_v", "offload_kqv"}
 _CONCURRENCY_KEYS = {"max_concurrency", "max_queue", "kv_pool_tokens", "kv_layout", "max_ctx", "kv_page_size",
-                     "prefill_chunk", "max_step_s", "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch",
-                     "flash_attn"}
+                     "prefill_chunk", "schedule_policy", "max_step_s", "n_ctx", "n_batch", "n_ubatch", "n_threads",
+                     "n_threads_batch", "flash_attn"}
 NO_EFFECT = {
     "interrupt_requests": "requests run together in slots: none interrupts another",
     **ALWAYS_SO,

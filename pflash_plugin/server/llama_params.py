@@ -295,6 +295,7 @@ def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> Engine
         n_batch=s.n_batch,
         n_ubatch=s.n_ubatch,
         max_queue=s.max_queue,
+        schedule_policy=s.schedule_policy,
         n_threads=s.n_threads,
         n_threads_batch=s.n_threads_batch,
         model=target,

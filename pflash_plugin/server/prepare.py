@@ -63,7 +63,7 @@ def _checked_grammar(served: ServedModel, grammar: str | None, param: str) -> st
 
 
 def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingParams, n: int,
-                     ask: PflashOverride | None, facts: PromptFacts) -> list[EngineRequest]:
+                     ask: PflashOverride | None, facts: PromptFacts, priority: int = 0) -> list[EngineRequest]:
     """The n samples of one prompt, sharing its PFlash plan: one compression job for all of them
     (the engine runs it once and hands its result to each), or the report of why there is none."""
     if ask is not None and ask.query:  # before it is tokenized: 7 MB took 3 s and 430 MB (issue 49)
@@ -72,7 +72,7 @@ def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingPar
         plan = served.planner.plan(tokens, ask, facts)
     except PlanError as error:
         raise RequestError(400, str(error), param=error.param) from None
-    return [EngineRequest.planned(tokens, sample, plan) for sample in _samples(params, n)]
+    return [EngineRequest.planned(tokens, sample, plan, priority=priority) for sample in _samples(params, n)]
 
 
 def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
@@ -91,7 +91,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
                                  logprobs=body.logprobs, grammar=grammar, logit_bias=bias)
         for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash,
-                                        PromptFacts(json_format=bool(grammar))):
+                                        PromptFacts(json_format=bool(grammar)), body.priority):
             requests.append(request)
             choices.append(CompletionChoice(len(choices), served.model.piece, echo,
                                             body.logprobs is not None))
@@ -193,7 +193,7 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
     params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
                         json_format=bool(grammar))
-    requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts)
+    requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts, body.priority)
     choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools),
                           _reasoning(served, body, rendered)) for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",

@@ -66,6 +66,8 @@ class ResponsesRequest(BaseModel):
     conversation: Optional[Any] = None
     prompt: Optional[Any] = None
     pflash: Optional[PflashOverride] = None
+    priority: int = Field(default=0, description="As on chat completions (vLLM's field): the admission order "
+                          "under --schedule_policy priority, lower first.")
 
 
 _STATEFUL = {
@@ -191,5 +193,6 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     chat = {"model": body.model, "messages": _messages(body), "max_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
             "response_format": _response_format(body), "pflash": body.pflash, **_tools(body),
-            "reasoning_effort": body.reasoning.effort if body.reasoning else None, "grammar": body.grammar}
+            "reasoning_effort": body.reasoning.effort if body.reasoning else None, "grammar": body.grammar,
+            "priority": body.priority}
     return as_chat(chat)

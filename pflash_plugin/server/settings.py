@@ -48,6 +48,12 @@ class ModelSettings(StockModelSettings):
         default=None, ge=1, description="Per-request limit on prompt + max_tokens (default: n_ctx)."
     )
     max_queue: int = Field(default=64, ge=0, description="Requests waiting beyond the slots; more get 429.")
+    schedule_policy: Literal["fcfs", "priority", "shortest"] = Field(
+        default="fcfs",
+        description="The order queued requests take free slots: fcfs (arrival order), priority (the request's "
+        "priority field, lower first, ties in arrival order), shortest (fewest prompt tokens first; a request is "
+        "passed by at most 16 later ones).",
+    )
     max_step_s: float = Field(
         default=300.0, ge=0.0,
         description="A step (one llama_decode) running longer than this marks the model stalled: /health and new "
