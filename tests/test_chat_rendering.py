@@ -165,6 +165,19 @@ def test_a_template_that_takes_consecutive_turns_renders_them_as_sent():
     assert tokens.count(model.control_tokens()["<|im_start|>"]) == 3  # two user turns and the reply's
 
 
+def test_a_null_content_is_empty_text_only_where_the_template_cannot_take_it():
+    """An assistant's calls with content null (as OpenAI clients send them): gpt-oss's template
+    fails on it and gets empty text; Qwen3.5's takes it and renders it as sent."""
+    call = [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}]
+    sent = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": call},
+            {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}, {"role": "user", "content": "Tomorrow?"}]
+    empty = [sent[0], {**sent[1], "content": ""}, *sent[2:]]
+    for family, rendered in (("gpt-oss", empty), ("qwen3.5", sent)):
+        model, prompts = _prompts(family)
+        tokens = prompts.render_chat(sent).tokens
+        assert _spelled(model, tokens) == prompts._formatter(messages=rendered).prompt
+
+
 TOOL_THEN_TEXT = {  # llama.cpp's test_anthropic_tool_result_with_text
     "messages": [{"role": "user", "content": "What's the weather?"},
                  {"role": "assistant", "content": [{"type": "tool_use", "id": "tool_1", "name": "get_weather",

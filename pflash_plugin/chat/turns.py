@@ -1,7 +1,8 @@
 """Conversations as clients send them, shaped for templates that take less: consecutive messages
 of one role merged into one turn (a tool result then the user's text, two user messages in a row)
-where the template demands alternating turns, and a final assistant message continued (Anthropic's
-prefill, vLLM's continue_final_message) instead of closed.
+where the template demands alternating turns, a missing or null content (an assistant's calls, as
+OpenAI clients send them) as empty text where the template cannot take none, and a final assistant
+message continued (Anthropic's prefill, vLLM's continue_final_message) instead of closed.
 """
 from __future__ import annotations
 
@@ -36,14 +37,19 @@ def _mergeable(first: dict[str, Any], second: dict[str, Any]) -> bool:
             and all(isinstance(m.get("content"), (str, type(None))) for m in (first, second)))
 
 
+def shaped_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages' merged turns, each content text (a missing or null one empty)."""
+    return [m if isinstance(m.get("content"), (str, list)) else {**m, "content": ""} for m in merged_turns(messages)]
+
+
 def render_merging(render: Callable[[list[dict[str, Any]]], T], messages: list[dict[str, Any]]) -> T:
-    """`render(messages)`; where the template refuses them, `render` of their merged turns (only
-    then: a template that takes consecutive turns renders them as sent). The template's first
-    error stands when merging changes nothing or does not help."""
+    """`render(messages)`; where the template refuses them, `render` of their shaped turns (only
+    then: a template that takes consecutive turns, or null contents, renders them as sent). The
+    template's first error stands when shaping changes nothing or does not help."""
     try:
         return render(messages)
     except Exception as error:
-        merged = merged_turns(messages)
+        merged = shaped_turns(messages)
         if merged == messages:
             raise
         try:
