@@ -35,15 +35,16 @@ log = logging.getLogger(__name__)
 
 def exit_now(status: int, why: str) -> None:
     """End the process at once, whatever its threads and connections are doing (logs flushed)."""
-    log.error("%s: exiting now", why)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(status)
+    try:
+        log.error("%s: exiting now", why)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001  a signal can land inside a write (a reentrant flush): exit all the same
+        pass
+    finally:
+        os._exit(status)
 
 
 def exit_by(deadline_s: float) -> threading.Timer:
