@@ -84,3 +84,15 @@ def test_a_quiet_server_still_exits_cleanly_and_soon(server):
     output = log.read()
     assert code in (0, -signal.SIGTERM) and time.monotonic() - started < GRACE_S, (code, output[-2000:])
     assert "Traceback" not in output and "deadline" not in output, output[-2000:]
+
+
+def test_the_deadline_ends_a_process_that_hangs_past_it():
+    """Whatever the shutdown waits for (here a sleep that would last 60 s), the timer the first
+    signal starts ends the process at its deadline, status 1, saying why."""
+    code = ("import logging, time; logging.basicConfig(); from pflash_plugin.server.shutdown import exit_by; "
+            "exit_by(0.3); time.sleep(60)")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 1 and time.monotonic() - started < 10, (done.returncode, done.stderr[-2000:])
+    assert "the shutdown ran past its deadline (0.3 s after the signal): exiting now" in done.stderr
