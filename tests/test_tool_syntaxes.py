@@ -194,16 +194,15 @@ def test_parallel_false_keeps_the_first_call(syntax):
 @pytest.mark.parametrize("syntax", [QWEN3_CODER, DEEPSEEK_V3_1], ids=["pairs", "json"])
 def test_the_scanner_resumes_its_search_near_the_end_whatever_the_length(syntax):
     """O(1) per token: a 200,000-character value is searched for its close marker from a marker's
-    length before the end, never from its start."""
+    length before the end, never from its start, and the text read is not kept (nor copied)."""
     head = {QWEN3_CODER: "<tool_call>\n<function=get_time>\n<parameter=zone>\n",
             DEEPSEEK_V3_1: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \""}[syntax]
     scanner = syntax.scanner(True, None, SCHEMAS)
-    text = head
-    scanner.feed(text)
+    scanner.feed(head)
     for _ in range(20_000):
-        text += "abcdefghi "
-        scanner.feed(text)
-        assert len(text) - max(scanner.seek, scanner.pos) < 32
+        scanner.feed("abcdefghi ")
+        assert len(scanner.text) - max(scanner.seek, scanner.pos) < 32  # searched from near the end
+        assert len(scanner.text) < 5_000  # what was read is dropped
 
 
 def test_the_syntax_is_chosen_from_the_templates_markers_or_the_flag():

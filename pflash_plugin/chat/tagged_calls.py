@@ -3,10 +3,11 @@ bare JSON objects (Qwen3.5/3.6 and Qwen3-Coder's `<function=...>` XML, GLM 4.5's
 DeepSeek V3.1's and Kimi K2's marker-delimited JSON). The families' markers are tool_syntaxes.py.
 
 The scanner reads the captured text once, from where it stopped: each state waits for one marker,
-and a search that finds none resumes a marker's length before the end, so a token costs O(1) (its
-characters, times the markers). Its interface is the JSON scanner's (server/tool_stream.py): `feed`
-with the whole capture so far returns OpenAI tool-call deltas; `calls`, `failed_at` and `text`
-tell the reader what was found. A call's header (index, id, name) goes out once its name is one of
+and a search that finds none resumes a marker's length before the end; once a call was found, the
+text read is dropped (a value's text kept as parts), so a token costs O(1) (its characters, times
+the markers). Its interface is the JSON scanner's (server/tool_stream.py): `feed` with the
+capture's next text returns OpenAI tool-call deltas; `calls` and `failed_at` tell the reader what
+was found, `finish` ends the text. A call's header (index, id, name) goes out once its name is one of
 the tools; pair arguments go out as JSON, a pair at a time (`{"city": "Paris"`, then `, "days": 2`,
 then `}`), as vLLM's Qwen3-Coder parser streams them.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 MAX_NAME = 256  # a function name longer than this is not one (the capture is content after all)
+TRIM = 4096  # read text past this is dropped from the buffer, once a call was found
 
 
 @dataclass(frozen=True)
@@ -103,15 +105,20 @@ class TaggedScanner:
         self.calls: list[TaggedCall] = []
         self.stopped = False
         self.failed_at = -1
+        self.value: list[str] = []  # a pair value's text read so far (all but a possible close marker)
+        self.states: dict[str, Callable[[list[dict]], bool]] = {
+            "top": self._top, "name": self._name, "args_open": self._args_open, "args": self._args, "json": self._json,
+            "pair": self._pair, "key": self._key, "value_open": self._value_open, "value": self._value}
 
     def feed(self, text: str) -> list[dict]:
-        """The deltas that `text`, the whole capture so far, adds."""
-        self.text = text
+        """The deltas that `text`, the capture's next text, adds."""
+        self.text += text
         deltas: list[dict] = []
-        while not self.stopped and self.pos < len(text):
-            step = getattr(self, f"_{self.state}")
-            if not step(deltas):
+        while not self.stopped and self.pos < len(self.text):
+            if not self.states[self.state](deltas):
                 break  # wait for more text
+        if self.calls and self.pos > TRIM:  # drop what is read (before a call, failed_at indexes the capture)
+            self.text, self.seek, self.pos = self.text[self.pos:], max(self.seek - self.pos, 0), 0
         return deltas
 
     def finish(self, reason: str) -> list[dict]:
@@ -278,9 +285,11 @@ class TaggedScanner:
         pairs, call = self.m.pairs, self.call
         assert pairs is not None and call is not None
         found = self._find((pairs.value_close,))
-        if found is None:
+        if found is None:  # what cannot start the close marker is the value's
+            self.value.append(self.text[self.pos:self.seek])
+            self.pos = self.seek
             return False
-        raw = self.text[self.pos:found[0]]
+        raw, self.value = "".join(self.value) + self.text[self.pos:found[0]], []
         if pairs.newlines:
             raw = raw[1:] if raw.startswith("\n") else raw
             raw = raw[:-1] if raw.endswith("\n") else raw

@@ -70,8 +70,9 @@ class CallScanner:
         self.failed_at = -1  # where the text stopped being calls, when it did
 
     def feed(self, text: str) -> list[dict]:
-        """The deltas that `text`, the whole capture so far, adds."""
-        self.text = text
+        """The deltas that `text`, the capture's next text, adds."""
+        self.text += text
+        text = self.text
         deltas: list[dict] = []
         while self.pos < len(text) and not self.stopped:
             if self.stack or self.in_string:

@@ -126,13 +126,14 @@ class ToolCallReader:
         self.scanner: CallScanner | TaggedScanner | None = None  # set while capturing: a marker was seen
         self.started = False  # content other than whitespace was released
         self.deltas: list[dict] = []  # the streamed calls' deltas not yet returned
+        self.fed = 0  # how much of `pending` the scanner has read
 
     def read(self, text: str, finish: str | None, stream: bool) -> tuple[str, list[dict], str | None]:
         """The content of `text` to release now; the tool calls: streamed, the deltas the calls
         written so far add, else the whole calls once finished; the finish reason: "tool_calls"
         when there are complete calls, even at max_tokens (an agent loop looks for it, and the
         text after the calls is ignored), "length" when the last call streamed was cut short."""
-        content = self.feed(text)
+        content = self.feed(text, keep=not stream)
         if finish is not None and self.scanner is not None:
             self.deltas += self.scanner.finish(finish)
         deltas, self.deltas = (self.deltas if stream else []), []
@@ -146,14 +147,24 @@ class ToolCallReader:
                 (content + rest, deltas, finish)
         return content + rest, calls, "tool_calls" if calls else finish
 
-    def feed(self, text: str) -> str:
-        """The content of `text` that is safe to release now."""
-        self.pending += text
+    def feed(self, text: str, keep: bool = True) -> str:
+        """The content of `text` that is safe to release now. `keep` False: once a call was
+        found, its text is the scanner's alone (streamed, the calls went out already; whole, the
+        text is kept: with its only call cut short, it is content)."""
+        if self.scanner is not None and self.scanner.calls:
+            self.pending += text if keep else ""
+            self.deltas += self.scanner.feed(text)
+            return ""
+        self.pending += text  # held until the first call: short, unless the text is content
         out = []
         while True:
             if self.scanner is not None:
-                self.deltas += self.scanner.feed(self.pending)
-                if self.scanner.calls or self.scanner.failed_at < 0:
+                self.deltas += self.scanner.feed(self.pending[self.fed:])
+                self.fed = len(self.pending)
+                if self.scanner.calls:
+                    self.pending = self.pending if keep else ""
+                    break
+                if self.scanner.failed_at < 0:
                     break
                 # not calls: what was held is content, and the text goes on from where it failed
                 at, self.scanner = max(self.scanner.failed_at, 1), None
@@ -186,7 +197,7 @@ class ToolCallReader:
         return out
 
     def _capture(self) -> None:
-        self.scanner = self.syntax.scanner(self.parallel, self.names, self.parameters)
+        self.scanner, self.fed = self.syntax.scanner(self.parallel, self.names, self.parameters), 0
 
     def finish(self, finish: str = "stop") -> tuple[str, list[dict]]:
         """The content still held, and the calls (OpenAI's shape, with their index). At
