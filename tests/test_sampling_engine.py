@@ -152,7 +152,7 @@ def test_the_grammar_pass_over_the_vocabulary_is_split_over_threads_with_the_sam
     model = Model(tiny_model)
     chain = S.SamplerChain(model, SamplerParams(temperature=0.0, grammar=GRAMMAR))
     try:
-        whole = chain._allowed(1)
+        whole, _ = chain._allowed(1)
         calls: list[tuple[str, int]] = []
         apply = C.llama_sampler_apply
 
@@ -162,9 +162,10 @@ def test_the_grammar_pass_over_the_vocabulary_is_split_over_threads_with_the_sam
 
         monkeypatch.setattr(S._GrammarPass, "MIN_PART", 64)
         monkeypatch.setattr(C, "llama_sampler_apply", recorded)
-        split = chain._allowed(4)
+        split, pooled = chain._allowed(4)
     finally:
         chain.close()
     assert whole.sum() > 0 and (split == whole).all()
     assert len(calls) == 4 and sum(size for _, size in calls) == model.n_vocab
     assert all(name.startswith("grammar") for name, _ in calls)
+    assert pooled >= 0.0  # the pool's threads' CPU seconds, counted against the guard (issue 49)
