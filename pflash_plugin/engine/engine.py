@@ -15,14 +15,18 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..llama import DecodeError
-from .request import CompressionJob, ErrorEvent, ErrorKind, Report, Request, RequestStatus
+from .failures import Failures
+from .handoff import shared_jobs
+from .published import Published
+from .request import ErrorKind, Report, Request, RequestStatus
 from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
-from .seams import Activity, CompressionResult, Compressor, Runner
+from .seams import CompressionResult, Compressor, Runner
 from .stats import SchedulerStats
+from .watchdog import Watchdog
 from .step_policy import arrival_order
 
 log = logging.getLogger(__name__)
@@ -83,19 +87,16 @@ class Engine:
         `max_step_s`: a step that has run longer marks the engine stalled (0: never)."""
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
-        self.max_step_s = max_step_s
-        self._step_started: float | None = None  # monotonic start of the busy round running now
-        self.activity = Activity()
+        self.watchdog = Watchdog(max_step_s)
+        self.published = Published(scheduler)
+        self.activity = self.published.activity  # what the compressor is told
+        self.failures = Failures(scheduler, name)
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closing = False  # shutdown() was called: submit refuses
         self._closing_lock = threading.Lock()  # no Submit lands behind the Shutdown message
         self._deadline: float | None = None  # engine thread: draining until then
-        self._failure: str | None = None  # llama.cpp failed: why
-        self._stats: SchedulerStats = scheduler.stats()  # replaced whole, never changed: read without a lock
-        self._stats_live: int | None = None  # live requests when this round's stats were built; None: not yet
         self.steps = 0
-        self._aborts = 0  # consecutive aborted decodes
         # a step that prefills one long prompt alone is preempted when a new request arrives, so
         # the newcomer does not wait for the whole step (the next step caps that prompt's chunk)
         self._preemptible = False
@@ -113,9 +114,9 @@ class Engine:
         the engine cannot serve; the engine thread's answer, judged on its own state, comes in
         the returned future: None once admitted (running or queued), or the AdmissionError (BUSY,
         UNAVAILABLE) it refused them with (the requests also end with that error as their event)."""
-        if self._failure is not None:
-            raise AdmissionError.unavailable(f"the model {self.name} failed: {self._failure}")
-        stalled = self._stalled()
+        if self.failures.reason is not None:
+            raise AdmissionError.unavailable(f"the model {self.name} failed: {self.failures.reason}")
+        stalled = self.watchdog.stalled()
         if stalled:
             raise AdmissionError.unavailable(f"the model {self.name} is stalled: {stalled}")
         self.scheduler.check(*requests)  # reads only fixed limits
@@ -155,9 +156,9 @@ class Engine:
         self.runner.close()
 
     def health(self) -> Health:
-        if self._failure is not None:
-            return Health("failed", self._failure)
-        stalled = self._stalled()
+        if self.failures.reason is not None:
+            return Health("failed", self.failures.reason)
+        stalled = self.watchdog.stalled()
         if stalled:
             return Health("stalled", stalled)
         if not self._thread.is_alive():
@@ -166,32 +167,14 @@ class Engine:
             return Health("draining", SHUTTING_DOWN)
         return Health("ok")
 
-    def _stalled(self) -> str | None:
-        """Why the engine is stalled: a step (one llama_decode and the host work of its round) has run
-        past max_step_s, so the engine is not returning (on two H200s a GPU hang held a step for
-        minutes; a costly stop list or grammar holds it on the host); None if not.
-        /health then answers 503, so that a supervisor restarts the server."""
-        started = self._step_started
-        if not self.max_step_s or started is None:
-            return None
-        running = time.monotonic() - started
-        if running <= self.max_step_s:
-            return None
-        return f"one step has run for {running:.0f} s (max_step_s {self.max_step_s:g}): the engine is not returning"
-
     def stats(self) -> SchedulerStats:
         """The stats the engine thread last published (after each step, and before events go out)."""
-        return self._stats
+        return self.published.stats
 
     def _hand_off(self) -> None:
         """Give the compressor the requests the scheduler handed off: a job that several requests
         share (the n samples of one prompt) runs once, and its result goes to each."""
-        sharing: dict[int, tuple[CompressionJob, list[Request]]] = {}
-        for request in self.scheduler.take_handed():
-            job = request.compression
-            assert self.compressor is not None and job is not None
-            sharing.setdefault(id(job), (job, []))[1].append(request)
-        for job, requests in sharing.values():
+        for job, requests in shared_jobs(self.scheduler.take_handed()):
             assert self.compressor is not None
 
             def deliver(result: CompressionResult, requests: list[Request] = requests) -> None:
@@ -206,44 +189,38 @@ class Engine:
 
     # ---- engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:
+        """Rounds until a shutdown has drained everything; the watchdog times each busy one whole."""
         running = True
         while running:
+            self._arrival.clear()
+            self.watchdog.started = time.monotonic()
             try:
-                running = self._iterate()
+                running = self._round()
             except Exception as error:  # a bug must cost the requests in flight, never the thread
                 log.exception("engine %s: scheduling failed; failing the requests in flight", self.name)
                 for request in self.scheduler.live:
-                    self._fail(request, ErrorKind.FAILED, f"internal scheduler error: {error}")
+                    self.failures.fail(request, ErrorKind.FAILED, f"internal scheduler error: {error}")
                 self._publish_status()
                 self.scheduler.emit()
-
-    def _iterate(self) -> bool:
-        """One round: messages, then one step. False once a shutdown has drained everything. The
-        watchdog times the whole round, not only llama.cpp's decode: the host work around it
-        (admission, sampling, stop strings, events) stalls every client just the same."""
-        self._arrival.clear()
-        self._step_started = time.monotonic()
-        try:
-            return self._round()
-        finally:
-            self._step_started = None
+            finally:
+                self.watchdog.started = None
 
     def _round(self) -> bool:
         """Events go out only after stats that show them: where the runner overlaps, those a step
         queued (ends, failures) wait for the next round, which builds the stats before sending them."""
-        self._stats_live = None
+        self.published.new_round()
         self._drain_inbox()
         if self._deadline is not None and self._drained():
             self.scheduler.emit()
             return False
-        step = self.scheduler.schedule() if self.scheduler.has_work and self._failure is None else Step([])
+        step = self.scheduler.schedule() if self.scheduler.has_work and self.failures.reason is None else Step([])
         self._hand_off()
-        self._publish_activity()
+        self.published.activity_now()
         if self.scheduler.outbox or not step.items:
-            self._publish_stats()  # before the events go out: a client that got its answer sees it
+            self.published.stats_now(self.steps)  # before the events go out: a client that got its answer sees it
         self.scheduler.emit()
         if not step.items:
-            self._step_started = None  # idle: waiting is no stall
+            self.watchdog.started = None  # idle: waiting is no stall
             timeout = 0.5 if self._deadline is None else max(0.0, min(0.5, self._deadline - time.monotonic()))
             self._wake.wait(timeout)
             self._wake.clear()
@@ -281,31 +258,25 @@ class Engine:
             if isinstance(message, Submit):
                 self._admit(message)
             elif isinstance(message, Cancel):
-                self._guarded(message.request, "cancelling", self.scheduler.finish, message.request,
+                _guarded(self.scheduler, message.request, "cancelling", self.scheduler.finish, message.request,
                               RequestStatus.FINISHED_CANCELLED)
             elif isinstance(message, Compressed):
-                self._guarded(message.request, "resuming after compression", self.scheduler.resume,
+                _guarded(self.scheduler, message.request, "resuming after compression", self.scheduler.resume,
                               message.request, message.tokens, message.report)
             elif isinstance(message, ClearCache):
                 self.scheduler.cache.clear()
             elif isinstance(message, Shutdown):
                 self._deadline = min(message.deadline, self._deadline or message.deadline)
 
-    def _guarded(self, request: Request, what: str, fn: Callable[..., None], *args: Any) -> None:
-        """Apply one request's message; an exception fails that request alone."""
-        try:
-            fn(*args)
-        except Exception as error:
-            self.scheduler.fail(request, error, what)
-
     def _admit(self, message: Submit) -> None:
         """Admit or refuse a client's requests together and answer its submit; an exception
         fails these requests alone."""
         refusal: AdmissionError | None
         try:
-            if self._failure is not None or self._deadline is not None:
-                refusal = AdmissionError.unavailable(f"the model {self.name} failed: {self._failure}"
-                                                     if self._failure else SHUTTING_DOWN)
+            failure = self.failures.reason
+            if failure is not None or self._deadline is not None:
+                refusal = AdmissionError.unavailable(f"the model {self.name} failed: {failure}"
+                                                     if failure else SHUTTING_DOWN)
                 self.scheduler.refuse(message.requests, refusal)
             else:
                 refusal = self.scheduler.submit(*message.requests)
@@ -332,21 +303,21 @@ class Engine:
             if error.code == 2 and self._preemptible and self._arrival.is_set():
                 self.scheduler.steps.rollback(step)  # preempted for a newcomer: redo with it next step
             else:
-                self._on_decode_error(step, error)
+                self.failures.decode_error(step, error)
             return
         except Exception as error:  # anything else: fail this step's requests only
-            self._step_failed(step, error)
+            self.failures.step_failed(step, error)
             return
         finally:
             self._preemptible = False
-        self._aborts = 0
+        self.failures.aborts = 0
         if beside:
             self._release_last_step()
         try:
             outputs = self.runner.collect(step)
         except Exception as error:
             self.scheduler.steps.rollback(step)  # its writes, also for rows of requests that ended meanwhile
-            self._step_failed(step, error)
+            self.failures.step_failed(step, error)
             return
         self.scheduler.update(step, outputs, release=not self.runner.overlaps)
 
@@ -354,59 +325,18 @@ class Engine:
         """Where the runner overlaps: the last step's text and events, after the stats (built again
         only where this round's are stale)."""
         self.scheduler.release_text()
-        if self._stats_stale():
-            self._publish_stats()
+        if self.published.stale():
+            self.published.stats_now(self.steps)
         self.scheduler.emit()
 
-    def _stats_stale(self) -> bool:
-        """Whether the stats must be built again: none were this round, or a request has ended since
-        (a stop string in the released text, a client cut off by the events sent). Between the
-        round's build and the decode's window nothing else the stats show changes (the compression
-        progress, which another thread moves, stays as of that build)."""
-        return self._stats_live != len(self.scheduler.live)
-
-    def _step_failed(self, step: Step, error: Exception) -> None:
-        log.exception("engine %s: step failed", self.name)
-        self._fail_step(step, ErrorKind.FAILED, f"the step failed: {type(error).__name__}: {error}")
-
-    def _on_decode_error(self, step: Step, error: DecodeError) -> None:
-        if error.code == 1 and self.scheduler.cache.evict_idle():
-            return  # nothing was written; retry the same work next step with the caches freed
-        if error.code == 2 and self._aborts < 3:
-            self._aborts += 1
-            self.scheduler.steps.rollback(step)
-            return  # aborted: retry the step
-        log.error("engine %s: %s", self.name, error)
-        if error.code <= -2:  # allocation or compute failure inside llama.cpp: the model is broken
-            self._fail_model(str(error))
-        else:
-            self._fail_step(step, ErrorKind.MODEL_FAILED if error.code == 1 else ErrorKind.FAILED, str(error))
-
-    def _fail_step(self, step: Step, kind: ErrorKind, message: str) -> None:
-        for request in {id(i.request): i.request for i in step.items}.values():
-            if request.status.running:
-                self._fail(request, kind, message)
-
-    def _fail_model(self, reason: str) -> None:
-        self._failure = reason
-        for request in self.scheduler.live:
-            self._fail(request, ErrorKind.MODEL_FAILED, f"the model {self.name} failed: {reason}")
-
-    def _fail(self, request: Request, kind: ErrorKind, message: str) -> None:
-        """Fail a request after a step went wrong; its slot's KV is in an unknown state."""
-        error = ErrorEvent(kind, f"request {request.request_id}: {message}")
-        self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, error, forget_kv=True)
-
     def _publish_status(self) -> None:
-        self._publish_activity()
-        self._publish_stats()
+        self.published.activity_now()
+        self.published.stats_now(self.steps)
 
-    def _publish_activity(self) -> None:
-        self.activity.publish(self.scheduler.steps.flags(self.scheduler.running))
 
-    def _publish_stats(self) -> None:
-        """Once a round in a busy stretch: after the step (and before it only when events go out
-        first, or when there is no step); where the runner overlaps, before the step's launch when
-        events go out first, else beside its decode."""
-        self._stats = replace(self.scheduler.stats(), steps=self.steps)
-        self._stats_live = len(self.scheduler.live)
+def _guarded(scheduler: Scheduler, request: Request, what: str, fn: Callable[..., None], *args: Any) -> None:
+    """Apply one request's message; an exception fails that request alone."""
+    try:
+        fn(*args)
+    except Exception as error:
+        scheduler.fail(request, error, what)

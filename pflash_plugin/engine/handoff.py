@@ -8,7 +8,7 @@ from typing import Callable
 
 from .admission import RequestQueue
 from .prefix_cache import PrefixCache, Slot
-from .request import Report, Request, RequestStatus
+from .request import CompressionJob, Report, Request, RequestStatus
 
 
 class CompressionHandoff:
@@ -79,3 +79,13 @@ class CompressionHandoff:
         assert request.compression is not None
         if not any(other.compression is request.compression for other in self.compressing):
             request.compression.cancelled.set()  # no sample waits for it: the worker drops it at its next chunk
+
+
+def shared_jobs(handed: list[Request]) -> list[tuple[CompressionJob, list[Request]]]:
+    """The jobs of the handed-off requests, each with the requests that share it (the n samples of
+    one prompt): it runs once, and its result goes to each."""
+    sharing: dict[int, tuple[CompressionJob, list[Request]]] = {}
+    for request in handed:
+        assert request.compression is not None
+        sharing.setdefault(id(request.compression), (request.compression, []))[1].append(request)
+    return list(sharing.values())

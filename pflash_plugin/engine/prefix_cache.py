@@ -15,11 +15,11 @@ Below both, an optional host-RAM tier (engine/host_cache.py) keeps the cells a s
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from .host_tier import HostTier
 from .kv_pool import PagePool
 from .prefixes import longest_prefix, reusable
 from .request import Request
@@ -27,8 +27,6 @@ from .stats import CacheStats, HostCacheStats
 
 if TYPE_CHECKING:
     from .host_cache import HostCache, Saved
-
-log = logging.getLogger(__name__)
 
 
 class KVOps(Protocol):
@@ -80,6 +78,7 @@ class PrefixCache:
     def __init__(self, kv: KVOps, pools: list[PagePool], clock: Callable[[], float],
                  min_copy_tokens: int = 0, reuse_compressed: bool = False, host: HostCache | None = None) -> None:
         self.kv, self.clock, self.host = kv, clock, host
+        self.tier = HostTier(kv, host) if host is not None else None
         self.reused_tokens = {"in_place": 0, "copied": 0, "restored": 0}  # prefix tokens by where they came from
         self._copying: set[int] = set()  # slots a stream copy reads or writes at the next decode
         self.slots = [Slot(i, pool) for i, pool in enumerate(pools)]
@@ -87,27 +86,14 @@ class PrefixCache:
         self.per_slot = len(self.pools) > 1
         self.min_copy_tokens = min_copy_tokens
         self.reuse_compressed = reuse_compressed
-
-    # ---- sizes -------------------------------------------------------------------------------
-    @property
-    def page_size(self) -> int:
-        return self.pools[0].page_size
-
-    def pages_for(self, n_tokens: int) -> int:
-        return self.pools[0].pages_for(n_tokens)
-
-    @property
-    def slot_capacity(self) -> int:
-        """The most KV tokens one request can hold: its stream's, or the whole pool's."""
-        return self.pools[0].n_pages * self.page_size
+        self.page_size = self.pools[0].page_size
+        self.pages_for = self.pools[0].pages_for
+        self.slot_capacity = self.pools[0].n_pages * self.page_size  # the most KV tokens one request can hold
+        self.n_pages = sum(p.n_pages for p in self.pools)
 
     @property
     def used_pages(self) -> int:
         return sum(p.used_pages for p in self.pools)
-
-    @property
-    def n_pages(self) -> int:
-        return sum(p.n_pages for p in self.pools)
 
     # ---- lookups -----------------------------------------------------------------------------
     def best_prefix(self, tokens: list[int]) -> tuple[Slot | None, int]:
@@ -204,8 +190,9 @@ class PrefixCache:
         victims = sorted((s for s in idle if s is not dst and s is not prefix.slot and s.pages and s.pool is dst.pool),
                          key=lambda s: s.last_used)
         while True:
-            kept = self._reused_pages(dst, prefix)
-            if peak - kept <= dst.pool.free_pages + self._droppable(dst, kept if prefix.in_place else 0):
+            kept = _reused_pages(dst, prefix)
+            droppable = sum(1 for p in dst.pages[kept if prefix.in_place else 0:] if not dst.pool.shared(p))
+            if peak - kept <= dst.pool.free_pages + droppable:
                 self._bind(request, dst, prefix, needed)
                 return True
             if not victims:
@@ -229,26 +216,9 @@ class PrefixCache:
                 best = _Prefix(n, saved=saved)
         return best
 
-    def _reused_pages(self, dst: Slot, prefix: _Prefix) -> int:
-        """Pages `dst` keeps (in place) or shares (from a slot in the same pool) for the prefix; a
-        prefix copied from another stream or restored takes fresh pages.
-
-        Only whole pages are shared; in place, a partial last page is kept unless another slot
-        shares it (then its new tokens get new cells: copy-on-write)."""
-        if not prefix.in_place:
-            return prefix.n // self.page_size if prefix.slot is not None and prefix.slot.pool is dst.pool else 0
-        keep = self.pages_for(prefix.n)
-        if prefix.n % self.page_size and dst.pool.shared(dst.pages[keep - 1]):
-            keep -= 1
-        return keep
-
-    def _droppable(self, slot: Slot, keep_pages: int) -> int:
-        """Pages of `slot` past its first `keep_pages` that would become free when released."""
-        return sum(1 for p in slot.pages[keep_pages:] if not slot.pool.shared(p))
-
     def _bind(self, request: Request, dst: Slot, prefix: _Prefix, needed: int) -> None:
         """Give `dst` to the request with the prefix's tokens in its KV."""
-        kept = self._reused_pages(dst, prefix)
+        kept = _reused_pages(dst, prefix)
         self._save(dst, prefix.n if prefix.in_place else 0)
         if prefix.in_place:
             dst.pool.release(dst.pages[kept:])
@@ -263,8 +233,9 @@ class PrefixCache:
                 self.kv.seq_cp(prefix.slot.index, dst.index, prefix.n)
                 if prefix.slot.pool is not dst.pool:  # llama.cpp copies the stream's data at the next decode
                     self._copying |= {prefix.slot.index, dst.index}
-            elif prefix.saved is not None:
-                prefix = self._restore(dst, prefix.saved, prefix.n)
+            elif prefix.saved is not None and self.tier is not None:
+                restored = self.tier.restore(dst.index, prefix.saved, prefix.n)
+                prefix = prefix if restored else _Prefix(0)
         self.reused_tokens[prefix.kind] += prefix.n
         dst.pages += dst.pool.allocate(needed - len(dst.pages))
         dst.tokens = list(request.prefill_tokens[:prefix.n])
@@ -273,19 +244,6 @@ class PrefixCache:
         dst.request = request
         request.slot = dst.index
         request.cached_tokens = request.n_prefilled = prefix.n
-
-    def _restore(self, dst: Slot, saved: Saved, n: int) -> _Prefix:
-        """Load a saved state into `dst`; where llama.cpp cannot place its cells, the request
-        prefills instead (nothing reused)."""
-        try:
-            self.kv.restore(dst.index, saved.data, n)
-            if self.host is not None:
-                self.host.touch(saved)
-            return _Prefix(n, saved=saved)
-        except Exception as error:
-            log.warning("slot %d: restoring %d saved tokens failed (%s): prefilling them", dst.index, n, error)
-            self.kv.seq_rm(dst.index, 0)
-            return _Prefix(0)
 
     # ---- giving back -------------------------------------------------------------------------
     def release(self, slot: Slot, forget_kv: bool) -> None:
@@ -315,19 +273,9 @@ class PrefixCache:
 
     def _save(self, slot: Slot, keep: int) -> None:
         """Save the slot's cells to the host tier before those past `keep` are dropped (not while a
-        stream copy llama.cpp has not made yet is due to write them). A save is a cache's: when it
-        fails, the cells are dropped unsaved."""
-        host = self.host
-        if (host is None or len(slot.tokens) - keep < host.min_tokens or slot.index in self._copying
-                or not host.worth_saving(slot.tokens)):
-            return
-        try:
-            data = self.kv.save(slot.index, host.capacity_bytes)
-        except Exception as error:
-            log.warning("slot %d: saving %d tokens to host RAM failed: %s", slot.index, len(slot.tokens), error)
-            return
-        if data is not None:
-            host.put(slot.tokens, data)
+        stream copy llama.cpp has not made yet is due to write them)."""
+        if self.tier is not None and slot.index not in self._copying:
+            self.tier.save(slot.index, slot.tokens, keep)
 
     def copying(self, slot: Slot) -> bool:
         """A stream copy that llama.cpp makes at the next decode reads or writes the slot."""
@@ -339,7 +287,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Drop every idle cache and the host tier (a run that must start from scratch)."""
-        for slot in self._idle_caches():
+        for slot in [s for s in self.slots if s.request is None and s.pages]:
             self._drop(slot)
         if self.host is not None:
             self.host.clear()
@@ -347,13 +295,10 @@ class PrefixCache:
     def evict_idle(self) -> int:
         """Free every idle cache (after llama.cpp reported no free cells despite our accounting);
         returns how many slots had one."""
-        idle = self._idle_caches()
+        idle = [s for s in self.slots if s.request is None and s.pages]
         for slot in idle:
             self.evict(slot)
         return len(idle)
-
-    def _idle_caches(self) -> list[Slot]:
-        return [s for s in self.slots if s.request is None and s.pages]
 
     # ---- reporting ---------------------------------------------------------------------------
     def stats(self) -> CacheStats:
@@ -373,3 +318,17 @@ class PrefixCache:
             prefix_reused_tokens=dict(self.reused_tokens),
             host=host,
         )
+
+
+def _reused_pages(dst: Slot, prefix: _Prefix) -> int:
+    """Pages `dst` keeps (in place) or shares (from a slot in the same pool) for the prefix; a
+    prefix copied from another stream or restored takes fresh pages.
+
+    Only whole pages are shared; in place, a partial last page is kept unless another slot
+    shares it (then its new tokens get new cells: copy-on-write)."""
+    if not prefix.in_place:
+        return prefix.n // dst.pool.page_size if prefix.slot is not None and prefix.slot.pool is dst.pool else 0
+    keep = dst.pool.pages_for(prefix.n)
+    if prefix.n % dst.pool.page_size and dst.pool.shared(dst.pages[keep - 1]):
+        keep -= 1
+    return keep

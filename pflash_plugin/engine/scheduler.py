@@ -340,19 +340,24 @@ class Scheduler:
         return [*self.running, *self.prepared, *self.waiting, *self.compressing]
 
     def stats(self) -> SchedulerStats:
-        def state(slot: Slot) -> str:
-            if slot.request is None:
-                return "idle"
-            return "prefill" if slot.request.status is RequestStatus.PREFILLING else "decode"
+        return _stats(self)
 
-        return SchedulerStats(
-            slots=tuple(SlotStats(s.index, state(s), s.request.request_id if s.request else None, len(s.tokens),
-                                  len(s.pages)) for s in self.slots),
-            running=len(self.running),
-            waiting=len(self.queue),
-            compressing=tuple(CompressingStats(r.request_id, len(r.prompt_tokens),
-                                               r.compression.progress if r.compression else 0)
-                              for r in self.compressing),
-            waiting_prepared=len(self.prepared),
-            cache=self.cache.stats(),
-        )
+
+def _stats(sched: Scheduler) -> SchedulerStats:
+    """The scheduler's state as one frozen record (stats.py), for /status and /metrics."""
+    def state(slot: Slot) -> str:
+        if slot.request is None:
+            return "idle"
+        return "prefill" if slot.request.status is RequestStatus.PREFILLING else "decode"
+
+    return SchedulerStats(
+        slots=tuple(SlotStats(s.index, state(s), s.request.request_id if s.request else None, len(s.tokens),
+                              len(s.pages)) for s in sched.slots),
+        running=len(sched.running),
+        waiting=len(sched.queue),
+        compressing=tuple(CompressingStats(r.request_id, len(r.prompt_tokens),
+                                           r.compression.progress if r.compression else 0)
+                          for r in sched.compressing),
+        waiting_prepared=len(sched.prepared),
+        cache=sched.cache.stats(),
+    )
