@@ -60,7 +60,7 @@ class TaggedCall:
     end: int = -1  # past its close marker, once it has closed
     parts: list[str] = field(default_factory=list)  # the arguments' JSON text, as sent
 
-    def arguments(self, text: str = "") -> str:
+    def arguments(self) -> str:
         """The arguments' JSON text (normalized when it parses)."""
         raw = "".join(self.parts)
         try:

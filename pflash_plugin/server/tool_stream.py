@@ -1,8 +1,10 @@
 """The reading of the calls' text, streamed or whole, as OpenAI streams tool calls: a call's index,
 id, type and name once the call is known to be one, then its arguments' JSON text as it arrives.
 
-The scanner reads the calls' text (tools.py captures it from the first marker on) character by
-character, and the same scanner decides the calls of a whole reply, so that both ways agree. The
+The scanner reads the calls' text (tools.py captures it from the first marker on, and hands on each
+next piece) character by character, and the same scanner decides the calls of a whole reply, so
+that both ways agree. Once a call was found, the text nothing refers to any more is dropped (the
+arguments are kept as the fragments sent): a token costs O(1) however long the calls. The
 text is a run of JSON call objects and the syntax's tokens between them (`<tool_call>` tags,
 `[TOOL_CALLS]`, an array's brackets, `;`). An object is a call once its `name` is one of the tools
 (any string when the tools are not known) and its arguments (`arguments` or `parameters`) have
@@ -14,10 +16,11 @@ it, the rest is ignored.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 ARGS_KEYS = ("arguments", "parameters")
+TRIM = 4096  # read text past this is dropped from the buffer, once a call was found
 
 
 @dataclass
@@ -36,13 +39,11 @@ class Call:
     index: int = -1  # set once the header is sent
     id: str = ""
     sent: int = 0  # characters of the arguments sent
+    parts: list[str] = field(default_factory=list)  # the arguments' text, as sent
 
-    def arguments(self, text: str) -> str:
+    def arguments(self) -> str:
         """The arguments' JSON text as far as written (normalized when it parses)."""
-        if self.args_text is not None:
-            raw = self.args_text
-        else:
-            raw = text[self.args_start:self.args_end if self.args_end >= 0 else len(text)]
+        raw = "".join(self.parts)
         try:
             return json.dumps(json.loads(raw), ensure_ascii=False)
         except ValueError:
@@ -57,7 +58,8 @@ class CallScanner:
         """`tokens`: what may stand between the objects (besides whitespace); `blocks`: objects only
         between `<tool_call>` and `</tool_call>`; `names`: the tools' (None: any name)."""
         self.tokens, self.blocks, self.call_id, self.parallel, self.names = tokens, blocks, call_id, parallel, names
-        self.text = ""
+        self.text = ""  # the capture from `base` on (positions count from the capture's start)
+        self.base = 0
         self.pos = 0
         self.stack: list[str] = []  # the open braces and brackets of the current object
         self.in_string = self.escape = False
@@ -72,11 +74,10 @@ class CallScanner:
     def feed(self, text: str) -> list[dict]:
         """The deltas that `text`, the capture's next text, adds."""
         self.text += text
-        text = self.text
         deltas: list[dict] = []
-        while self.pos < len(text) and not self.stopped:
+        while self.pos < self._end and not self.stopped:
             if self.stack or self.in_string:
-                self._step(text[self.pos], self.pos, deltas)
+                self._step(self.text[self.pos - self.base], self.pos, deltas)
                 self.pos += 1
                 continue
             taken = self._top()
@@ -85,7 +86,27 @@ class CallScanner:
             self.pos += taken
         if self.call is not None and not self.stopped:
             deltas += self._arguments(self.call)
+        self._trim()
         return deltas
+
+    @property
+    def _end(self) -> int:
+        return self.base + len(self.text)
+
+    def _slice(self, start: int, end: int) -> str:
+        return self.text[start - self.base:end - self.base]
+
+    def _trim(self) -> None:
+        """Drops the text read that nothing refers to, once a call was found (before, `failed_at`
+        indexes the capture): a token costs O(1) however long the calls."""
+        call = self.call
+        keep = [self.pos, *([self.string_start] if self.in_string and len(self.stack) == 1 else []),
+                *([self.last_string[0]] if self.last_string else []),
+                *([call.args_start + (call.sent if call.args_kind == "object" else 0)]
+                  if call is not None and call.args_start >= 0 and call.args_end < 0 else [])]
+        cut = min(keep) - self.base
+        if self.calls and cut > TRIM:
+            self.text, self.base = self.text[cut:], self.base + cut
 
     def finish(self, reason: str) -> list[dict]:
         """At the text's end: nothing is held back (a call ends at its closing brace)."""
@@ -96,24 +117,24 @@ class CallScanner:
 
     def _top(self) -> int:
         """Reads the text between objects at `pos`: how much it takes (0: wait for more)."""
-        text, pos = self.text, self.pos
+        text, pos = self.text, self.pos - self.base
         c = text[pos]
         if c.isspace():
             return 1
         if c == "{":
             if self.blocks and not self.in_block:
-                self._fail(pos)
+                self._fail(self.pos)
             elif self.calls and not self.parallel:
                 self.stopped = True  # the first call is all that is kept
             else:
-                self.call, self.stack = Call(pos), ["{"]
+                self.call, self.stack = Call(self.pos), ["{"]
             return 1
         left = len(text) - pos
         if any(left < len(t) and t.startswith(text[pos:]) for t in self.tokens):
             return 0
         token = max((t for t in self.tokens if text.startswith(t, pos)), key=len, default=None)
         if token is None:
-            self._fail(pos)
+            self._fail(self.pos)
             return 1
         self.in_block = {"<tool_call>": True, "</tool_call>": False}.get(token, self.in_block)
         return len(token)
@@ -173,7 +194,7 @@ class CallScanner:
     def _value_ends(self, call: Call, i: int) -> None:
         """At a `,` or the closing brace of the call object: a `null` arguments value ends."""
         if call.args_kind == "null" and call.args_text is None and call.value_of in ARGS_KEYS:
-            if self.text[call.args_start:i].strip() == "null":
+            if self._slice(call.args_start, i).strip() == "null":
                 call.args_text = "{}"
             else:
                 self._fail(i)
@@ -222,7 +243,7 @@ class CallScanner:
 
     def _decoded(self, start: int, end: int) -> str | None:
         try:
-            value = json.loads(self.text[start:end])
+            value = json.loads(self._slice(start, end))
         except ValueError:
             return None
         return value if isinstance(value, str) else None
@@ -235,7 +256,10 @@ class CallScanner:
             fragment = "" if call.sent else call.args_text
             call.sent = 1
         else:
-            end = call.args_end if call.args_end >= 0 else len(self.text)
-            fragment = self.text[call.args_start + call.sent:end]
+            end = call.args_end if call.args_end >= 0 else self._end
+            fragment = self._slice(call.args_start + call.sent, end)
             call.sent = end - call.args_start
-        return [{"index": call.index, "function": {"arguments": fragment}}] if fragment else []
+        if not fragment:
+            return []
+        call.parts.append(fragment)
+        return [{"index": call.index, "function": {"arguments": fragment}}]

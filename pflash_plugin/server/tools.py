@@ -210,4 +210,4 @@ class ToolCallReader:
             return text, []
         assert self.scanner is not None
         return "", [{"index": c.index, "id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": c.arguments(self.scanner.text)}} for c in calls]
+                     "function": {"name": c.name, "arguments": c.arguments()}} for c in calls]
