@@ -29,6 +29,7 @@ class Fcfs:
     """First come first served, within ranks (here all 0)."""
 
     name = "fcfs"
+    ranked = False  # every request has rank 0: each tier's order is the whole order
 
     def rank(self, request: Request) -> int:
         """Lower ranks go first, across both tiers."""
@@ -36,7 +37,10 @@ class Fcfs:
 
     def add(self, queue: deque[Request], request: Request) -> None:
         """Queue a new arrival: behind every request of its rank or a lower one."""
-        queue.insert(self._first(queue, lambda other: self.rank(other) > self.rank(request)), request)
+        if not queue or self.rank(queue[-1]) <= self.rank(request):
+            queue.append(request)  # O(1) where it goes last (always, but for a more urgent rank)
+        else:
+            queue.insert(self._first(queue, lambda other: self.rank(other) > self.rank(request)), request)
 
     def requeue(self, queue: deque[Request], request: Request) -> None:
         """Queue again a request that lent its slot: within its rank, ahead of the first request that
@@ -58,6 +62,7 @@ class Priority(Fcfs):
     """vLLM's priority scheduling: lower `Request.priority` first, ties first come first served."""
 
     name = "priority"
+    ranked = True
 
     def rank(self, request: Request) -> int:
         return request.priority
@@ -122,6 +127,10 @@ class RequestQueue:
     def entries(self) -> Iterator[tuple[deque[Request], int]]:
         """Every queued request as its queue and place there, in the order admission offers slots:
         by rank, then prepared ahead of waiting, then each tier's order."""
+        if not self.policy.ranked:  # no sort: admission asks this at every step
+            for queue in (self.prepared, self.waiting):
+                yield from ((queue, at) for at in range(len(queue)))
+            return
         rank = self.policy.rank
         tiers = [(rank(r), tier, at, queue) for tier, queue in enumerate((self.prepared, self.waiting))
                  for at, r in enumerate(queue)]

@@ -37,6 +37,8 @@ class SlotLending:
         prompts that could give their slot back at no loss (nothing prefilled into it, through a
         step); `waits`: a queued request that waits for another's prefill takes no slot."""
         lenders = [r for r in idle if r.request_id not in self._lent]
+        if not lenders:
+            return None
         most_left = max((r.prefill_left for r in lenders), default=0)
         for queue, at in queued:
             borrower = queue[at]

@@ -183,8 +183,8 @@ class Scheduler:
             idle = [r for r in self.running if r.status is RequestStatus.PREFILLING
                     and r.n_prefilled == r.cached_tokens and self.text.starved(r)
                     and not self.cache.copying(self.slots[r.held_slot])] if self.cache.per_slot else []
-            loan = self.lending.loan(idle, self.queue.entries(), lambda r: self.sharing.waits(r, self.running))
-            if loan is None:
+            loan = idle and self.lending.loan(idle, self.queue.entries(), lambda r: self.sharing.waits(r, self.running))
+            if not loan:
                 return
             queue, at, lender = loan
             borrower = self.queue.take(queue, at)
