@@ -19,6 +19,7 @@ the borrower's. `SCHEDULE_POLICIES` names them (the server's `--schedule_policy`
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from typing import Callable, Iterator, Sequence
 
@@ -127,15 +128,15 @@ class RequestQueue:
     def entries(self) -> Iterator[tuple[deque[Request], int]]:
         """Every queued request as its queue and place there, in the order admission offers slots:
         by rank, then prepared ahead of waiting, then each tier's order."""
-        if not self.policy.ranked:  # no sort: admission asks this at every step
-            for queue in (self.prepared, self.waiting):
-                yield from ((queue, at) for at in range(len(queue)))
+        tiers = [_places(self.prepared), _places(self.waiting)]
+        if not self.policy.ranked:  # admission asks this at every step
+            for tier in tiers:
+                yield from tier
             return
+        # each tier is kept in rank order: merged lazily (ties: the earlier tier first), admission
+        # mostly takes the first
         rank = self.policy.rank
-        tiers = [(rank(r), tier, at, queue) for tier, queue in enumerate((self.prepared, self.waiting))
-                 for at, r in enumerate(queue)]
-        for _, _, at, queue in sorted(tiers, key=lambda e: e[:3]):
-            yield queue, at
+        yield from heapq.merge(*tiers, key=lambda entry: rank(entry[0][entry[1]]))
 
     def take(self, queue: deque[Request], at: int) -> Request:
         """Remove the request at `at` of `queue` (one `entries` gave) to start it."""
@@ -143,3 +144,7 @@ class RequestQueue:
         del queue[at]
         self.policy.forget(request)
         return request
+
+
+def _places(queue: deque[Request]) -> Iterator[tuple[deque[Request], int]]:
+    return ((queue, at) for at in range(len(queue)))
