@@ -204,7 +204,7 @@ def test_a_fuzz_over_schema_keywords_with_huge_bounds_stays_bounded():
 def test_tool_parameters_are_bounded_too():
     from pflash_plugin.server.protocol import ChatCompletionRequest
     from pflash_plugin.server.tool_requests import ToolRequest
-    from pflash_plugin.server.tools import GENERIC
+    from pflash_plugin.chat.tool_calls import GENERIC
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"xs": ISSUE_SCHEMA}, "required": ["xs"]}}}

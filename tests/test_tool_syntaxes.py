@@ -25,7 +25,7 @@ from pflash_plugin.chat.tool_syntaxes import (
 )
 from pflash_plugin.server.settings import ModelSettings
 from pflash_plugin.server.tool_requests import ToolRequest
-from pflash_plugin.server.tools import GENERIC, GRANITE, HERMES, SYNTAXES, TOOL_SYNTAXES, ToolCallReader, syntax_for
+from pflash_plugin.chat.tool_calls import GENERIC, GRANITE, HERMES, SYNTAXES, TOOL_SYNTAXES, ToolCallReader, syntax_for
 from pflash_plugin.testing import cached_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"

@@ -5,7 +5,7 @@ DeepSeek V3.1's and Kimi K2's marker-delimited JSON). The families' markers are 
 The scanner reads the captured text once, from where it stopped: each state waits for one marker,
 and a search that finds none resumes a marker's length before the end; once a call was found, the
 text read is dropped (a value's text kept as parts), so a token costs O(1) (its characters, times
-the markers). Its interface is the JSON scanner's (server/tool_stream.py): `feed` with the
+the markers). Its interface is the JSON scanner's (json_calls.py): `feed` with the
 capture's next text returns OpenAI tool-call deltas; `calls` and `failed_at` tell the reader what
 was found, `finish` ends the text. A call's header (index, id, name) goes out once its name is one of
 the tools; pair arguments go out as JSON, a pair at a time (`{"city": "Paris"`, then `, "days": 2`,

@@ -14,6 +14,7 @@ from llama_cpp import llama_grammar
 
 from ..chat.reasoning import Reader, for_template, opens_in_prompt, reader_for, requested_tags
 from ..chat.switches import THINKING_DEFAULT
+from ..chat.tool_calls import GENERIC, ToolCallReader
 from ..engine.request import Request as EngineRequest
 from ..engine.request import SamplingParams
 from ..llama import GrammarError, check_grammar
@@ -34,7 +35,6 @@ from .protocol import (
 from .responses import ChatChoice, CompletionChoice, new_id
 from .schema_bounds import schema_grammar
 from .tool_requests import ToolRequest, plain_history
-from .tools import GENERIC, ToolCallReader
 
 
 def _samples(params: SamplingParams, n: int) -> list[SamplingParams]:

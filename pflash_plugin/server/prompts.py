@@ -10,11 +10,11 @@ from typing import Any
 from llama_cpp import llama_chat_format
 
 from ..chat.content_text import ContentText
+from ..chat.tool_calls import REFUSED_CHAT_FORMATS, syntax_for
 from ..chat.turns import continued_text, cut_after, render_merging
 from ..llama import Model
 from .protocol import RequestError
 from .text_limits import TextLimit
-from .tools import REFUSED_CHAT_FORMATS, syntax_for
 
 log = logging.getLogger(__name__)
 

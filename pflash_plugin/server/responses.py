@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ..chat.deltas import CallDelta, Delta, ReasoningDelta, TextDelta, call_deltas, merged
 from ..chat.reasoning import Reader
+from ..chat.tool_calls import ToolCallReader
 from ..engine.request import TokenOutput
-from .tools import ToolCallReader
 
 Piece = Callable[[int], bytes]
 

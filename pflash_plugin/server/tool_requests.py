@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat.tool_calls import CALL_RULE, Syntax, TaggedSyntax, ToolCallReader, ToolSyntax
 from .protocol import ChatCompletionRequest, RequestError
 from .schema_bounds import schema_grammar
 from .tagged_grammar import tagged_grammar
-from .tools import CALL_RULE, Syntax, TaggedSyntax, ToolCallReader, ToolSyntax
 
 
 CALLS_RULE = "tool-calls"  # the calls' rule, where text goes before them

@@ -1,6 +1,6 @@
 """Chat templates of the tool-calling model families, cut to what a tiny test model needs: each
 renders the tools, earlier tool calls and tool results as its family does, with the markers by
-which the server picks its tool-call syntax (server/tools.py)."""
+which the server picks its tool-call syntax (pflash_plugin/chat/tool_calls.py)."""
 
 # Hermes 2 Pro / Qwen 2.5: tools listed in <tools>, calls in <tool_call> tags, results from "tool"
 HERMES_TEMPLATE = (

@@ -1,6 +1,6 @@
 """Tool calls as models write them: the syntax a model family uses (chosen from its chat template),
 and the reader that turns a choice's text into content and OpenAI `tool_calls`, streamed or whole.
-What a request asks for (tool_choice, the forcing grammar) is tool_requests.py.
+What a request asks for (tool_choice, the forcing grammar) is server/tool_requests.py.
 
 Syntaxes (llama-server's names): `hermes` (Hermes, Qwen 2/2.5/3: `<tool_call>{json}</tool_call>`),
 `llama3` (Llama 3.x: `{"name": ..., "parameters": ...}`, maybe after `<|python_tag|>`), `mistral`
@@ -10,7 +10,7 @@ the tools in the system prompt and asks for the hermes syntax. Control tokens su
 take a call without them where the syntax puts the call first.
 
 The families that write calls in tags (Qwen3-Coder/Qwen3.5 XML, GLM 4.5, DeepSeek V3.1, Kimi K2)
-are pflash_plugin/chat/tool_syntaxes.py: the reader takes either kind (`Syntax`), by the scanner
+are tool_syntaxes.py: the reader takes either kind (`Syntax`), by the scanner
 each makes. `--tool_syntax` names one, over the template's markers (SYNTAXES).
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Union
 
-from ..chat.tagged_calls import TaggedScanner
-from ..chat.tool_syntaxes import TAGGED_SYNTAXES, TaggedSyntax, tagged_syntax_for
-from .tool_stream import CallScanner
+from .json_calls import CallScanner
+from .tagged_calls import TaggedScanner
+from .tool_syntaxes import TAGGED_SYNTAXES, TaggedSyntax, tagged_syntax_for
 
 CALL_RULE = "tool-call"  # the call object's rule in the forced grammar (the schema's root, renamed)
 
@@ -111,7 +111,7 @@ def syntax_for(template: str | None, override: str = "auto") -> Syntax:
 
 class ToolCallReader:
     """Splits one choice's text into content, released as it streams, and the tool calls that
-    follow it. From a marker on, the text is read by a CallScanner (tool_stream.py), the same way
+    follow it. From a marker on, the text is read by a CallScanner (json_calls.py), the same way
     streamed or whole: once it cannot be calls before a call was found, what was held is content
     after all and the text goes on as content; after the calls, the rest is ignored."""
 

@@ -1,7 +1,7 @@
 """The reading of the calls' text, streamed or whole, as OpenAI streams tool calls: a call's index,
 id, type and name once the call is known to be one, then its arguments' JSON text as it arrives.
 
-The scanner reads the calls' text (tools.py captures it from the first marker on, and hands on each
+The scanner reads the calls' text (tool_calls.py captures it from the first marker on, and hands on each
 next piece) character by character, and the same scanner decides the calls of a whole reply, so
 that both ways agree. Once a call was found, the text nothing refers to any more is dropped (the
 arguments are kept as the fragments sent): a token costs O(1) however long the calls. The
