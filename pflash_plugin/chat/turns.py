@@ -42,20 +42,37 @@ def shaped_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m if isinstance(m.get("content"), (str, list)) else {**m, "content": ""} for m in merged_turns(messages)]
 
 
+def folded_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The system prompt as the first user turn's opening paragraph, for a template with no system
+    role (Gemma 2's refuses one; llama.cpp's `supports_system_role` workaround does the same)."""
+    if not messages or messages[0].get("role") != "system" or not isinstance(messages[0].get("content"), str):
+        return messages
+    system, rest = messages[0]["content"], messages[1:]
+    at = next((i for i, m in enumerate(rest) if m.get("role") == "user" and isinstance(m.get("content"), str)), None)
+    if at is None:
+        return [{"role": "user", "content": system}, *rest]
+    first = rest[at]
+    return [*rest[:at], {**first, "content": f"{system}\n\n{first['content']}".strip()}, *rest[at + 1:]]
+
+
 def render_merging(render: Callable[[list[dict[str, Any]]], T], messages: list[dict[str, Any]]) -> T:
-    """`render(messages)`; where the template refuses them, `render` of their shaped turns (only
-    then: a template that takes consecutive turns, or null contents, renders them as sent). The
-    template's first error stands when shaping changes nothing or does not help."""
+    """`render(messages)`; where the template refuses them, `render` of their shaped turns, then of
+    those with the system prompt folded into the first user turn (only then: a template that takes
+    consecutive turns, null contents or a system role renders them as sent). The template's first
+    error stands when shaping changes nothing or does not help."""
     try:
         return render(messages)
     except Exception as error:
-        merged = shaped_turns(messages)
-        if merged == messages:
-            raise
+        first = error
+    shaped = shaped_turns(messages)
+    for attempt in (shaped, folded_system(shaped)):
+        if attempt == messages:
+            continue
         try:
-            return render(merged)
+            return render(attempt)
         except Exception:
-            raise error from None
+            continue
+    raise first
 
 
 def continued_text(messages: list[dict[str, Any]]) -> str | None:

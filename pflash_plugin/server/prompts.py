@@ -10,6 +10,7 @@ from typing import Any
 from llama_cpp import llama_chat_format
 
 from ..chat.content_text import ContentText
+from ..chat.template import ChatTemplate
 from ..chat.tool_calls import REFUSED_CHAT_FORMATS, syntax_for
 from ..chat.turns import continued_text, cut_after, render_merging
 from ..llama import Model
@@ -32,11 +33,7 @@ def chat_formatter(model: Model, chat_format: str | None) -> Any:
     ValueError (at start) for an unknown name. A GGUF without a template gets `fallback_formatter`."""
     template = model.chat_template()
     if chat_format is None and template:
-        return llama_chat_format.Jinja2ChatFormatter(
-            template=template,
-            eos_token=model.token_text(model.eos),
-            bos_token=model.token_text(model.bos),
-        )
+        return ChatTemplate(template, eos_token=model.token_text(model.eos), bos_token=model.token_text(model.bos))
     return named_formatter(chat_format) if chat_format else fallback_formatter(model)
 
 
@@ -64,7 +61,7 @@ def fallback_formatter(model: Model) -> Any:
     if model.architecture.startswith("gemma"):
         log.warning("the GGUF (%s) has no chat template: chat messages are rendered with Gemma 3's "
                     "(--chat_format names another format)", model.architecture)
-        return llama_chat_format.Jinja2ChatFormatter(template=GEMMA_TEMPLATE, eos_token="<eos>", bos_token="<bos>")
+        return ChatTemplate(GEMMA_TEMPLATE, eos_token="<eos>", bos_token="<bos>")
     log.warning("the GGUF (%s) has no chat template: chat messages are rendered in llama_cpp's 'llama-2' format "
                 "(--chat_format names another)", model.architecture)
     return named_formatter("llama-2")
@@ -98,6 +95,18 @@ class Prompts:
         # the tool-call syntax the template teaches (a named chat_format renders no tools)
         self.tool_syntax = syntax_for(model.chat_template() if chat_format is None else None, tool_syntax)
         model.render_tokens(self.tool_syntax.markers)  # its markers reach the reader, control tokens too
+        self._check_plain_conversation()
+
+    def _check_plain_conversation(self) -> None:
+        """Refuse at start (ValueError, one line) a template that cannot render a system prompt and
+        a user turn, shaped as render_chat shapes them: every chat request would be a 400 (the
+        tool-use variants a GGUF carries beside its default template need tools)."""
+        try:
+            self.render_chat([{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}])
+        except RequestError as error:
+            reason = " ".join(error.message.split())
+            raise ValueError(f"the chat template cannot render a plain conversation (system + user): {reason}; "
+                             "--chat_format names another format") from None
 
     def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None,
                     template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
