@@ -25,7 +25,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from llama_cpp import llama_chat_format
 
 _NEEDLE = "argument_needle_81"  # the probe's argument value
-_PROBE_TOOL = {"type": "function", "function": {"name": "tool1", "description": "Tool 1",
+_PROBE_TOOL: Any = {"type": "function", "function": {"name": "tool1", "description": "Tool 1",
                                                 "parameters": {"type": "object", "properties": {
                                                     "arg": {"type": "string", "description": "Arg"}},
                                                     "required": ["arg"]}}}
@@ -57,8 +57,9 @@ class ChatTemplate(llama_chat_format.Jinja2ChatFormatter):
         self.object_arguments = self._wants_object_arguments()
         self.short_ids = self._wants_short_ids()
 
-    def __call__(self, *, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-        return super().__call__(messages=self.history(messages), **kwargs)
+    def __call__(self, *, messages: Any, **kwargs: Any) -> Any:
+        history: Any = self.history(messages)
+        return super().__call__(messages=history, **kwargs)
 
     def history(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages with their calls' arguments and ids as this template takes them."""
@@ -69,7 +70,8 @@ class ChatTemplate(llama_chat_format.Jinja2ChatFormatter):
     def _try(self, arguments: Any, call_id: str) -> str | None:
         """The probe call rendered, ending at its result or at a user turn after it (templates
         differ in which they take); None where the template takes neither."""
-        for messages in _probes(arguments, call_id):
+        probes: Any = _probes(arguments, call_id)
+        for messages in probes:
             try:
                 return str(super().__call__(messages=messages, tools=[_PROBE_TOOL]).prompt)
             except (jinja2.TemplateError, ValueError, TypeError, KeyError, AttributeError, IndexError):
@@ -94,7 +96,8 @@ class ChatTemplate(llama_chat_format.Jinja2ChatFormatter):
 
 def _probes(arguments: Any, call_id: str) -> list[list[dict[str, Any]]]:
     call = {"id": call_id, "type": "function", "function": {"name": "tool1", "arguments": arguments}}
-    turns = [{"role": "user", "content": "User message"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+    turns: list[dict[str, Any]] = [{"role": "user", "content": "User message"},
+                                   {"role": "assistant", "content": "", "tool_calls": [call]},
              {"role": "tool", "tool_call_id": call_id, "content": "Tool response"}]
     return [turns, [*turns, {"role": "user", "content": "User message 2"}]]
 
