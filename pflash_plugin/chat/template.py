@@ -98,7 +98,7 @@ def _probes(arguments: Any, call_id: str) -> list[list[dict[str, Any]]]:
     call = {"id": call_id, "type": "function", "function": {"name": "tool1", "arguments": arguments}}
     turns: list[dict[str, Any]] = [{"role": "user", "content": "User message"},
                                    {"role": "assistant", "content": "", "tool_calls": [call]},
-             {"role": "tool", "tool_call_id": call_id, "content": "Tool response"}]
+                                   {"role": "tool", "tool_call_id": call_id, "content": "Tool response"}]
     return [turns, [*turns, {"role": "user", "content": "User message 2"}]]
 
 
