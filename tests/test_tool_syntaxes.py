@@ -25,7 +25,16 @@ from pflash_plugin.chat.tool_syntaxes import (
 )
 from pflash_plugin.server.settings import ModelSettings
 from pflash_plugin.server.tool_requests import ToolRequest
-from pflash_plugin.chat.tool_calls import GENERIC, GRANITE, HERMES, SYNTAXES, TOOL_SYNTAXES, ToolCallReader, syntax_for
+from pflash_plugin.chat.tool_calls import (
+    COMMAND_R7B,
+    GENERIC,
+    GRANITE,
+    HERMES,
+    SYNTAXES,
+    TOOL_SYNTAXES,
+    ToolCallReader,
+    syntax_for,
+)
 from pflash_plugin.testing import cached_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -38,6 +47,7 @@ FAMILIES = {  # alias: (template file, the syntax its markers choose)
     "gpt_oss": ("openai-gpt-oss-120b.jinja", GPT_OSS),
     "functionary_v3_1": ("meetkai-functionary-medium-v3.1.jinja", FUNCTIONARY_V3_1),
     "granite": ("ibm-granite-granite-3.3-2B-Instruct.jinja", GRANITE),
+    "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", COMMAND_R7B),
 }
 # control tokens in gpt-oss's vocabulary (the test model adds them as such; the server renders them)
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
@@ -77,6 +87,9 @@ WRITTEN = {
                       "</function>\n<function=get_time>{\"zone\": \"UTC\"}</function>",
     GRANITE: "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2, "
              "\"note\": \"a \\\"b\\\"\\nc\"}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]",
+    COMMAND_R7B: "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": "
+                 "{\"city\": \"Paris\", \"days\": 2, \"note\": \"a \\\"b\\\"\\nc\"}},\n    {\"tool_call_id\": \"1\", "
+                 "\"tool_name\": \"get_time\", \"parameters\": {\"zone\": \"UTC\"}}\n]<|END_ACTION|>",
 }
 ONE_CALL = {s for s in WRITTEN if getattr(s, "one_call", False)}
 EXPECTED = {syntax: CALLS[:1] if syntax in ONE_CALL else CALLS for syntax in WRITTEN}
@@ -89,6 +102,7 @@ FORCED_HEAD = {  # how a forced call of get_weather starts, in each syntax
     GPT_OSS: "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{",
     FUNCTIONARY_V3_1: "<function=get_weather>{",
     GRANITE: "<|tool_call|>[{",
+    COMMAND_R7B: "<|START_ACTION|>[{\"tool_name\"",
 }
 
 
@@ -139,6 +153,8 @@ def test_llama_cpps_examples_read(syntax):
         GPT_OSS: " to=functions.special_function<|channel|>analysis <|constrain|>json<|message|>{\"arg1\": 1}",
         FUNCTIONARY_V3_1: "<function=special_function>{\"arg1\": 1}</function>",
         GRANITE: "<|tool_call|>[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}]",
+        COMMAND_R7B: "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", "
+                     "\"parameters\": {\"arg1\": 1}}\n]<|END_ACTION|>",
     }[syntax]
     schema = {"special_function": {"type": "object", "properties": {"arg1": {"type": "integer"}}}}
     content, calls, finish = ToolCallReader(syntax, True, schema, schema).read(example, "stop", False)

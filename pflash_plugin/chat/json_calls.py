@@ -54,10 +54,12 @@ class CallScanner:
     """Turns the growing text of the calls into the calls and their OpenAI tool-call deltas."""
 
     def __init__(self, tokens: tuple[str, ...], blocks: bool, call_id: Callable[[], str], parallel: bool,
-                 names: frozenset[str] | None) -> None:
+                 names: frozenset[str] | None, name_key: str = "name") -> None:
         """`tokens`: what may stand between the objects (besides whitespace); `blocks`: objects only
-        between `<tool_call>` and `</tool_call>`; `names`: the tools' (None: any name)."""
+        between `<tool_call>` and `</tool_call>`; `names`: the tools' (None: any name); `name_key`:
+        the key of the function's name (Command R7B's `tool_name`)."""
         self.tokens, self.blocks, self.call_id, self.parallel, self.names = tokens, blocks, call_id, parallel, names
+        self.name_key = name_key
         self.text = ""  # the capture from `base` on (positions count from the capture's start)
         self.base = 0
         self.pos = 0
@@ -182,7 +184,7 @@ class CallScanner:
 
     def _value_starts(self, call: Call, c: str, i: int) -> None:
         key, call.value_of = call.key, call.key
-        if key == "name" and call.name is None:
+        if key == self.name_key and call.name is None:
             if c != '"':
                 self._fail(i)  # a name that is not a string
         elif key in ARGS_KEYS and call.args_kind is None:
@@ -200,7 +202,7 @@ class CallScanner:
                 self._fail(i)
 
     def _string_closed(self, call: Call, start: int, end: int, deltas: list[dict]) -> None:
-        if call.value_of == "name" and call.name is None:
+        if call.value_of == self.name_key and call.name is None:
             name = self._decoded(start, end)
             if name is None or (self.names is not None and name not in self.names):
                 self._fail(end - 1)  # not one of the tools

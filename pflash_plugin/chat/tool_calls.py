@@ -4,12 +4,15 @@ What a request asks for (tool_choice, the forcing grammar) is server/tool_reques
 
 Syntaxes (llama-server's names): `hermes` (Hermes, Qwen 2/2.5/3: `<tool_call>{json}</tool_call>`),
 `llama3` (Llama 3.x: `{"name": ..., "parameters": ...}`, maybe after `<|python_tag|>`), `mistral`
-(`[TOOL_CALLS][{...}]`), and `generic` for a template that renders no tools: the server describes
+(`[TOOL_CALLS][{...}]`), `granite` (Granite 3.x: `<|tool_call|>[{...}]`), `command_r7b`
+(`<|START_ACTION|>[{"tool_name": ..., "parameters": ...}]<|END_ACTION|>`), and `generic` for a
+template that renders no tools: the server describes
 the tools in the system prompt and asks for the hermes syntax. Control tokens such as
 `<|python_tag|>` and `[TOOL_CALLS]` are not in the text the server detokenizes, so the readers also
 take a call without them where the syntax puts the call first.
 
-The families that write calls in tags (Qwen3-Coder/Qwen3.5 XML, GLM 4.5, DeepSeek V3.1, Kimi K2)
+The families that write calls in tags (Qwen3-Coder/Qwen3.5 XML, GLM 4.5, DeepSeek V3.1, Kimi K2,
+gpt-oss, Functionary v3.1)
 are tool_syntaxes.py: the reader takes either kind (`Syntax`), by the scanner
 each makes. `--tool_syntax` names one, over the template's markers (SYNTAXES).
 """
@@ -39,6 +42,7 @@ class ToolSyntax:
     between: tuple[str, ...]  # what may stand between the call objects, besides whitespace
     blocks: bool = False  # each call object stands between <tool_call> and </tool_call>
     array: str = ""  # the calls are one JSON array after this marker (Mistral's, Granite's)
+    name_key: str = "name"  # the key of the function's name
 
     def root_rule(self, parallel: bool) -> str:
         """The forced grammar's root around the call rule."""
@@ -58,7 +62,7 @@ class ToolSyntax:
     def scanner(self, parallel: bool, names: frozenset[str] | None,
                 parameters: Mapping[str, Any] | None = None) -> CallScanner:
         """The reader of the calls' text, from the first marker on (the JSON arguments need no schema)."""
-        return CallScanner(self.between, self.blocks, self.call_id, parallel, names)
+        return CallScanner(self.between, self.blocks, self.call_id, parallel, names, self.name_key)
 
     def call_id(self) -> str:
         # Mistral's templates refuse ids that are not 9 letters or digits
@@ -76,11 +80,16 @@ MISTRAL = ToolSyntax("mistral", "arguments", ("[TOOL_CALLS]",), ("[",), renders_
 # Granite 3.x: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`
 GRANITE = ToolSyntax("granite", "arguments", ("<|tool_call|>",), (), renders_tools=True,
                      between=("<|tool_call|>", "[", "]", ","), array="<|tool_call|>")
+# Command R7B: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}]<|END_ACTION|>`
+COMMAND_R7B = ToolSyntax("command_r7b", "parameters", ("<|START_ACTION|>",), (), renders_tools=True,
+                         between=("<|START_ACTION|>", "[", "]", ",", "<|END_ACTION|>"), array="<|START_ACTION|>",
+                         name_key="tool_name")
 GENERIC = ToolSyntax("generic", "arguments", ("<tool_call>",), (), renders_tools=False, between=BLOCK_TOKENS,
                      blocks=True)
 
 Syntax = Union[ToolSyntax, TaggedSyntax]
-SYNTAXES: dict[str, Syntax] = {s.name: s for s in (HERMES, LLAMA3, MISTRAL, GRANITE, GENERIC, *TAGGED_SYNTAXES)}
+SYNTAXES: dict[str, Syntax] = {s.name: s for s in (HERMES, LLAMA3, MISTRAL, GRANITE, COMMAND_R7B, GENERIC,
+                                                      *TAGGED_SYNTAXES)}
 TOOL_SYNTAXES = ("auto", *SYNTAXES)  # --tool_syntax's values
 
 # stock's tool-calling chat formats: their own prompt and response code, which this server does not run
@@ -100,6 +109,8 @@ def syntax_for(template: str | None, override: str = "auto") -> Syntax:
         return GENERIC
     if "<tool_call>" in template:
         return HERMES
+    if "<|START_ACTION|>" in template:
+        return COMMAND_R7B
     if "<|tool_call|>" in template:
         return GRANITE
     if "[TOOL_CALLS]" in template:

@@ -80,13 +80,13 @@ class ModelSettings(StockModelSettings):
         "(docs/reasoning.md).",
     )
     tool_syntax: Literal["auto", "hermes", "llama3", "mistral", "generic", "qwen3_coder", "glm45", "deepseek_v3_1",
-                         "kimi_k2", "gpt_oss", "functionary_v3_1", "granite"] = Field(
+                         "kimi_k2", "gpt_oss", "functionary_v3_1", "granite", "command_r7b"] = Field(
         default="auto",
         description="How the model writes tool calls, read back as tool_calls and forced by a named or required "
         "tool_choice: auto chooses by the markers the chat template writes; hermes (<tool_call>{json}), llama3, "
         "mistral, qwen3_coder (Qwen3-Coder and Qwen3.5's <function=...> XML), glm45, deepseek_v3_1, kimi_k2, "
-        "gpt_oss (harmony), functionary_v3_1, granite (3.x); generic describes the tools in the system prompt "
-        "and reads hermes (docs/tools.md).",
+        "gpt_oss (harmony), functionary_v3_1, granite (3.x), command_r7b; generic describes the tools in the "
+        "system prompt and reads hermes (docs/tools.md).",
     )
     # PFlash prefill compression
     pflash: Literal["off", "auto", "always"] = Field(

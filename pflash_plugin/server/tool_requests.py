@@ -119,8 +119,8 @@ def _json_grammar(syntax: ToolSyntax, functions: list[tuple[str, dict[str, Any]]
         if isinstance(found, dict):
             defs.update(found)
             parameters = {k: v for k, v in parameters.items() if k != "$defs"}
-        schemas.append({"type": "object", "properties": {"name": {"const": name}, syntax.args_key: parameters},
-                        "required": ["name", syntax.args_key]})
+        schemas.append({"type": "object", "properties": {syntax.name_key: {"const": name}, syntax.args_key: parameters},
+                        "required": [syntax.name_key, syntax.args_key]})
     schema: dict[str, Any] = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     if syntax.array:
         schema = {"type": "array", "items": schema, "minItems": 1, **({} if several else {"maxItems": 1})}
