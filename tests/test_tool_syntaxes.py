@@ -262,13 +262,14 @@ def test_every_forced_grammar_is_one_llama_cpp_takes(tiny_model, syntax, paralle
 # ---- the APIs, on tiny models with the families' templates ------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    def model(alias: str, template: str) -> dict:
+    def model(alias: str, template: str, **kw) -> dict:
         tokens = HARMONY_TOKENS if alias == "gpt_oss" else ()
         path = cached_tiny_llama(chat_template=(TEMPLATES / template).read_text(), control_tokens=tokens)
         return {"model": str(path), "model_alias": alias, "n_ctx": 4096, "max_concurrency": 2, "n_threads": 1,
-                "n_threads_batch": 1}
+                "n_threads_batch": 1, **kw}
 
-    with live_server([model(alias, template) for alias, (template, _) in FAMILIES.items()]) as live:
+    models = [model(alias, template) for alias, (template, _) in FAMILIES.items()]
+    with live_server([*models, model("qwen35_as_hermes", "Qwen3.5-4B.jinja", tool_syntax="hermes")]) as live:
         yield live
 
 
@@ -401,3 +402,15 @@ def test_text_then_parallel_calls_come_back_on_every_api(server, family, stream)
         text, calls, stop = _messages_calls(client, {**common, "messages": ASK, "tools": ANTHROPIC_TOOLS,
                                                      "max_tokens": 400, "thinking": {"type": "disabled"}}, stream)
         assert (text.strip(), calls, stop) == (TEXT.strip(), expected, "tool_use")
+
+
+def test_the_tool_syntax_setting_overrides_the_templates_markers(server):
+    """--tool_syntax hermes on Qwen3.5's template: the forced call is Hermes JSON, and read back."""
+    chat = {"model": "qwen35_as_hermes", "messages": ASK, "tools": TOOLS, "max_tokens": 400, "temperature": 0,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "logprobs": True}
+    with server.client() as client:
+        reply = client.post("/v1/chat/completions", json=chat).json()
+    choice = reply["choices"][0]
+    written = bytes(b for t in choice["logprobs"]["content"] for b in t["bytes"]).decode()
+    assert written.startswith('</think>\n\n<tool_call>\n{"name"') and "<function=" not in written
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
