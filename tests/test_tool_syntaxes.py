@@ -414,3 +414,27 @@ def test_the_tool_syntax_setting_overrides_the_templates_markers(server):
     written = bytes(b for t in choice["logprobs"]["content"] for b in t["bytes"]).decode()
     assert written.startswith('</think>\n\n<tool_call>\n{"name"') and "<function=" not in written
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_qwen35_thinks_then_calls(server, stream):
+    """Qwen3.5 with its thinking on (the prompt opens the block): the thinking comes back as
+    reasoning, the call after it as the call (chat), and as thinking then tool_use blocks (Messages)."""
+    thought = "The user wants the weather."
+    grammar = "root ::= " + json.dumps(f"{thought}\n</think>\n\n{WRITTEN[QWEN3_CODER]}")
+    body = {"model": "qwen35", "temperature": 0, "grammar": grammar, "messages": ASK, "max_tokens": 400}
+    with server.client() as client:
+        reply = _post(client, "/v1/chat/completions", {**body, "tools": TOOLS}, stream)
+        if isinstance(reply, dict):
+            message = reply["choices"][0]["message"]
+            reasoning = message["reasoning_content"]
+            calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]]
+        else:
+            deltas = [c["choices"][0]["delta"] for c in reply if c["choices"]]
+            reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+            calls = _chat_calls(client, {**body, "tools": TOOLS}, stream)[1]
+        assert (reasoning, calls) == (thought, CALLS)
+        answer = _post(client, "/v1/messages", {**body, "tools": ANTHROPIC_TOOLS}, False)
+    assert isinstance(answer, dict)
+    assert [b["type"] for b in answer["content"]] == ["thinking", "tool_use", "tool_use"]
+    assert answer["content"][0]["thinking"] == thought and answer["stop_reason"] == "tool_use"
