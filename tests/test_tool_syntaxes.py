@@ -1,6 +1,7 @@
-"""The tool-call syntaxes written in tags (pflash_plugin/chat/tool_syntaxes.py): Qwen3.5's and
-Qwen3-Coder's XML, GLM 4.5's pairs, DeepSeek V3.1's and Kimi K2's markers. Tiny models carry the
-families' real templates (tests/data/templates); a named tool_choice makes the server force a call
+"""Every family's tool-call syntax on its real template (tests/data/templates): the ones written in
+tags (pflash_plugin/chat/tool_syntaxes.py: Qwen3.5's and Qwen3-Coder's XML, GLM 4.5's pairs, DeepSeek
+V3.1's, Kimi K2's, gpt-oss's and Functionary v3.1's markers) and the JSON ones (Hermes on Qwen2.5,
+Llama 3.1, Mistral Nemo, Granite 3.3, Command R7B). A named tool_choice makes the server force a call
 in the family's own syntax, and a request grammar writes text then calls, or parallel calls: each
 comes back as tool_calls (chat), function_call items (Responses) and tool_use blocks (Messages),
 plain and streamed. The readers, streamed in any pieces and whole; the forced grammars."""
@@ -30,6 +31,8 @@ from pflash_plugin.chat.tool_calls import (
     GENERIC,
     GRANITE,
     HERMES,
+    LLAMA3,
+    MISTRAL,
     SYNTAXES,
     TOOL_SYNTAXES,
     ToolCallReader,
@@ -48,6 +51,9 @@ FAMILIES = {  # alias: (template file, the syntax its markers choose)
     "functionary_v3_1": ("meetkai-functionary-medium-v3.1.jinja", FUNCTIONARY_V3_1),
     "granite": ("ibm-granite-granite-3.3-2B-Instruct.jinja", GRANITE),
     "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", COMMAND_R7B),
+    "qwen25": ("Qwen-Qwen2.5-7B-Instruct.jinja", HERMES),
+    "llama31": ("meta-llama-Llama-3.1-8B-Instruct.jinja", LLAMA3),
+    "mistral_nemo": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL),
 }
 # control tokens in gpt-oss's vocabulary (the test model adds them as such; the server renders them)
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
@@ -90,6 +96,13 @@ WRITTEN = {
     COMMAND_R7B: "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": "
                  "{\"city\": \"Paris\", \"days\": 2, \"note\": \"a \\\"b\\\"\\nc\"}},\n    {\"tool_call_id\": \"1\", "
                  "\"tool_name\": \"get_time\", \"parameters\": {\"zone\": \"UTC\"}}\n]<|END_ACTION|>",
+    HERMES: "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2, "
+            "\"note\": \"a \\\"b\\\"\\nc\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", "
+            "\"arguments\": {\"zone\": \"UTC\"}}\n</tool_call>",
+    LLAMA3: "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 2, "
+            "\"note\": \"a \\\"b\\\"\\nc\"}}; {\"name\": \"get_time\", \"parameters\": {\"zone\": \"UTC\"}}",
+    MISTRAL: "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2, "
+             "\"note\": \"a \\\"b\\\"\\nc\"}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]",
 }
 ONE_CALL = {s for s in WRITTEN if getattr(s, "one_call", False)}
 EXPECTED = {syntax: CALLS[:1] if syntax in ONE_CALL else CALLS for syntax in WRITTEN}
@@ -103,7 +116,12 @@ FORCED_HEAD = {  # how a forced call of get_weather starts, in each syntax
     FUNCTIONARY_V3_1: "<function=get_weather>{",
     GRANITE: "<|tool_call|>[{",
     COMMAND_R7B: "<|START_ACTION|>[{\"tool_name\"",
+    HERMES: "<tool_call>\n{\"name\"",
+    LLAMA3: "{\"name\"",
+    MISTRAL: "[TOOL_CALLS][{\"name\"",
 }
+# the text before the calls (Llama 3's calls are the whole message)
+BEFORE = {syntax: "" if syntax is LLAMA3 else TEXT for syntax in WRITTEN}
 
 
 def _loads(text: str) -> object:
@@ -135,8 +153,8 @@ def _read(syntax, text: str, step: int, finish: str = "stop", parallel: bool = T
 @pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
 @pytest.mark.parametrize("step", [1, 2, 5, 10_000])
 def test_text_then_calls_read_alike_streamed_in_any_pieces_and_whole(syntax, step):
-    streamed, whole = _read(syntax, TEXT + WRITTEN[syntax], step)
-    assert streamed == whole == (TEXT, EXPECTED[syntax], "tool_calls")
+    streamed, whole = _read(syntax, BEFORE[syntax] + WRITTEN[syntax], step)
+    assert streamed == whole == (BEFORE[syntax], EXPECTED[syntax], "tool_calls")
 
 
 @pytest.mark.parametrize("syntax", WRITTEN, ids=SYNTAX_IDS)
@@ -155,6 +173,9 @@ def test_llama_cpps_examples_read(syntax):
         GRANITE: "<|tool_call|>[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}]",
         COMMAND_R7B: "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", "
                      "\"parameters\": {\"arg1\": 1}}\n]<|END_ACTION|>",
+        HERMES: "<tool_call>\n{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}\n</tool_call>",
+        LLAMA3: "{\"name\": \"special_function\", \"parameters\": {\"arg1\": 1}}",
+        MISTRAL: "[TOOL_CALLS][{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}, \"id\": \"123456789\"}]",
     }[syntax]
     schema = {"special_function": {"type": "object", "properties": {"arg1": {"type": "integer"}}}}
     content, calls, finish = ToolCallReader(syntax, True, schema, schema).read(example, "stop", False)
@@ -386,22 +407,23 @@ def test_a_named_tool_choice_is_forced_in_the_familys_syntax_on_every_api(server
 @pytest.mark.parametrize("family", FAMILIES)
 def test_text_then_parallel_calls_come_back_on_every_api(server, family, stream):
     """A request grammar writes the family's real shape: a text, then two calls."""
-    syntax: TaggedSyntax = FAMILIES[family][1]
+    syntax = FAMILIES[family][1]
+    before = BEFORE[syntax]
     # gpt-oss: the text on the final channel, then the call's message
-    text = f"<|channel|>final<|message|>{TEXT}<|end|>" if syntax is GPT_OSS else TEXT
+    text = f"<|channel|>final<|message|>{TEXT}<|end|>" if syntax is GPT_OSS else before
     grammar = "root ::= " + json.dumps(text + WRITTEN[syntax], ensure_ascii=False)
     common = {"model": family, "temperature": 0, "grammar": grammar}  # thinking off: the answer is content
     expected = EXPECTED[syntax]
     with server.client() as client:
         content, calls, finish = _chat_calls(client, {**common, "messages": ASK, "tools": TOOLS, "max_tokens": 400,
                                                       "reasoning_effort": "none"}, stream)
-        assert (content, calls, finish) == (TEXT, expected, "tool_calls")
+        assert (content, calls, finish) == (before, expected, "tool_calls")
         text, calls = _responses_calls(client, {**common, "input": ASK, "tools": RESPONSES_TOOLS,
                                                 "max_output_tokens": 400, "reasoning": {"effort": "none"}}, stream)
-        assert (text, calls) == (TEXT, expected)
+        assert (text, calls) == (before, expected)
         text, calls, stop = _messages_calls(client, {**common, "messages": ASK, "tools": ANTHROPIC_TOOLS,
                                                      "max_tokens": 400, "thinking": {"type": "disabled"}}, stream)
-        assert (text.strip(), calls, stop) == (TEXT.strip(), expected, "tool_use")
+        assert (text.strip(), calls, stop) == (before.strip(), expected, "tool_use")
 
 
 def test_the_tool_syntax_setting_overrides_the_templates_markers(server):
