@@ -183,6 +183,20 @@ def test_llama_cpps_examples_read(syntax):
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("special_function", '{"arg1": 1}')]
 
 
+@pytest.mark.parametrize("syntax, text", [
+    (GLM45, "<tool_call>get_time<arg_key>zone</arg_key><arg_value>UTC</arg_value></tool_call>"),  # GLM 4.7
+    (QWEN3_CODER, "<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>"),  # no <tool_call>
+    (DEEPSEEK_V3_1, "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \"UTC\"}<｜tool▁call▁end｜>"),
+    (KIMI_K2, "<|tool_call_begin|>functions.get_time:3<|tool_call_argument_begin|>{\"zone\": \"UTC\"}"
+              "<|tool_call_end|>"),
+])
+@pytest.mark.parametrize("step", [1, 10_000])
+def test_the_families_variants_read(syntax, text, step):
+    """GLM 4.7 without newlines, and calls without their section's or block's opening marker."""
+    streamed, whole = _read(syntax, text, step)
+    assert streamed == whole == ("", [("get_time", {"zone": "UTC"})], "tool_calls")
+
+
 def test_pair_values_are_typed_by_the_schema():
     """A string parameter's value is its text (even "2" or "true"); others are JSON, or their text."""
     schema = {"f": {"type": "object", "properties": {

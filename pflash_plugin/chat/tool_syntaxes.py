@@ -95,7 +95,7 @@ def deepseek_tools(tools: list[dict]) -> str:
 
 
 QWEN3_CODER = TaggedSyntax(
-    "qwen3_coder", ("<tool_call>",),
+    "qwen3_coder", ("<tool_call>", "<function="),  # Qwen3-Coder at times leaves out <tool_call> (llama.cpp)
     Markers(("<tool_call>", "</tool_call>"), "<function=", (">",), "</function>",
             Pairs("<parameter=", ">", "", "</parameter>", newlines=True)),
     ("", ""), "\n", (literal("<tool_call>\n<function="), literal(">\n"), literal("</function>\n</tool_call>")),
