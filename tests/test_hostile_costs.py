@@ -88,7 +88,9 @@ def test_235k_tool_messages_are_refused_before_they_are_converted(server):
     assert "235,002 messages are over max_ctx" in reply.json()["error"]["message"]
 
 
-REFUSING_TEMPLATE = "{{ raise_exception('this template renders nothing') }}"
+# refuses every conversation with an assistant turn (the server's start-up check renders system + user)
+REFUSING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}"
+                     "{{ raise_exception('this template renders nothing') }}{% endif %}{{ m['content'] }}{% endfor %}")
 
 
 def test_responses_input_items_are_counted_before_they_are_converted(server):
@@ -99,8 +101,8 @@ def test_responses_input_items_are_counted_before_they_are_converted(server):
 
 
 def test_a_conversation_too_long_for_max_ctx_is_refused_before_the_template_renders_it():
-    """A template that refuses every conversation: what a long one is told is its length, so the
-    template never ran (a short one is told what the template said)."""
+    """A template that refuses every conversation with an assistant turn: what a long one is told is
+    its length, so the template never ran (a short one is told what the template said)."""
     model = {"model": str(cached_tiny_llama(chat_template=REFUSING_TEMPLATE)), "model_alias": "refusing",
              "n_ctx": 256, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model]) as live:
