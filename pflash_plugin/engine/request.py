@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from ..llama import SamplerParams
+from .reasoning_budget import ReasoningBudget, Thinking
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +54,7 @@ class SamplingParams(SamplerParams):
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
     min_tokens: int = 0
+    reasoning_budget: ReasoningBudget | None = None  # the thinking's tokens at most (reasoning_budget.py)
 
 
 @dataclass(frozen=True)
@@ -208,10 +210,13 @@ class Request:
     compression: CompressionJob | None = None  # the compression job still to run
     # vLLM's field: under the `priority` admission policy lower values take a slot first (admission.py)
     priority: int = 0
+    thinking: Thinking | None = None  # its reasoning budget's state, where it has one
 
     def __post_init__(self) -> None:
         if not self.prefill_tokens:
             self.prefill_tokens = list(self.prompt_tokens)
+        if self.params.reasoning_budget is not None and self.thinking is None:
+            self.thinking = Thinking(self.params.reasoning_budget)
 
     @classmethod
     def planned(cls, tokens: list[int], params: SamplingParams, plan: Plan, sink: Sink = discard,

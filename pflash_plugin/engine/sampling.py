@@ -26,7 +26,7 @@ from .request import Request, RequestRefused, SamplingParams, TokenOutput
 # Which path serves which field of SamplingParams: positive lists. A field missing from every
 # list (a new parameter) sends its requests nowhere: `choose_path` raises, and so does the test
 # that walks SamplingParams' fields.
-SCHEDULER_FIELDS = frozenset({"max_tokens", "stop"})  # the scheduler's, not sampling
+SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "reasoning_budget"})  # the scheduler's, not sampling
 DEVICE_FIELDS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty",
                            "frequency_penalty", "repeat_penalty", "penalty_last_n", "logit_bias", "min_tokens"})
 BATCH_FIELDS = DEVICE_FIELDS | {"logprobs"}

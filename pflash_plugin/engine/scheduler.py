@@ -263,6 +263,9 @@ class Scheduler:
         if request.timings.first_token is None:
             request.timings.first_token = now
         request.timings.last_token = now
+        if request.thinking is not None:  # past its reasoning budget, the closing tag in place of its token
+            token = request.thinking.next_token(out.token, self.text.piece)
+            out = out if token == out.token else TokenOutput(token)
         if self.is_eog(out.token):
             self.finish(request, RequestStatus.FINISHED_STOP)
             return

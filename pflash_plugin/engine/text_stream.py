@@ -10,7 +10,7 @@ times the number of stops, whatever their length; the server caps both (server/p
 from __future__ import annotations
 
 
-class _StopMatcher:
+class StopMatcher:
     """One stop string and how much of it the text seen so far ends with."""
 
     def __init__(self, stop: str) -> None:
@@ -48,7 +48,7 @@ def _prefix_function(s: str) -> list[int]:
 
 class TextStream:
     def __init__(self, stop: list[str]) -> None:
-        self._stops = [_StopMatcher(s) for s in dict.fromkeys(s for s in stop if s)]
+        self._stops = [StopMatcher(s) for s in dict.fromkeys(s for s in stop if s)]
         self._bytes = b""
         self._held = ""  # the text that may start a stop string: at most the longest stop's length
         self.stop_hit: str | None = None  # the stop string that ended the text, once one has
