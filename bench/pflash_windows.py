@@ -24,10 +24,10 @@ from pflash_plugin.pflash.compressor import CompressionJob, Compressor
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter, scoring_layers
 from pflash_plugin.pflash.query import plan_query
 from pflash_plugin.pflash.windows import DraftWindows
-from pflash_plugin.server.models import ServedModel
-from pflash_plugin.server.settings import ModelSettings
+from pflash_plugin.server.runtime.models import ServedModel
+from pflash_plugin.server.config.settings import ModelSettings
 from pflash_plugin.testing.haystack import fit_needle_prompt
-from pflash_plugin.server.inprocess import Run
+from pflash_plugin.server.runtime.inprocess import Run
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("prose", 0.1), ("prose", 0.5), ("prose", 0.9), ("code", 0.1), ("code", 0.5), ("code", 0.9), ("multi", 0.5)]

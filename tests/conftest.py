@@ -71,8 +71,8 @@ class LiveServer:
 
 @contextmanager
 def live_server(models: list[dict], **server_kw) -> Iterator[LiveServer]:
-    from pflash_plugin.server.app import create_app  # here: the pure scheduler tests need no server
-    from pflash_plugin.server.settings import ModelSettings, ServerSettings
+    from pflash_plugin.server.composition.app import create_app  # here: the pure scheduler tests need no server
+    from pflash_plugin.server.config.settings import ModelSettings, ServerSettings
 
     settings = [ModelSettings(verbose=False, **m) for m in models]
     app = create_app(ServerSettings(**server_kw), settings)

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from conftest import NOTES, TINY_PFLASH, WEATHER, hermes_model, live_server
-from pflash_plugin.server.anthropic_protocol import MessagesRequest, chat_request
+from pflash_plugin.server.wire.anthropic_protocol import MessagesRequest, chat_request
 
 TOOL = {"name": "get_weather", "description": "Weather forecast", "input_schema": WEATHER}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]

@@ -1,4 +1,4 @@
-"""size_memory (server/assembly.py): the drafter's lanes, its reserve and the KV pool beside it,
+"""size_memory (server/runtime/assembly.py): the drafter's lanes, its reserve and the KV pool beside it,
 decided from measured numbers alone."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, MemoryReserveError
-from pflash_plugin.server.assembly import MemoryPlan, MemoryProbe, size_memory
-from pflash_plugin.server.llama_params import ModelPlan, pflash_plan, plan
-from pflash_plugin.server.settings import ModelSettings
+from pflash_plugin.server.runtime.assembly import MemoryPlan, MemoryProbe, size_memory
+from pflash_plugin.server.config.llama_params import ModelPlan, pflash_plan, plan
+from pflash_plugin.server.config.settings import ModelSettings
 
 KV = 100  # bytes per token of the target's KV
 # 4 slots x max_ctx 1000, each slot's stream padded to 1024 tokens: 4096, in pages of 10

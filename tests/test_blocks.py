@@ -1,9 +1,9 @@
-"""Chat deltas as content blocks (server/blocks.py), the shape the Responses and Messages APIs share."""
+"""Chat deltas as content blocks (server/output/blocks.py), the shape the Responses and Messages APIs share."""
 from __future__ import annotations
 
 from pflash_plugin.chat.deltas import CallDelta, ReasoningDelta, TextDelta
-from pflash_plugin.server.blocks import BlockStream, blocks_of
-from pflash_plugin.server.responses import Answer
+from pflash_plugin.server.output.blocks import BlockStream, blocks_of
+from pflash_plugin.server.wire.responses import Answer
 
 
 def _kinds(events) -> list[tuple[str, int, str]]:

@@ -1,4 +1,4 @@
-"""The checks every JSON body passes before FastAPI reads it (server/errors.py), on bodies that mix
+"""The checks every JSON body passes before FastAPI reads it (server/wire/errors.py), on bodies that mix
 token ids with what the checks look for: they skip the ids, not what sits among them."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from pflash_plugin.server.errors import MAX_JSON_DEPTH, may_hold_lone_surrogate, deeper_than, unencodable_field
-from pflash_plugin.server.protocol import CompletionRequest
+from pflash_plugin.server.wire.errors import MAX_JSON_DEPTH, may_hold_lone_surrogate, deeper_than, unencodable_field
+from pflash_plugin.server.wire.protocol import CompletionRequest
 
 
 def nested(depth: int) -> list:

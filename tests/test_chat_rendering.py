@@ -1,4 +1,4 @@
-"""Rendering a conversation (server/prompts.py, chat/content_text.py, chat/turns.py): message text is
+"""Rendering a conversation (server/runtime/prompts.py, chat/content_text.py, chat/turns.py): message text is
 text (turn markers it spells are not control tokens) on ChatML, Gemma's template and real templates
 (tests/data/templates); consecutive same-role turns merged only where the template refuses them; a
 final assistant message continued on chat, Responses and Messages."""
@@ -12,8 +12,8 @@ from conftest import live_server
 
 from pflash_plugin.chat.turns import continued_text, cut_after, merged_turns
 from pflash_plugin.llama import Model, ModelParams
-from pflash_plugin.server.prompts import GEMMA_TEMPLATE, Prompts
-from pflash_plugin.server.tool_requests import plain_history
+from pflash_plugin.server.runtime.prompts import GEMMA_TEMPLATE, Prompts
+from pflash_plugin.server.preparation.tool_requests import plain_history
 from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"

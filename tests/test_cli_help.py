@@ -5,9 +5,9 @@ import argparse
 
 from llama_cpp.server.cli import add_args_from_model
 
-from pflash_plugin.server.cli import CONCURRENCY, GROUPS, MODEL, PFLASH, SERVER, STOCK, build_parser
-from pflash_plugin.server.llama_params import REFUSED
-from pflash_plugin.server.settings import Settings
+from pflash_plugin.server.config.cli import CONCURRENCY, GROUPS, MODEL, PFLASH, SERVER, STOCK, build_parser
+from pflash_plugin.server.config.llama_params import REFUSED
+from pflash_plugin.server.config.settings import Settings
 
 
 def sections(text: str) -> dict[str, str]:

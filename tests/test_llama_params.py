@@ -14,9 +14,9 @@ from llama_cpp.server.settings import ModelSettings as StockModelSettings
 from pflash_plugin.engine.loader import build_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
-from pflash_plugin.server.llama_params import ALWAYS_SO, REFUSED, ModelPlan, SettingsRefused, plan, resolve
-from pflash_plugin.server.models import ServedModel
-from pflash_plugin.server.settings import ModelSettings
+from pflash_plugin.server.config.llama_params import ALWAYS_SO, REFUSED, ModelPlan, SettingsRefused, plan, resolve
+from pflash_plugin.server.runtime.models import ServedModel
+from pflash_plugin.server.config.settings import ModelSettings
 from pflash_plugin.testing import cached_tiny_llama
 from pflash_plugin.llama.tiny_gguf import write_tiny_lora
 

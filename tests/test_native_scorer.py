@@ -79,8 +79,8 @@ def test_native_equals_numpy_on_demo_model_captures(demo_model):
 @pytest.mark.parametrize("setting,expected", [(None, 0), (7, 7)])
 def test_separate_drafter_gpu_layers_reach_the_loaded_model(tiny_model, setting, expected):
     """pflash_drafter_gpu_layers (default: the target's n_gpu_layers) is what the drafter loads with."""
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.config.settings import ModelSettings
     from pflash_plugin.testing import cached_tiny_llama
 
     drafter_path = cached_tiny_llama(seed=11)  # same vocabulary, other weights

@@ -107,8 +107,8 @@ def test_the_default_window_applies_where_the_context_allows():
 
 
 def test_an_explicit_window_that_cannot_work_stops_the_server_at_start(tiny_model):
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.config.settings import ModelSettings
 
     settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1, n_threads_batch=1)
     with pytest.raises(ValueError, match="pflash_drafter_window 100 is below"):
@@ -130,8 +130,8 @@ def draft(model: Model, tokens: list[int], scorer: str):
 
 
 def test_the_drafter_ubatch_is_a_server_setting(tiny_model):
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.config.settings import ModelSettings
 
     settings = dict(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1, n_threads_batch=1,
                     pflash_drafter_window=256, pflash_drafter_sink=16, pflash_drafter_causal_max=0)
@@ -205,8 +205,8 @@ def test_the_pin_is_on_where_the_drafter_is_on_a_gpu_and_only_for_windows(model)
 
 @pytest.mark.parametrize("pin, pinned, lanes", [("on", True, 1), ("off", False, 2)])
 def test_the_pin_and_lanes_are_server_settings(tiny_model, pin, pinned, lanes):
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.config.settings import ModelSettings
 
     served = ServedModel(ModelSettings(model=str(tiny_model), n_ctx=1024, pflash="auto", verbose=False, n_threads=1,
                                        n_threads_batch=1, pflash_drafter_window=256, pflash_drafter_sink=16,

@@ -1,8 +1,8 @@
-"""The server's prompt preparation (server/prompts.py) on the tiny model."""
+"""The server's prompt preparation (server/runtime/prompts.py) on the tiny model."""
 from __future__ import annotations
 
 from pflash_plugin.llama import Model
-from pflash_plugin.server.prompts import Prompts
+from pflash_plugin.server.runtime.prompts import Prompts
 
 
 def test_token_id_prompts_are_detokenized_only_for_whoever_needs_their_text(tiny_model, monkeypatch):

@@ -401,7 +401,7 @@ def test_gpt_oss_reads_an_earlier_turns_reasoning_as_thinking():
     """gpt-oss's template renders a tool-calling turn's analysis from `thinking`: reasoning_content
     is passed under that name too."""
     from pflash_plugin.chat.reasoning import for_template
-    from pflash_plugin.server.prompts import Prompts
+    from pflash_plugin.server.runtime.prompts import Prompts
 
     prompts = Prompts(Model(cached_tiny_llama(chat_template=GPT_OSS, control_tokens=HARMONY_TOKENS)), None, {}, 2048)
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}

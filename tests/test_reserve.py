@@ -126,8 +126,8 @@ def test_reserve_that_leaves_less_than_max_ctx_is_refused():
 
 
 def test_server_refuses_an_explicit_pool_that_eats_the_reserve(tiny_model):
-    from pflash_plugin.server.models import ServedModel
-    from pflash_plugin.server.settings import ModelSettings
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.config.settings import ModelSettings
 
     with pytest.raises(MemoryReserveError, match="tokens fit"):
         ServedModel(ModelSettings(model=str(tiny_model), n_ctx=512, pflash="auto", kv_pool_tokens=10**9, verbose=False))

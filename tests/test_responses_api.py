@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from conftest import NOTES, TINY_PFLASH, WEATHER, hermes_model, live_server
-from pflash_plugin.server.responses_protocol import ResponsesRequest, chat_request
+from pflash_plugin.server.wire.responses_protocol import ResponsesRequest, chat_request
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}
 HUGE = {"type": "array", "items": {"type": "integer"}, "minItems": 10_000_000}  # over the schema bounds

@@ -16,8 +16,8 @@ from llama_cpp import llama_grammar
 
 from pflash_plugin.llama import GrammarError
 from pflash_plugin.llama.sampler import check_grammar_size
-from pflash_plugin.server.protocol import RequestError
-from pflash_plugin.server.schema_bounds import (
+from pflash_plugin.server.wire.protocol import RequestError
+from pflash_plugin.server.preparation.schema_bounds import (
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_GRAMMAR_CHARS,
     check_schema_bounds,
@@ -202,8 +202,8 @@ def test_a_fuzz_over_schema_keywords_with_huge_bounds_stays_bounded():
 
 
 def test_tool_parameters_are_bounded_too():
-    from pflash_plugin.server.protocol import ChatCompletionRequest
-    from pflash_plugin.server.tool_requests import ToolRequest
+    from pflash_plugin.server.wire.protocol import ChatCompletionRequest
+    from pflash_plugin.server.preparation.tool_requests import ToolRequest
     from pflash_plugin.chat.tool_calls import GENERIC
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {

@@ -144,7 +144,7 @@ def test_oversized_body_gets_413_with_and_without_content_length(keyed_server):
 
 
 def test_public_routes_setting_is_validated():
-    from pflash_plugin.server.settings import ServerSettings
+    from pflash_plugin.server.config.settings import ServerSettings
 
     with pytest.raises(ValueError, match="must be a path"):
         ServerSettings(public_routes=["docs"])

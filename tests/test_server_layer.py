@@ -73,10 +73,10 @@ def test_client_gone_before_the_first_byte_is_cancelled(roomy_server, stream):
 
 
 def test_routers_mount_into_another_app(tiny_model):
-    from pflash_plugin.server.app import ROUTERS
-    from pflash_plugin.server.context import ServerContext, attach
-    from pflash_plugin.server.models import ModelRegistry
-    from pflash_plugin.server.settings import ModelSettings, ServerSettings
+    from pflash_plugin.server.composition.app import ROUTERS
+    from pflash_plugin.server.runtime.context import ServerContext, attach
+    from pflash_plugin.server.runtime.models import ModelRegistry
+    from pflash_plugin.server.config.settings import ModelSettings, ServerSettings
 
     host = FastAPI()
 
@@ -113,7 +113,7 @@ def test_engine_events_reach_the_loop_once_per_step_and_in_order():
     import asyncio
     import threading
 
-    from pflash_plugin.server.dispatch import _Mailbox
+    from pflash_plugin.server.output.dispatch import _Mailbox
 
     async def main() -> tuple[list[int], int]:
         loop = asyncio.get_running_loop()

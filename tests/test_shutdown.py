@@ -126,8 +126,8 @@ class _Served:
     def __init__(self, tiny_model, timeout_s: float) -> None:
         import uvicorn
 
-        from pflash_plugin.server.app import create_app
-        from pflash_plugin.server.settings import ModelSettings, ServerSettings
+        from pflash_plugin.server.composition.app import create_app
+        from pflash_plugin.server.config.settings import ModelSettings, ServerSettings
 
         model = ModelSettings(model=str(tiny_model), n_ctx=4096, max_concurrency=2, n_threads=1, n_threads_batch=1)
         self.app = create_app(ServerSettings(shutdown_grace_s=0.2), [model])

@@ -89,8 +89,8 @@ def test_a_quiet_server_still_exits_cleanly_and_soon(server):
 def test_the_deadline_ends_a_process_that_hangs_past_it():
     """Whatever the shutdown waits for (here a sleep that would last 60 s), the timer the first
     signal starts ends the process at its deadline, status 1, saying why."""
-    code = ("import logging, time; logging.basicConfig(); from pflash_plugin.server.shutdown import exit_by; "
-            "exit_by(0.3); time.sleep(60)")
+    code = ("import logging, time; logging.basicConfig(); "
+            "from pflash_plugin.server.composition.shutdown import exit_by; exit_by(0.3); time.sleep(60)")
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))

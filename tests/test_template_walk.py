@@ -1,5 +1,5 @@
 """Every chat template of llama.cpp's models/templates (tests/data/templates) renders the standard
-conversations as the server renders them (server/prepare.py's chat_prompt: tools, earlier calls and
+conversations as the server renders them (server/preparation/prepare.py's chat_prompt: tools, earlier calls and
 their results, reasoning of an earlier turn, a prefill continued), or the server refuses it at start
 in one line; a walk over them all, on a tiny model that carries each template."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 from pflash_plugin.chat.reasoning import requested_tags, think_tags
 from pflash_plugin.llama import Model
-from pflash_plugin.server.prepare import chat_prompt
-from pflash_plugin.server.prompts import Prompts
-from pflash_plugin.server.protocol import ChatCompletionRequest
+from pflash_plugin.server.preparation.prepare import chat_prompt
+from pflash_plugin.server.runtime.prompts import Prompts
+from pflash_plugin.server.wire.protocol import ChatCompletionRequest
 from pflash_plugin.testing import cached_tiny_llama
 
 TEMPLATES = sorted((Path(__file__).parent / "data" / "templates").glob("*.jinja"))
@@ -42,7 +42,7 @@ SHAPES = {
 
 
 def served(template: Path) -> SimpleNamespace:
-    """What chat_prompt reads of a served model (server/models.py's ServedModel), the template its own."""
+    """What chat_prompt reads of a served model (server/runtime/models.py's ServedModel), the template its own."""
     model = Model(cached_tiny_llama(chat_template=template.read_text()))
     tags = think_tags(model.chat_template())
     return SimpleNamespace(prompts=Prompts(model, None, {}, 4096), template_tags=tags,

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from pflash_plugin.engine.text_stream import TextStream
-from pflash_plugin.server.protocol import MAX_STOP_CHARS, MAX_STOPS
+from pflash_plugin.server.wire.protocol import MAX_STOP_CHARS, MAX_STOPS
 
 
 def feed(stream: TextStream, pieces: list[bytes]) -> list[str]:

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from pflash_plugin.llama import Model
-from pflash_plugin.server.protocol import RequestError
-from pflash_plugin.server.text_limits import TextLimit
+from pflash_plugin.server.wire.protocol import RequestError
+from pflash_plugin.server.runtime.text_limits import TextLimit
 from pflash_plugin.testing.native_fuzz import server_process
 
 MAX_CTX = 512  # server_process's n_ctx

@@ -24,8 +24,8 @@ from pflash_plugin.chat.tool_syntaxes import (
     QWEN3_CODER,
     TaggedSyntax,
 )
-from pflash_plugin.server.settings import ModelSettings
-from pflash_plugin.server.tool_requests import ToolRequest
+from pflash_plugin.server.config.settings import ModelSettings
+from pflash_plugin.server.preparation.tool_requests import ToolRequest
 from pflash_plugin.chat.tool_calls import (
     COMMAND_R7B,
     GENERIC,

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from conftest import live_server
-from pflash_plugin.server.prompts import chat_formatter
-from pflash_plugin.server.responses import ChatChoice
-from pflash_plugin.server.tool_requests import ToolRequest
+from pflash_plugin.server.runtime.prompts import chat_formatter
+from pflash_plugin.server.wire.responses import ChatChoice
+from pflash_plugin.server.preparation.tool_requests import ToolRequest
 from pflash_plugin.chat.tool_calls import GENERIC, HERMES, LLAMA3, MISTRAL, ToolCallReader, syntax_for
 from pflash_plugin.testing import CHATML_TEMPLATE, cached_tiny_llama
 from pflash_plugin.testing.tool_templates import TOOL_TEMPLATES

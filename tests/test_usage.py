@@ -1,8 +1,8 @@
-"""The engine's usage records in each API's words (server/usage.py): the JSON clients read, key for
+"""The engine's usage records in each API's words (server/wire/usage.py): the JSON clients read, key for
 key, for one choice and for several (each prompt once, completions summed, the most cached)."""
 from pflash_plugin.engine.request import Latency, Usage
 from pflash_plugin.pflash.report import PflashReport
-from pflash_plugin.server.usage import anthropic_usage, openai_usage, responses_usage, totals
+from pflash_plugin.server.wire.usage import anthropic_usage, openai_usage, responses_usage, totals
 
 LATENCY = Latency(queue_ms=1.0, compress_ms=2.0, prefill_ms=3.0, ttft_ms=4.0, decode_ms=5.0)
 TIMINGS = {"queue_ms": 1.0, "compress_ms": 2.0, "prefill_ms": 3.0, "ttft_ms": 4.0, "decode_ms": 5.0}

@@ -15,9 +15,9 @@ import statistics
 import time
 from pathlib import Path
 
-from pflash_plugin.server.models import ServedModel
-from pflash_plugin.server.settings import ModelSettings
-from pflash_plugin.server.inprocess import Run
+from pflash_plugin.server.runtime.models import ServedModel
+from pflash_plugin.server.config.settings import ModelSettings
+from pflash_plugin.server.runtime.inprocess import Run
 
 import numpy as np  # after llama_cpp: numpy first made the CUDA model load segfault on the H200 machine
 

@@ -8,8 +8,8 @@ import time
 
 from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams
 from pflash_plugin.llama.devices import gpu_free_bytes
-from pflash_plugin.server.models import ServedModel
-from pflash_plugin.server.settings import ModelSettings
+from pflash_plugin.server.runtime.models import ServedModel
+from pflash_plugin.server.config.settings import ModelSettings
 
 free = gpu_free_bytes()
 served = ServedModel(ModelSettings(model=sys.argv[1], n_gpu_layers=99, n_ctx=4096, pflash="always",

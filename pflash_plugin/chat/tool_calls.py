@@ -1,6 +1,6 @@
 """Tool calls as models write them: the syntax a model family uses (chosen from its chat template),
 and the reader that turns a choice's text into content and OpenAI `tool_calls`, streamed or whole.
-What a request asks for (tool_choice, the forcing grammar) is server/tool_requests.py.
+What a request asks for (tool_choice, the forcing grammar) is server/preparation/tool_requests.py.
 
 Syntaxes (llama-server's names): `hermes` (Hermes, Qwen 2/2.5/3: `<tool_call>{json}</tool_call>`),
 `llama3` (Llama 3.x: `{"name": ..., "parameters": ...}`, maybe after `<|python_tag|>`), `mistral`

@@ -42,7 +42,7 @@ def decode_threads() -> int:
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """What the engine is built with, whole before it is built (the server resolves max_ctx
-    against the loaded model: server/llama_params.resolve)."""
+    against the loaded model: server/config/llama_params.resolve)."""
 
     max_ctx: int  # per-request limit on prompt + max_tokens
     n_slots: int = 4

@@ -131,7 +131,7 @@ class FinishEvent:
 
 class ErrorKind(enum.Enum):
     """Why a request ended in an error or was refused, in the engine's terms: the server maps each
-    kind to its answer (server/errors.py: an HTTP status and an error type)."""
+    kind to its answer (server/wire/errors.py: an HTTP status and an error type)."""
 
     INVALID = "invalid"  # the request as sent cannot be served (empty prompt, too many choices, bad grammar)
     TOO_LONG = "too_long"  # prompt + max_tokens over the context or a slot's KV

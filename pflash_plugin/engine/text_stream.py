@@ -5,7 +5,7 @@ too: text is released only once it is valid UTF-8 and can no longer be the start
 
 Each stop string is matched as the text arrives (Knuth-Morris-Pratt: per stop, the length of the
 longest suffix of the text so far that starts it), so a push costs time linear in its new text
-times the number of stops, whatever their length; the server caps both (server/protocol.py).
+times the number of stops, whatever their length; the server caps both (server/wire/protocol.py).
 """
 from __future__ import annotations
 

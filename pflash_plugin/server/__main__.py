@@ -14,11 +14,11 @@ import uvicorn
 from llama_cpp.server.cli import parse_model_from_args
 
 from ..plugins import plugin_routers, server_plugins
-from .app import create_app
-from .cli import build_parser
-from .connections import ConnectionLimits, default_max_connections, guarded_protocol
-from .settings import ConfigFileSettings, ModelSettings, ServerSettings
-from .startup import START_ERRORS, listen_socket, log_summary, start_error
+from .composition.app import create_app
+from .composition.startup import START_ERRORS, listen_socket, log_summary, start_error
+from .config.cli import build_parser
+from .config.settings import ConfigFileSettings, ModelSettings, ServerSettings
+from .operations.connections import ConnectionLimits, default_max_connections, guarded_protocol
 
 
 def read_config_file(path: str) -> ConfigFileSettings:

@@ -1,0 +1,1 @@
+"""What the server is told: its settings, the command line, llama.cpp's parameters from them."""

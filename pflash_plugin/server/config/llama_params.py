@@ -1,0 +1,338 @@
+"""Every key of a model's settings, mapped once: `plan` before the weights load (what llama.cpp
+loads them with), `resolve` once they have (the frozen `ModelPlan` the model is served with, max_ctx
+and the PFlash keys included). Nothing downstream reads the settings.
+
+A stock `llama_cpp.server` key either reaches llama.cpp (model load, context, sampler chain, chat
+template) with the meaning `llama_cpp.server` gives it (llama_cpp/server/model.py,
+llama_cpp/llama.py), or, set to a value this server cannot honour, is refused at start with a
+message that names it and says why. Nothing is ignored: `tests/test_llama_params.py` walks the
+stock fields and checks each one.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import llama_cpp
+from llama_cpp.server.settings import ModelSettings as StockModelSettings
+
+from ... import plugins
+from ...engine.loader import EngineConfig, check_config
+from ...llama import Model, ModelParams, RopeParams
+from ...llama.backend import init_numa
+from ...llama.devices import add_rpc_servers, gpu_count, gpus_split_rows
+from ...pflash.compressor import PflashConfig
+from ...pflash.planning import MAX_EXPLICIT_QUERY
+from ...pflash.selection import KeepCurve
+from ...pflash.windows import DraftWindows
+from .settings import ModelSettings
+
+
+class SettingsRefused(ValueError):
+    """A model key set to what the batched engine cannot honour; the message names the key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+
+
+_SPECULATIVE = "speculative decoding is not supported by the batched engine"
+_HF = "HuggingFace tokenizers and hub downloads are not supported: the GGUF's own tokenizer and chat template are used"
+
+# Refused when set to anything but the stock default (a default that means "off" is no refusal).
+REFUSED: dict[str, str] = {
+    "vocab_only": "the engine generates, which needs the weights, not the vocabulary alone",
+    "lora_base": "llama.cpp applies a LoRA adapter to the loaded model itself; a separate base model is not "
+    "supported (llama-cpp-python 0.3.36 ignores this key)",
+    "clip_model_path": "multimodal chat handlers (llava, mtmd) are not supported by the batched engine",
+    "draft_model": _SPECULATIVE,
+    "draft_model_num_pred_tokens": _SPECULATIVE,
+    "hf_model_repo_id": _HF,
+    "hf_tokenizer_config_path": _HF,
+    "hf_pretrained_model_name_or_path": _HF,
+    "cache_type": "there is no disk prompt cache: --cache keeps evicted prefixes in host RAM (--cache_size bytes)",
+    "mul_mat_q": "llama.cpp has no such switch any more (its backends choose their matmul kernels); "
+    "llama-cpp-python 0.3.36 ignores it too",
+}
+
+SPLIT_MODES = {
+    llama_cpp.LLAMA_SPLIT_MODE_NONE: "none",
+    llama_cpp.LLAMA_SPLIT_MODE_LAYER: "layer",
+    llama_cpp.LLAMA_SPLIT_MODE_ROW: "row",
+    llama_cpp.LLAMA_SPLIT_MODE_TENSOR: "tensor",
+}
+SPLIT_MODES_TEXT = ", ".join(f"{mode} ({name})" for mode, name in SPLIT_MODES.items())
+# llama.cpp then fails at load with "device CUDA0 does not support split buffers" (seen on two H200s,
+# in llama-server as in ours): its CUDA backend of this version has no row split
+NO_ROW_SPLIT = ("2 (row) needs split buffers, which this llama.cpp build's GPU backend does not have; "
+                "use 1 (layer) or 3 (tensor parallel, experimental in llama.cpp)")
+
+# Accepted with any value: what the key asks for is what the engine always does.
+ALWAYS_SO: dict[str, str] = {
+    "logits_all": "logprobs are computed from each sampled row whatever its value, and no all-token "
+    "logits buffer is kept",
+}
+
+# At their stock values these leave llama.cpp's own default, "as the model says" (stock would force
+# the GGUF-less value onto models whose metadata sets another).
+_YARN_STOCK = {"yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}
+_RANDOM_SEEDS = (-1, llama_cpp.LLAMA_DEFAULT_SEED)
+_KV_TYPES: dict[str, Callable[[str], bool | int | float | str]] = {
+    "bool": lambda v: v.lower() in ("true", "1"), "int": int, "float": float, "str": str}
+
+
+@dataclass(frozen=True)
+class LlamaPlan:
+    """What one model's settings tell llama.cpp before its weights load, built by `plan` alone."""
+
+    model_path: str | None
+    alias: str | None
+    target: ModelParams  # the target's load, rope and LoRA
+    max_ctx: int | None  # asked for (--max_ctx, else --n_ctx); None: the model's training context
+    drafter: ModelParams  # a separate --pflash_drafter GGUF (placement only)
+    numa: int  # ggml_numa_strategy
+    rpc_servers: tuple[str, ...]
+    embedding: bool
+    chat_format: str | None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    verbose: bool = False
+
+
+# drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
+DRAFT_BATCH = 512
+
+
+@dataclass(frozen=True)
+class PflashPlan:
+    """Every PFlash key, mapped once max_ctx is known."""
+
+    mode: str  # off | auto | always
+    config: PflashConfig  # what the planner and the compressor read (threshold, keep ratio, curve, ...)
+    curve: str | None  # --pflash_curve as given, for /status
+    scorer: str
+    drafter: str | None  # a separate drafter GGUF; None: the target stopped early
+    layers: tuple[int, ...] | None  # scoring layers asked for; None: the drafter's first global one
+    drafter_cut: bool
+    cache_dir: str | None
+    max_tokens: int  # the longest text a drafter takes: max_ctx and an explicit query's room
+    windows: DraftWindows
+    n_batch: int  # tokens of a drafter window per ubatch
+    n_threads: int
+    lanes: int | None  # asked for; None: sized with the memory (assembly.size_memory)
+    pin_view: bool | None  # None: where the drafter is on a GPU
+    rope: str
+    shared_duty: float
+    persistent: bool  # the drafter stays loaded (draft_residency)
+    calibrate: str  # auto | on | off
+    min_speedup: float
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """How one model serves, resolved once its weights loaded (`resolve`)."""
+
+    name: str
+    engine: EngineConfig  # the target's engine: context, pool, slots, sampler defaults
+    pflash: PflashPlan
+    llama: LlamaPlan  # the stock keys' mapping the weights were loaded with
+
+    @property
+    def max_ctx(self) -> int:
+        return self.engine.max_ctx
+
+
+def plan(s: ModelSettings) -> LlamaPlan:
+    """The mapping; raises SettingsRefused for a key it cannot honour."""
+    check_refused(s)
+    return LlamaPlan(
+        model_path=s.model,
+        alias=s.model_alias,
+        target=model_params(s),
+        max_ctx=s.max_ctx or s.n_ctx or None,
+        drafter=drafter_params(s),
+        numa=numa_strategy(s.numa),
+        rpc_servers=tuple(e.strip() for e in (s.rpc_servers or "").split(",") if e.strip()),
+        embedding=s.embedding,
+        chat_format=s.chat_format,
+        chat_template_kwargs=dict(s.chat_template_kwargs or {}),
+        verbose=s.verbose,
+    )
+
+
+def check_refused(s: ModelSettings) -> None:
+    stock = StockModelSettings.model_fields
+    for key, reason in REFUSED.items():
+        if getattr(s, key) != stock[key].default:
+            raise SettingsRefused(key, reason)
+
+
+def model_params(s: ModelSettings) -> ModelParams:
+    """The target's load (llama_model_params), LoRA adapter and rope, as llama_cpp.Llama sets them."""
+    if s.lora_path and not os.path.isfile(s.lora_path):
+        raise SettingsRefused("lora_path", f"no such file: {s.lora_path}")
+    if s.split_mode not in SPLIT_MODES:
+        raise SettingsRefused("split_mode", f"{s.split_mode} is not one of {SPLIT_MODES_TEXT}")
+    if s.tensor_split is not None and len(s.tensor_split) > llama_cpp.LLAMA_MAX_DEVICES:
+        raise SettingsRefused("tensor_split", f"more entries than llama.cpp's {llama_cpp.LLAMA_MAX_DEVICES} devices")
+    return ModelParams(
+        n_gpu_layers=s.n_gpu_layers,
+        split_mode=s.split_mode,
+        main_gpu=s.main_gpu,
+        tensor_split=tuple(s.tensor_split) if s.tensor_split is not None else None,
+        kv_overrides=tuple(kv_override(entry) for entry in s.kv_overrides or ()),
+        use_mmap=s.use_mmap,
+        use_mlock=s.use_mlock,
+        loras=((s.lora_path, 1.0),) if s.lora_path else (),  # llama_cpp.Llama's lora_scale default
+        rope=rope_params(s),
+    )
+
+
+def rope_params(s: ModelSettings) -> RopeParams:
+    yarn = {key: -1.0 if getattr(s, key) == value else getattr(s, key) for key, value in _YARN_STOCK.items()}
+    return RopeParams(
+        scaling_type=s.rope_scaling_type,
+        freq_base=s.rope_freq_base,
+        freq_scale=s.rope_freq_scale,
+        yarn_ext_factor=s.yarn_ext_factor,
+        yarn_attn_factor=yarn["yarn_attn_factor"],
+        yarn_beta_fast=yarn["yarn_beta_fast"],
+        yarn_beta_slow=yarn["yarn_beta_slow"],
+        yarn_orig_ctx=s.yarn_orig_ctx,
+    )
+
+
+def kv_override(entry: str) -> tuple[str, bool | int | float | str]:
+    """`key=type:value`, type one of bool, int, float, str (llama_cpp.server's format)."""
+    key, sep, typed = entry.partition("=")
+    kind, colon, value = typed.partition(":")
+    if not (sep and colon and key) or kind not in _KV_TYPES:
+        raise SettingsRefused("kv_overrides", f"{entry!r} is not key=type:value with type bool, int, float or str")
+    if len(key.encode()) > 127 or len(value.encode()) > 127:
+        raise SettingsRefused("kv_overrides", f"{entry!r}: llama.cpp takes keys and values of up to 127 bytes")
+    try:
+        return key, _KV_TYPES[kind](value)
+    except ValueError:
+        raise SettingsRefused("kv_overrides", f"{entry!r}: {value!r} is not a {kind}") from None
+
+
+def numa_strategy(numa: bool | int) -> int:
+    """llama_cpp.Llama's mapping: true is DISTRIBUTE, an int is a ggml_numa_strategy."""
+    strategy = int(numa) if not isinstance(numa, bool) else (1 if numa else 0)
+    if not 0 <= strategy <= 4:
+        raise SettingsRefused("numa", f"{numa} is not a ggml_numa_strategy (0-4)")
+    return strategy
+
+
+def resolve(s: ModelSettings, llama: LlamaPlan, name: str, model: Model) -> ModelPlan:
+    """The plan a model serves with, once its weights loaded: max_ctx is the one asked for, else
+    the model's training context; refuses what the model or the drafter's windows cannot serve."""
+    engine = engine_config(s, llama.target, llama.max_ctx or model.n_ctx_train)
+    check_config(engine, model)
+    pflash = pflash_plan(s, engine.max_ctx)
+    if pflash.on:
+        pflash.windows.check(pflash.n_batch, pflash.max_tokens)  # at start, also for drafters loaded per prompt
+    return ModelPlan(name, engine, pflash, llama)
+
+
+def pflash_plan(s: ModelSettings, max_ctx: int) -> PflashPlan:
+    max_tokens = max_ctx + MAX_EXPLICIT_QUERY
+    windows = (DraftWindows.default(s.pflash_drafter_sink, s.pflash_drafter_causal_max, max_tokens)
+               if s.pflash_drafter_window is None
+               else DraftWindows(s.pflash_drafter_window, s.pflash_drafter_sink, s.pflash_drafter_causal_max))
+    return PflashPlan(
+        mode=s.pflash,
+        config=pflash_config(s),
+        curve=s.pflash_curve,
+        scorer=s.pflash_scorer,
+        drafter=s.pflash_drafter,
+        layers=tuple(s.pflash_layers) if s.pflash_layers is not None else None,
+        drafter_cut=s.pflash_drafter_cut,
+        cache_dir=s.pflash_cache_dir,
+        max_tokens=max_tokens,
+        windows=windows,
+        n_batch=min(s.n_batch, DRAFT_BATCH) if s.pflash_drafter_ubatch is None else s.pflash_drafter_ubatch,
+        n_threads=s.n_threads_batch,
+        lanes=s.pflash_drafter_lanes,
+        pin_view={"auto": None, "on": True, "off": False}[s.pflash_drafter_pin_view],
+        rope=s.pflash_rope,
+        shared_duty=s.pflash_shared_duty,
+        persistent=s.draft_residency == "persistent",
+        calibrate=s.pflash_calibrate,
+        min_speedup=s.pflash_min_speedup,
+    )
+
+
+def pflash_config(s: ModelSettings) -> PflashConfig:
+    return PflashConfig(
+        mode=s.pflash,
+        threshold=s.pflash_threshold,
+        keep_ratio=s.pflash_keep_ratio,
+        curve=KeepCurve.parse(s.pflash_curve) if s.pflash_curve else None,
+        query_tokens=s.pflash_query_tokens,
+        segment_min=s.pflash_segment_min,
+        segment_max=s.pflash_segment_max,
+        select=plugins.selector(s.pflash_selector),
+        polite_s=s.pflash_polite_s,
+    )
+
+
+def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> EngineConfig:
+    seed = None if s.seed in _RANDOM_SEEDS else s.seed
+    return EngineConfig(
+        n_slots=s.max_concurrency,
+        max_ctx=max_ctx,
+        kv_pool_tokens=s.kv_pool_tokens,
+        kv_layout=s.kv_layout,
+        host_cache_bytes=s.cache_size if s.cache else 0,
+        page_size=s.kv_page_size,
+        prefill_chunk=s.prefill_chunk,
+        reuse_compressed=s.pflash_reuse_compressed,
+        n_batch=s.n_batch,
+        n_ubatch=s.n_ubatch,
+        max_queue=s.max_queue,
+        schedule_policy=s.schedule_policy,
+        n_threads=s.n_threads,
+        n_threads_batch=s.n_threads_batch,
+        model=target,
+        flash_attn=s.flash_attn,
+        offload_kqv=s.offload_kqv,
+        type_k=s.type_k,
+        type_v=s.type_v,
+        seed=seed,
+        penalty_last_n=s.last_n_tokens_size,
+        backend_sampling=s.backend_sampling,
+        max_step_s=s.max_step_s,
+        verbose=s.verbose,
+    )
+
+
+def drafter_params(s: ModelSettings) -> ModelParams:
+    """A separate drafter GGUF: the target's placement (on main_gpu alone when split), none of its
+    rope, kv_overrides or LoRA, which describe the target's weights."""
+    gpu_layers = s.n_gpu_layers if s.pflash_drafter_gpu_layers is None else s.pflash_drafter_gpu_layers
+    return ModelParams(n_gpu_layers=gpu_layers, split_mode=llama_cpp.LLAMA_SPLIT_MODE_NONE, main_gpu=s.main_gpu,
+                       use_mmap=s.use_mmap, use_mlock=s.use_mlock)
+
+
+def bring_up(p: LlamaPlan) -> None:
+    """The process-wide part, before any weights load: the NUMA strategy and the RPC servers'
+    devices; then main_gpu against the devices llama.cpp sees (none on a CPU build: nothing to check)."""
+    try:
+        init_numa(p.numa)
+    except ValueError as error:
+        raise SettingsRefused("numa", str(error)) from None
+    if p.rpc_servers:
+        try:
+            add_rpc_servers(list(p.rpc_servers))
+        except RuntimeError as error:
+            raise SettingsRefused("rpc_servers", str(error)) from None
+    gpus, main_gpu = gpu_count(), p.target.main_gpu
+    if gpus and main_gpu >= gpus:
+        raise SettingsRefused("main_gpu", f"{main_gpu} is not one of the {gpus} GPU devices llama.cpp sees")
+    if gpus and p.target.split_mode == llama_cpp.LLAMA_SPLIT_MODE_ROW and not gpus_split_rows():
+        raise SettingsRefused("split_mode", NO_ROW_SPLIT)

@@ -1,0 +1,200 @@
+"""Request bodies -> engine requests: prompts (prompts.py), grammars, sampling parameters and the
+PFlash plan (pflash/planning.py), checked before anything reaches the engine. Blocking work: the
+routes run it in a thread.
+
+`n` samples of one prompt are n engine requests over the same prompt tokens (the prefix cache and
+the KV pool share what they can); sample i of a seeded request uses seed + i, so the samples differ.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from llama_cpp import llama_grammar
+
+from ...chat.reasoning import Reader, for_template, opens_in_prompt, reader_for, requested_tags
+from ...chat.switches import THINKING_DEFAULT
+from ...chat.tool_calls import GENERIC, ToolCallReader
+from ...engine.request import Request as EngineRequest
+from ...engine.request import SamplingParams
+from ...llama import GrammarError, check_grammar
+from ...pflash.planning import MAX_EXPLICIT_QUERY, PlanError, PromptFacts
+from ..runtime.generation import Generation
+from ..runtime.models import ServedModel
+from ..runtime.prompts import ChatPrompt, count_prompts
+from ..wire.protocol import (
+    MAX_N,
+    ChatCompletionRequest,
+    CompletionRequest,
+    PflashOverride,
+    RequestError,
+    ResponseFormat,
+    chat_messages,
+    sampling_params,
+)
+from ..wire.responses import ChatChoice, CompletionChoice, new_id
+from .schema_bounds import schema_grammar
+from .tool_requests import ToolRequest, plain_history
+
+
+def _samples(params: SamplingParams, n: int) -> list[SamplingParams]:
+    return [dataclasses.replace(params, seed=None if params.seed is None else params.seed + i) for i in range(n)]
+
+
+def _max_tokens(requested: int | None, prompt: list[int], served: ServedModel) -> int:
+    """None or 0 means: until the context ends, as in llama_cpp."""
+    if requested is None or requested <= 0:
+        return max(served.max_ctx - len(prompt), 1)
+    return requested
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def _checked_grammar(served: ServedModel, grammar: str | None, param: str) -> str | None:
+    """A grammar that llama.cpp will take: refused here, before any stream starts."""
+    if grammar:
+        try:
+            check_grammar(served.model, grammar)
+        except GrammarError as error:
+            raise RequestError(400, f"{param}: {error}", param=param) from None
+    return grammar
+
+
+def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingParams, n: int,
+                     ask: PflashOverride | None, facts: PromptFacts, priority: int = 0) -> list[EngineRequest]:
+    """The n samples of one prompt, sharing its PFlash plan: one compression job for all of them
+    (the engine runs it once and hands its result to each), or the report of why there is none."""
+    if ask is not None and ask.query:  # before it is tokenized: 7 MB took 3 s and 430 MB (issue 49)
+        served.prompts.limit.check_text(ask.query, "pflash.query", MAX_EXPLICIT_QUERY)
+    try:
+        plan = served.planner.plan(tokens, ask, facts)
+    except PlanError as error:
+        raise RequestError(400, str(error), param=error.param) from None
+    return [EngineRequest.planned(tokens, sample, plan, priority=priority) for sample in _samples(params, n)]
+
+
+def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
+    if body.suffix:
+        raise RequestError(400, "suffix is not supported", param="suffix")
+    n_prompts = count_prompts(body.prompt)  # before tokenizing: 10,000 prompts of 500 characters, +60 MB
+    if n_prompts * (body.n or 1) > MAX_N:
+        raise RequestError(400, f"{n_prompts} prompts x n={body.n} is over {MAX_N} choices", param="n")
+    prompts = served.prompts.tokenize_prompts(body.prompt)
+    bias = served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
+    grammar = format_grammar(served, body.response_format, body.grammar)
+    requests: list[EngineRequest] = []
+    choices: list[CompletionChoice] = []
+    for tokens, text in prompts:
+        echo = served.prompts.prompt_text(tokens, text) if body.echo else ""
+        params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
+                                 logprobs=body.logprobs, grammar=grammar, logit_bias=bias)
+        for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash,
+                                        PromptFacts(json_format=bool(grammar)), body.priority):
+            requests.append(request)
+            choices.append(CompletionChoice(len(choices), served.model.piece, echo,
+                                            body.logprobs is not None))
+    return Generation(served, requests, choices, "text_completion", "text_completion",
+                      sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
+
+
+def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None,
+                  rendered: ChatPrompt) -> str | None:
+    """A forced tool call's grammar (after what closes a thinking block the prompt opened: the call
+    is written outside it); response_format json_object or json_schema (strict or not: the
+    grammar enforces the schema either way); otherwise the request's own grammar, if any."""
+    forced = tools.grammar(_closing(served, rendered)) if tools else None
+    if forced:
+        if body.grammar or body.response_format is not None and body.response_format.type != "text":
+            raise RequestError(400, "a required or named tool_choice constrains the answer to a tool call: it "
+                               "cannot be combined with response_format or grammar", param="tool_choice")
+        return _checked_grammar(served, forced, "tools")
+    return format_grammar(served, body.response_format, body.grammar)
+
+
+def format_grammar(served: ServedModel, response_format: ResponseFormat | None, grammar: str | None) -> str | None:
+    """response_format json_object or json_schema as a grammar (strict or not: the grammar enforces
+    the schema either way), for chat and completions alike; otherwise the request's own grammar."""
+    if response_format is None or response_format.type == "text":
+        return _checked_grammar(served, grammar, "grammar")
+    schema = response_format.schema_for_grammar()
+    gbnf = schema_grammar(schema, "response_format") if schema else llama_grammar.JSON_GBNF
+    return _checked_grammar(served, gbnf, "response_format")
+
+
+def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
+    """A choice's reader of the tool calls the model writes (none when the request has no tools)."""
+    return tools.reader() if tools else None
+
+
+def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
+    """The conversation through the chat template, with the tools unless tool_choice is none."""
+    served.prompts.limit.check_turns(len(body.messages), "messages", "messages")  # before any is converted
+    messages = for_template(chat_messages(body.messages), served.think_tags)
+    served.prompts.limit.check_messages(messages)  # before the template joins them
+    switches = _template_kwargs(served, body)
+    if tools is not None and tools.syntax.renders_tools:
+        return served.prompts.render_chat(messages, tools.tools, body.tool_choice, template_kwargs=switches)
+    if tools is not None:  # the system prompt describes them: a template's own format would be one we cannot read
+        return served.prompts.render_chat(tools.messages(messages), template_kwargs=switches)
+    plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
+    return served.prompts.render_chat(plain_history(messages) if plain else messages, template_kwargs=switches)
+
+
+def _template_kwargs(served: ServedModel, body: ChatCompletionRequest) -> dict[str, Any]:
+    """The request's template variables over the server's, over llama-server's default thinking
+    switch where the template has thinking markers."""
+    default = THINKING_DEFAULT if served.template_tags is not None else {}
+    return {**default, **(served.settings.chat_template_kwargs or {}), **body.template_kwargs()}
+
+
+PROMPT_TAIL_TOKENS = 24  # the prompt's end that says whether it opened a thinking block
+
+
+def _reasoning(served: ServedModel, body: ChatCompletionRequest, rendered: ChatPrompt) -> Reader | None:
+    """A choice's reader of the thinking the model writes (none where the template has no markers);
+    it starts inside the block when the prompt opened it (Qwen3.5 thinking, DeepSeek R1)."""
+    tags = requested_tags(served.template_tags, body.reasoning_format or served.settings.reasoning_format)
+    if tags is None:
+        return None
+    tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
+    return reader_for(tags, tail)
+
+
+def _closing(served: ServedModel, rendered: ChatPrompt) -> str:
+    """What closes the thinking block the prompt opened ("" where it opened none)."""
+    tags = served.think_tags
+    if tags is None or tags.channels:
+        return ""
+    tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
+    return f"{tags.close}\n\n" if opens_in_prompt(tags, tail) else ""
+
+
+def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolRequest | None, ChatPrompt]:
+    """The request's tools as served, and its conversation as the model reads it."""
+    if not body.messages:
+        raise RequestError(400, "messages must contain at least one message", param="messages")
+    tools = ToolRequest.of(body, served.prompts.tool_syntax)
+    return tools, _render(served, body, tools)
+
+
+def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
+    tools, rendered = chat_prompt(served, body)
+    grammar = _chat_grammar(served, body, tools, rendered)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_params(
+        body,
+        max_tokens=_max_tokens(body.max_tokens, rendered.tokens, served),
+        logprobs=top,
+        grammar=grammar,
+        logit_bias=served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
+    )
+    params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
+    facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
+                        json_format=bool(grammar))
+    requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts, body.priority)
+    choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools),
+                          _reasoning(served, body, rendered)) for i in range(len(requests))]
+    return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",
+                      len(rendered.tokens), _include_usage(body), new_id("chatcmpl"))

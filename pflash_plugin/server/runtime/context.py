@@ -1,0 +1,65 @@
+"""What the routes need, found on the app they are mounted in (`app.state.pflash`), so the same
+module-level routers serve any number of apps in one process."""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+
+from ...engine.request import Request as EngineRequest
+from ...engine.scheduler import AdmissionError
+from ..config.settings import ServerSettings
+from ..operations.metrics import Metrics
+from ..wire.errors import http_of
+from ..wire.protocol import RequestError
+from .models import ModelRegistry, ServedModel
+from .tokenizer_pool import TokenizerPool
+
+
+@dataclass
+class ServerContext:
+    settings: ServerSettings
+    models: ModelRegistry
+    metrics: Metrics
+    tokenizer: TokenizerPool  # the routes that only tokenize
+
+    @classmethod
+    def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:
+        metrics = Metrics(lambda: {name: m.engine.stats() for name, m in models.models.items()})
+        threads = settings.tokenizer_threads or max(1, (os.cpu_count() or 1) // 8)
+        return cls(settings, models, metrics, TokenizerPool(threads, settings.tokenizer_queue))
+
+    async def submit(self, served: ServedModel, requests: list[EngineRequest]) -> None:
+        """Hand a client's requests (its n choices) to their model's engine and wait for the engine
+        thread's answer, so that a refusal (400, 429, 503) is a RequestError before any byte of
+        the response, streamed or not."""
+        try:
+            await asyncio.wrap_future(served.engine.submit(*requests))
+        except AdmissionError as error:
+            raise self.refusal(served, error) from None
+
+    def refusal(self, served: ServedModel, error: AdmissionError) -> RequestError:
+        """A model's refusal (too long, busy, unavailable...) as the client's error, counted in /metrics."""
+        status, kind = http_of(error.kind)
+        self.metrics.errors.labels(served.name, str(status)).inc()
+        return RequestError(status, error.message, kind, code=kind, counted=True)
+
+    def close(self) -> None:
+        self.tokenizer.close()
+        self.models.close(self.settings.shutdown_grace_s)
+
+
+def attach(app: FastAPI, context: ServerContext) -> None:
+    """Make `context` the one the routers see in `app` (call it before mounting them elsewhere)."""
+    app.state.pflash = context
+    app.state.models, app.state.metrics = context.models, context.metrics
+
+
+def get_context(request: Request) -> ServerContext:
+    try:
+        return request.app.state.pflash
+    except AttributeError:
+        raise RuntimeError("the pflash routers need a context: "
+                           "call pflash_plugin.server.runtime.context.attach(app, context)") from None
