@@ -443,3 +443,24 @@ def test_templates_that_think_only_when_asked_think_by_default():
         off = _chat(client, "r1d", ANSWER, stream=False, reasoning_effort="none")["choices"][0]["message"]
     assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
     assert (off["reasoning_content"], off["content"]) == (None, ANSWER)
+
+
+def test_past_the_thinking_budget_the_server_closes_the_block_and_the_model_answers(server):
+    """llama-server's thinking_budget_tokens on chat, Anthropic's thinking.budget_tokens on Messages:
+    the random model never closes the block the Qwen3.5 prompt opened, so without a budget its whole
+    answer is thinking; with one, its first tokens are, and the rest is the answer after the tag the
+    server wrote (engine/reasoning_budget.py)."""
+    body = {"model": "qwen35", "messages": ASK, "max_tokens": 40, "min_tokens": 40, "temperature": 0}
+    with server.client() as client:
+        unbounded = client.post("/v1/chat/completions", json=body).json()
+        bounded = client.post("/v1/chat/completions", json={**body, "thinking_budget_tokens": 6}).json()
+        claude = client.post("/v1/messages", json={
+            "model": "qwen35", "max_tokens": 40, "temperature": 0, "messages": ASK,
+            "thinking": {"type": "enabled", "budget_tokens": 6}}).json()
+    assert unbounded["choices"][0]["message"]["content"] in (None, "")
+    assert unbounded["usage"]["completion_tokens_details"]["reasoning_tokens"] == 40
+    message = bounded["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"]
+    # the block's tokens: the 6 thought, then the tag's (at most its 8 bytes in this byte vocabulary)
+    assert 6 <= bounded["usage"]["completion_tokens_details"]["reasoning_tokens"] <= 6 + len("</think>")
+    assert [block["type"] for block in claude["content"]] == ["thinking", "text"], claude

@@ -15,6 +15,7 @@ from llama_cpp import llama_grammar
 from ...chat.reasoning import Reader, for_template, opens_in_prompt, reader_for, requested_tags
 from ...chat.switches import THINKING_DEFAULT
 from ...chat.tool_calls import GENERIC, ToolCallReader
+from ...engine.reasoning_budget import ReasoningBudget
 from ...engine.request import Request as EngineRequest
 from ...engine.request import SamplingParams
 from ...llama import GrammarError, check_grammar
@@ -171,6 +172,20 @@ def _closing(served: ServedModel, rendered: ChatPrompt) -> str:
     return f"{tags.close}\n\n" if opens_in_prompt(tags, tail) else ""
 
 
+def _budget(served: ServedModel, tokens: int | None, rendered: ChatPrompt,
+            grammar: str | None) -> ReasoningBudget | None:
+    """The thinking's budget, where the request sets one and the prompt opened the thinking block
+    (a model that opens it itself may not think at all: the closing tag would land in its answer);
+    none under a grammar, which decides every token (a forced call closes the block first)."""
+    if tokens is None or grammar is not None:
+        return None
+    closing = _closing(served, rendered)
+    if not closing or served.think_tags is None:
+        return None
+    written = served.model.tokenize(closing, add_special=False, parse_special=True)
+    return ReasoningBudget(tokens, served.think_tags.close, tuple(written))
+
+
 def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolRequest | None, ChatPrompt]:
     """The request's tools as served, and its conversation as the model reads it."""
     if not body.messages:
@@ -191,6 +206,7 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
         logit_bias=served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
     )
     params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
+    params.reasoning_budget = _budget(served, body.thinking_budget_tokens, rendered, grammar)
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
                         json_format=bool(grammar))
     requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts, body.priority)

@@ -77,7 +77,8 @@ class Thinking(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Optional[int] = Field(
-        default=None, ge=1, description="Accepted, not enforced: max_tokens bounds the thinking and the answer.")
+        default=None, ge=1, description="With type enabled: the thinking's tokens at most; past them the server "
+        "closes the thinking block and the model answers (docs/reasoning.md).")
 
 
 class CountTokensRequest(BaseModel):
@@ -197,6 +198,8 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     chat: dict[str, Any] = {"model": body.model, "messages": messages, **_tools(body)}
     if body.thinking is not None and body.thinking.type != "adaptive":  # adaptive: the template's default
         chat["chat_template_kwargs"] = template_kwargs(thinking=body.thinking.type == "enabled")
+        if body.thinking.type == "enabled" and body.thinking.budget_tokens is not None:
+            chat["thinking_budget_tokens"] = body.thinking.budget_tokens
     if isinstance(body, MessagesRequest):
         form = body.output_config.format if body.output_config else None
         chat.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences or None,

@@ -164,6 +164,9 @@ class ChatCompletionRequest(StockChatRequest, _Extensions):
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = Field(
         default=None, description="none or minimal: no thinking (the template's enable_thinking false); low and up: "
         "thinking on; gpt-oss's effort (low, medium or high) either way (docs/reasoning.md).")
+    thinking_budget_tokens: Optional[int] = Field(
+        default=None, ge=0, description="llama-server's field: the thinking's tokens at most, where the prompt opens "
+        "the thinking block; past them the server closes the block and the model answers (docs/reasoning.md).")
 
     @field_validator("chat_template_kwargs")
     @classmethod
