@@ -1,4 +1,6 @@
-"""Serving benchmark: `pflash_plugin.server` (ours) against stock `llama_cpp.server`.
+"""Serving benchmark: `pflash_plugin.server` (ours) against stock `llama_cpp.server`, and against
+llama-cpp-python's own batched example server where its script is found (bench/upstream.py:
+`PFLASH_UPSTREAM_SERVER`, and `PFLASH_UPSTREAM_SITE` for a llama-cpp-python built with libmtmd).
 
 Both servers serve the demo model (gemma-3-270m Q4_K_M) and are driven by async httpx clients,
 one server at a time, with the trials interleaved (ours, stock, ours, stock, ...) so that noise
@@ -41,6 +43,7 @@ from typing import Any, Awaitable, TypeVar
 
 import httpx
 from harness import REPO, ServerProcess, demo_model_path, machine
+from upstream import UpstreamServer, available, model_options
 
 T = TypeVar("T")
 
@@ -98,17 +101,22 @@ class BenchError(RuntimeError):
 
 # ---- processes (started, waited for and stopped by harness.ServerProcess) ----------------------
 REFERENCE = "stock"  # the server whose tokenizer sizes the long prompts
-SHOWN = {"ours": "pflash_plugin", "stock": "llama_cpp.server"}  # names in error reports
+SHOWN = {"ours": "pflash_plugin", "stock": "llama_cpp.server", "upstream": "example server"}  # names in reports
 
 
 def make_servers(model_path: str, log_dir: Path, ours_args: list[str]) -> list[ServerProcess]:
-    """Ours first, then stock: the interleaving order A, B, A, B. Labels are the result keys."""
-    return [
+    """Ours first, then stock, then the upstream example server where found: the interleaving order
+    A, B, C, A, B, C. Labels are the result keys."""
+    servers = [
         ServerProcess("ours", ["--n_ctx", "8192", "--max_concurrency", "4", *ours_args], log_dir=log_dir,
                       ready_paths=("/health", "/v1/models")),
         ServerProcess("stock", ["--model", model_path, "--n_ctx", "8192", "--interrupt_requests", "false"],
                       module="llama_cpp.server", log_dir=log_dir),
     ]
+    if available():  # as ours: 4 sequences, 8,192 cells each (its n_ctx is the pool), n_batch 512
+        options = model_options(model_path, slots=4, n_ctx=4 * 8192, gpu=False, n_batch=512, n_ubatch=512)
+        servers.append(UpstreamServer("upstream", [], log_dir=log_dir, options={**options, "kv_unified": False}))
+    return servers
 
 
 def on_signal(signum: int, _frame: Any) -> None:
@@ -431,6 +439,8 @@ def summarize(trials: dict) -> dict:
         }
         out[key]["ttft_ratio"] = out[key]["busy_ttft_s"] / out[key]["idle_ttft_s"]
     out["throughput_ratio"] = out["ours"]["tokens_per_s"] / out["stock"]["tokens_per_s"]
+    if "upstream" in trials:
+        out["upstream_throughput_ratio"] = out["ours"]["tokens_per_s"] / out["upstream"]["tokens_per_s"]
     out["targets"] = {
         "throughput_ratio>=2.5": out["throughput_ratio"] >= 2.5,
         "ours_ttft_ratio<=3": out["ours"]["ttft_ratio"] <= 3.0,
@@ -439,18 +449,25 @@ def summarize(trials: dict) -> dict:
 
 
 def markdown_table(summary: dict, cfg: Settings) -> str:
-    ours, stock = summary["ours"], summary["stock"]
+    """A column per server measured, then ours over each of the others."""
+    keys = [k for k in SHOWN if k in summary]
+    ours, others = summary["ours"], keys[1:]
     n_long = int(ours["long_prompt_tokens"])
+
+    def row(label: str, field_: str, scale: float, fmt: str, ratio_of_ours: bool = True) -> tuple[str, ...]:
+        cells = [format(summary[k][field_] * scale, fmt) for k in keys]
+        ratios = [f"{ours[field_] / summary[k][field_]:.2f}x" if ratio_of_ours else "" for k in others]
+        return (label, *cells, *ratios)
+
+    throughput = row(f"throughput, {cfg.clients} clients x {cfg.max_tokens} tokens (tok/s)", "tokens_per_s", 1, ".1f")
+    throughput = (*throughput[:1 + len(keys)], *(f"**{r}**" for r in throughput[1 + len(keys):]))
     rows = [
-        ("metric", "ours (pflash_plugin)", "stock (llama_cpp.server)", "ours / stock"),
-        ("---", "---:", "---:", "---:"),
-        (f"throughput, {cfg.clients} clients x {cfg.max_tokens} tokens (tok/s)", f"{ours['tokens_per_s']:.1f}",
-         f"{stock['tokens_per_s']:.1f}", f"**{summary['throughput_ratio']:.2f}x** (target >= 2.5x)"),
-        ("TTFT, 3 short prompts, idle server (ms)", f"{ours['idle_ttft_s'] * 1000:.0f}",
-         f"{stock['idle_ttft_s'] * 1000:.0f}", f"{ours['idle_ttft_s'] / stock['idle_ttft_s']:.2f}x"),
-        (f"TTFT, same, beside a {n_long}-token prefill (ms)", f"{ours['busy_ttft_s'] * 1000:.0f}",
-         f"{stock['busy_ttft_s'] * 1000:.0f}", f"{ours['busy_ttft_s'] / stock['busy_ttft_s']:.2f}x"),
-        ("TTFT beside prefill / idle", f"**{ours['ttft_ratio']:.2f}x** (target <= 3x)", f"{stock['ttft_ratio']:.2f}x", ""),
+        ("metric", *(f"{k} ({SHOWN[k]})" for k in keys), *(f"ours / {k}" for k in others)),
+        ("---", *("---:" for _ in keys), *("---:" for _ in others)),
+        throughput,
+        row("TTFT, 3 short prompts, idle server (ms)", "idle_ttft_s", 1000, ".0f"),
+        row(f"TTFT, same, beside a {n_long}-token prefill (ms)", "busy_ttft_s", 1000, ".0f"),
+        row("TTFT beside prefill / idle", "ttft_ratio", 1, ".2f", ratio_of_ours=False),
     ]
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
@@ -509,24 +526,25 @@ def plot(summary: dict, trials: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys, labels, colors = ["ours", "stock"], ["pflash_plugin", "llama_cpp.server"], ["tab:blue", "tab:gray"]
+    keys = [k for k in SHOWN if k in summary]
+    labels, colors = [SHOWN[k] for k in keys], ["tab:blue", "tab:gray", "tab:green"][:len(keys)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for i, key in enumerate(keys):
         left.bar(i, summary[key]["tokens_per_s"], color=colors[i])
         reps = [x["tokens_per_s"] for x in trials[key]["throughput"]]
         left.plot([i] * len(reps), reps, "k.", alpha=0.6)
-    left.set_xticks(range(2), labels)
+    left.set_xticks(range(len(keys)), labels)
     left.set_ylabel("completion tokens/s")
     left.set_title(f"4 concurrent clients (ours/stock = {summary['throughput_ratio']:.2f}x)")
     width = 0.38
     for j, (field_, name) in enumerate((("idle_ttft_s", "idle"), ("busy_ttft_s", "beside long prefill"))):
-        xs = [i + (j - 0.5) * width for i in range(2)]
+        xs = [i + (j - 0.5) * width for i in range(len(keys))]
         right.bar(xs, [summary[k][field_] * 1000 for k in keys], width, label=name, edgecolor="k",
                   color=colors if j else "white", hatch=None if j else "//")
         for x, key in zip(xs, keys):
             reps = [median(t[field_]) * 1000 for t in trials[key]["ttft"]]
             right.plot([x] * len(reps), reps, "k.", alpha=0.6)
-    right.set_xticks(range(2), labels)
+    right.set_xticks(range(len(keys)), labels)
     right.set_yscale("log")
     right.set_ylabel("TTFT (ms, log)")
     right.set_title("short streamed completions")
@@ -540,7 +558,7 @@ def write_docs(
     path: Path, table: str, summary: dict, host: dict, code: dict, command: str, cfg: Settings, png: Path
 ) -> None:
     """docs/serving.md: the table with what it takes to reproduce and to read it."""
-    text = f"""# Serving benchmark: pflash_plugin vs llama_cpp.server
+    text = f"""# Serving benchmark: pflash_plugin vs llama_cpp.server{" and llama-cpp-python's example server" if "upstream" in summary else ""}
 
 {table}
 
@@ -569,8 +587,10 @@ Code measured: {describe_code(code)}.
 
 - Model: the demo gemma-3-270m Q4_K_M. Ours: `python -m pflash_plugin.server --n_ctx 8192 --max_concurrency 4`;
   stock: `python -m llama_cpp.server --model <demo gguf> --n_ctx 8192 --interrupt_requests false`
-  (one request at a time). Both on 127.0.0.1 with default thread settings, both up at once,
-  only one driven at a time; trials interleaved ours, stock, ours, stock; each warmed with one request.
+  (one request at a time). Where its script is found (bench/upstream.py), llama-cpp-python's own batched
+  example server too, as ours: 4 sequences of 8,192 cells, a KV stream each, n_batch 512, `store_logits`
+  off. All on 127.0.0.1 with default thread settings, all up at once, only one driven at a time;
+  trials interleaved ours, stock(, upstream), ours, ...; each warmed with one request.
 - Throughput: {cfg.clients} async httpx clients each send one non-streamed `/v1/completions`
   (different short prompts that keep generating, `max_tokens={cfg.max_tokens}`, `temperature=0`);
   completion tokens from `usage`, summed, over the wall time from the first send to the last answer.
@@ -593,7 +613,7 @@ Code measured: {describe_code(code)}.
 def details(summary: dict) -> str:
     """What the medians hide: whether the probes ran beside the prefill and got served before it ended."""
     lines = ["## Details", ""]
-    for key, label in (("ours", "pflash_plugin"), ("stock", "llama_cpp.server")):
+    for key, label in ((k, SHOWN[k]) for k in SHOWN if k in summary):
         s = summary[key]
         lines.append(
             f"- {label}: the long prompt's own TTFT (about its prefill time, with the probes beside it) "
