@@ -239,7 +239,7 @@ KINDS: dict[str, tuple[int, str | frozenset[int], Kind]] = {
 }
 
 
-# ---- hostile kinds (issue 22): each must get its 400 fast and leave the others' latency alone ----
+# ---- hostile kinds (issues 22 and 49): each must get its 400 fast and leave the others' latency alone ----
 def grammar_body(w: Workload, rng: random.Random, grammar: str) -> dict:
     return {"model": w.model, "prompt": short_prompt(rng), "max_tokens": 3, "grammar": grammar}
 
@@ -272,7 +272,36 @@ def heavy_stops(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> A
     return post(client, "/v1/completions", completion_body(w, rng) | {"stop": stops}, headers=w.headers)
 
 
+# ---- issue 49's: requests that once cost a hundred normal ones, each now refused or bounded ----
+def tool_history(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    """20,000 tool results (fewer under a small body limit), more than max_ctx holds: a 400, in linear time."""
+    n = min(20_000, (w.max_body_bytes - 4_096) // 64)
+    results = [{"role": "tool", "tool_call_id": "c", "content": "ok"} for _ in range(n)]
+    body = chat_body(w, rng)
+    return post(client, "/v1/chat/completions", body | {"messages": [*body["messages"], *results]}, headers=w.headers)
+
+
+def huge_query(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    """A 2 MB PFlash query (less under a small body limit): refused by its length, before it is tokenized."""
+    query = "q" * min(2_000_000, w.max_body_bytes - 4_096)
+    body = chat_body(w, rng) | {"pflash": {"mode": "always", "query": query}}
+    return post(client, "/v1/chat/completions", body, headers=w.headers)
+
+
+def token_count(w: Workload, client: httpx.AsyncClient, rng: random.Random) -> Awaitable[Reply]:
+    """A long prompt's text counted (the workload's long prompt, under max_ctx): on the tokenizer's own
+    threads, a 429 when they and their queue are busy."""
+    text = " ".join(prose(rng, max(w.long_words // 12, 1)))
+    body = {"model": w.model, "messages": [{"role": "user", "content": text}]}
+    return post(client, "/v1/messages/count_tokens", body, headers=w.headers)
+
+
 HOSTILE: dict[str, tuple[int, str | frozenset[int], Kind]] = {
+    "tool_history": (2, frozenset({400}), tool_history),
+    "huge_query": (2, frozenset({400}), huge_query),
+    "token_count": (3, frozenset({200, 429}), token_count),
+    "negative_max_tokens": (1, frozenset({400}), lambda w, c, r: post(
+        c, "/v1/chat/completions", chat_body(w, r) | {"max_tokens": -1}, headers=w.headers)),
     "nested_optionals": (2, frozenset({400}), lambda w, c, r: post(
         c, "/v1/completions", grammar_body(w, r, nested_optionals(17)), headers=w.headers)),
     "huge_alternation": (2, frozenset({400}), lambda w, c, r: post(
