@@ -23,6 +23,16 @@ ARGS_KEYS = ("arguments", "parameters")
 TRIM = 4096  # read text past this is dropped from the buffer, once a call was found
 
 
+def normalized_arguments(parts: list[str]) -> str:
+    """A call's arguments from the JSON text sent of them, normalized where it parses (every syntax's
+    calls come back alike), else as written (a call cut short)."""
+    raw = "".join(parts)
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False)
+    except ValueError:
+        return raw
+
+
 @dataclass
 class Call:
     """One call object in the capture."""
@@ -43,11 +53,7 @@ class Call:
 
     def arguments(self) -> str:
         """The arguments' JSON text as far as written (normalized when it parses)."""
-        raw = "".join(self.parts)
-        try:
-            return json.dumps(json.loads(raw), ensure_ascii=False)
-        except ValueError:
-            return raw
+        return normalized_arguments(self.parts)
 
 
 class CallScanner:

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .json_calls import normalized_arguments
+
 MAX_NAME = 256  # a function name longer than this is not one (the capture is content after all)
 TRIM = 4096  # read text past this is dropped from the buffer, once a call was found
 
@@ -62,11 +64,7 @@ class TaggedCall:
 
     def arguments(self) -> str:
         """The arguments' JSON text (normalized when it parses)."""
-        raw = "".join(self.parts)
-        try:
-            return json.dumps(json.loads(raw), ensure_ascii=False)
-        except ValueError:
-            return raw
+        return normalized_arguments(self.parts)
 
 
 def pair_value(raw: str, schema: Any) -> Any:
