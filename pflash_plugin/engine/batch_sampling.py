@@ -141,12 +141,41 @@ def draw(row: np.ndarray, top_k: int, top_p: float, min_p: float, temperature: f
     """llama.cpp's top-k -> top-p -> min-p -> temperature -> dist on one row, in float32 as it
     computes, the draw at `uniform` in [0, 1); None where the row's max is not finite (the caller's
     chain decides)."""
+    chain = _chain(row, top_k, top_p, min_p, temperature)
+    if chain is None:
+        return None
+    ids, weights = chain
+    with np.errstate(over="ignore", invalid="ignore"):  # inf weights (huge parameters), as in llama.cpp
+        return pick(ids, weights, uniform)
+
+
+def distribution(row: np.ndarray, top_k: int, top_p: float, min_p: float,
+                 temperature: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distribution `draw` draws from: the ids the chain keeps and their probabilities
+    (float64, summing to 1); None where the row's max is not finite. Speculative decoding's
+    rejection sampling needs the probabilities themselves, not one draw."""
+    chain = _chain(row, top_k, top_p, min_p, temperature)
+    if chain is None:
+        return None
+    ids, weights = chain
+    return ids, weights / weights.sum()
+
+
+def pick(ids: np.ndarray, weights: np.ndarray, uniform: float) -> int:
+    """The id at `uniform` in [0, 1) of the cumulative (unnormalized, non-negative) weights."""
+    cumulative = np.cumsum(weights)
+    choice = int(np.searchsorted(cumulative, cumulative[-1] * uniform, side="left"))
+    return int(ids[min(choice, ids.size - 1)])
+
+
+def _chain(row: np.ndarray, top_k: int, top_p: float, min_p: float,
+           temperature: float) -> tuple[np.ndarray, np.ndarray] | None:
     peak = row.max()
     if not np.isfinite(peak):
         return None
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # huge parameters: inf, as in llama.cpp
         ids = _top_k(row, top_k, peak, sort=top_p < 1.0)
-        return _truncate_and_draw(row, ids, top_p, min_p, temperature, uniform)
+        return _truncate(row, ids, top_p, min_p, temperature)
 
 
 def _top_k(row: np.ndarray, k: int, peak: float, sort: bool) -> np.ndarray:
@@ -157,8 +186,10 @@ def _top_k(row: np.ndarray, k: int, peak: float, sort: bool) -> np.ndarray:
     return np.argsort(-row, kind="stable") if sort else np.arange(row.size)
 
 
-def _truncate_and_draw(row: np.ndarray, ids: np.ndarray, top_p: float, min_p: float, temperature: float,
-                       uniform: float) -> int:
+def _truncate(row: np.ndarray, ids: np.ndarray, top_p: float, min_p: float,
+              temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """top-p, min-p and temperature on the top-k stage's ids: the ids kept and their weights
+    (float64, unnormalized)."""
     logits = row[ids].astype(np.float32)
     if top_p < 1.0:  # softmax over the candidates, then the shortest head whose mass reaches top_p
         probs = np.exp(logits - logits[0])
@@ -170,7 +201,4 @@ def _truncate_and_draw(row: np.ndarray, ids: np.ndarray, top_p: float, min_p: fl
         kept = logits >= logits.max() + np.float32(math.log(min_p))
         ids, logits = ids[kept], logits[kept]
     logits = logits / np.float32(temperature)
-    weights = np.exp(logits - logits.max()).astype(np.float64)
-    cumulative = np.cumsum(weights)
-    choice = int(np.searchsorted(cumulative, cumulative[-1] * uniform, side="left"))
-    return int(ids[min(choice, ids.size - 1)])
+    return ids, np.exp(logits - logits.max()).astype(np.float64)
