@@ -276,6 +276,14 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
+    def shares_vocab(self, other: Model) -> bool:
+        """Whether `other`'s token ids mean what this model's do (same size, and the same piece at
+        512 ids spread over the vocabulary): a drafter's scores and a draft model's tokens must."""
+        if self.n_vocab != other.n_vocab:
+            return False
+        step = max(1, self.n_vocab // 512)
+        return all(self.piece(t) == other.piece(t) for t in range(0, self.n_vocab, step))
+
     def check_token(self, token: int) -> None:
         if not 0 <= token < self.n_vocab:
             raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")

@@ -133,11 +133,7 @@ class _Job:
 
 def check_vocab(target: Model, drafter: Model) -> None:
     """Refuse a drafter whose token ids mean something else than the target's."""
-    same = target.n_vocab == drafter.n_vocab
-    if same:
-        step = max(1, target.n_vocab // 512)
-        same = all(target.piece(t) == drafter.piece(t) for t in range(0, target.n_vocab, step))
-    if not same:
+    if not target.shares_vocab(drafter):
         raise DrafterError(
             f"the drafter {drafter.path} ({drafter.n_vocab} tokens) does not share the vocabulary of "
             f"the target {target.path} ({target.n_vocab} tokens): use a drafter of the same family"
