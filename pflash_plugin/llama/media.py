@@ -1,0 +1,274 @@
+"""Images and audio through libmtmd (issue 46): a projector loaded beside a text model, a prompt
+with media markers cut into chunks (text tokens | media), a media chunk encoded into embeddings,
+and the batch that decodes embeddings into one sequence of a context.
+
+llama.cpp cannot mix embedding rows and token rows in one llama_decode, so media are decoded by
+their own decode calls (`EmbeddingBatch`), at most n_batch rows each; the engine runs them between
+its token steps (engine/runner.py). Position rules: a chunk of `n_tokens` embeddings takes
+`n_pos` positions; without M-RoPE they are equal and consecutive. M-RoPE projectors (Qwen2-VL and
+later Qwen-VL families: 4 positions per embedding, n_pos != n_tokens) are refused at load.
+Non-causal chunks (Gemma 3's images) are decoded whole, in one call, with causal attention off."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import llama_cpp.llama_cpp as C
+import numpy as np
+
+from . import log as llama_log
+from .context import Context
+from .model import Model
+
+try:  # the wheel ships libmtmd unless it was built with -DLLAVA_BUILD=OFF
+    import llama_cpp.mtmd_cpp as M
+except (ImportError, OSError, FileNotFoundError):  # pragma: no cover - depends on the build
+    M = None
+
+MARKER = "<__media__>"  # libmtmd's default media marker, the one the prompts carry
+_PSEUDO_SPACE = 1 << 30
+# libmtmd's helper hands bytes stb_image cannot decode (WebP, a corrupt file) to ffmpeg/ffprobe from
+# this directory (NULL: $PATH): one that holds none, so a client's bytes never reach a subprocess
+_NO_FFMPEG = b"/nonexistent/pflash-no-ffmpeg"
+
+
+def mtmd_available() -> bool:
+    """Whether this llama_cpp build has libmtmd (it has unless built with LLAVA off)."""
+    return M is not None
+
+
+class MediaError(ValueError):
+    """A media item the projector cannot take (not an image it decodes, the wrong kind, too many
+    tokens for the context's batch): the request's own fault, answered 400 / INVALID."""
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    tokens: list[int]
+
+
+class MediaChunk:
+    """One image or audio clip as libmtmd tokenized it: `n_tokens` embeddings at `n_pos`
+    positions. `key` is a hash of its bytes (and kind): the embedding cache's key and the seed of
+    the pseudo-token ids that stand for it in a slot's token list (`pseudo_tokens`). Owns a copy
+    of the libmtmd chunk, freed with this object."""
+
+    def __init__(self, raw: Any, kind: str, key: str, non_causal: bool) -> None:
+        self.raw, self.kind, self.key, self.non_causal = raw, kind, key, non_causal
+        self.n_tokens: int = M.mtmd_input_chunk_get_n_tokens(raw)
+        self.n_pos: int = M.mtmd_input_chunk_get_n_pos(raw)
+        self._free = weakref.finalize(self, M.mtmd_input_chunk_free, raw)
+
+    def pseudo_tokens(self) -> list[int]:
+        """Ids for its positions that no vocabulary has (negative), derived from its bytes' hash:
+        a resent image gives the same ids, so the prefix cache matches it like text."""
+        base = int(self.key[:16], 16)
+        return [-1 - ((base + i) % _PSEUDO_SPACE) for i in range(self.n_pos)]
+
+
+Chunk = TextChunk | MediaChunk
+
+
+def media_key(kind: str, data: bytes) -> str:
+    return hashlib.sha256(kind.encode() + b"\0" + data).hexdigest()
+
+
+class Projector:
+    """A multimodal projector (an mmproj GGUF) loaded by libmtmd for `model`, on the GPU where the
+    model has layers there. `tokenize` may run on any thread (libmtmd's tokenizer is thread-safe);
+    `encode` runs one at a time (one compute graph)."""
+
+    def __init__(self, path: str | os.PathLike[str], model: Model, n_threads: int = 0,
+                 use_gpu: bool | None = None, n_ubatch: int = 512) -> None:
+        if M is None:
+            raise RuntimeError("this llama_cpp build has no libmtmd (built with -DLLAVA_BUILD=OFF): "
+                               "rebuild llama-cpp-python with LLAVA on to serve a projector")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"projector file not found: {path}")
+        self.path, self.model, self.n_ubatch = os.fspath(path), model, n_ubatch
+        for route in (M.mtmd_log_set, M.mtmd_helper_log_set):  # libmtmd's log with llama.cpp's (llama/log.py)
+            route(llama_log._callback, ctypes.c_void_p(0))
+        params = M.mtmd_context_params_default()
+        params.use_gpu = model.n_gpu_layers != 0 if use_gpu is None else use_gpu
+        params.print_timings = False
+        if n_threads > 0:
+            params.n_threads = n_threads
+        self._marker = MARKER.encode()  # referenced: libmtmd copies it, but only at init
+        params.media_marker = self._marker
+        self.ptr = M.mtmd_init_from_file(self.path.encode(), model.ptr, params)
+        if not self.ptr:
+            raise ValueError(f"libmtmd could not load the projector {self.path} for the model {model.path} "
+                             "(not an mmproj GGUF, or made for a model of another width)")
+        self._free = weakref.finalize(self, M.mtmd_free, self.ptr)
+        if M.mtmd_decode_use_mrope(self.ptr):
+            self.close()
+            raise ValueError(f"the projector {self.path} uses M-RoPE positions (the Qwen-VL families), "
+                             "which the batched engine does not serve yet")
+        self.vision: bool = bool(M.mtmd_support_vision(self.ptr))
+        self.audio: bool = bool(M.mtmd_support_audio(self.ptr))
+        self.n_embd: int = C.llama_model_n_embd_inp(model.ptr)
+        self._encoding = threading.Lock()
+
+    def close(self) -> None:
+        self._free()
+
+    def tokenize(self, text: str, media: Sequence[tuple[str, bytes]]) -> list[Chunk]:
+        """The prompt `text` (one MARKER per item of `media`, in order; special tokens parsed, none
+        added: the chat template wrote them) as text and media chunks. `media`: (kind, bytes).
+        MediaError for an item libmtmd cannot decode or the wrong number of markers."""
+        with self.tokenized(text, media) as chunks:
+            return self._chunks(chunks, [media_key(kind, data) for kind, data in media])
+
+    @contextlib.contextmanager
+    def tokenized(self, text: str, media: Sequence[tuple[str, bytes]]) -> Iterator[Any]:
+        """libmtmd's chunks of the prompt (mtmd_input_chunks *), freed on exit."""
+        self._check_kinds(media)
+        if text.count(MARKER) != len(media):
+            raise MediaError(f"the prompt has {text.count(MARKER)} media markers for {len(media)} media items")
+        bitmaps: list[Any] = []
+        chunks = M.mtmd_input_chunks_init()
+        try:
+            bitmaps += [self._bitmap(kind, data, i) for i, (kind, data) in enumerate(media)]
+            encoded = text.encode()
+            inp = M.mtmd_input_text()
+            inp.text, inp.text_len, inp.add_special, inp.parse_special = encoded, len(encoded), False, True
+            array = (M.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
+            code = M.mtmd_tokenize(self.ptr, chunks, ctypes.byref(inp), array, len(bitmaps))
+            if code != 0:
+                raise MediaError(f"libmtmd could not preprocess the media (error {code})")
+            yield chunks
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+            for bitmap in bitmaps:
+                M.mtmd_bitmap_free(bitmap)
+
+    def _check_kinds(self, media: Sequence[tuple[str, bytes]]) -> None:
+        for kind, _ in media:
+            if (kind == "image" and not self.vision) or (kind == "audio" and not self.audio):
+                raise MediaError(f"this model's projector takes no {kind} input")
+
+    def _bitmap(self, kind: str, data: bytes, index: int) -> Any:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        opt = M.mtmd_helper_init_opt_default()
+        opt.video_params.ffmpeg_bin_dir = _NO_FFMPEG  # never run ffmpeg/ffprobe on a client's bytes
+        wrapper = M.mtmd_helper_bitmap_init_from_buf_wrapper(self.ptr, buf, len(data), False, opt)
+        if wrapper.video_ctx:
+            M.mtmd_helper_video_free(wrapper.video_ctx)
+            raise MediaError(f"media item {index}: a video, which is not served")
+        bitmap = wrapper.bitmap
+        if not bitmap:
+            raise MediaError(f"media item {index}: libmtmd could not decode this {kind} "
+                             "(a corrupt file or an unsupported format)")
+        return bitmap
+
+    def _chunks(self, chunks: Any, keys: list[str]) -> list[Chunk]:
+        out: list[Chunk] = []
+        media = iter(keys)
+        for i in range(M.mtmd_input_chunks_size(chunks)):
+            raw = M.mtmd_input_chunks_get(chunks, i)
+            kind = M.mtmd_input_chunk_get_type(raw)
+            if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t()
+                tokens = M.mtmd_input_chunk_get_tokens_text(raw, ctypes.byref(n))
+                if n.value:
+                    out.append(TextChunk([int(tokens[j]) for j in range(n.value)]))
+                continue
+            name = "image" if kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE else "audio"
+            chunk = MediaChunk(M.mtmd_input_chunk_copy(raw), name, next(media),
+                               bool(M.mtmd_decode_use_non_causal(self.ptr, raw)))
+            if chunk.non_causal and chunk.n_tokens > self.n_ubatch:
+                raise MediaError(f"this {name} takes {chunk.n_tokens} tokens, decoded in one ubatch: "
+                                 f"more than n_ubatch ({self.n_ubatch})")
+            out.append(chunk)
+        return out
+
+    def encode(self, chunk: MediaChunk) -> np.ndarray:
+        """The chunk's embeddings, [n_tokens, n_embd] float32 (a copy: libmtmd reuses its buffer)."""
+        with self._encoding:
+            if M.mtmd_encode_chunk(self.ptr, chunk.raw) != 0:
+                raise MediaError(f"libmtmd failed to encode the {chunk.kind}")
+            out = M.mtmd_get_output_embd(self.ptr)
+            flat = np.ctypeslib.as_array(out, shape=(chunk.n_tokens * self.n_embd,))
+            return flat.reshape(chunk.n_tokens, self.n_embd).copy()
+
+
+class EmbeddingBatch:
+    """A llama_batch of embedding rows for one sequence (llama_batch_init with embd > 0: no token
+    array), `capacity` rows at most; Context.decode takes it like a token Batch."""
+
+    def __init__(self, capacity: int, n_embd: int) -> None:
+        self.capacity, self.n_embd = capacity, n_embd
+        self.raw = C.llama_batch_init(capacity, n_embd, 1)
+        self.n_tokens = 0
+        self._embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, n_embd))
+        arrays = (self.raw.pos, self.raw.n_seq_id, self.raw.logits)
+        self._pos, self._n_seq_id, self._logits = (np.ctypeslib.as_array(a, shape=(capacity,)) for a in arrays)
+
+    def fill(self, rows: np.ndarray, start_pos: int, seq_id: int) -> None:
+        """`rows` ([n, n_embd]) at positions start_pos.. of `seq_id`, no outputs."""
+        n = len(rows)
+        if not 0 < n <= self.capacity:
+            raise OverflowError(f"{n} embedding rows for a batch of {self.capacity}")
+        self._embd[:n] = rows
+        self._pos[:n] = np.arange(start_pos, start_pos + n)
+        self._n_seq_id[:n] = 1
+        self._logits[:n] = 0
+        for i in range(n):
+            self.raw.seq_id[i][0] = seq_id
+        self.n_tokens = self.raw.n_tokens = n
+
+    def close(self) -> None:
+        if self.raw is not None:
+            C.llama_batch_free(self.raw)
+            self.raw = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class MediaDecoder:
+    """Decodes a media piece's embeddings into one sequence of `ctx` by calls of their own (at most
+    n_batch rows each), with causal attention off for a non-causal chunk (decoded whole)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.batch: EmbeddingBatch | None = None
+
+    def decode(self, rows: np.ndarray, start_pos: int, seq_id: int, non_causal: bool) -> None:
+        """Raises DecodeError as Context.decode does (what was written stays: the caller trims)."""
+        n_batch = self.ctx.n_batch
+        if self.batch is None or self.batch.n_embd != rows.shape[1]:
+            self.close()
+            self.batch = EmbeddingBatch(n_batch, rows.shape[1])
+        if non_causal:
+            C.llama_set_causal_attn(self.ctx.ptr, False)
+        try:
+            for at in range(0, len(rows), n_batch):
+                self.batch.fill(rows[at : at + n_batch], start_pos + at, seq_id)
+                self.ctx.decode(self.batch)
+        finally:
+            if non_causal:
+                C.llama_set_causal_attn(self.ctx.ptr, True)
+
+    def close(self) -> None:
+        if self.batch is not None:
+            self.batch.close()
+            self.batch = None
+
+
+def helper_eval(projector: Projector, ctx: Context, text: str, media: Sequence[tuple[str, bytes]],
+                n_batch: int) -> int:
+    """llama.cpp's own path for a prompt with media: libmtmd tokenizes it and
+    mtmd_helper_eval_chunks decodes every chunk into sequence 0 of `ctx` (logits of the last
+    token); returns the positions taken. The reference the engine's parity test compares with."""
+    with projector.tokenized(text, media) as chunks:
+        n_past = C.llama_pos(0)
+        if M.mtmd_helper_eval_chunks(projector.ptr, ctx.ptr, chunks, 0, 0, n_batch, True, ctypes.byref(n_past)) != 0:
+            raise RuntimeError("mtmd_helper_eval_chunks failed")
+        return int(n_past.value)

@@ -1,0 +1,111 @@
+"""A tiny random-weight LLaVA-style projector GGUF (issue 46): clip.cpp's `mlp` projector (the
+fewest tensors a loader of libmtmd takes: a patch embedding, position embeddings, ViT blocks and
+a two-layer MLP) over a tiny ViT, its output the width of a tiny text model (tiny_gguf.TinyLlama's
+n_embd). Tests pair it with `cached_tiny_llama`; benches write one at a real shape.
+
+LLaVA's graph runs the ViT's blocks up to the second to last (clip.cpp, models/llava.cpp), so
+`n_layer` 2 runs one block. An image is resized and padded to `image_size` square and cut into
+(image_size / patch_size)^2 patches: one embedding, one position each (no M-RoPE, causal decode)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TinyProjector:
+    n_embd_text: int = 64  # the text model's n_embd (mtmd refuses a projector of another width)
+    n_embd: int = 32
+    n_head: int = 2
+    n_ff: int = 64  # != n_embd: clip.cpp swaps up/down of old LLaVA files whose down is n_embd wide
+    n_layer: int = 2
+    image_size: int = 64
+    patch_size: int = 8
+    n_mlp: int = 64  # the MLP's hidden width
+    seed: int = 0
+
+    @property
+    def n_patches(self) -> int:
+        """The image tokens of every image (a fixed-size projector)."""
+        return (self.image_size // self.patch_size) ** 2
+
+    def write(self, path: str | os.PathLike[str]) -> pathlib.Path:
+        import gguf
+
+        path = pathlib.Path(path)
+        w = gguf.GGUFWriter(path, "clip")
+        w.add_name("pflash-tiny-projector")
+        w.add_bool("clip.has_vision_encoder", True)
+        w.add_string("clip.projector_type", "mlp")
+        w.add_bool("clip.use_gelu", True)
+        for key, value in (("embedding_length", self.n_embd), ("attention.head_count", self.n_head),
+                           ("feed_forward_length", self.n_ff), ("block_count", self.n_layer),
+                           ("projection_dim", self.n_embd_text), ("image_size", self.image_size),
+                           ("patch_size", self.patch_size)):
+            w.add_uint32(f"clip.vision.{key}", value)
+        w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+        w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+        w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+        for name, array in self._tensors():
+            w.add_tensor(name, array)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    def _tensors(self) -> list[tuple[str, np.ndarray[Any, Any]]]:
+        """clip.cpp's names; numpy shapes are ggml's ne reversed ([out, in] for a matrix)."""
+        rng = np.random.default_rng(self.seed)
+
+        def draw(*shape: int, scale: float = 0.1) -> np.ndarray[Any, Any]:
+            return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+        d, p = self.n_embd, self.patch_size
+        tensors = [("v.patch_embd.weight", draw(d, 3, p, p)), ("v.patch_embd.bias", draw(d)),
+                   ("v.position_embd.weight", draw(self.n_patches, d))]
+        for i in range(self.n_layer):
+            blk = f"v.blk.{i}"
+            for name, shape in (("attn_q", (d, d)), ("attn_k", (d, d)), ("attn_v", (d, d)), ("attn_out", (d, d)),
+                                ("ffn_up", (self.n_ff, d)), ("ffn_down", (d, self.n_ff))):
+                tensors += [(f"{blk}.{name}.weight", draw(*shape)), (f"{blk}.{name}.bias", draw(shape[0]))]
+            for norm in ("ln1", "ln2"):
+                tensors += [(f"{blk}.{norm}.weight", np.ones(d, np.float32)), (f"{blk}.{norm}.bias", draw(d))]
+        # the MLP's output scaled like the text model's token embeddings (tiny_gguf: 0.02 * N(0, 1))
+        tensors += [("mm.0.weight", draw(self.n_mlp, d)), ("mm.0.bias", draw(self.n_mlp)),
+                    ("mm.2.weight", draw(self.n_embd_text, self.n_mlp, scale=0.05)),
+                    ("mm.2.bias", draw(self.n_embd_text, scale=0.02))]
+        return tensors
+
+
+_CACHE: dict[str, pathlib.Path] = {}
+
+
+def cached_tiny_projector(**kw: Any) -> pathlib.Path:
+    """The TinyProjector of `kw` (its fields as keywords), written once per process (atomically,
+    as tiny_gguf.cached_tiny_llama) and then reused."""
+    spec = TinyProjector(**kw)
+    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:16]
+    cached = _CACHE.get(key)
+    if cached is not None and cached.exists():
+        return cached
+    out_dir = pathlib.Path(tempfile.gettempdir()) / "pflash_tiny_models"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"mmproj-{key}.gguf"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".gguf.tmp")
+    os.close(fd)
+    try:
+        spec.write(tmp)
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _CACHE[key] = final
+    return final
