@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ..llama import DecodeError
 from .failures import Failures
 from .handoff import shared_jobs
+from .media_encoder import MediaEncoder
 from .published import Published
 from .request import ErrorKind, Report, Request, RequestStatus
 from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
@@ -81,12 +82,17 @@ class Health:
 
 class Engine:
     def __init__(self, scheduler: Scheduler, runner: Runner, name: str = "engine",
-                 compressor: Compressor | None = None, max_step_s: float = 0.0) -> None:
+                 compressor: Compressor | None = None, max_step_s: float = 0.0,
+                 media: MediaEncoder | None = None) -> None:
         """`compressor` runs the jobs of the requests the scheduler hands off (it must have been
         built with `can_compress`), on its own thread, beside this engine's `activity`.
-        `max_step_s`: a step that has run longer marks the engine stalled (0: never)."""
+        `max_step_s`: a step that has run longer marks the engine stalled (0: never).
+        `media`: the projector's encoder where the model serves images (issue 46), else None."""
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
+        self.media = media
+        if media is not None:
+            media.on_done = self._wake_up  # a request whose media just encoded can step
         self.watchdog = Watchdog(max_step_s)
         self.published = Published(scheduler)
         self.activity = self.published.activity  # what the compressor is told
@@ -120,6 +126,7 @@ class Engine:
         if stalled:
             raise AdmissionError.unavailable(f"the model {self.name} is stalled: {stalled}")
         self.scheduler.check(*requests)  # reads only fixed limits
+        self._want_media(requests)
         message = Submit(requests)
         with self._closing_lock:
             if self._closing:
@@ -127,6 +134,16 @@ class Engine:
             self._post(message)
         self._arrival.set()
         return message.answer
+
+    def _want_media(self, requests: tuple[Request, ...]) -> None:
+        """Start encoding the requests' media (on the encoder's worker) as they are submitted."""
+        spans = [span for request in requests for span in request.media]
+        if not spans:
+            return
+        if self.media is None:
+            raise AdmissionError(ErrorKind.INVALID, f"the model {self.name} takes no media: it was loaded without "
+                                 "a projector (--mmproj)")
+        self.media.want(spans)
 
     def cancel(self, request: Request) -> None:
         """Finish the request as cancelled before the next step; its slot and pages come back."""
@@ -153,6 +170,8 @@ class Engine:
         `shutdown`), so no step can be using it."""
         if self._thread.is_alive():
             raise RuntimeError(f"engine {self.name} is still running: shut it down before closing it")
+        if self.media is not None:
+            self.media.close()
         self.runner.close()
 
     def health(self) -> Health:
@@ -185,6 +204,9 @@ class Engine:
 
     def _post(self, message: Message) -> None:
         self._inbox.put(message)
+        self._wake.set()
+
+    def _wake_up(self) -> None:
         self._wake.set()
 
     # ---- engine thread ---------------------------------------------------------------------

@@ -9,9 +9,11 @@ from typing import NamedTuple
 
 from ..llama import Context, ContextConfig, Model, ModelParams
 from ..llama.devices import gpu_count
+from ..llama.media import Projector
 from .engine import Engine
 from .host_cache import HostCache
 from .kv_pool import PagePool
+from .media_encoder import MediaEncoder
 from .runner import LlamaRunner
 from .sampling import device_sampling
 from .scheduler import Scheduler, SchedulerConfig
@@ -70,6 +72,8 @@ class EngineConfig:
     backend_sampling: str = "auto"  # "on", "off", "auto": sampled rows where the output layer is on a GPU (sampling.py)
     max_step_s: float = 300.0  # a step running longer marks the engine stalled (/health 503); 0: never
     verbose: bool = False
+    mmproj: str | None = None  # a multimodal projector GGUF (issue 46): the engine serves media through libmtmd
+    media_cache_bytes: int = 256 << 20  # encoded media embeddings kept, LRU by their bytes' hash
 
 
 class MemoryReserveError(ValueError):
@@ -234,9 +238,23 @@ def build_engine(
     host = HostCache(config.host_cache_bytes, config.host_cache_min_tokens) if config.host_cache_bytes else None
     scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog,
                           host=host)
-    engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s)
+    try:
+        media = media_encoder(model, config)
+    except BaseException:
+        runner.close()
+        raise
+    engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s, media=media)
     engine.start()
     return engine
+
+
+def media_encoder(model: Model, config: EngineConfig) -> MediaEncoder | None:
+    """The projector of `config.mmproj` (on the GPU where the model has layers there) and its
+    encoder; None without one. ValueError for a projector libmtmd or the engine cannot take."""
+    if config.mmproj is None:
+        return None
+    projector = Projector(config.mmproj, model, n_threads=config.n_threads_batch, n_ubatch=config.n_ubatch)
+    return MediaEncoder(projector, config.media_cache_bytes)
 
 
 def load_engine(model_path: str | os.PathLike, config: EngineConfig, name: str = "engine") -> tuple[Model, Engine]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from ..llama import SamplerParams
+from .media_prompt import MediaSpan
 from .reasoning_budget import ReasoningBudget, Thinking
 
 
@@ -211,6 +212,8 @@ class Request:
     # vLLM's field: under the `priority` admission policy lower values take a slot first (admission.py)
     priority: int = 0
     thinking: Thinking | None = None  # its reasoning budget's state, where it has one
+    # its media chunks (issue 46, media_prompt.py): prompt_tokens holds pseudo-token ids at their positions
+    media: tuple[MediaSpan, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prefill_tokens:
@@ -220,10 +223,15 @@ class Request:
 
     @classmethod
     def planned(cls, tokens: list[int], params: SamplingParams, plan: Plan, sink: Sink = discard,
-                priority: int = 0) -> Request:
+                priority: int = 0, media: tuple[MediaSpan, ...] = ()) -> Request:
         """A request built with its prompt's compression plan (the HTTP path and the in-process
-        one alike), so nothing attaches the job or the report afterwards."""
-        return cls(tokens, params, sink, compression=plan.job, pflash=plan.report, priority=priority)
+        one alike), so nothing attaches the job or the report afterwards. A prompt with `media`
+        is not compressed (media chunks are always kept; the text between them is not scored
+        yet): its plan's job is reported skipped, cause "media"."""
+        if media and plan.job is not None:
+            skipped = plan.job.skipped("the prompt holds media, which PFlash keeps whole: not compressed", "media")
+            return cls(tokens, params, sink, pflash=skipped, priority=priority, media=media)
+        return cls(tokens, params, sink, compression=plan.job, pflash=plan.report, priority=priority, media=media)
 
     @property
     def finish_reason(self) -> str | None:

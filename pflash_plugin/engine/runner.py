@@ -5,6 +5,7 @@ import time
 from typing import Callable
 
 from ..llama import Batch, Context, Model
+from ..llama.media import MediaDecoder
 from .request import Request, TokenOutput
 from .sampling import Sampling, output_on_gpu
 from .scheduler import Step
@@ -24,6 +25,7 @@ class LlamaRunner:
         self.model, self.ctx = model, ctx
         self.sampling = Sampling(model, ctx, seed=seed, penalty_last_n=penalty_last_n, device=backend_sampling)
         self.batch = Batch(ctx.n_batch, 1)
+        self.media = MediaDecoder(ctx)  # media pieces' embeddings (issue 46)
         self.decode_threads = DecodeThreads(ctx.n_threads, ctx.n_threads_batch)
         self.overlaps = output_on_gpu(model) if overlaps is None else overlaps
         self._rows: list[tuple[Request, int]] = []  # the launched step's rows that want a token
@@ -66,6 +68,7 @@ class LlamaRunner:
         """Free the samplers, the batch and the context (the model belongs to whoever loaded it)."""
         self.sampling.close()
         self.batch.close()
+        self.media.close()
         self.ctx.close()
 
     # ---- stepping --------------------------------------------------------------------------
@@ -83,6 +86,10 @@ class LlamaRunner:
         batch.clear()
         self._rows = []
         for item in step.items:
+            if item.media is not None:  # llama.cpp decodes embeddings apart from tokens: first, by calls of their own
+                self.ctx.use_threads(self.ctx.n_threads, self.ctx.n_threads_batch)
+                self.media.decode(item.media.rows, item.start_pos, item.request.held_slot, item.media.non_causal)
+                continue
             row = batch.add_sequence(item.tokens, item.start_pos, item.request.held_slot, item.wants_logits)
             if item.wants_logits:
                 self._rows.append((item.request, row))
@@ -92,7 +99,8 @@ class LlamaRunner:
         self.sampling.before_decode(self._rows)
         start = time.perf_counter()
         try:
-            self.ctx.decode(batch)
+            if batch.n_tokens:  # a step of media pieces alone has no token batch
+                self.ctx.decode(batch)
         except BaseException:
             self.sampling.landed()
             raise

@@ -33,6 +33,7 @@ from .kv_pool import PagePool
 from .lending import SlotLending
 from .limits import AdmissionError, Limits
 from .live_text import LiveText
+from .media_prompt import media_failure
 from .outbox import Outbox
 from .prefill_sharing import PrefillSharing
 from .prefix_cache import KVOps, PrefixCache, Slot
@@ -213,6 +214,10 @@ class Scheduler:
     def schedule(self) -> Step:
         """Admit what fits, then the step the step policy composes from the running requests."""
         self.admit()
+        for request in [r for r in self.running if r.media and r.status is RequestStatus.PREFILLING]:
+            error = media_failure(request.media, request.n_prefilled)
+            if error is not None:  # its media failed to encode: it alone fails
+                self.fail(request, error, "encoding its media")
         return self.steps.compose(self.running)
 
     def preemptible(self, step: Step) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .live_text import LiveText
+from .media_prompt import MediaRows, prefill_piece
 from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus
 from .step_policy import Flags, Seat, StepPolicy, flags
@@ -17,6 +18,7 @@ class BatchItem:
     tokens: list[int]
     start_pos: int
     wants_logits: bool
+    media: MediaRows | None = None  # a media piece: `tokens` are its pseudo-ids, `media.rows` what is decoded
 
 
 @dataclass
@@ -41,7 +43,12 @@ class Steps:
         items = [BatchItem(r, [r.output_tokens[-1]], len(slots[r.held_slot].tokens), True) for r in plan.decode]
         for request, n in plan.chunks:
             start, at = request.n_prefilled, len(slots[request.held_slot].tokens)
-            items.append(BatchItem(request, request.prefill_tokens[start : start + n], at, n == request.prefill_left))
+            piece = prefill_piece(request.media, start, n)  # cut at media edges (media_prompt.py)
+            if piece is None:  # its media is still encoding: it sits this step out
+                continue
+            n, media = piece
+            items.append(BatchItem(request, request.prefill_tokens[start : start + n], at, n == request.prefill_left,
+                                   media=media))
         for request in plan.left_out:
             self.text.left_out(request)
         # in slot order: llama.cpp puts a run of consecutive sequences in one ubatch when each slot

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import llama_cpp.llama_cpp as C
@@ -12,8 +12,12 @@ from .batch import Batch
 from .log import hush
 from .model import Model
 
-if TYPE_CHECKING:
-    from .media import EmbeddingBatch
+
+class Decodable(Protocol):
+    """What llama_decode takes: a token Batch, or media.EmbeddingBatch's embedding rows."""
+
+    n_tokens: int
+    raw: Any
 
 
 # llama.cpp's backend sampling entry point, which llama_cpp.llama_cpp does not bind:
@@ -137,7 +141,7 @@ class Context:
             C.llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
             self._threads_now = (n_threads, n_threads_batch)
 
-    def decode(self, batch: Batch | EmbeddingBatch) -> None:
+    def decode(self, batch: Batch | Decodable) -> None:
         if batch.n_tokens > self.n_batch:
             raise ValueError(f"{batch.n_tokens} tokens exceed n_batch {self.n_batch}")
         self._aborting = False

@@ -29,7 +29,7 @@ from .model import Model
 try:  # the wheel ships libmtmd unless it was built with -DLLAVA_BUILD=OFF
     import llama_cpp.mtmd_cpp as M
 except (ImportError, OSError, FileNotFoundError):  # pragma: no cover - depends on the build
-    M = None
+    M = None  # type: ignore[assignment]
 
 MARKER = "<__media__>"  # libmtmd's default media marker, the one the prompts carry
 _PSEUDO_SPACE = 1 << 30

@@ -1,0 +1,106 @@
+"""The engine's media side (issue 46): the projector, a worker thread that encodes media chunks
+(a ViT over a big image takes seconds on a CPU: the engine thread keeps stepping meanwhile), and
+an LRU cache of encoded embeddings bounded in bytes, keyed by a hash of the media's bytes (a
+resent image is not encoded again, even when its KV was evicted).
+
+`engine.media` is one of these where the model was loaded with a projector (EngineConfig.mmproj),
+else None. A failed encode fails only its request (the scheduler reads the span's future)."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..llama.media import Projector
+from .media import MediaInput
+from .media_prompt import MediaPrompt, MediaSpan, build_prompt
+
+
+
+@dataclass(frozen=True)
+class MediaStats:
+    """For /status and /metrics."""
+
+    encoded: int  # chunks encoded by the projector
+    cache_hits: int  # chunks whose embeddings came from the cache (or an encode already under way)
+    cache_bytes: int
+    cache_capacity_bytes: int
+    media_tokens: int  # media positions of the requests submitted
+
+
+class MediaEncoder:
+    def __init__(self, projector: Projector, cache_bytes: int = 256 << 20) -> None:
+        self.projector, self.capacity = projector, cache_bytes
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._pending: dict[str, Future[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self._bytes = self._encoded = self._hits = self._media_tokens = 0
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="pflash-media")
+        self.on_done: Callable[[], None] = lambda: None  # the engine wakes its thread here
+
+    def prompt(self, text: str, media: Sequence[MediaInput]) -> MediaPrompt:
+        """The engine's tokens and spans for `text` with a MEDIA_MARKER per item (media_prompt.py);
+        any thread (the server's tokenizer pool). MediaError: the client's media."""
+        return build_prompt(self.projector, text, media)
+
+    def want(self, spans: Sequence[MediaSpan]) -> None:
+        """Start (or find) each span's embeddings: a cache hit is a done future; an encode under
+        way for the same bytes is shared; anything else is queued on the worker."""
+        for span in spans:
+            if span.embeddings is None:
+                span.embeddings = self._future(span)
+                self._media_tokens += span.chunk.n_pos
+
+    def _future(self, span: MediaSpan) -> Future[np.ndarray]:
+        key = span.chunk.key
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self._hits += 1
+                done: Future[np.ndarray] = Future()
+                done.set_result(cached)
+                return done
+            pending = self._pending.get(key)
+            if pending is not None:
+                self._hits += 1
+                return pending
+            future = self._worker.submit(self._encode, span)
+            self._pending[key] = future
+        return future
+
+    def _encode(self, span: MediaSpan) -> np.ndarray:
+        key = span.chunk.key
+        try:
+            rows = self.projector.encode(span.chunk)
+            with self._lock:
+                self._encoded += 1
+                self._store(key, rows)
+            return rows
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+            self.on_done()
+
+    def _store(self, key: str, rows: np.ndarray) -> None:
+        """Keep `rows` (under the lock), evicting the least recently used beyond the capacity."""
+        if rows.nbytes > self.capacity:
+            return
+        self._cache[key] = rows
+        self._bytes += rows.nbytes
+        while self._bytes > self.capacity:
+            _, old = self._cache.popitem(last=False)
+            self._bytes -= old.nbytes
+
+    def stats(self) -> MediaStats:
+        with self._lock:
+            return MediaStats(self._encoded, self._hits, self._bytes, self.capacity, self._media_tokens)
+
+    def close(self) -> None:
+        """End the worker (an encode under way finishes first), then free the projector."""
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        self.projector.close()

@@ -1,0 +1,158 @@
+"""Images in the batched engine (issue 46), on a tiny text model and a tiny LLaVA-style projector
+(pflash_plugin.testing.cached_tiny_projector): parity with llama.cpp's own path (libmtmd's
+mtmd_helper_eval_chunks on a plain single-sequence context), prefix reuse of a resent image,
+an image prefill beside text requests, and clear errors.
+
+These need libmtmd: they FAIL where llama_cpp was built without it, unless PFLASH_NO_MTMD=1 says
+it was left out on purpose (a GPU build with LLAVA off)."""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.media import MEDIA_MARKER, MediaInput
+from pflash_plugin.engine.request import ErrorEvent, ErrorKind, FinishEvent, Request, SamplingParams
+from pflash_plugin.engine.scheduler import AdmissionError
+from pflash_plugin.llama import Batch, Context, ContextConfig, Model
+from pflash_plugin.llama.media import MediaError, Projector, helper_eval, mtmd_available
+from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
+
+if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
+    pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)", allow_module_level=True)
+
+PROMPT = f"<s><|im_start|>user\nlook at {MEDIA_MARKER} the picture and tell<|im_end|>\n<|im_start|>assistant\n"
+
+
+def ppm(seed: int, width: int = 40, height: int = 30) -> bytes:
+    """A random binary PPM image (stb_image reads it; no imaging library needed)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return f"P6\n{width} {height}\n255\n".encode() + pixels.tobytes()
+
+
+def image(seed: int) -> MediaInput:
+    return MediaInput("image", ppm(seed), "image/x-portable-pixmap")
+
+
+def run(engine, requests: list[Request], timeout: float = 60) -> list[FinishEvent | ErrorEvent]:
+    ends: dict[int, FinishEvent | ErrorEvent] = {}
+    done = threading.Semaphore(0)
+    for request in requests:
+        def sink(event, rid: int = request.request_id) -> None:
+            if isinstance(event, (FinishEvent, ErrorEvent)):
+                ends[rid] = event
+                done.release()
+        request.sink = sink
+    engine.submit(*requests)
+    for _ in requests:
+        assert done.acquire(timeout=timeout), "a request did not finish"
+    return [ends[r.request_id] for r in requests]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    # n_batch 24 < the image's 64 tokens: the image is decoded in pieces, between other rows' steps
+    config = EngineConfig(n_slots=3, max_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1,
+                          mmproj=str(cached_tiny_projector()), prefill_chunk=24)
+    model, engine = load_engine(cached_tiny_llama(), config)
+    yield model, engine
+    engine.stop()
+    engine.close()
+
+
+def media_request(engine, media: MediaInput, max_tokens: int = 12) -> Request:
+    prompt = engine.media.prompt(PROMPT, [media])
+    return Request(prompt.tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0), media=prompt.spans)
+
+
+def reference(model: Model, media: MediaInput, n_tokens: int) -> list[int]:
+    """Greedy tokens by llama.cpp's own path: mtmd_helper_eval_chunks on a one-sequence context."""
+    ctx = Context(model, ContextConfig(n_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
+    projector = Projector(cached_tiny_projector(), model)
+    batch = Batch(1)
+    try:
+        pos = helper_eval(projector, ctx, PROMPT, [(media.kind, media.data)], n_batch=24)
+        out: list[int] = []
+        for _ in range(n_tokens):
+            token = int(np.argmax(ctx.logits(-1)))
+            out.append(token)
+            batch.clear()
+            batch.add(token, pos, 0, True)
+            ctx.decode(batch)
+            pos += 1
+        return out
+    finally:
+        batch.close()
+        projector.close()
+        ctx.close()
+
+
+def test_greedy_tokens_after_an_image_match_llama_cpps_own_path(engine):
+    model, eng = engine
+    request = media_request(eng, image(1))
+    assert run(eng, [request])[0].reason == "length"
+    assert request.output_tokens == reference(model, image(1), 12)
+    # the image counts: its 64 positions are in the prompt, and another image changes the answer
+    assert len(request.prompt_tokens) == 64 + len(model.tokenize(PROMPT.replace(MEDIA_MARKER, ""), False, True))
+    other = media_request(eng, image(2))
+    run(eng, [other])
+    assert other.output_tokens != request.output_tokens
+
+
+def test_a_resent_image_reuses_its_kv_and_its_embeddings(engine):
+    _, eng = engine
+    eng.clear_prefix_cache()
+    first = media_request(eng, image(3))
+    run(eng, [first])
+    before = eng.media.stats()
+    again = media_request(eng, image(3))
+    usage = run(eng, [again])[0].usage
+    span = again.media[0]
+    assert usage.cached_tokens >= span.end  # the image's positions came from the prefix cache
+    assert again.output_tokens == first.output_tokens
+    after = eng.media.stats()
+    assert after.encoded == before.encoded and after.cache_hits == before.cache_hits + 1
+
+
+def test_an_image_prefills_beside_text_requests_that_answer_as_alone(engine):
+    model, eng = engine
+    text = [Request(model.tokenize(f"the prompt {i} about water", True), SamplingParams(max_tokens=10, temperature=0.0))
+            for i in range(2)]
+    alone = [Request(list(r.prompt_tokens), SamplingParams(max_tokens=10, temperature=0.0)) for r in text]
+    run(eng, alone)
+    with_image = media_request(eng, image(4))
+    ends = run(eng, [with_image, *text])
+    assert all(isinstance(e, FinishEvent) for e in ends)
+    assert [r.output_tokens for r in text] == [r.output_tokens for r in alone]
+    assert with_image.output_tokens == reference(model, image(4), 12)
+
+
+def test_bad_media_are_the_clients_errors(engine):
+    model, eng = engine
+    with pytest.raises(MediaError, match="could not decode"):
+        eng.media.prompt(PROMPT, [MediaInput("image", b"\x89PNG not really", "image/png")])
+    with pytest.raises(MediaError, match="markers"):
+        eng.media.prompt(PROMPT + MEDIA_MARKER + " x", [image(1)])
+    with pytest.raises(MediaError, match="ends with a media item"):
+        eng.media.prompt(f"look {MEDIA_MARKER}", [image(1)])
+    with pytest.raises(MediaError, match="no audio"):
+        eng.media.prompt(PROMPT, [MediaInput("audio", b"RIFF", "audio/wav")])
+
+
+def test_a_model_without_a_projector_refuses_media(tiny_model):
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=1, max_ctx=256, n_threads=1, n_threads_batch=1))
+    try:
+        with_projector = Projector(cached_tiny_projector(), model)
+        try:
+            from pflash_plugin.engine.media_prompt import build_prompt
+            prompt = build_prompt(with_projector, PROMPT, [image(1)])
+        finally:
+            with_projector.close()
+        with pytest.raises(AdmissionError) as refused:
+            engine.submit(Request(prompt.tokens, SamplingParams(max_tokens=2), media=prompt.spans))
+        assert refused.value.kind is ErrorKind.INVALID and "--mmproj" in refused.value.message
+    finally:
+        engine.stop()
