@@ -319,6 +319,7 @@ class Engine:
         if self.runner.overlaps and not beside:
             self._release_last_step()  # a short request's first token would wait out a long chunk's ubatches
         self._preemptible = self.scheduler.preemptible(step)
+        self.scheduler.steps.started(step)
         try:
             self.runner.launch(step)
         except DecodeError as error:
@@ -341,6 +342,7 @@ class Engine:
             self.scheduler.steps.rollback(step)  # its writes, also for rows of requests that ended meanwhile
             self.failures.step_failed(step, error)
             return
+        self.scheduler.steps.verified(step, outputs)
         self.scheduler.update(step, outputs, release=not self.runner.overlaps)
 
     def _release_last_step(self) -> None:

@@ -17,6 +17,7 @@ from .media_encoder import MediaEncoder
 from .runner import LlamaRunner
 from .sampling import device_sampling
 from .scheduler import Scheduler, SchedulerConfig
+from .speculation.setup import SpeculationConfig, speculation
 from .seams import Compressor
 
 
@@ -71,6 +72,7 @@ class EngineConfig:
     penalty_last_n: int = 64  # the repeat-penalty window of every sampler chain
     backend_sampling: str = "auto"  # "on", "off", "auto": sampled rows where the output layer is on a GPU (sampling.py)
     max_step_s: float = 300.0  # a step running longer marks the engine stalled (/health 503); 0: never
+    speculation: SpeculationConfig | None = None  # speculative decoding (stock's --draft_model); None: off
     verbose: bool = False
     mmproj: str | None = None  # a multimodal projector GGUF (issue 46): the engine serves media through libmtmd
     media_cache_bytes: int = 256 << 20  # encoded media embeddings kept, LRU by their bytes' hash
@@ -209,6 +211,7 @@ def build_engine(
     size; the server sizes it beside the drafter's reserve), scheduler, runner; the engine thread
     is started."""
     layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token()) if pool is None else pool)
+    spec = config.speculation
     on_device = device_sampling(config.backend_sampling, model)
     ctx = Context(
         model,
@@ -218,7 +221,8 @@ def build_engine(
             n_batch=config.n_batch,
             n_ubatch=config.n_ubatch,
             n_seq_max=config.n_slots,
-            n_outputs_max=config.n_slots,  # one logits row per slot per step (saves n_batch x n_vocab floats)
+            # one logits row per slot per step (saves n_batch x n_vocab floats), and one per draft token
+            n_outputs_max=config.n_slots + (spec.max_step_drafts(config.n_slots) if spec else 0),
             n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch,
             flash_attn=config.flash_attn,
@@ -238,6 +242,9 @@ def build_engine(
     host = HostCache(config.host_cache_bytes, config.host_cache_min_tokens) if config.host_cache_bytes else None
     scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog,
                           host=host)
+    if spec:
+        scheduler.steps.speculation = speculation(spec, model, runner.sampling.speculates, config.n_slots,
+                                                  config.max_ctx)
     try:
         media = media_encoder(model, config)
     except BaseException:

@@ -6,6 +6,7 @@ have compressed. Everything the scheduler needs to decide is here, nothing about
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import threading
@@ -56,6 +57,7 @@ class SamplingParams(SamplerParams):
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
     min_tokens: int = 0
     reasoning_budget: ReasoningBudget | None = None  # the thinking's tokens at most (reasoning_budget.py)
+    speculative: bool = True  # False: never draft tokens for it (where the engine speculates at all)
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,17 @@ class Usage:
 
 @dataclass
 class TokenOutput:
-    """One sampled token as the runner returns it."""
+    """One sampled token as the runner returns it; after the draft tokens the target accepted, where
+    the row speculated (they come first, in order, then `token`)."""
 
     token: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    accepted: tuple[int, ...] = ()
+
+    def unrolled(self) -> list[TokenOutput]:
+        """Each token taken, in order: the accepted drafts, then this one."""
+        return [*(TokenOutput(token) for token in self.accepted), dataclasses.replace(self, accepted=())]
 
 
 # Events pushed to the request's sink (the server turns them into JSON/SSE).

@@ -28,7 +28,8 @@ class LlamaRunner:
         self.media = MediaDecoder(ctx)  # media pieces' embeddings (issue 46)
         self.decode_threads = DecodeThreads(ctx.n_threads, ctx.n_threads_batch)
         self.overlaps = output_on_gpu(model) if overlaps is None else overlaps
-        self._rows: list[tuple[Request, int]] = []  # the launched step's rows that want a token
+        self._rows: list[tuple[Request, int]] = []  # the launched step's rows that want logits
+        self._drafts: dict[int, list[int]] = {}  # its speculating rows' drafts, by request id
         self._timing: tuple[int, float] | None = None  # a decode step's threads and its seconds so far
 
     # ---- KVOps -----------------------------------------------------------------------------
@@ -85,14 +86,18 @@ class LlamaRunner:
         batch = self.batch
         batch.clear()
         self._rows = []
+        self._drafts = {}
         for item in step.items:
             if item.media is not None:  # llama.cpp decodes embeddings apart from tokens: first, by calls of their own
                 self.ctx.use_threads(self.ctx.n_threads, self.ctx.n_threads_batch)
                 self.media.decode(item.media.rows, item.start_pos, item.request.held_slot, item.media.non_causal)
                 continue
-            row = batch.add_sequence(item.tokens, item.start_pos, item.request.held_slot, item.wants_logits)
+            row = batch.add_sequence(item.tokens, item.start_pos, item.request.held_slot, item.wants_logits,
+                                     item.drafts + 1)
             if item.wants_logits:
-                self._rows.append((item.request, row))
+                self._rows.extend((item.request, at) for at in range(row - item.drafts, row + 1))
+            if item.drafts:
+                self._drafts[item.request.request_id] = item.tokens[-item.drafts:]
         decoding = all(len(item.tokens) == 1 for item in step.items)
         threads = self.decode_threads.threads(len(step.items)) if decoding else None
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
@@ -108,13 +113,14 @@ class LlamaRunner:
 
     def collect(self, step: Step) -> dict[int, TokenOutput | Exception]:
         """One token for each row of the launched step that asked for logits and whose request is
-        still running. A sampling error belongs to its request alone: it is returned in that
-        request's place. A token or error returned means the decode's outputs were read, which waits
-        for the whole decode (llama_get_logits, llama_get_sampled_token_ith synchronize): only a
-        step that returns none waits here."""
+        still running (after the drafts the target accepted, for a speculating row). A sampling
+        error belongs to its request alone: it is returned in that request's place. A token or
+        error returned means the decode's outputs were read, which waits for the whole decode
+        (llama_get_logits, llama_get_sampled_token_ith synchronize): only a step that returns none
+        waits here."""
         start = time.perf_counter()
         try:
-            outputs = self.sampling.sample(self._rows) if self._rows else {}
+            outputs = self.sampling.sample(self._rows, self._drafts) if self._rows else {}
             if not outputs:  # no row read the outputs: the next launch and KV operations need the decode landed
                 self.ctx.synchronize()
         finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -22,11 +23,12 @@ from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerCha
 from ..llama.devices import gpu_count
 from .batch_sampling import RowParams, bias_rows, penalize_rows, penalizes, sample_rows
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
+from .speculation.acceptance import accept
 
 # Which path serves which field of SamplingParams: positive lists. A field missing from every
 # list (a new parameter) sends its requests nowhere: `choose_path` raises, and so does the test
 # that walks SamplingParams' fields.
-SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "reasoning_budget"})  # the scheduler's, not sampling
+SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "reasoning_budget", "speculative"})  # the scheduler's, not sampling
 DEVICE_FIELDS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty",
                            "frequency_penalty", "repeat_penalty", "penalty_last_n", "logit_bias", "min_tokens"})
 BATCH_FIELDS = DEVICE_FIELDS | {"logprobs"}
@@ -167,22 +169,28 @@ class Sampling:
             chain.close()
         self._retired = None
 
-    def sample(self, rows: list[tuple[Request, int]]) -> dict[int, TokenOutput | Exception]:
+    def sample(self, rows: list[tuple[Request, int]],
+               drafts: Mapping[int, Sequence[int]] | None = None) -> dict[int, TokenOutput | Exception]:
         """One token per row (request, batch index), in the step's output order, for the requests
-        still running (one that a stop string ended while the decode ran gets none). A sampling
+        still running (one that a stop string ended while the decode ran gets none). A request with
+        `drafts` (by its id) has a row for its last token and one per draft, consecutive: they are
+        verified (`_verify`), and its token comes after the drafts the target accepted. A sampling
         error belongs to its request alone: it is returned in that request's place. Every entry
         comes after a read of the decode's outputs (LlamaRunner.collect waits only where there is none)."""
+        drafts = drafts or {}
         outputs: dict[int, TokenOutput | Exception] = {}
-        host = []
+        host, verified = [], {}
         for k, (request, row) in enumerate(rows):
             if not request.status.running:
                 continue
             bound = self._slots[request.held_slot]
-            if bound.path == "device":
+            if request.request_id in drafts:
+                verified.setdefault(request.request_id, (bound, []))[1].append((k, row))
+            elif bound.path == "device":
                 outputs[request.request_id] = self._device_token(bound, row)
             else:
                 host.append((k, bound, row))
-        if not host:
+        if not host and not verified:
             return outputs
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
         self._suppress_eog(logits, [(k, bound) for k, bound, _ in host])
@@ -193,7 +201,40 @@ class Sampling:
                     outputs[bound.request.request_id] = self._chain_token(bound, row)
                 except Exception as error:
                     outputs[bound.request.request_id] = error
+        for key, (bound, at) in verified.items():
+            try:
+                outputs[key] = self._verify(logits, bound, at, drafts[key])
+            except Exception as error:
+                outputs[key] = error
         return outputs
+
+    def speculates(self, request: Request) -> bool:
+        """Whether the request's rows may carry drafts: on the batch path (not the device's chain),
+        asking only what `_verify` applies (DEVICE_FIELDS: no log-probabilities, no grammar)."""
+        bound = self._slots.get(request.held_slot)
+        return bound is not None and bound.path == "batch" and asked_fields(bound.params) <= DEVICE_FIELDS
+
+    def _verify(self, logits: np.ndarray, bound: _Bound, at: list[tuple[int, int]],
+                drafts: Sequence[int]) -> TokenOutput:
+        """A speculating row: its k+1 rows (output index, batch index) with min_tokens and the
+        logit bias applied as the batch path applies them, then acceptance.accept (the greedy
+        argmax or rejection sampling, the penalties' windows there); its chain accepts the tokens
+        taken, so its penalty window stays whole."""
+        p, generated = bound.params, bound.request.output_tokens
+        outs = [k for k, _ in at]
+        held = [k for j, k in enumerate(outs) if len(generated) + j < p.min_tokens]
+        if held:
+            logits[np.ix_(held, self._eog())] = -np.inf
+        target = logits[outs]  # a copy
+        for token, bias in p.logit_bias.items():
+            target[:, token] += np.float32(bias)
+        n, token = accept(target, drafts, p, generated, bound.rng)
+        if token is None:  # no finite maximum: its chain decides, as on the batch path
+            token = self._chain_token(bound, at[n][1]).token
+        elif penalizes(p):
+            for taken in (*drafts[:n], token):
+                bound.chain.accept(taken)
+        return TokenOutput(token, accepted=tuple(drafts[:n]))
 
     def _device_token(self, bound: _Bound, row: int) -> TokenOutput | Exception:
         token = self.ctx.sampled_token(row)

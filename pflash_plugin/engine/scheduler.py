@@ -246,11 +246,11 @@ class Scheduler:
             self.release_text()
 
     def _apply(self, item: BatchItem, out: TokenOutput | Exception | None, now: float) -> None:
-        """One row's outcome: its tokens in the slot, then its sampled token taken; its text waits
-        for `release_text` (a stop string in it ends the request then), unless the request ends here
-        (end of generation, max_tokens)."""
+        """One row's outcome: its tokens in the slot (drafts the target rejected leave it and the KV),
+        then its sampled tokens taken one by one (the accepted drafts first: `_take`); their text
+        waits for `release_text`, unless the request has stop strings and took several."""
         request = item.request
-        self.slots[request.held_slot].tokens.extend(item.tokens)
+        self.steps.keep(item, out)
         if request.status is RequestStatus.PREFILLING:
             request.n_prefilled += len(item.tokens)
             if not request.prefill_left:
@@ -268,17 +268,29 @@ class Scheduler:
         if request.timings.first_token is None:
             request.timings.first_token = now
         request.timings.last_token = now
+        taken = out.unrolled()
+        for n, one in enumerate(taken, 1):
+            if not self._take(request, one):
+                return
+            if n < len(taken) and request.params.stop and self.text.release(request):  # stops mid-run
+                self.finish(request, RequestStatus.FINISHED_STOP)
+                return
+
+    def _take(self, request: Request, out: TokenOutput) -> bool:
+        """One sampled token: end of generation, the reasoning budget, max_tokens; False: it ended."""
         if request.thinking is not None:  # past its reasoning budget, the closing tag in place of its token
             token = request.thinking.next_token(out.token, self.text.piece)
             out = out if token == out.token else TokenOutput(token)
         if self.is_eog(out.token):
             self.finish(request, RequestStatus.FINISHED_STOP)
-            return
+            return False
         request.output_tokens.append(out.token)
         self.text.take(request, out)
         if len(request.output_tokens) >= request.params.max_tokens:
             stopped = self.text.release(request)
             self.finish(request, RequestStatus.FINISHED_STOP if stopped else RequestStatus.FINISHED_LENGTH)
+            return False
+        return True
 
     def release_text(self) -> None:
         """The text of the tokens taken since the last call, as events; a request whose text
@@ -368,4 +380,5 @@ def _stats(sched: Scheduler) -> SchedulerStats:
                           for r in sched.compressing),
         waiting_prepared=len(sched.prepared),
         cache=sched.cache.stats(),
+        speculation=sched.steps.speculation_stats(),
     )

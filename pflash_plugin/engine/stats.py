@@ -58,6 +58,21 @@ class CacheStats:
 
 
 @dataclass(frozen=True)
+class SpeculationStats:
+    """Speculative decoding since start (engine/speculation): draft tokens verified and accepted;
+    decode rows and the tokens they took (tokens / rows: tokens per row per step)."""
+
+    drafted: int
+    accepted: int
+    rows: int
+    tokens: int
+    speculating_rows: int  # rows that carried drafts
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens_per_row_step": round(self.tokens / self.rows, 4) if self.rows else 0.0}
+
+
+@dataclass(frozen=True)
 class SchedulerStats:
     slots: tuple[SlotStats, ...]
     running: int
@@ -66,6 +81,7 @@ class SchedulerStats:
     waiting_prepared: int
     cache: CacheStats
     steps: int = field(default=0)  # decode steps the engine ran (0 from a scheduler alone)
+    speculation: SpeculationStats | None = None  # None: the engine does not speculate
 
     @property
     def kv_pages_held_by_caches(self) -> int:
@@ -82,4 +98,5 @@ class SchedulerStats:
             "waiting_prepared": self.waiting_prepared,
             **self.cache.as_dict(),
             "steps": self.steps,
+            **({"speculation": self.speculation.as_dict()} if self.speculation else {}),
         }

@@ -3,13 +3,17 @@ requests, their slots' KV and the batch a runner decodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .live_text import LiveText
 from .media_prompt import MediaRows, prefill_piece
 from .prefix_cache import PrefixCache
-from .request import Request, RequestStatus
+from .request import Request, RequestStatus, TokenOutput
+from .stats import SpeculationStats
 from .step_policy import Flags, Seat, StepPolicy, flags
+
+if TYPE_CHECKING:
+    from .speculation.drafting import Speculation
 
 
 @dataclass
@@ -18,6 +22,7 @@ class BatchItem:
     tokens: list[int]
     start_pos: int
     wants_logits: bool
+    drafts: int = 0  # the last tokens are drafts, each with its logits (speculative decoding)
     media: MediaRows | None = None  # a media piece: `tokens` are its pseudo-ids, `media.rows` what is decoded
 
 
@@ -31,16 +36,21 @@ class Step:
 
 
 class Steps:
-    """Composes steps by `policy` over the slots of `cache`; `text` counts the steps a prompt is left out of."""
+    """Composes steps by `policy` over the slots of `cache`; `text` counts the steps a prompt is
+    left out of; `speculation` (set by whoever builds the engine) drafts tokens for decode rows."""
 
     def __init__(self, policy: StepPolicy, cache: PrefixCache, text: LiveText) -> None:
         self.policy, self.cache, self.text = policy, cache, text
+        self.speculation: Speculation | None = None
 
     def compose(self, running: Sequence[Request]) -> Step:
         """The step the policy plans for the running requests: a decode row each, prefill chunks."""
         slots = self.cache.slots
         plan = self.policy.plan(self.seats(running))
-        items = [BatchItem(r, [r.output_tokens[-1]], len(slots[r.held_slot].tokens), True) for r in plan.decode]
+        room = self.policy.max_batch_tokens - len(plan.decode) - sum(n for _, n in plan.chunks)
+        drafts = self.speculation.drafts(running, plan.decode, room) if self.speculation else {}
+        items = [BatchItem(r, [r.output_tokens[-1], *drafts.get(r.request_id, ())], len(slots[r.held_slot].tokens),
+                           True, len(drafts.get(r.request_id, ()))) for r in plan.decode]
         for request, n in plan.chunks:
             start, at = request.n_prefilled, len(slots[request.held_slot].tokens)
             piece = prefill_piece(request.media, start, n)  # cut at media edges (media_prompt.py)
@@ -63,6 +73,28 @@ class Steps:
     def flags(self, running: Sequence[Request]) -> Flags:
         """What background work is told now, from the requests the steps serve (step_policy.flags)."""
         return flags(self.seats(running))
+
+    def keep(self, item: BatchItem, out: TokenOutput | Exception | None) -> None:
+        """A row decoded: its tokens go into its slot, but drafts the target rejected, whose KV
+        cells are removed (so the slot's tokens stay what its KV holds: the prefix cache exact)."""
+        slot = self.cache.slots[item.request.held_slot]
+        kept = len(item.tokens) - item.drafts + (len(out.accepted) if isinstance(out, TokenOutput) else 0)
+        slot.tokens.extend(item.tokens[:kept])
+        if kept < len(item.tokens):
+            self.cache.trim(slot)
+
+    def started(self, step: Step) -> None:
+        """The step is about to run (Speculation.started)."""
+        if self.speculation:
+            self.speculation.started(step)
+
+    def verified(self, step: Step, outputs: Mapping[int, TokenOutput | Exception]) -> None:
+        """The step's rows were sampled (Speculation.verified)."""
+        if self.speculation:
+            self.speculation.verified(step, outputs)
+
+    def speculation_stats(self) -> SpeculationStats | None:
+        return self.speculation.stats() if self.speculation else None
 
     def preemptible(self, step: Step) -> bool:
         """A step worth aborting for a newcomer (StepPolicy.preemptible)."""

@@ -1,0 +1,123 @@
+"""The engine's side of speculation: which decode rows draft how many tokens this step (policy.py),
+the drafts from the proposer, and what the verification said, measured (stats, the policy's
+acceptance and step cost). Steps (engine/steps.py) asks it for each step's drafts; the runner's
+sampling verifies them (engine/sampling.py); the scheduler takes the accepted tokens.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, overload
+
+from ..request import Request, TokenOutput
+from ..stats import SpeculationStats
+from .policy import SpeculationPolicy
+from .proposer import DraftRow, Proposer
+
+if TYPE_CHECKING:
+    from ..steps import Step
+
+
+class Joined(Sequence[int]):
+    """A request's prompt as prefilled then its output, without copying either (a 32K prompt
+    would be copied every step)."""
+
+    def __init__(self, head: Sequence[int], tail: Sequence[int]) -> None:
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    @overload
+    def __getitem__(self, at: int) -> int: ...
+    @overload
+    def __getitem__(self, at: slice) -> list[int]: ...
+    def __getitem__(self, at: int | slice) -> int | list[int]:
+        n = len(self.head)
+        if isinstance(at, slice):
+            start, stop, step = at.indices(len(self))
+            assert step == 1, "contiguous slices only"
+            return [*self.head[start:min(stop, n)], *self.tail[max(start - n, 0):max(stop - n, 0)]]
+        at = at + len(self) if at < 0 else at
+        return self.head[at] if at < n else self.tail[at - n]
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.head
+        yield from self.tail
+
+
+@dataclass
+class _Counts:
+    drafted: int = 0
+    accepted: int = 0
+    rows: int = 0  # decode rows verified (speculating or not)
+    tokens: int = 0  # tokens those rows took (1 + accepted each)
+    speculating: int = 0  # rows that carried drafts
+
+
+class Speculation:
+    """Drafts for a step's decode rows, where they pay (SpeculationPolicy) and the row may speculate
+    (`eligible`: the runner's sampling path verifies it; the request did not turn it off)."""
+
+    def __init__(self, proposer: Proposer, policy: SpeculationPolicy, eligible: Callable[[Request], bool],
+                 max_step_drafts: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        """`max_step_drafts`: draft tokens in one step at most (the context's spare output rows)."""
+        self.proposer, self.policy, self.eligible = proposer, policy, eligible
+        self.max_step_drafts, self.clock = max_step_drafts, clock
+        self.counts = _Counts()
+        self._keys: set[int] = set()
+        self._step: tuple[float, int] | None = None  # a decode-only step's start and tokens
+
+    def drafts(self, running: Sequence[Request], decode: Sequence[Request], room: int) -> dict[int, list[int]]:
+        """Per request id, the draft tokens its decode row carries this step (none: not listed);
+        `room`: tokens the step may still take."""
+        self._forget_departed(running)
+        room, rows = min(room, self.max_step_drafts), len(decode)
+        wanted: list[DraftRow] = []
+        for request in decode:
+            k = min(self.policy.draft_tokens(request.request_id, rows), room,
+                    request.params.max_tokens - len(request.output_tokens) - 1)
+            if k > 0 and request.params.speculative and request.thinking is None and self.eligible(request):
+                wanted.append(DraftRow(request.request_id, Joined(request.prefill_tokens, request.output_tokens), k))
+                self._keys.add(request.request_id)
+                room -= k
+        proposed = self.proposer.propose(wanted) if wanted else []
+        return {row.key: list(draft[:row.k]) for row, draft in zip(wanted, proposed) if draft}
+
+    def started(self, step: Step) -> None:
+        """The step is about to run: timed if it only decodes (the policy's step cost)."""
+        only_decode = all(item.request.output_tokens and item.wants_logits for item in step.items)
+        self._step = (self.clock(), step.n_tokens) if step.items and only_decode else None
+
+    def verified(self, step: Step, outputs: Mapping[int, TokenOutput | Exception]) -> None:
+        """The step's rows were sampled: acceptance and the step's cost measured."""
+        if self._step is not None:
+            start, tokens = self._step
+            self.policy.cost.observe(tokens, self.clock() - start)
+            self._step = None
+        counts = self.counts
+        for item in step.items:
+            if not item.request.output_tokens:
+                continue
+            out = outputs.get(item.request.request_id)
+            accepted = len(out.accepted) if isinstance(out, TokenOutput) else 0
+            self._keys.add(item.request.request_id)
+            self.policy.drafted(item.request.request_id, item.drafts, accepted)
+            counts.rows += 1
+            counts.tokens += 1 + accepted
+            if item.drafts:
+                counts.speculating += 1
+                counts.drafted += item.drafts
+                counts.accepted += accepted
+
+    def stats(self) -> SpeculationStats:
+        c = self.counts
+        return SpeculationStats(c.drafted, c.accepted, c.rows, c.tokens, c.speculating)
+
+    def _forget_departed(self, running: Sequence[Request]) -> None:
+        live = {r.request_id for r in running}
+        for key in self._keys - live:
+            self.proposer.forget(key)
+            self.policy.forget(key)
+        self._keys &= live

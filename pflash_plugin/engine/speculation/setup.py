@@ -1,0 +1,56 @@
+"""How an engine speculates, from stock's keys: `--draft_model prompt-lookup-decoding` (n-gram drafts,
+ngram.py) or `--draft_model PATH.gguf` (a draft model, draft_model.py), `--draft_model_num_pred_tokens`
+draft tokens at most per row and step."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...llama import Model
+from ..request import Request
+from .drafting import Speculation
+from .ngram import NgramProposer
+from .policy import SpeculationPolicy
+from .proposer import Proposer
+
+PROMPT_LOOKUP = "prompt-lookup-decoding"  # stock's value (llama_cpp.llama_speculative.LlamaPromptLookupDecoding)
+MAX_NGRAM = 2  # stock's max_ngram_size
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    draft: str  # PROMPT_LOOKUP, or the path of a draft model's GGUF
+    num_pred_tokens: int = 10  # draft tokens per row and step at most (stock's default)
+    max_rows: int = 16  # more rows decoding than this: no speculation (SpeculationPolicy.max_rows)
+
+    def __post_init__(self) -> None:
+        if self.num_pred_tokens < 1:
+            raise ValueError(f"draft_model_num_pred_tokens must be at least 1, not {self.num_pred_tokens}")
+
+    def max_step_drafts(self, n_slots: int) -> int:
+        """Draft tokens one step carries at most: the context's logits rows beyond one per slot."""
+        return self.num_pred_tokens * min(n_slots, self.max_rows)
+
+
+def proposer(config: SpeculationConfig, target: Model, n_slots: int, n_ctx: int) -> Proposer:
+    """The drafts' source: prompt lookup, or a draft model on its own context (the hook of
+    `--draft_model PATH.gguf`: draft_model.DraftModelProposer, sharing the target's vocabulary)."""
+    if config.draft == PROMPT_LOOKUP:
+        return NgramProposer(MAX_NGRAM, config.num_pred_tokens)
+    from .draft_model import DraftModelConfig, DraftModelProposer, check_draft_model
+
+    draft = Model(config.draft)
+    try:
+        check_draft_model(target, draft)
+    except BaseException:
+        draft.close()
+        raise
+    return DraftModelProposer(draft, DraftModelConfig(slots=n_slots, n_ctx=n_ctx), owns_model=True)
+
+
+def speculation(config: SpeculationConfig, target: Model, eligible: Callable[[Request], bool], n_slots: int,
+                max_ctx: int) -> Speculation:
+    """The engine's Speculation for `config` (`eligible`: the runner's Sampling.speculates)."""
+    source = proposer(config, target, n_slots, max_ctx * min(n_slots, config.max_rows))
+    policy = SpeculationPolicy(max_draft=config.num_pred_tokens, max_rows=config.max_rows)
+    return Speculation(source, policy, eligible, config.max_step_drafts(n_slots))
