@@ -112,6 +112,7 @@ def test_a_resent_image_reuses_its_kv_and_its_embeddings(engine):
     usage = run(eng, [again])[0].usage
     span = again.media[0]
     assert usage.cached_tokens >= span.end  # the image's positions came from the prefix cache
+    assert usage.media_tokens == 64 and usage.prompt_tokens == len(again.prompt_tokens)
     assert again.output_tokens == first.output_tokens
     after = eng.media.stats()
     assert after.encoded == before.encoded and after.cache_hits == before.cache_hits + 1

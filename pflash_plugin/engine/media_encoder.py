@@ -53,11 +53,11 @@ class MediaEncoder:
         for span in spans:
             if span.embeddings is None:
                 span.embeddings = self._future(span)
-                self._media_tokens += span.chunk.n_pos
 
     def _future(self, span: MediaSpan) -> Future[np.ndarray]:
         key = span.chunk.key
         with self._lock:
+            self._media_tokens += span.chunk.n_pos
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)

@@ -107,6 +107,7 @@ class Usage:
     cached_tokens: int  # prompt tokens whose KV was reused
     latency: Latency
     pflash: Report | None = None  # the compression report, if compression was asked for
+    media_tokens: int = 0  # of prompt_tokens, the positions its images and audio take (issue 46)
 
 
 @dataclass
@@ -263,4 +264,4 @@ class Request:
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt_tokens), len(self.output_tokens), self.cached_tokens,
-                     self.timings.latency(), self.pflash)
+                     self.timings.latency(), self.pflash, sum(span.chunk.n_pos for span in self.media))
