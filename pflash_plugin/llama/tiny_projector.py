@@ -30,6 +30,7 @@ class TinyProjector:
     patch_size: int = 8
     n_mlp: int = 64  # the MLP's hidden width
     seed: int = 0
+    f16: bool = False  # the blocks' and the MLP's matrices in F16, as real mmproj files (a bench's real shape)
 
     @property
     def n_patches(self) -> int:
@@ -54,7 +55,8 @@ class TinyProjector:
         w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
         w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
         for name, array in self._tensors():
-            w.add_tensor(name, array)
+            matrix = array.ndim == 2 and name != "v.position_embd.weight"
+            w.add_tensor(name, array.astype(np.float16) if self.f16 and matrix else array)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

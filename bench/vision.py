@@ -1,0 +1,133 @@
+"""Concurrent image + question chats (issue 46): ours (--mmproj, N slots) against llama.cpp's
+llama-server (--mmproj, -np N), over HTTP, N requests sent at once, each with its own random image
+(no prefix or embedding cache serves one), streamed; then one text chat sent while N image
+prefills run: its time to first token.
+
+Random-weight models written here: `--shape tiny` (the tests' tiny llama + tiny LLaVA projector,
+64 tokens an image: runs on a CPU in seconds) or `--shape real` (an 8B-class F16 llama, tiled, and
+a LLaVA-1.5-shaped projector: ViT-L/14 at 336 px, 24 blocks, 576 tokens an image, F16).
+
+CPU (tiny shapes; add `--llama-server BIN` for that arm):
+    python bench/vision.py --shape tiny --clients 2 4 --out bench/results/vision_cpu.json
+On the H200 (llama-server built with mtmd, as bench/gpu/servers.sh builds it):
+    python bench/vision.py --shape real --gpu --clients 8 32 --llama-server /path/to/llama-server \
+        --out bench/results/vision_gpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness import REPO, ServerProcess, machine
+from pflash_plugin.llama.tiny_gguf import cached_tiny_llama
+from pflash_plugin.llama.tiny_projector import cached_tiny_projector
+from pflash_plugin.testing.media_files import png
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {"model": {}, "projector": {}, "max_tokens": 16, "ctx": 512},
+    "real": {"model": {"n_layer": 32, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 14336, "f16": True,
+                       "tiled": True, "n_ctx_train": 8192},
+             "projector": {"n_embd_text": 4096, "n_embd": 1024, "n_head": 16, "n_ff": 4096, "n_layer": 24,
+                           "image_size": 336, "patch_size": 14, "n_mlp": 4096, "f16": True},
+             "max_tokens": 64, "ctx": 2048},
+}
+
+
+def models(shape: str) -> tuple[str, str, int]:
+    spec = SHAPES[shape]
+    side = spec["projector"].get("image_size", 64)
+    return str(cached_tiny_llama(**spec["model"])), str(cached_tiny_projector(**spec["projector"])), side
+
+
+def servers(args: argparse.Namespace, model: str, mmproj: str, slots: int) -> list[ServerProcess]:
+    ctx = SHAPES[args.shape]["ctx"]
+    gpu = ["--n_gpu_layers", "-1"] if args.gpu else []
+    out = [ServerProcess(f"vision-ours-{slots}", ["--model", model, "--mmproj", mmproj, "--model_alias", "m",
+                                                  "--max_concurrency", str(slots), "--n_ctx", str(ctx), *gpu])]
+    if args.llama_server:
+        out.append(ServerProcess(f"vision-llama-server-{slots}", [
+            "-m", model, "--mmproj", mmproj, "-np", str(slots), "-c", str(slots * ctx), "--cache-ram", "0",
+            "--host", "127.0.0.1", *(["-ngl", "999"] if args.gpu else [])],
+            program=[args.llama_server], ready_paths=("/health",)))
+    return out
+
+
+def image_body(image: bytes, max_tokens: int) -> dict[str, Any]:
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    content = [{"type": "text", "text": "Describe the picture."}, {"type": "image_url", "image_url": {"url": url}}]
+    return {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+
+
+async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: float) -> dict[str, float]:
+    """One streamed chat: its time to first content and the pieces it streamed."""
+    first, pieces = None, 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if (choices[0].get("delta") or {}).get("content"):
+                    pieces += 1
+                    first = first or time.perf_counter()
+    return {"ttft_s": (first or time.perf_counter()) - sent, "pieces": pieces}
+
+
+async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, Any]:
+    """`images` chats at once, and a text chat 0.2 s after them."""
+    text = {"model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+            "temperature": 0, "stream": True}
+    async with httpx.AsyncClient(timeout=1800) as client:
+        start = time.perf_counter()
+        chats = [asyncio.create_task(timed(client, url, image_body(i, max_tokens), start)) for i in images]
+        await asyncio.sleep(0.2)
+        beside = await timed(client, url, text, time.perf_counter())
+        done = await asyncio.gather(*chats)
+        wall = time.perf_counter() - start
+    pieces = sum(d["pieces"] for d in done)
+    return {"wall_s": round(wall, 3), "requests_per_s": round(len(images) / wall, 3),
+            "pieces_per_s": round(pieces / wall, 2), "mean_ttft_s": round(sum(d["ttft_s"] for d in done) / len(done), 3),
+            "text_ttft_beside_s": round(beside["ttft_s"], 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--clients", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--llama-server", dest="llama_server")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "vision.json")
+    args = ap.parse_args()
+    model, mmproj, side = models(args.shape)
+    rows: list[dict[str, Any]] = []
+    for slots in args.clients:
+        for server in servers(args, model, mmproj, slots):
+            server.start(timeout_s=600)
+            try:
+                asyncio.run(round_of(server.url, [png(side, side, 10**6 + i) for i in range(slots)], 4))  # warm-up
+                for rep in range(args.reps):
+                    images = [png(side, side, rep * 1000 + slots * 100 + i) for i in range(slots)]
+                    row = {"arm": server.label, "clients": slots, "rep": rep,
+                           **asyncio.run(round_of(server.url, images, SHAPES[args.shape]["max_tokens"]))}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            finally:
+                server.stop()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"bench": "vision", "shape": args.shape, "gpu": args.gpu, "machine": machine(),
+            "command": " ".join(["python", "bench/vision.py", *sys.argv[1:]])}
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
