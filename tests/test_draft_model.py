@@ -46,8 +46,10 @@ class Verifier:
                                                 n_outputs_max=64, n_outputs_max_per_seq=0))
         self.batch = Batch(64, 1)
         self.tokens = list(prompt)
-        self.batch.add_sequence(prompt[:-1], 0, 0, False)
-        self.ctx.decode(self.batch)
+        for first in range(0, len(prompt) - 1, 64):
+            self.batch.clear()
+            self.batch.add_sequence(prompt[first:min(first + 64, len(prompt) - 1)], first, 0, False)
+            self.ctx.decode(self.batch)
 
     def step(self, drafts: list[int]) -> int:
         """Verify the drafts; returns how many were kept (the next token is appended too)."""
@@ -172,6 +174,27 @@ def test_more_requests_than_sequences_draft_nothing_until_one_is_forgotten(targe
         draft.forget(1)
         assert draft.ctx.seq_pos_max(0) == -1
         assert draft.propose([DraftRow(2, prompt, 2)])[0] == greedy(target, prompt, 2)
+    finally:
+        draft.close()
+
+
+def test_a_row_that_finds_the_draft_context_full_drafts_nothing_until_a_request_leaves(target, caplog):
+    """Two rows of 150 tokens in 256 cells: the first fits and drafts, the second's sync fails and
+    it holds nothing; it is not tried again (its prompt decoded for nothing every step) until a
+    request leaves, then it drafts."""
+    a, b = ((list(target.tokenize(p)) * 20)[:150] for p in PROMPTS[:2])
+    draft = DraftModelProposer(target, DraftModelConfig(slots=2, n_ctx=256, n_batch=64, n_threads=1, n_threads_batch=1))
+    try:
+        assert draft.ctx.n_ctx == 256
+        first = draft.propose([DraftRow(1, a, 2), DraftRow(2, b, 2)])
+        assert first == [greedy(target, a, 2), []]
+        assert draft.ctx.seq_pos_max(draft._sequences[2].seq) == -1
+        caplog.clear()
+        a += first[0]
+        assert draft.propose([DraftRow(1, a, 2), DraftRow(2, b, 2)])[1] == []
+        assert "could not decode" not in caplog.text
+        draft.forget(1)
+        assert draft.propose([DraftRow(2, b, 2)]) == [greedy(target, b, 2)]
     finally:
         draft.close()
 

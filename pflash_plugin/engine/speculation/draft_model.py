@@ -40,6 +40,7 @@ def check_draft_model(target: Model, draft: Model) -> None:
 
 @dataclass
 class _Sequence:
+    key: int  # the request's
     seq: int  # the draft context's sequence id
     held: list[int] = field(default_factory=list)  # the tokens whose KV the sequence holds, from position 0
     confirmed: int = 0  # how many of `held` were the row's own tokens at the last sync (the rest: drafts)
@@ -87,6 +88,7 @@ class DraftModelProposer:
         self.batch = Batch(n_batch, 1)
         self._free = list(range(config.slots - 1, -1, -1))
         self._sequences: dict[int, _Sequence] = {}
+        self._no_room: set[int] = set()  # rows whose sync found the context full: none tried again until cells free
 
     def close(self) -> None:
         self.batch.close()
@@ -97,8 +99,8 @@ class DraftModelProposer:
     def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]:
         """Each row's greedy continuation by the draft model, at most row.k tokens (stopping after an
         end-of-generation token)."""
-        drafting = {i: _Row(state, row.k) for i, row in enumerate(rows)
-                    if row.k > 0 and row.tokens and (state := self._sequence(row.key)) is not None}
+        drafting = {i: _Row(state, row.k) for i, row in enumerate(rows) if row.k > 0 and row.tokens
+                    and row.key not in self._no_room and (state := self._sequence(row.key)) is not None}
         self._sync(drafting, rows)
         for step in range(1, max((r.k for r in drafting.values() if r.drafts), default=0)):
             self._draft_step({i: r for i, r in drafting.items() if 0 < len(r.drafts) == step < r.k
@@ -107,14 +109,16 @@ class DraftModelProposer:
 
     def forget(self, key: int) -> None:
         state = self._sequences.pop(key, None)
+        self._no_room.discard(key)
         if state is not None:
             self.ctx.seq_rm(state.seq)
             self._free.append(state.seq)
+            self._no_room.clear()  # cells freed: the rows that found none may try again
 
     def _sequence(self, key: int) -> _Sequence | None:
         state = self._sequences.get(key)
         if state is None and self._free:
-            state = self._sequences[key] = _Sequence(self._free.pop())
+            state = self._sequences[key] = _Sequence(key, self._free.pop())
         return state
 
     def _sync(self, drafting: dict[int, _Row], rows: Sequence[DraftRow]) -> None:
@@ -167,14 +171,16 @@ class DraftModelProposer:
             self._take_argmaxes(list(active.values()))
 
     def _decode(self, involved: list[_Row]) -> bool:
-        """Decode the batch; on failure (no free cells) the rows involved drop their drafts and their
-        sequences start over empty, so that what a sequence holds is always known."""
+        """Decode the batch; on failure (no free cells) the rows involved drop their drafts, their
+        sequences start over empty, so that what a sequence holds is always known, and they are not
+        tried again (a whole prompt decoded for nothing each step) until a request leaves."""
         try:
             self.ctx.decode(self.batch)
             return True
         except DecodeError as error:
             log.warning("the draft model could not decode %d tokens (%s): %d rows draft nothing this step",
                         self.batch.n_tokens, error, len(involved))
+            self._no_room.update(r.state.key for r in involved)
             for r in involved:
                 self.ctx.seq_rm(r.state.seq)
                 r.state.held.clear()
