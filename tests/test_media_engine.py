@@ -157,3 +157,24 @@ def test_a_model_without_a_projector_refuses_media(tiny_model):
         assert refused.value.kind is ErrorKind.INVALID and "--mmproj" in refused.value.message
     finally:
         engine.stop()
+
+
+def test_pflash_leaves_a_prompt_with_media_uncompressed(engine):
+    from pflash_plugin.pflash.compressor import PflashConfig
+    from pflash_plugin.pflash.planning import MEDIA_KEPT, Planner
+
+    model, eng = engine
+    prompt = eng.media.prompt(PROMPT.replace("the picture", "the picture " * 60), [image(1)])
+    planner = Planner(PflashConfig(mode="always", threshold=16, keep_ratio=0.3), model, True)
+    plan = planner.plan(prompt.tokens, None)
+    assert plan.job is None and plan.report is not None
+    assert plan.report.to_json()["reason"] == MEDIA_KEPT
+    text_only = model.tokenize(PROMPT.replace(MEDIA_MARKER, "the picture " * 60), False, True)
+    assert planner.plan(text_only, None).job is not None  # the same length of text alone is compressed
+
+
+def test_a_pseudo_token_never_reaches_llama_cpps_vocabulary(engine):
+    model, eng = engine
+    tokens = eng.media.prompt(PROMPT, [image(1)]).tokens
+    with pytest.raises(ValueError, match="not in the vocabulary"):  # llama.cpp would abort the process
+        model.piece(min(tokens))

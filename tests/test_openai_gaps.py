@@ -52,7 +52,7 @@ def test_content_as_text_parts_is_the_joined_text_for_every_role(sdk):
 
 
 @pytest.mark.parametrize("message, field", [
-    ({"role": "user", "content": [*parts("look"), {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]},
+    ({"role": "user", "content": [*parts("look"), {"type": "video_url", "video_url": {"url": "http://x/a.mp4"}}]},
      "messages.1.content.1"),
     ({"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}, "messages.1.content.0"),
 ])

@@ -235,11 +235,7 @@ class Request:
                 priority: int = 0, media: tuple[MediaSpan, ...] = ()) -> Request:
         """A request built with its prompt's compression plan (the HTTP path and the in-process
         one alike), so nothing attaches the job or the report afterwards. A prompt with `media`
-        is not compressed (media chunks are always kept; the text between them is not scored
-        yet): its plan's job is reported skipped, cause "media"."""
-        if media and plan.job is not None:
-            skipped = plan.job.skipped("the prompt holds media, which PFlash keeps whole: not compressed", "media")
-            return cls(tokens, params, sink, pflash=skipped, priority=priority, media=media)
+        has no job: the planner reports it skipped (pflash/planning.py, MEDIA_KEPT)."""
         return cls(tokens, params, sink, compression=plan.job, pflash=plan.report, priority=priority, media=media)
 
     @property

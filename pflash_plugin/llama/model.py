@@ -208,6 +208,8 @@ class Model:
         unless `render_tokens` named it."""
         cached = self._pieces.get(token)
         if cached is None:
+            if not 0 <= token < self.n_vocab:  # llama.cpp would abort the process (std::out_of_range)
+                raise ValueError(f"token {token} is not in the vocabulary (0..{self.n_vocab - 1})")
             special = token in self._rendered
             buf = ctypes.create_string_buffer(64)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)

@@ -26,7 +26,8 @@ GROUPS = {
 }
 _MODEL_KEYS = {"model", "model_alias", "chat_format", "chat_template_kwargs", "n_gpu_layers", "split_mode", "main_gpu",
                "tensor_split", "lora_path", "embedding", "verbose", "seed", "use_mmap", "use_mlock",
-               "kv_overrides", "rpc_servers", "numa", "type_k", "type_v", "offload_kqv"}
+               "kv_overrides", "rpc_servers", "numa", "type_k", "type_v", "offload_kqv", "mmproj", "clip_model_path",
+               "media_hosts", "media_max_bytes", "media_max_items", "media_max_pixels", "media_fetch_timeout_s"}
 _CONCURRENCY_KEYS = {"max_concurrency", "max_queue", "kv_pool_tokens", "kv_layout", "max_ctx", "kv_page_size",
                      "prefill_chunk", "schedule_policy", "max_step_s", "n_ctx", "n_batch", "n_ubatch", "n_threads",
                      "n_threads_batch", "flash_attn"}
@@ -49,7 +50,11 @@ def group_of(key: str) -> str:
 # stock keys whose meaning differs here
 OUR_MEANING = {
     "chat_format": "One of llama_cpp's chat formats, instead of the GGUF's chat template (default: the template). "
-    "chatml-function-calling and functionary* are refused: tools work through the template (docs/tools.md).",
+    "chatml-function-calling and functionary* are refused: tools work through the template (docs/tools.md). "
+    "The vision handlers' names need --mmproj: mtmd and gemma4 render with the GGUF's template, llava-1-5, "
+    "llava-1-6, obsidian, moondream, nanollava, llama-3-vision-alpha, minicpm-v-2.6 and qwen2.5-vl with stock's "
+    "template of that handler (docs/vision.md).",
+    "clip_model_path": "The same as --mmproj (stock's name): the model's multimodal projector GGUF.",
     "cache": "Keep the KV of prefixes evicted from the slots in host RAM and restore it for a prompt that "
     "extends one (the prefix cache in the KV pool is always on).",
     "cache_size": "Bytes of host RAM for --cache (saved sequence states, least recently used out first).",

@@ -15,6 +15,7 @@ from ..config.settings import ModelSettings
 from ..wire.protocol import RequestError
 from .assembly import assemble
 from .calibrate import calibrate
+from .media_reader import MediaLimits, MediaReader, media_kinds
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class ServedModel:
         for tags in (self.template_tags, self.think_tags):  # markers that are control tokens reach the readers
             if tags is not None:
                 self.model.render_tokens(tags.markers)
+        self.media = MediaReader(MediaLimits.of(settings), media_kinds(self.engine.media))  # issue 46
         self.pflash = self.plan.pflash.config
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         if self.pflash_scorer == "numpy" and self.plan.pflash.scorer == "auto":

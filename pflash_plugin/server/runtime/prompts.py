@@ -13,6 +13,9 @@ from ...chat.content_text import ContentText
 from ...chat.template import ChatTemplate
 from ...chat.tool_calls import REFUSED_CHAT_FORMATS, syntax_for
 from ...chat.turns import continued_text, cut_after, render_merging
+from ...chat.vision_formats import vision_format
+from ...engine.media import MEDIA_MARKER, MediaInput
+from ...engine.media_prompt import MediaSpan
 from ...llama import Model
 from ..wire.protocol import RequestError
 from .text_limits import TextLimit
@@ -26,6 +29,11 @@ class ChatPrompt:
     stop: list[str]
     last_user: str | None  # the final user message: PFlash's query
     system: str | None  # the system prompt: always kept by PFlash
+    # a prompt with media (issue 46): its text, a MEDIA_MARKER per item (BOS written where the model
+    # adds one), tokenized with its media by the engine's projector (preparation/media.py), not here
+    text: str = ""
+    media: tuple[MediaInput, ...] = ()
+    spans: tuple[MediaSpan, ...] = ()  # where `tokens` hold the media (pseudo-token ids), once tokenized
 
 
 def chat_formatter(model: Model, chat_format: str | None) -> Any:
@@ -34,7 +42,7 @@ def chat_formatter(model: Model, chat_format: str | None) -> Any:
     template = model.chat_template()
     if chat_format is None and template:
         return ChatTemplate(template, eos_token=model.token_text(model.eos), bos_token=model.token_text(model.bos))
-    return named_formatter(chat_format) if chat_format else fallback_formatter(model)
+    return named_formatter(chat_format, model) if chat_format else fallback_formatter(model)
 
 
 # Gemma 3's own chat template, text only: Gemma has no system role, so the system prompt opens the
@@ -67,8 +75,14 @@ def fallback_formatter(model: Model) -> Any:
     return named_formatter("llama-2")
 
 
-def named_formatter(name: str) -> Any:
-    """llama_cpp's chat format `name`; raises ValueError (at start) for one this server does not run."""
+def named_formatter(name: str, model: Model | None = None) -> Any:
+    """llama_cpp's chat format `name`; raises ValueError (at start) for one this server does not run.
+    A vision handler's template (chat/vision_formats.py) writes `model`'s BOS and EOS texts (None:
+    the name is only checked)."""
+    bos = model.token_text(model.bos) if model is not None and model.add_bos else ""
+    vision = vision_format(name, bos, model.token_text(model.eos) if model is not None else "")
+    if vision is not None:
+        return vision
     if name in REFUSED_CHAT_FORMATS:
         raise ValueError(f"chat_format {name!r} is llama_cpp's own tool-calling handler, which this server "
                          "does not run: leave chat_format unset, and tools work through the model's chat template "
@@ -109,10 +123,12 @@ class Prompts:
                              "--chat_format names another format") from None
 
     def render_chat(self, messages: list[dict], tools: Any = None, tool_choice: Any = None,
-                    template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
+                    template_kwargs: dict[str, Any] | None = None,
+                    media: tuple[MediaInput, ...] = ()) -> ChatPrompt:
         """`template_kwargs`: the request's template variables, over the server's chat_template_kwargs.
         The messages' text is text: a control token it spells is not read as one (chat/content_text.py);
-        a final assistant message is continued (chat/turns.py)."""
+        a final assistant message is continued (chat/turns.py). `media`: the items whose markers the
+        messages' contents hold, in order (the prompt is then left untokenized: ChatPrompt.text)."""
         kwargs = {**self._template_kwargs, **(template_kwargs or {})}
         guarded = self._content.guard(messages, tools)
         try:
@@ -124,8 +140,23 @@ class Prompts:
             raise RequestError(400, f"the chat template could not render the messages: {error}",
                                param="messages") from None
         self.limit.check_text(text, "messages")
+        last_user, system = _last(messages, "user"), _last(messages, "system")
+        if media:
+            return ChatPrompt([], stop, last_user, system, self._media_text(guarded.spelled_out(text), media, added),
+                              media)
         tokens = self._content.tokenize(text, guarded, add_special=not added)
-        return ChatPrompt(tokens, stop, _last(messages, "user"), _last(messages, "system"))
+        return ChatPrompt(tokens, stop, last_user, system)
+
+    def _media_text(self, text: str, media: tuple[MediaInput, ...], added: bool) -> str:
+        """The prompt text the projector tokenizes (special tokens parsed, none added): one marker
+        per item, as the template placed them, and the BOS token where the template wrote none."""
+        markers = text.count(MEDIA_MARKER)
+        if markers != len(media):
+            raise RequestError(400, f"the rendered prompt holds {markers} media markers ({MEDIA_MARKER}) for "
+                               f"{len(media)} media items: the chat template dropped a media part, or the messages' "
+                               f"text spells {MEDIA_MARKER}", param="messages")
+        bos = self.model.token_text(self.model.bos) if self.model.add_bos and not added else ""
+        return bos + text
 
     def _render(self, messages: list[dict], tools: Any, tool_choice: Any,
                 kwargs: dict[str, Any]) -> tuple[str, list[str], bool]:

@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...chat.switches import template_kwargs
-from .chat_request import as_chat, chat_tool, joined_text
+from .chat_request import as_chat, chat_tool, content_with_media
+from .media_parts import MediaSource, anthropic_source
 from .protocol import ChatCompletionRequest, PflashOverride, RequestError
 
 
@@ -106,11 +107,21 @@ class MessagesRequest(CountTokensRequest):
     pflash: Optional[PflashOverride] = None
 
 
-def _text(content: str | list[ContentBlock] | None, field: str) -> str:
-    """Text blocks joined by newlines; any other block is refused, naming its field."""
+def _text(content: str | list[ContentBlock] | None, field: str, at: list[int] | None = None) -> str | list[Any]:
+    """Text blocks joined by newlines, or chat content parts where image blocks are among them
+    (each a MediaPart, its source named by the client's field); any other block is refused, naming
+    its field. `at`: each block's index in the client's content (default: its own)."""
     if content is None or isinstance(content, str):
         return content or ""
-    return joined_text([(block.type, block.text) for block in content], field, ("text",), "block")
+    blocks = content
+
+    def media(k: int, where: str) -> MediaSource | None:
+        block = blocks[k]
+        if block.type != "image":
+            return None
+        return anthropic_source((block.model_extra or {}).get("source"), where if at is None else f"{field}.{at[k]}")
+
+    return content_with_media([(block.type, block.text) for block in blocks], field, ("text",), "block", media)
 
 
 def _call(block: ContentBlock, field: str) -> dict[str, Any]:
@@ -129,6 +140,7 @@ def _turn(message: InputMessage, field: str) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     texts: list[ContentBlock] = []
+    at: list[int] = []  # their indices in the message's content
     thoughts: list[str] = []
     for j, block in enumerate(message.content):
         where = f"{field}.content.{j}"
@@ -145,8 +157,9 @@ def _turn(message: InputMessage, field: str) -> list[dict[str, Any]]:
             continue
         else:
             texts.append(block)
+            at.append(j)
     chat = results
-    text = _text(texts, f"{field}.content") if texts else None
+    text = _text(texts, f"{field}.content", at) if texts else None
     thought = {"reasoning_content": "\n".join(thoughts)} if thoughts else {}
     if calls:
         chat.append({"role": "assistant", "content": text, **thought, "tool_calls": calls})

@@ -2,24 +2,39 @@
 pieces their request models are translated with (api/bridge.py answers them through the chat path)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pydantic import ValidationError
 
 from .errors import validation_message
+from .media_parts import MediaPart, MediaSource
 from .protocol import ChatCompletionRequest, RequestError
 
 
 def joined_text(parts: Sequence[tuple[Any, Any]], field: str, accepted: tuple[str, ...], noun: str) -> str:
     """Text parts, as (type, text) pairs, joined by newlines (chat templates render a string); a part
     of another type, or without text, is refused naming its field and the first accepted type."""
-    texts = []
-    for j, (kind, text) in enumerate(parts):
-        if kind not in accepted or not isinstance(text, str):
-            raise RequestError(400, f"{field}.{j}: a {noun} of type {kind!r} is not taken here: send "
-                               f"{accepted[0]!r} {noun}s (this server serves text only)", param=f"{field}.{j}.type")
-        texts.append(text)
-    return "\n".join(texts)
+    return "\n".join(_part_text(kind, text, f"{field}.{j}", accepted, noun) for j, (kind, text) in enumerate(parts))
+
+
+def _part_text(kind: Any, text: Any, where: str, accepted: tuple[str, ...], noun: str) -> str:
+    if kind not in accepted or not isinstance(text, str):
+        raise RequestError(400, f"{where}: a {noun} of type {kind!r} is not taken here: send {accepted[0]!r} "
+                           f"{noun}s or media", param=f"{where}.type")
+    return text
+
+
+def content_with_media(parts: Sequence[tuple[Any, Any]], field: str, accepted: tuple[str, ...], noun: str,
+                       media: Callable[[int, str], MediaSource | None]) -> str | list[Any]:
+    """`joined_text`, where no part is media (`media(j, where)` gives a part's source, else None);
+    otherwise the parts as chat content: text parts, and each media part a MediaPart holding its
+    source (wire/chat_content.py puts the marker where it was)."""
+    sources = [media(j, f"{field}.{j}") for j in range(len(parts))]
+    if not any(sources):
+        return joined_text(parts, field, accepted, noun)
+    return [MediaPart(type="media", source=source) if source is not None
+            else {"type": "text", "text": _part_text(kind, text, f"{field}.{j}", accepted, noun)}
+            for j, ((kind, text), source) in enumerate(zip(parts, sources))]
 
 
 def chat_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .chat_request import as_chat, chat_tool, joined_text
+from .chat_request import as_chat, chat_tool, content_with_media, joined_text
+from .media_parts import MediaSource, responses_source
 from .protocol import ChatCompletionRequest, PflashOverride, RequestError
 
 
@@ -80,15 +81,24 @@ _STATEFUL = {
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
-def _text(content: Any, field: str) -> str:
-    """A message's content (a string or text parts) as text; other parts are refused by field."""
+_MEDIA_PARTS = ("input_image", "input_audio")
+
+
+def _content(content: Any, field: str) -> str | list[Any]:
+    """A message's content: text, or chat content parts where it holds input_image or input_audio
+    parts (their sources read here, named by the client's fields: wire/media_parts.py)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise RequestError(400, f"{field}: a string or a list of content parts", param=field)
     parts = [(part.get("type"), part.get("text", part.get("refusal"))) if isinstance(part, dict) else (None, None)
              for part in content]
-    return joined_text(parts, field, _TEXT_PARTS, "content part")
+
+    def media(j: int, where: str) -> MediaSource | None:
+        part = content[j]
+        return responses_source(part, where) if isinstance(part, dict) and part.get("type") in _MEDIA_PARTS else None
+
+    return content_with_media(parts, field, _TEXT_PARTS, "content part", media)
 
 
 def _field(item: dict[str, Any], key: str, where: str) -> str:
@@ -107,7 +117,8 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return joined_text(pairs, f"{where}.content", ("reasoning_text", "summary_text"), "part")
 
 
-def _assistant(messages: list[dict[str, Any]], thought: str | None, content: str | None = None) -> dict[str, Any]:
+def _assistant(messages: list[dict[str, Any]], thought: str | None,
+               content: str | list[Any] | None = None) -> dict[str, Any]:
     """A new assistant message, with the thinking of the reasoning items before it."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if thought is not None:
@@ -129,7 +140,7 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(400, f"{where}.role: user, assistant, system or developer", param=f"{where}.role")
-            content = _text(item.get("content"), f"{where}.content")
+            content = _content(item.get("content"), f"{where}.content")
             if role == "assistant":
                 _assistant(messages, thought, content)
             else:
@@ -149,7 +160,7 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             thought = None
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
-                             "content": _text(item.get("output"), f"{where}.output")})
+                             "content": _content(item.get("output"), f"{where}.output")})
             thought = None
         else:
             raise RequestError(400, f"{where}: an input item of type {kind!r} is not taken here (message, "

@@ -21,6 +21,11 @@ class Totals:
     choices: tuple[Usage, ...]  # in choice order
 
     @property
+    def media_tokens(self) -> int:
+        """Of prompt_tokens, those its images and audio take (the choices share one prompt)."""
+        return self.choices[0].media_tokens
+
+    @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
@@ -36,6 +41,8 @@ def totals(usages: list[Usage], prompt_tokens: int) -> Totals:
 
 def _timings(usage: Usage) -> dict[str, Any]:
     timings: dict[str, Any] = {**asdict(usage.latency), "cached_tokens": usage.cached_tokens}
+    if usage.media_tokens:
+        timings["media_tokens"] = usage.media_tokens
     if usage.pflash is not None:
         timings["pflash"] = usage.pflash.to_json()
     return timings
@@ -54,6 +61,15 @@ def reasoning_tokens(choices: Sequence[Choice]) -> int:
     return sum(choice.reasoning_tokens for choice in choices)
 
 
+def _details(used: Totals) -> dict[str, int]:
+    """prompt_tokens_details (input_tokens_details): the cached tokens, and where the prompt had
+    images or audio the tokens they take (llama-server reports none; the name is ours)."""
+    details = {"cached_tokens": used.cached_tokens}
+    if used.media_tokens:
+        details["media_tokens"] = used.media_tokens
+    return details
+
+
 def openai_usage(used: Totals, reasoning: int | None = None) -> dict[str, Any]:
     """OpenAI's usage object, with our timings; `reasoning`: the chat choices' reasoning tokens
     (None: a completion, which has no such details)."""
@@ -61,7 +77,7 @@ def openai_usage(used: Totals, reasoning: int | None = None) -> dict[str, Any]:
         "prompt_tokens": used.prompt_tokens,
         "completion_tokens": used.completion_tokens,
         "total_tokens": used.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": used.cached_tokens},
+        "prompt_tokens_details": _details(used),
     }
     if reasoning is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
@@ -71,7 +87,7 @@ def openai_usage(used: Totals, reasoning: int | None = None) -> dict[str, Any]:
 def responses_usage(used: Totals, reasoning: int = 0) -> dict[str, Any]:
     """The Responses API's usage, with our timings."""
     return {"input_tokens": used.prompt_tokens, "output_tokens": used.completion_tokens,
-            "total_tokens": used.total_tokens, "input_tokens_details": {"cached_tokens": used.cached_tokens},
+            "total_tokens": used.total_tokens, "input_tokens_details": _details(used),
             "output_tokens_details": {"reasoning_tokens": reasoning}, "timings": timings(used)}
 
 
