@@ -31,7 +31,6 @@ SAMPLES: dict[str, Any] = {
     "numa": True,
     "chat_format": "chatml",
     "chat_template_kwargs": {"enable_thinking": False},
-    "clip_model_path": "mmproj.gguf",
     "cache_type": "disk",
     "hf_tokenizer_config_path": "tokenizer_config.json",
     "hf_pretrained_model_name_or_path": "org/model",
@@ -45,8 +44,8 @@ SAMPLES: dict[str, Any] = {
 
 
 def sample(key: str, default: Any, tmp_path: Path) -> Any:
-    if key == "lora_path":
-        adapter = tmp_path / "adapter.gguf"
+    if key in ("lora_path", "clip_model_path"):
+        adapter = tmp_path / f"{key}.gguf"
         adapter.write_bytes(b"")
         return str(adapter)
     if key in SAMPLES:
@@ -132,7 +131,7 @@ def test_refused_keys_at_their_stock_defaults_start(tmp_path):
 
 @pytest.mark.parametrize("key, value", [
     ("lora_path", "/nonexistent/adapter.gguf"),
-    ("clip_model_path", "/models/mmproj.gguf"),
+    ("clip_model_path", "/models/mmproj.gguf"),  # no such file
     ("rpc_servers", "127.0.0.1:1"),  # no RPC backend in the wheel, or nobody listening there
     ("kv_overrides", ["llama.context_length=1234"]),
     ("split_mode", 7),  # llama.cpp has none (0) to tensor (3)
@@ -146,7 +145,7 @@ def test_cli_says_which_key_it_refuses(tiny_model):
     run = subprocess.run([sys.executable, "-m", "pflash_plugin.server", "--model", str(tiny_model), "--port", "0",
                           "--clip_model_path", "mmproj.gguf"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
-    assert "clip_model_path: multimodal" in run.stderr
+    assert "clip_model_path: no such file: mmproj.gguf" in run.stderr
 
 
 def target(settings: dict[str, Any]) -> Model:

@@ -11,13 +11,14 @@ stock fields and checks each one.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import llama_cpp
 from llama_cpp.server.settings import ModelSettings as StockModelSettings
 
 from ... import plugins
+from ...chat.vision_formats import OWN_TEMPLATE, needs_projector
 from ...engine.loader import EngineConfig, check_config
 from ...llama import Model, ModelParams, RopeParams
 from ...llama.backend import init_numa
@@ -45,7 +46,6 @@ REFUSED: dict[str, str] = {
     "vocab_only": "the engine generates, which needs the weights, not the vocabulary alone",
     "lora_base": "llama.cpp applies a LoRA adapter to the loaded model itself; a separate base model is not "
     "supported (llama-cpp-python 0.3.36 ignores this key)",
-    "clip_model_path": "multimodal chat handlers (llava, mtmd) are not supported by the batched engine",
     "draft_model": _SPECULATIVE,
     "draft_model_num_pred_tokens": _SPECULATIVE,
     "hf_model_repo_id": _HF,
@@ -94,9 +94,10 @@ class LlamaPlan:
     numa: int  # ggml_numa_strategy
     rpc_servers: tuple[str, ...]
     embedding: bool
-    chat_format: str | None
+    chat_format: str | None  # None: the GGUF's template (stock's mtmd and gemma4 formats included)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
+    mmproj: str | None = None  # the multimodal projector GGUF (--mmproj, clip_model_path), loaded beside the model
 
 
 # drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
@@ -158,10 +159,26 @@ def plan(s: ModelSettings) -> LlamaPlan:
         numa=numa_strategy(s.numa),
         rpc_servers=tuple(e.strip() for e in (s.rpc_servers or "").split(",") if e.strip()),
         embedding=s.embedding,
-        chat_format=s.chat_format,
+        chat_format=None if s.chat_format in OWN_TEMPLATE else s.chat_format,
         chat_template_kwargs=dict(s.chat_template_kwargs or {}),
         verbose=s.verbose,
+        mmproj=projector_path(s),
     )
+
+
+def projector_path(s: ModelSettings) -> str | None:
+    """--mmproj or stock's clip_model_path (one meaning, two names: set both, they must agree); a
+    chat_format naming stock's vision handler needs one, as stock asserts."""
+    if s.mmproj and s.clip_model_path and s.mmproj != s.clip_model_path:
+        raise SettingsRefused("clip_model_path", f"{s.clip_model_path!r} and --mmproj {s.mmproj!r} differ: "
+                              "they are the same key (the projector), set one")
+    key, path = ("mmproj", s.mmproj) if s.mmproj else ("clip_model_path", s.clip_model_path)
+    if path and not os.path.isfile(path):
+        raise SettingsRefused(key, f"no such file: {path}")
+    if not path and needs_projector(s.chat_format):
+        raise SettingsRefused("chat_format", f"{s.chat_format!r} is stock's vision handler: serve it with its "
+                              "projector GGUF (--mmproj or clip_model_path)")
+    return path or None
 
 
 def check_refused(s: ModelSettings) -> None:
@@ -231,7 +248,7 @@ def numa_strategy(numa: bool | int) -> int:
 def resolve(s: ModelSettings, llama: LlamaPlan, name: str, model: Model) -> ModelPlan:
     """The plan a model serves with, once its weights loaded: max_ctx is the one asked for, else
     the model's training context; refuses what the model or the drafter's windows cannot serve."""
-    engine = engine_config(s, llama.target, llama.max_ctx or model.n_ctx_train)
+    engine = replace(engine_config(s, llama.target, llama.max_ctx or model.n_ctx_train), mmproj=llama.mmproj)
     check_config(engine, model)
     pflash = pflash_plan(s, engine.max_ctx)
     if pflash.on:

@@ -88,6 +88,35 @@ class ModelSettings(StockModelSettings):
         "gpt_oss (harmony), functionary_v3_1, granite (3.x), command_r7b; generic describes the tools in the "
         "system prompt and reads hermes (docs/tools.md).",
     )
+    # images and audio in (issue 46, docs/vision.md)
+    mmproj: Optional[str] = Field(
+        default=None,
+        description="The model's multimodal projector GGUF (llama-server's --mmproj; stock's clip_model_path is the "
+        "same key): images (and audio, where the projector takes it) in chat, Responses and Messages requests.",
+    )
+    media_hosts: List[str] = Field(
+        default=[],
+        description="Hosts whose http(s) media URLs the server fetches (exact names or IP addresses, optionally "
+        "host:port; --media_hosts a.example,b.example); none: only data URLs and base64 are taken. A listed name "
+        "that resolves to a private, loopback or link-local address is not fetched unless that address is listed too.",
+    )
+    media_max_bytes: int = Field(default=20 * 2**20, ge=1, description="Largest media item in bytes (decoded or "
+                                 "fetched); larger get 400.")
+    media_max_items: int = Field(default=16, ge=1, description="Media items per request at most; more get 400.")
+    media_max_pixels: int = Field(default=50_000_000, ge=1, description="Largest image in pixels (width x height, "
+                                  "read from its header before it is decoded); larger get 400.")
+    media_fetch_timeout_s: float = Field(default=10.0, gt=0, description="A media URL's whole fetch within this long, "
+                                         "else 400.")
+    @field_validator("media_hosts", mode="before")
+    @classmethod
+    def _hosts_by_commas(cls, hosts: object) -> object:
+        """`a,b` as well as `a b` on the command line; names compared in lower case."""
+        if isinstance(hosts, str):
+            hosts = [hosts]
+        if not isinstance(hosts, list):
+            return hosts
+        return [h.strip().lower() for entry in hosts for h in str(entry).split(",") if h.strip()]
+
     # PFlash prefill compression
     pflash: Literal["off", "auto", "always"] = Field(
         default="off", description="Prefill compression: off, auto (prompts over the threshold), always."

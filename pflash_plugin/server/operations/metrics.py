@@ -25,6 +25,8 @@ class Metrics:
                                      registry=registry)
         self.cached_tokens = Counter("pflash_cached_prompt_tokens", "Prompt tokens reused from the prefix cache",
                                      labels, registry=registry)
+        self.media_tokens = Counter("pflash_media_prompt_tokens", "Prompt tokens that images and audio take (of "
+                                    "pflash_prompt_tokens)", labels, registry=registry)
         self.generated_tokens = Counter("pflash_generation_tokens", "Generated tokens", labels, registry=registry)
         self.ttft = Histogram("pflash_time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=registry)
@@ -43,6 +45,7 @@ class Metrics:
         self.requests.labels(model, reason).inc()
         self.prompt_tokens.labels(model).inc(usage.prompt_tokens)
         self.cached_tokens.labels(model).inc(usage.cached_tokens)
+        self.media_tokens.labels(model).inc(usage.media_tokens)
         self.generated_tokens.labels(model).inc(usage.completion_tokens)
         if usage.completion_tokens:
             self.ttft.labels(model).observe(usage.latency.ttft_ms / 1000.0)

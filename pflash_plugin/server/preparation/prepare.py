@@ -15,6 +15,7 @@ from llama_cpp import llama_grammar
 from ...chat.reasoning import Reader, for_template, opens_in_prompt, reader_for, requested_tags
 from ...chat.switches import THINKING_DEFAULT
 from ...chat.tool_calls import GENERIC, ToolCallReader
+from ...engine.media_prompt import MediaSpan
 from ...engine.reasoning_budget import ReasoningBudget
 from ...engine.request import Request as EngineRequest
 from ...engine.request import SamplingParams
@@ -23,6 +24,7 @@ from ...pflash.planning import MAX_EXPLICIT_QUERY, PlanError, PromptFacts
 from ..runtime.generation import Generation
 from ..runtime.models import ServedModel
 from ..runtime.prompts import ChatPrompt, count_prompts
+from ..wire.chat_content import chat_messages
 from ..wire.protocol import (
     MAX_N,
     ChatCompletionRequest,
@@ -30,10 +32,10 @@ from ..wire.protocol import (
     PflashOverride,
     RequestError,
     ResponseFormat,
-    chat_messages,
     sampling_params,
 )
 from ..wire.responses import ChatChoice, CompletionChoice, new_id
+from .media import media_tokens
 from .schema_bounds import schema_grammar
 from .tool_requests import ToolRequest, plain_history
 
@@ -64,7 +66,8 @@ def _checked_grammar(served: ServedModel, grammar: str | None, param: str) -> st
 
 
 def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingParams, n: int,
-                     ask: PflashOverride | None, facts: PromptFacts, priority: int = 0) -> list[EngineRequest]:
+                     ask: PflashOverride | None, facts: PromptFacts, priority: int = 0,
+                     media: tuple[MediaSpan, ...] = ()) -> list[EngineRequest]:
     """The n samples of one prompt, sharing its PFlash plan: one compression job for all of them
     (the engine runs it once and hands its result to each), or the report of why there is none."""
     if ask is not None and ask.query:  # before it is tokenized: 7 MB took 3 s and 430 MB (issue 49)
@@ -73,7 +76,8 @@ def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingPar
         plan = served.planner.plan(tokens, ask, facts)
     except PlanError as error:
         raise RequestError(400, str(error), param=error.param) from None
-    return [EngineRequest.planned(tokens, sample, plan, priority=priority) for sample in _samples(params, n)]
+    return [EngineRequest.planned(tokens, sample, plan, priority=priority, media=media)
+            for sample in _samples(params, n)]
 
 
 def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
@@ -132,15 +136,19 @@ def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
 def _render(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None) -> ChatPrompt:
     """The conversation through the chat template, with the tools unless tool_choice is none."""
     served.prompts.limit.check_turns(len(body.messages), "messages", "messages")  # before any is converted
-    messages = for_template(chat_messages(body.messages), served.think_tags)
+    converted, sources = chat_messages(body.messages)
+    media = served.media.read(sources)  # each item checked, decoded (or fetched) before the template runs
+    messages = for_template(converted, served.think_tags)
     served.prompts.limit.check_messages(messages)  # before the template joins them
     switches = _template_kwargs(served, body)
     if tools is not None and tools.syntax.renders_tools:
-        return served.prompts.render_chat(messages, tools.tools, body.tool_choice, template_kwargs=switches)
+        return served.prompts.render_chat(messages, tools.tools, body.tool_choice, template_kwargs=switches,
+                                          media=media)
     if tools is not None:  # the system prompt describes them: a template's own format would be one we cannot read
-        return served.prompts.render_chat(tools.messages(messages), template_kwargs=switches)
+        return served.prompts.render_chat(tools.messages(messages), template_kwargs=switches, media=media)
     plain = served.prompts.tool_syntax is GENERIC  # earlier calls as text, if the template takes none
-    return served.prompts.render_chat(plain_history(messages) if plain else messages, template_kwargs=switches)
+    return served.prompts.render_chat(plain_history(messages) if plain else messages, template_kwargs=switches,
+                                      media=media)
 
 
 def _template_kwargs(served: ServedModel, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -159,8 +167,7 @@ def _reasoning(served: ServedModel, body: ChatCompletionRequest, rendered: ChatP
     tags = requested_tags(served.template_tags, body.reasoning_format or served.settings.reasoning_format)
     if tags is None:
         return None
-    tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
-    return reader_for(tags, tail)
+    return reader_for(tags, _tail(served, rendered))
 
 
 def _closing(served: ServedModel, rendered: ChatPrompt) -> str:
@@ -168,8 +175,12 @@ def _closing(served: ServedModel, rendered: ChatPrompt) -> str:
     tags = served.think_tags
     if tags is None or tags.channels:
         return ""
-    tail = served.model.detokenize(rendered.tokens[-PROMPT_TAIL_TOKENS:])
-    return f"{tags.close}\n\n" if opens_in_prompt(tags, tail) else ""
+    return f"{tags.close}\n\n" if opens_in_prompt(tags, _tail(served, rendered)) else ""
+
+
+def _tail(served: ServedModel, rendered: ChatPrompt) -> str:
+    """The prompt's last tokens as text (a media item's pseudo-tokens, negative ids, left out)."""
+    return served.model.detokenize([t for t in rendered.tokens[-PROMPT_TAIL_TOKENS:] if t >= 0])
 
 
 def _budget(served: ServedModel, tokens: int | None, rendered: ChatPrompt,
@@ -191,7 +202,7 @@ def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolR
     if not body.messages:
         raise RequestError(400, "messages must contain at least one message", param="messages")
     tools = ToolRequest.of(body, served.prompts.tool_syntax)
-    return tools, _render(served, body, tools)
+    return tools, media_tokens(served, _render(served, body, tools))
 
 
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
@@ -209,7 +220,8 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
     params.reasoning_budget = _budget(served, body.thinking_budget_tokens, rendered, grammar)
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),
                         json_format=bool(grammar))
-    requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts, body.priority)
+    requests = _sample_requests(served, rendered.tokens, params, body.n or 1, body.pflash, facts, body.priority,
+                                rendered.spans)
     choices = [ChatChoice(i, served.model.piece, bool(body.logprobs), _reader(tools),
                           _reasoning(served, body, rendered)) for i in range(len(requests))]
     return Generation(served, requests, choices, "chat.completion", "chat.completion.chunk",

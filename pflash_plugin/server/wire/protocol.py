@@ -230,37 +230,6 @@ class RequestError(Exception):
         self.counted = counted
 
 
-def message_text(content: str | list[ContentPart] | None, field: str) -> str | None:
-    """Text parts joined by newlines (as llama.cpp's server joins them), since chat templates
-    render a string; any other part is refused, naming its field."""
-    if content is None or isinstance(content, str):
-        return content
-    texts = []
-    for j, part in enumerate(content):
-        if part.type != "text":
-            raise RequestError(400, f"{field}.{j}: a content part of type {part.type!r} needs a multimodal model, "
-                               "and this server serves text only: send parts of type 'text'", param=f"{field}.{j}.type")
-        if part.text is None:
-            raise RequestError(400, f"{field}.{j}: a part of type 'text' needs a string 'text'",
-                               param=f"{field}.{j}.text")
-        texts.append(part.text)
-    return "\n".join(texts)
-
-
-def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages as the chat templates take them: the keys the client sent, content as text, a
-    developer message as a system message."""
-    rendered = []
-    for i, message in enumerate(messages):
-        fields = message.model_dump(exclude_unset=True)
-        if "content" in fields:
-            fields["content"] = message_text(message.content, f"messages.{i}.content")
-        if fields["role"] == "developer":
-            fields["role"] = "system"
-        rendered.append(fields)
-    return rendered
-
-
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
