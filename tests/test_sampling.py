@@ -16,7 +16,7 @@ def _changed(field: dataclasses.Field) -> object:
     """A value other than the field's default (and its neutral value), by the default's type."""
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
     special = {"seed": 5, "grammar": 'root ::= "a"', "logprobs": 2, "logit_bias": {3: 1.5}, "stop": ["x"],
-               "mirostat": 2}
+               "mirostat": 2, "constraint": '{"grammars": []}'}
     if field.name in special:
         return special[field.name]
     if isinstance(default, bool):

@@ -58,6 +58,8 @@ class SamplingParams(SamplerParams):
     min_tokens: int = 0
     reasoning_budget: ReasoningBudget | None = None  # the thinking's tokens at most (reasoning_budget.py)
     speculative: bool = True  # False: never draft tokens for it (where the engine speculates at all)
+    # llguidance grammar text (engine/constraints.py) the output follows; `grammar` is llama.cpp's GBNF instead
+    constraint: str | None = None
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,8 @@ class LlamaRunner:
             self.sampling.landed()
             raise
         self._timing = (threads, time.perf_counter() - start) if threads else None
+        if self.returns_early(step):  # the constrained rows' masks while the device decodes
+            self.sampling.beside_decode(self._rows)
 
     def collect(self, step: Step) -> dict[int, TokenOutput | Exception]:
         """One token for each row of the launched step that asked for logits and whose request is

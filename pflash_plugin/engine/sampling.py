@@ -6,9 +6,10 @@ every field the request sets:
 - "device": llama.cpp's backend sampling. The slot's chain is handed to the context, which samples
   inside the decode, so only the token id leaves the device (no logits copy, no host pass).
 - "batch": the host, numpy over all of the step's rows together (engine/batch_sampling.py).
-- "chain": llama.cpp's own chain on the host, row by row (grammars, typical-p, mirostat).
+- "chain": llama.cpp's own chain on the host, row by row (llama.cpp grammars, typical-p, mirostat).
 The module also owns what every path shares: min_tokens (end-of-generation tokens held back),
-the penalties' history, seeds, and log-probabilities.
+the penalties' history, seeds, log-probabilities, and llguidance's masks (engine/constraints.py):
+a constrained row's logits are masked in place before the batch path or its chain sees them.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain, native
 from ..llama.devices import gpu_count
 from .batch_sampling import RowParams, bias_rows, penalize_rows, penalizes, sample_rows
+from .constraints import Constraints
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
 from .speculation.acceptance import accept
 
@@ -31,15 +33,15 @@ from .speculation.acceptance import accept
 SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "reasoning_budget", "speculative"})  # the scheduler's, not sampling
 DEVICE_FIELDS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty",
                            "frequency_penalty", "repeat_penalty", "penalty_last_n", "logit_bias", "min_tokens"})
-BATCH_FIELDS = DEVICE_FIELDS | {"logprobs"}
+BATCH_FIELDS = DEVICE_FIELDS | {"logprobs", "constraint"}
 CHAIN_FIELDS = BATCH_FIELDS | {"typical_p", "grammar", "mirostat", "mirostat_tau", "mirostat_eta",
                                "max_grammar_step_s"}
 PATHS = (("device", DEVICE_FIELDS), ("batch", BATCH_FIELDS), ("chain", CHAIN_FIELDS))
 # A field at its neutral value asks nothing of a path; a field with no neutral value always asks.
 NEUTRAL: dict[str, object] = {
     "seed": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_penalty": 1.0, "logit_bias": {},
-    "min_tokens": 0, "logprobs": None, "typical_p": 1.0, "grammar": None, "mirostat": 0, "mirostat_tau": 5.0,
-    "mirostat_eta": 0.1, "max_grammar_step_s": 1.0,
+    "min_tokens": 0, "logprobs": None, "constraint": None, "typical_p": 1.0, "grammar": None, "mirostat": 0,
+    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "max_grammar_step_s": 1.0,
 }
 
 
@@ -116,6 +118,8 @@ class Sampling:
         self._eog_tokens: list[int] | None = None  # found on first use
         # device chains let go while a decode that runs them is in flight: freed once it has landed
         self._retired: list[SamplerChain] | None = None  # None: no decode in flight
+        self.constraints = Constraints(model)  # llguidance's matchers, by slot
+        self._masked = False  # the constrained rows' masks for the step in flight are filled
 
     def bind(self, slot: int, request: Request) -> None:
         """Take a starting request's parameters: its path, chain and generator."""
@@ -125,11 +129,18 @@ class Sampling:
         path = choose_path(p, self.device == "all" or (self.device == "sampled" and p.temperature > 0))
         bound = _Bound(request, params, path, SamplerChain(self.model, params), np.random.default_rng(seed))
         self.unbind(slot)
+        if p.constraint:
+            try:
+                self.constraints.bind(slot, p.constraint)
+            except BaseException:
+                bound.chain.close()
+                raise
         self._slots[slot] = bound
         if path == "device" and not self._set_device_chain(slot, bound, bound.short_of_min_tokens):
             bound.path = "batch"  # llama.cpp cannot run the chain there: the host serves it
 
     def unbind(self, slot: int) -> None:
+        self.constraints.unbind(slot)
         bound = self._slots.pop(slot, None)
         if bound is None:
             return
@@ -163,6 +174,15 @@ class Sampling:
                 self.ctx.set_sampler(slot, None)
                 bound.path = "batch"
 
+    def beside_decode(self, rows: list[tuple[Request, int]]) -> None:
+        """The constrained rows' masks, while the device decodes (the runner calls it where its
+        launch returns early): the mask of a row's next token depends only on the tokens it has."""
+        self._fill_masks(rows)
+        self._masked = True
+
+    def _fill_masks(self, rows: list[tuple[Request, int]]) -> None:
+        self.constraints.fill([request.held_slot for request, _ in rows if request.status.running])
+
     def landed(self) -> None:
         """The decode since `before_decode` has ended (or failed): the chains it ran can go."""
         for chain in self._retired or ():
@@ -190,23 +210,70 @@ class Sampling:
                 outputs[request.request_id] = self._device_token(bound, row)
             else:
                 host.append((k, bound, row))
+        masked, self._masked = self._masked, False
         if not host and not verified:
             return outputs
+        if not masked:
+            self._fill_masks(rows)
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
         self._suppress_eog(logits, [(k, bound) for k, bound, _ in host])
-        outputs.update(self._batch(logits, [(k, bound) for k, bound, _ in host if bound.path == "batch"]))
-        for _, bound, row in host:
+        # log-probabilities as llama.cpp's grammar path gave them: after min_tokens, before the mask
+        raw = {k: logits[k].copy() for k, bound, _ in host if bound.params.logprobs is not None}
+        outputs.update(self._constrain(logits, [(k, bound) for k, bound, _ in host]))
+        host = [(k, bound, row) for k, bound, row in host if bound.request.request_id not in outputs]
+        outputs.update(self._batch(logits, [(k, bound) for k, bound, _ in host if bound.path == "batch"], raw))
+        for k, bound, row in host:
             if bound.request.request_id not in outputs:
                 try:
-                    outputs[bound.request.request_id] = self._chain_token(bound, row)
+                    outputs[bound.request.request_id] = self._chain_token(bound, row, raw.get(k))
                 except Exception as error:
                     outputs[bound.request.request_id] = error
+        for k, bound, _ in host:
+            self._commit(bound, logits[k], raw.get(k), outputs)
         for key, (bound, at) in verified.items():
             try:
                 outputs[key] = self._verify(logits, bound, at, drafts[key])
             except Exception as error:
                 outputs[key] = error
         return outputs
+
+    def _constrain(self, logits: np.ndarray, rows: list[tuple[int, _Bound]]) -> dict[int, Exception]:
+        """The constrained rows' masks applied in place; a row whose matcher can go no further
+        (its grammar broke a limit of llguidance's) gets its request's error instead."""
+        constraints, refused = self.constraints, {}
+        masked = []
+        for k, bound in rows:
+            slot = bound.request.held_slot
+            if slot not in constraints:
+                continue
+            why = constraints.error(slot)
+            if why is not None:
+                refused[bound.request.request_id] = RequestRefused(f"the grammar cannot go on: {why}")
+            elif constraints.filled(slot):
+                masked.append((slot, k))
+        constraints.mask_rows(logits, masked)
+        return refused
+
+    def _commit(self, bound: _Bound, row: np.ndarray, raw: np.ndarray | None,
+                outputs: dict[int, TokenOutput | Exception]) -> None:
+        """A constrained row's token into its matcher: a token its mask forbids (the samplers chose
+        among tokens all at -inf: min_tokens holding back the end the grammar allows, say) becomes
+        the allowed token with the best logit first; nothing allowed ends the generation."""
+        slot, request_id = bound.request.held_slot, bound.request.request_id
+        output = outputs.get(request_id)
+        if slot not in self.constraints or not isinstance(output, TokenOutput):
+            return
+        allowed = self.constraints.allowed(slot)
+        if not allowed[output.token]:
+            if not allowed.any():  # the grammar allows nothing more: the generation ends here
+                outputs[request_id] = with_logprobs(self._eog()[0], raw, bound.params.logprobs)
+                return
+            ids = np.flatnonzero(allowed)
+            output = with_logprobs(int(ids[np.argmax(row[ids])]), raw, bound.params.logprobs)
+            outputs[request_id] = output
+        why = self.constraints.commit(slot, output.token)
+        if why is not None:
+            outputs[request_id] = RequestRefused(f"the grammar cannot go on: {why}")
 
     def speculates(self, request: Request) -> bool:
         """Whether the request's rows may carry drafts: on the batch path (not the device's chain),
@@ -230,7 +297,7 @@ class Sampling:
             target[:, token] += np.float32(bias)
         n, token = accept(target, drafts, p, generated, bound.rng)
         if token is None:  # no finite maximum: its chain decides, as on the batch path
-            token = self._chain_token(bound, at[n][1]).token
+            token = self._chain_token(bound, at[n][1], None).token
         elif penalizes(p):
             for taken in (*drafts[:n], token):
                 bound.chain.accept(taken)
@@ -243,7 +310,8 @@ class Sampling:
         bound.chain.accept(token)  # the penalties' history, which the chain uploads at the next decode
         return TokenOutput(token)
 
-    def _batch(self, logits: np.ndarray, rows: list[tuple[int, _Bound]]) -> dict[int, TokenOutput | Exception]:
+    def _batch(self, logits: np.ndarray, rows: list[tuple[int, _Bound]],
+               raw: dict[int, np.ndarray]) -> dict[int, TokenOutput | Exception]:
         """The batch path's rows together: bias and penalties in one pass, then each row's argmax or
         draw (engine/batch_sampling.py). Log-probabilities come from the row as the chain's path
         takes them (after min_tokens, before bias and penalties). A row whose maximum is not a
@@ -252,7 +320,6 @@ class Sampling:
         windows stay whole for such a row (a chain without penalties keeps no history)."""
         if not rows:
             return {}
-        before = {k: logits[k].copy() for k, bound in rows if bound.params.logprobs is not None}
         rp = RowParams.of([(k, bound.params, bound.request.output_tokens, bound.rng) for k, bound in rows])
         bias_rows(logits, rp)
         penalize_rows(logits, rp)
@@ -261,12 +328,12 @@ class Sampling:
             if token is not None:
                 if penalizes(bound.params):
                     bound.chain.accept(token)
-                outputs[bound.request.request_id] = with_logprobs(token, before.get(k), bound.params.logprobs)
+                outputs[bound.request.request_id] = with_logprobs(token, raw.get(k), bound.params.logprobs)
         return outputs
 
-    def _chain_token(self, bound: _Bound, row: int) -> TokenOutput:
+    def _chain_token(self, bound: _Bound, row: int, logits: np.ndarray | None = None) -> TokenOutput:
+        """`logits`: the row for its log-probabilities (None: none asked)."""
         top_n = bound.params.logprobs
-        logits = self.ctx.logits(row) if top_n is not None else None
         try:
             token = bound.chain.sample(self.ctx, row)
         except GrammarExhausted:  # the grammar allows nothing more: the generation ends here

@@ -65,6 +65,12 @@ class ModelSettings(StockModelSettings):
         "requests whose parameters it serves; auto: requests at temperature > 0, where the output layer runs on a "
         "GPU (docs/sampling.md).",
     )
+    constraint_engine: Literal["llguidance", "llama"] = Field(
+        default="llguidance",
+        description="What enforces json_schema, response_format, forced tool calls and grammar: llguidance (every "
+        "constrained row's mask of a step in one call, on the batch sampler; a GBNF it refuses falls back to "
+        "llama.cpp's) or llama (llama.cpp's grammar sampler, row by row: docs/api.md, structured output).",
+    )
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
     prefill_chunk: Optional[int] = Field(
         default=None, ge=1,

@@ -19,7 +19,6 @@ from ...engine.media_prompt import MediaSpan
 from ...engine.reasoning_budget import ReasoningBudget
 from ...engine.request import Request as EngineRequest
 from ...engine.request import SamplingParams
-from ...llama import GrammarError, check_grammar
 from ...pflash.planning import MAX_EXPLICIT_QUERY, PlanError, PromptFacts
 from ..runtime.generation import Generation
 from ..runtime.models import ServedModel
@@ -35,6 +34,7 @@ from ..wire.protocol import (
     sampling_params,
 )
 from ..wire.responses import ChatChoice, CompletionChoice, new_id
+from .constraint import Constrained, constrained
 from .media import media_tokens
 from .schema_bounds import schema_grammar
 from .tool_requests import ToolRequest, plain_history
@@ -53,16 +53,6 @@ def _max_tokens(requested: int | None, prompt: list[int], served: ServedModel) -
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
-
-
-def _checked_grammar(served: ServedModel, grammar: str | None, param: str) -> str | None:
-    """A grammar that llama.cpp will take: refused here, before any stream starts."""
-    if grammar:
-        try:
-            check_grammar(served.model, grammar)
-        except GrammarError as error:
-            raise RequestError(400, f"{param}: {error}", param=param) from None
-    return grammar
 
 
 def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingParams, n: int,
@@ -94,7 +84,8 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
     for tokens, text in prompts:
         echo = served.prompts.prompt_text(tokens, text) if body.echo else ""
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
-                                 logprobs=body.logprobs, grammar=grammar, logit_bias=bias)
+                                 logprobs=body.logprobs, grammar=grammar.grammar, logit_bias=bias)
+        params.constraint = grammar.constraint
         for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash,
                                         PromptFacts(json_format=bool(grammar)), body.priority):
             requests.append(request)
@@ -105,7 +96,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
 
 
 def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None,
-                  rendered: ChatPrompt) -> str | None:
+                  rendered: ChatPrompt) -> Constrained:
     """A forced tool call's grammar (after what closes a thinking block the prompt opened: the call
     is written outside it); response_format json_object or json_schema (strict or not: the
     grammar enforces the schema either way); otherwise the request's own grammar, if any."""
@@ -114,18 +105,18 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolR
         if body.grammar or body.response_format is not None and body.response_format.type != "text":
             raise RequestError(400, "a required or named tool_choice constrains the answer to a tool call: it "
                                "cannot be combined with response_format or grammar", param="tool_choice")
-        return _checked_grammar(served, forced, "tools")
+        return constrained(served, forced, "tools")
     return format_grammar(served, body.response_format, body.grammar)
 
 
-def format_grammar(served: ServedModel, response_format: ResponseFormat | None, grammar: str | None) -> str | None:
-    """response_format json_object or json_schema as a grammar (strict or not: the grammar enforces
-    the schema either way), for chat and completions alike; otherwise the request's own grammar."""
+def format_grammar(served: ServedModel, response_format: ResponseFormat | None, grammar: str | None) -> Constrained:
+    """response_format json_object or json_schema as a constraint (strict or not: it enforces the
+    schema either way), for chat and completions alike; otherwise the request's own grammar."""
     if response_format is None or response_format.type == "text":
-        return _checked_grammar(served, grammar, "grammar")
+        return constrained(served, grammar, "grammar")
     schema = response_format.schema_for_grammar()
     gbnf = schema_grammar(schema, "response_format") if schema else llama_grammar.JSON_GBNF
-    return _checked_grammar(served, gbnf, "response_format")
+    return constrained(served, gbnf, "response_format", schema or None)
 
 
 def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
@@ -184,11 +175,11 @@ def _tail(served: ServedModel, rendered: ChatPrompt) -> str:
 
 
 def _budget(served: ServedModel, tokens: int | None, rendered: ChatPrompt,
-            grammar: str | None) -> ReasoningBudget | None:
+            grammar: Constrained) -> ReasoningBudget | None:
     """The thinking's budget, where the request sets one and the prompt opened the thinking block
     (a model that opens it itself may not think at all: the closing tag would land in its answer);
     none under a grammar, which decides every token (a forced call closes the block first)."""
-    if tokens is None or grammar is not None:
+    if tokens is None or grammar:
         return None
     closing = _closing(served, rendered)
     if not closing or served.think_tags is None:
@@ -213,9 +204,10 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
         body,
         max_tokens=_max_tokens(body.max_tokens, rendered.tokens, served),
         logprobs=top,
-        grammar=grammar,
+        grammar=grammar.grammar,
         logit_bias=served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
     )
+    params.constraint = grammar.constraint
     params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
     params.reasoning_budget = _budget(served, body.thinking_budget_tokens, rendered, grammar)
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),

@@ -1,0 +1,138 @@
+"""Structured output with llguidance: a matcher per constrained row, every row's mask of allowed
+tokens for a step filled in one call, applied to the step's logits before any sampler sees them.
+
+Why: llama.cpp's grammar sampler checks the whole vocabulary against its parse stacks for each row,
+one row at a time, and its stacks can multiply with every token (issue 49: a JSON schema ran ~25
+tokens in 1.7-8.8 s on the CPU; a per-token time guard then refused schemas on a loaded machine).
+llguidance (Earley parser over a lexer, a token trie) computes a row's mask in tens of
+microseconds, its executor fills all rows' masks at once without the GIL, and its limits are
+counts (lexer fuel, Earley items, grammar size), not time: the same grammar passes or fails alike
+on an idle and a loaded machine.
+
+A request's constraint arrives as llguidance grammar text (`SamplingParams.constraint`) that the
+server compiled and checked (`compile_schema`, `compile_gbnf`, `check_constraint`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import llguidance
+import numpy as np
+from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+
+from ..llama import Model
+from ..llama.guidance import guidance_tokenizer
+
+# llguidance's own bounds, the same on any machine (its defaults, errors kept short: a verbose error
+# prints the parser's state and the grammar back to the client)
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+
+
+class ConstraintError(ValueError):
+    """llguidance refuses the grammar (or the schema) as given."""
+
+
+# the whitespace llama_cpp's schema converter allows between tokens (its SPACE_RULE): unbounded
+# whitespace lets a weak model write newlines to max_tokens where a value should come
+_SPACE = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
+
+
+def compile_schema(schema: dict[str, Any]) -> str:
+    """A JSON schema as llguidance grammar text."""
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_SPACE)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise ConstraintError(str(error)) from None
+
+
+def compile_gbnf(gbnf: str) -> str:
+    """A llama.cpp GBNF grammar as llguidance grammar text, through llguidance's GBNF -> Lark."""
+    try:
+        return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(gbnf))
+    except (GbnfToLarkError, ValueError, RecursionError) as error:
+        raise ConstraintError(f"llguidance cannot read it ({error})") from None
+
+
+def check_constraint(model: Model, grammar: str) -> None:
+    """Raise ConstraintError unless llguidance builds a matcher of `grammar` for this model."""
+    message = llguidance.LLMatcher.validate_grammar(grammar, guidance_tokenizer(model), limits=LIMITS)
+    if message:
+        raise ConstraintError(message)
+
+
+def _executor_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+class Constraints:
+    """The matchers of one context's constrained slots, and their masks for the step in flight."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.n_vocab = model.n_vocab
+        self._matchers: dict[int, llguidance.LLMatcher] = {}
+        self._executor: llguidance.LLExecutor | None = None  # its threads start on first use
+        self._masks = np.zeros((0, 0), dtype=np.int32)
+        self._filled: dict[int, int] = {}  # slot -> its row in _masks, for the step in flight
+
+    def bind(self, slot: int, grammar: str) -> None:
+        """A matcher for the slot's request (ConstraintError: llguidance refuses the grammar)."""
+        self.unbind(slot)
+        matcher = llguidance.LLMatcher(guidance_tokenizer(self.model), grammar, log_level=0, limits=LIMITS)
+        if matcher.is_error():
+            raise ConstraintError(matcher.get_error())
+        self._matchers[slot] = matcher
+
+    def unbind(self, slot: int) -> None:
+        self._matchers.pop(slot, None)
+        self._filled.pop(slot, None)
+
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._matchers
+
+    def fill(self, slots: list[int]) -> None:
+        """The masks of these slots' next tokens, in one call over llguidance's threads (beside the
+        device's decode where the runner overlaps, else just before sampling)."""
+        slots = [slot for slot in slots if slot in self._matchers]
+        self._filled = {slot: k for k, slot in enumerate(slots)}
+        if not slots:
+            return
+        words = (self.n_vocab + 31) // 32
+        if self._masks.shape[0] < len(slots) or self._masks.shape[1] != words:
+            self._masks = np.zeros((max(len(slots), 2 * self._masks.shape[0]), words), dtype=np.int32)
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor(_executor_threads())
+        self._executor.unsafe_compute_mask_ptr([(self._matchers[slot], k) for slot, k in self._filled.items()],
+                                               self._masks.ctypes.data, words * 4, self._masks.shape[0])
+
+    def filled(self, slot: int) -> bool:
+        return slot in self._filled
+
+    def allowed(self, slot: int) -> np.ndarray:
+        """The slot's filled mask as booleans over the vocabulary."""
+        bits = np.unpackbits(self._masks[self._filled[slot]].view(np.uint8), bitorder="little")
+        return bits[:self.n_vocab].view(bool)
+
+    def mask_rows(self, logits: np.ndarray, rows: list[tuple[int, int]]) -> None:
+        """-inf in place wherever the slot's mask forbids a token: (slot, logits row) pairs whose
+        slots were filled. All rows at once: their masks unpacked in one pass."""
+        if not rows:
+            return
+        at = [self._filled[slot] for slot, _ in rows]
+        bits = np.unpackbits(self._masks[at].view(np.uint8), axis=1, bitorder="little")[:, :self.n_vocab]
+        where = [row for _, row in rows]
+        logits[where] = np.where(bits.view(bool), logits[where], np.float32(-np.inf))
+
+    def error(self, slot: int) -> str | None:
+        """Why the slot's matcher can go no further (a grammar error, a limit reached), if it cannot."""
+        matcher = self._matchers[slot]
+        return matcher.get_error() if matcher.is_error() else None
+
+    def commit(self, slot: int, token: int) -> str | None:
+        """The sampled token into the slot's matcher; the matcher's error where it refuses it."""
+        matcher = self._matchers.get(slot)
+        if matcher is None or matcher.consume_token(token):
+            return None
+        return matcher.get_error() or f"the grammar does not allow token {token} here"
+

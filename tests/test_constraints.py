@@ -1,0 +1,161 @@
+"""Structured output with llguidance (engine/constraints.py): the masks of a step's constrained rows
+filled together and applied on the host batch path, beside plain rows that they leave alone; no
+clock in any of it; GBNF that llguidance cannot read served by llama.cpp's grammar sampler."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from llama_cpp import llama_grammar
+
+from pflash_plugin.engine.constraints import compile_gbnf, compile_schema
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+
+from conftest import live_server
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                           "ok": {"type": "boolean"}},
+          "required": ["name", "age", "ok"], "additionalProperties": False}
+LIST_GBNF = 'root ::= "[" item ("," item)* "]"\nitem ::= [1-9] [0-9]{0,2}'
+AMBIGUOUS = 'root ::= r "x"\nr ::= "a" r "b" | "a" r "c" | "a"'  # llama.cpp's parse stacks grow 4x a token
+
+
+def run(engine, requests: list[Request], timeout: float = 120) -> dict[int, object]:
+    """Submit together (admitted in one step); each request's end event."""
+    ends: dict[int, object] = {}
+    done = threading.Semaphore(0)
+    for request in requests:
+        def sink(event, rid: int = request.request_id) -> None:
+            if isinstance(event, (FinishEvent, ErrorEvent)):
+                ends[rid] = event
+                done.release()
+        request.sink = sink
+    engine.submit(*requests)
+    for _ in requests:
+        assert done.acquire(timeout=timeout), "a request did not finish"
+    return ends
+
+
+def mixed(model, constrained: bool, lengths: list[int] | None = None) -> list[Request]:
+    """Two constrained rows (a JSON schema greedy, a GBNF list sampled with a seed) and two plain
+    rows (greedy, seeded): unconstrained, the first two run to `lengths` (the constrained run's)."""
+    params = [SamplingParams(max_tokens=48, temperature=0, constraint=compile_schema(PERSON)),
+              SamplingParams(max_tokens=48, temperature=0.9, seed=7, constraint=compile_gbnf(LIST_GBNF)),
+              SamplingParams(max_tokens=20, temperature=0),
+              SamplingParams(max_tokens=20, temperature=0.8, seed=11)]
+    if not constrained:
+        assert lengths is not None
+        params[0] = SamplingParams(max_tokens=lengths[0], temperature=0)
+        params[1] = SamplingParams(max_tokens=lengths[1], temperature=0.9, seed=7)
+    prompts = ["Person:", "Numbers:", "hello there", "the weather"]
+    return [Request(model.tokenize(prompt), p) for prompt, p in zip(prompts, params)]
+
+
+def test_mixed_rows_in_one_batch_constrained_rows_follow_their_grammars_plain_rows_unchanged(tiny_model):
+    """The masks apply to their rows only: the plain rows' tokens equal those of a run where the
+    same rows decode beside the same requests unconstrained for as many tokens (same batch
+    shapes at every step, so the same numerics)."""
+    config = EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=1)
+    model, engine = load_engine(tiny_model, config)
+    try:
+        requests = mixed(model, constrained=True)
+        ends = run(engine, requests)
+        texts = [model.detokenize(r.output_tokens) for r in requests]
+    finally:
+        engine.stop()
+    assert all(isinstance(ends[r.request_id], FinishEvent) for r in requests), ends
+    person = json.loads(texts[0])
+    assert set(person) == {"name", "age", "ok"} and isinstance(person["age"], int) and len(person["name"]) <= 6
+    numbers = json.loads(texts[1])
+    assert isinstance(numbers, list) and all(isinstance(n, int) and 0 <= n < 1000 for n in numbers)
+    model, engine = load_engine(tiny_model, config)
+    try:
+        lengths = [len(requests[0].output_tokens), len(requests[1].output_tokens)]
+        plain = mixed(model, constrained=False, lengths=lengths)
+        run(engine, plain)
+    finally:
+        engine.stop()
+    assert [r.output_tokens for r in plain[2:]] == [r.output_tokens for r in requests[2:]]
+    assert plain[0].output_tokens != requests[0].output_tokens  # the tiny model writes no JSON by itself
+
+
+def test_the_constraint_path_has_no_clock(tiny_model, monkeypatch):
+    """No bound of the constrained path reads a clock: with every CPU-time reading 10 s later than
+    the last (a machine as loaded as it gets), the schema request finishes, and so does the
+    ambiguous grammar whose parse stacks grow 4x a token in llama.cpp (llguidance's Earley parse
+    does not). llama.cpp's grammar sampler, whose guard reads CPU time, ends the same grammar."""
+    clock = iter(range(0, 10**9, 10))
+    monkeypatch.setattr(time, "thread_time", lambda: float(next(clock)))
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=3, max_ctx=256, n_threads=1, n_threads_batch=1))
+    try:
+        a = model.tokenize("a", add_special=False)[-1]
+        schema = Request(model.tokenize("Person:"), SamplingParams(max_tokens=48, temperature=0,
+                                                                    constraint=compile_schema(PERSON)))
+        guided = Request(model.tokenize("hi"), SamplingParams(max_tokens=40, temperature=0, logit_bias={a: 100.0},
+                                                               constraint=compile_gbnf(AMBIGUOUS)))
+        chained = Request(model.tokenize("hi"), SamplingParams(max_tokens=40, temperature=0, logit_bias={a: 100.0},
+                                                                grammar=AMBIGUOUS))
+        ends = run(engine, [schema, guided, chained])
+    finally:
+        engine.stop()
+    assert isinstance(ends[schema.request_id], FinishEvent), ends[schema.request_id]
+    assert set(json.loads(model.detokenize(schema.output_tokens))) == {"name", "age", "ok"}
+    assert isinstance(ends[guided.request_id], FinishEvent) and len(guided.output_tokens) == 40
+    assert model.detokenize(guided.output_tokens).startswith("a" * 30)
+    assert isinstance(ends[chained.request_id], ErrorEvent)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with live_server([{"model": str(tiny_model), "max_concurrency": 4, "n_ctx": 512, "n_threads": 1,
+                       "n_threads_batch": 1}]) as live:
+        yield live
+
+
+def test_a_gbnf_llguidance_cannot_read_is_served_by_llama_cpps_grammar(server, tiny_model):
+    """A token reference (`<[id]>`) is GBNF that llama.cpp reads and llguidance's converter does
+    not: the request falls back to llama.cpp's grammar sampler and is answered as it says."""
+    token = httpx.post(server.url + "/extras/tokenize", json={"input": "hello"}, timeout=10).json()["tokens"][-1]
+    grammar = f'root ::= "x" <[{token}]>'
+    with pytest.raises(ValueError):
+        compile_gbnf(grammar)
+    answer = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 5, "temperature": 0,
+                                                              "grammar": grammar}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    detok = httpx.post(server.url + "/extras/detokenize", json={"tokens": [token]}, timeout=10).json()["text"]
+    assert answer.json()["choices"][0]["text"] == "x" + detok
+
+
+def test_a_grammar_neither_engine_reads_is_a_400_naming_the_field(server):
+    answer = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 5,
+                                                              "grammar": 'root ::= "a" undefined-rule'}, timeout=60)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "grammar", answer.text
+
+
+def test_json_schema_over_http_is_valid_json_from_four_clients_at_once(server):
+    """A pydantic-style response_format from four clients together: each answer parses."""
+    body = {"messages": [{"role": "user", "content": "a person"}], "max_tokens": 60, "temperature": 0.7,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}
+    answers: list[httpx.Response] = []
+
+    def ask(seed: int) -> None:
+        answers.append(httpx.post(server.url + "/v1/chat/completions", json={**body, "seed": seed}, timeout=120))
+
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert set(json.loads(answer.json()["choices"][0]["message"]["content"])) == {"name", "age", "ok"}
+
+
+def test_llama_grammar_json_still_converts():
+    """json_object without a schema: llama_cpp's JSON grammar through the converter."""
+    assert compile_gbnf(llama_grammar.JSON_GBNF)
