@@ -77,6 +77,8 @@ def test_every_stock_key_is_applied_or_refused(tmp_path, tiny):
     for key in StockModelSettings.model_fields:
         value = sample(key, ours[key].default, tmp_path)
         given = {"cache": True} if key == "cache_size" else {}  # stock: "only used if cache is True"
+        if key == "draft_model_num_pred_tokens":  # stock: only with a draft_model
+            given = {"draft_model": "prompt-lookup-decoding"}
         settings = ModelSettings(**{"model": "m.gguf", **given, key: value})
         if key in REFUSED:
             with pytest.raises(SettingsRefused, match=f"^{key}: "):

@@ -9,9 +9,11 @@ llama.cpp's chain gives it (penalties -> top-k -> top-p -> min-p -> temperature,
 `batch_sampling.distribution`); at the first rejection the next token is drawn from
 norm(max(p - q, 0)); when every draft is kept, a bonus token is drawn from the last row. The
 emitted tokens then follow p exactly, whatever q is. A deterministic proposer (n-gram lookup, a
-greedy draft model) has a one-hot q: x is kept with probability p(x), and a rejection draws from p
-without x. Every uniform comes from the row's own generator, so a seeded request stays
-reproducible; with no drafts the one draw is exactly the batch path's.
+greedy draft model) has a one-hot q: there each position draws its token as the batch path does
+and the draft is kept while it equals the draw (kept with probability p(x), as rejection sampling
+keeps it), so a seed gives the very tokens it gives without speculation (`_coupled`). Every
+uniform comes from the row's own generator, so a seeded request stays reproducible; with no
+drafts the one draw is exactly the batch path's.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ def accept(target: np.ndarray, drafts: Sequence[int], params: SamplerParams, gen
     rows = _penalized(target, drafts, params, generated)
     if params.temperature <= 0:
         return _greedy(rows, drafts)
+    if draft_probs is None:
+        return _coupled(rows, drafts, params, rng)
     for j, x in enumerate(drafts):
         dist = distribution(rows[j], params.top_k, params.top_p, params.min_p, params.temperature)
         if dist is None:
@@ -44,6 +48,21 @@ def accept(target: np.ndarray, drafts: Sequence[int], params: SamplerParams, gen
         if not _kept(ids, probs, x, q, rng.random()):
             return j, _residual_draw(ids, probs, x, q, rng.random())
     k = len(drafts)
+    return k, draw(rows[k], params.top_k, params.top_p, params.min_p, params.temperature, rng.random())
+
+
+def _coupled(rows: np.ndarray, drafts: Sequence[int], params: SamplerParams,
+             rng: np.random.Generator) -> tuple[int, int | None]:
+    """One-hot drafts: each position draws its token as the batch path would, from the row's own
+    generator, and a draft is kept while it equals the draw. A draft x is still kept with
+    probability p(x) (what rejection sampling gives a one-hot q), but the tokens are the ones the
+    request draws without speculation, a uniform per token: a seed gives the same text with or
+    without drafts, whatever the policy drafted (measured step costs do not change it)."""
+    k = len(drafts)
+    for j in range(k):
+        token = draw(rows[j], params.top_k, params.top_p, params.min_p, params.temperature, rng.random())
+        if token != drafts[j]:
+            return j, token
     return k, draw(rows[k], params.top_k, params.top_p, params.min_p, params.temperature, rng.random())
 
 

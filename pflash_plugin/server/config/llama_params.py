@@ -20,6 +20,7 @@ from llama_cpp.server.settings import ModelSettings as StockModelSettings
 from ... import plugins
 from ...chat.vision_formats import OWN_TEMPLATE, needs_projector
 from ...engine.loader import EngineConfig, check_config
+from ...engine.speculation.setup import PROMPT_LOOKUP, SpeculationConfig
 from ...llama import Model, ModelParams, RopeParams
 from ...llama.backend import init_numa
 from ...llama.devices import add_rpc_servers, gpu_count, gpus_split_rows
@@ -38,7 +39,6 @@ class SettingsRefused(ValueError):
         self.key = key
 
 
-_SPECULATIVE = "speculative decoding is not supported by the batched engine"
 _HF = "HuggingFace tokenizers and hub downloads are not supported: the GGUF's own tokenizer and chat template are used"
 
 # Refused when set to anything but the stock default (a default that means "off" is no refusal).
@@ -46,8 +46,6 @@ REFUSED: dict[str, str] = {
     "vocab_only": "the engine generates, which needs the weights, not the vocabulary alone",
     "lora_base": "llama.cpp applies a LoRA adapter to the loaded model itself; a separate base model is not "
     "supported (llama-cpp-python 0.3.36 ignores this key)",
-    "draft_model": _SPECULATIVE,
-    "draft_model_num_pred_tokens": _SPECULATIVE,
     "hf_model_repo_id": _HF,
     "hf_tokenizer_config_path": _HF,
     "hf_pretrained_model_name_or_path": _HF,
@@ -324,8 +322,22 @@ def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> Engine
         penalty_last_n=s.last_n_tokens_size,
         backend_sampling=s.backend_sampling,
         max_step_s=s.max_step_s,
+        speculation=speculation_config(s),
         verbose=s.verbose,
     )
+
+
+def speculation_config(s: ModelSettings) -> SpeculationConfig | None:
+    """Stock's speculative keys: `--draft_model prompt-lookup-decoding` or a draft model's GGUF,
+    `--draft_model_num_pred_tokens` draft tokens per row and step at most (only with a draft_model)."""
+    if not s.draft_model:
+        return None
+    if s.draft_model != PROMPT_LOOKUP and not os.path.isfile(s.draft_model):
+        raise SettingsRefused("draft_model", f"{PROMPT_LOOKUP!r} or the path of a draft model's GGUF, and there is "
+                              f"no such file: {s.draft_model}")
+    if s.draft_model_num_pred_tokens < 1:
+        raise SettingsRefused("draft_model_num_pred_tokens", f"at least 1, not {s.draft_model_num_pred_tokens}")
+    return SpeculationConfig(s.draft_model, s.draft_model_num_pred_tokens)
 
 
 def drafter_params(s: ModelSettings) -> ModelParams:

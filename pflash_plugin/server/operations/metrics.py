@@ -137,3 +137,24 @@ class _EngineCollector:
                 reused.add_metric([name, source], tokens)
             host.add_metric([name], stats.cache.host.bytes if stats.cache.host else 0)
         yield from (waiting, running, kv, compressing, prefix, info, reused, host)
+        yield from _speculation(self.engine_stats())
+
+
+def _speculation(engines: dict[str, SchedulerStats]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Speculative decoding's counters (vLLM's spec_decode names), for the engines that speculate."""
+    label = ["model_name"]
+    drafts = CounterMetricFamily("pflash_spec_decode_num_drafts", "Decode rows that carried draft tokens", labels=label)
+    drafted = CounterMetricFamily("pflash_spec_decode_num_draft_tokens", "Draft tokens verified", labels=label)
+    accepted = CounterMetricFamily("pflash_spec_decode_num_accepted_tokens", "Draft tokens the model accepted",
+                                   labels=label)
+    per_step = GaugeMetricFamily("pflash_spec_decode_tokens_per_step", "Tokens a decoding request took per step, "
+                                 "since start (1 without speculation)", labels=label)
+    for name, stats in engines.items():
+        spec = stats.speculation
+        if spec is None:
+            continue
+        drafts.add_metric([name], spec.speculating_rows)
+        drafted.add_metric([name], spec.drafted)
+        accepted.add_metric([name], spec.accepted)
+        per_step.add_metric([name], spec.tokens / spec.rows if spec.rows else 1.0)
+    yield from (drafts, drafted, accepted, per_step)

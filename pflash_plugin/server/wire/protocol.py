@@ -36,6 +36,8 @@ class _Extensions(BaseModel):
     pflash: Optional[PflashOverride] = None
     priority: int = Field(default=0, description="vLLM's field: under --schedule_policy priority a queued request "
                           "with a lower value takes a free slot first (ties in arrival order); otherwise ignored.")
+    speculative: bool = Field(default=True, description="False: no speculative decoding for this request (where the "
+                              "server speculates: --draft_model); the text is the same either way for greedy requests.")
 
 
 MAX_N = 128  # choices per request: each one is an engine request
@@ -296,6 +298,7 @@ def sampling_params(
         logprobs=logprobs,
         grammar=grammar,
         min_tokens=body.min_tokens,
+        speculative=body.speculative,
         mirostat=body.mirostat_mode,
         mirostat_tau=body.mirostat_tau,
         mirostat_eta=body.mirostat_eta,
