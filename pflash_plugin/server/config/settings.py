@@ -113,6 +113,7 @@ class ModelSettings(StockModelSettings):
                                   "read from its header before it is decoded); larger get 400.")
     media_fetch_timeout_s: float = Field(default=10.0, gt=0, description="A media URL's whole fetch within this long, "
                                          "else 400.")
+
     @field_validator("media_hosts", mode="before")
     @classmethod
     def _hosts_by_commas(cls, hosts: object) -> object:
