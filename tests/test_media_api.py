@@ -188,3 +188,22 @@ def test_stocks_llava_chat_format_with_clip_model_path_answers(llava):
     reply = post(llava, "/v1/chat/completions", CHAT)
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["prompt_tokens_details"]["media_tokens"] == IMAGE_TOKENS
+
+
+def test_n_samples_of_an_image_prompt_all_answer(vision):
+    reply = post(vision, "/v1/chat/completions", {**CHAT, "n": 2, "temperature": 0.8, "seed": 3})
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert len(answer["choices"]) == 2 and answer["usage"]["prompt_tokens_details"]["media_tokens"] == IMAGE_TOKENS
+
+
+def test_an_image_in_a_tool_result_block(vision):
+    body = {"max_tokens": 4, "messages": [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "camera", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            MESSAGES["messages"][0]["content"][0], {"type": "text", "text": "the photo"}]}]}],
+        "tools": [{"name": "camera", "input_schema": {"type": "object", "properties": {}}}]}
+    reply = post(vision, "/v1/messages", body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["timings"]["media_tokens"] == IMAGE_TOKENS
