@@ -15,7 +15,9 @@ import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.media import MEDIA_MARKER, MediaInput
-from pflash_plugin.engine.request import ErrorEvent, ErrorKind, FinishEvent, Request, SamplingParams
+from pflash_plugin.engine.media_prompt import build_prompt, prefill_piece
+from pflash_plugin.engine.request import (ErrorEvent, ErrorKind, FinishEvent, Request, SamplingParams, TextEvent,
+                                          TokenOutput)
 from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 from pflash_plugin.llama.media import MediaError, Projector, helper_eval, mtmd_available
@@ -24,6 +26,7 @@ from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
 if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
     pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)", allow_module_level=True)
 
+OUTPUTS: dict[int, list[TokenOutput]] = {}
 PROMPT = f"<s><|im_start|>user\nlook at {MEDIA_MARKER} the picture and tell<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -38,10 +41,13 @@ def image(seed: int) -> MediaInput:
 
 
 def run(engine, requests: list[Request], timeout: float = 60) -> list[FinishEvent | ErrorEvent]:
+    """Runs the requests together; each one's TokenOutputs go to FIRSTS[request_id]."""
     ends: dict[int, FinishEvent | ErrorEvent] = {}
     done = threading.Semaphore(0)
     for request in requests:
         def sink(event, rid: int = request.request_id) -> None:
+            if isinstance(event, TextEvent):
+                OUTPUTS.setdefault(rid, []).extend(event.tokens)
             if isinstance(event, (FinishEvent, ErrorEvent)):
                 ends[rid] = event
                 done.release()
@@ -65,13 +71,37 @@ def engine():
 
 def media_request(engine, media: MediaInput, max_tokens: int = 12) -> Request:
     prompt = engine.media.prompt(PROMPT, [media])
-    return Request(prompt.tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0), media=prompt.spans)
+    return Request(prompt.tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5),
+                   media=prompt.spans)
 
 
-def reference(model: Model, media: MediaInput, n_tokens: int) -> list[int]:
+def first_logprobs(model: Model, media: MediaInput, kind: str = "mlp") -> np.ndarray:
+    """The log-softmax of the logits after the prompt, by llama.cpp's own path."""
+    ctx = Context(model, ContextConfig(n_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
+    projector = Projector(cached_tiny_projector(kind=kind), model)
+    try:
+        helper_eval(projector, ctx, PROMPT, [(media.kind, media.data)], n_batch=24)
+        logits = ctx.logits(-1).astype(np.float64)
+        return logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    finally:
+        projector.close()
+        ctx.close()
+
+
+def assert_parity(model: Model, request: Request, media: MediaInput, kind: str = "mlp") -> None:
+    """Greedy tokens as llama.cpp's own path, and the first token's top-5 logprobs within 1e-3."""
+    assert request.output_tokens == reference(model, media, len(request.output_tokens), kind)
+    first = OUTPUTS[request.request_id][0]
+    expected = first_logprobs(model, media, kind)
+    assert first.top_logprobs and len(first.top_logprobs) == 5
+    for token, logprob in first.top_logprobs:
+        assert abs(logprob - expected[token]) < 1e-3, (token, logprob, expected[token])
+
+
+def reference(model: Model, media: MediaInput, n_tokens: int, kind: str = "mlp") -> list[int]:
     """Greedy tokens by llama.cpp's own path: mtmd_helper_eval_chunks on a one-sequence context."""
     ctx = Context(model, ContextConfig(n_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
-    projector = Projector(cached_tiny_projector(), model)
+    projector = Projector(cached_tiny_projector(kind=kind), model)
     batch = Batch(1)
     try:
         pos = helper_eval(projector, ctx, PROMPT, [(media.kind, media.data)], n_batch=24)
@@ -94,12 +124,34 @@ def test_greedy_tokens_after_an_image_match_llama_cpps_own_path(engine):
     model, eng = engine
     request = media_request(eng, image(1))
     assert run(eng, [request])[0].reason == "length"
-    assert request.output_tokens == reference(model, image(1), 12)
+    assert_parity(model, request, image(1))
     # the image counts: its 64 positions are in the prompt, and another image changes the answer
     assert len(request.prompt_tokens) == 64 + len(model.tokenize(PROMPT.replace(MEDIA_MARKER, ""), False, True))
     other = media_request(eng, image(2))
     run(eng, [other])
     assert other.output_tokens != request.output_tokens
+
+
+def test_a_non_causal_image_is_decoded_whole_as_llama_cpp_does(tiny_model):
+    """Gemma 3's projector: libmtmd decodes its images with causal attention off, in one call; the
+    engine takes such an image whole even where the step plans a smaller prefill chunk (8 < 16)."""
+    config = EngineConfig(n_slots=2, max_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1,
+                          mmproj=str(cached_tiny_projector(kind="gemma3")), prefill_chunk=8)
+    model, eng = load_engine(tiny_model, config)
+    try:
+        request = media_request(eng, image(1))
+        span = request.media[0]
+        assert span.non_causal and span.chunk.n_tokens == 16
+        eng.media.want(request.media)
+        span.embeddings.result(timeout=30)
+        piece = prefill_piece(request.media, span.start, 8)
+        assert piece is not None and piece[0] == 16 and piece[1] is not None and len(piece[1].rows) == 16
+        text = Request(model.tokenize("the water is", True), SamplingParams(max_tokens=12, temperature=0.0))
+        run(eng, [request, text])
+        assert_parity(model, request, image(1), kind="gemma3")
+    finally:
+        eng.stop()
+        eng.close()
 
 
 def test_a_resent_image_reuses_its_kv_and_its_embeddings(engine):
@@ -128,7 +180,7 @@ def test_an_image_prefills_beside_text_requests_that_answer_as_alone(engine):
     ends = run(eng, [with_image, *text])
     assert all(isinstance(e, FinishEvent) for e in ends)
     assert [r.output_tokens for r in text] == [r.output_tokens for r in alone]
-    assert with_image.output_tokens == reference(model, image(4), 12)
+    assert_parity(model, with_image, image(4))
 
 
 def test_bad_media_are_the_clients_errors(engine):
@@ -148,7 +200,6 @@ def test_a_model_without_a_projector_refuses_media(tiny_model):
     try:
         with_projector = Projector(cached_tiny_projector(), model)
         try:
-            from pflash_plugin.engine.media_prompt import build_prompt
             prompt = build_prompt(with_projector, PROMPT, [image(1)])
         finally:
             with_projector.close()
@@ -178,3 +229,28 @@ def test_a_pseudo_token_never_reaches_llama_cpps_vocabulary(engine):
     tokens = eng.media.prompt(PROMPT, [image(1)]).tokens
     with pytest.raises(ValueError, match="not in the vocabulary"):  # llama.cpp would abort the process
         model.piece(min(tokens))
+
+
+def test_the_embedding_cache_keeps_the_recent_images_within_its_bytes(engine):
+    from pflash_plugin.engine.media_encoder import MediaEncoder
+
+    model, _ = engine
+    one_image = 64 * model.n_embd * 4  # float32 rows of one image's 64 tokens
+    encoder = MediaEncoder(Projector(cached_tiny_projector(), model), cache_bytes=2 * one_image)
+    try:
+        def encode(seed: int) -> np.ndarray:
+            spans = encoder.prompt(PROMPT, [image(seed)]).spans
+            encoder.want(spans)
+            return spans[0].embeddings.result(timeout=30)
+
+        first = encode(1)
+        encode(2)
+        assert np.array_equal(encode(1), first) and encoder.stats().encoded == 2  # a hit: 1 and 2 fit
+        encode(3)  # evicts 2, the least recently used
+        encode(1)
+        assert encoder.stats().encoded == 3
+        encode(2)
+        stats = encoder.stats()
+        assert stats.encoded == 4 and stats.cache_bytes <= 2 * one_image and stats.cache_hits == 2
+    finally:
+        encoder.close()

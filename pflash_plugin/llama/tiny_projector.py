@@ -1,7 +1,8 @@
 """A tiny random-weight LLaVA-style projector GGUF (issue 46): clip.cpp's `mlp` projector (the
 fewest tensors a loader of libmtmd takes: a patch embedding, position embeddings, ViT blocks and
 a two-layer MLP) over a tiny ViT, its output the width of a tiny text model (tiny_gguf.TinyLlama's
-n_embd). Tests pair it with `cached_tiny_llama`; benches write one at a real shape.
+n_embd). Tests pair it with `cached_tiny_llama`; benches write one at a real shape. `kind`
+"gemma3" writes Gemma 3's projector instead, whose images libmtmd decodes non-causally.
 
 LLaVA's graph runs the ViT's blocks up to the second to last (clip.cpp, models/llava.cpp), so
 `n_layer` 2 runs one block. An image is resized and padded to `image_size` square and cut into
@@ -30,12 +31,17 @@ class TinyProjector:
     patch_size: int = 8
     n_mlp: int = 64  # the MLP's hidden width
     seed: int = 0
+    kind: str = "mlp"  # or "gemma3": a SigLIP ViT, 2x2 average pooling, RMS norm, one projection; non-causal
     f16: bool = False  # the blocks' and the MLP's matrices in F16, as real mmproj files (a bench's real shape)
 
     @property
     def n_patches(self) -> int:
-        """The image tokens of every image (a fixed-size projector)."""
         return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def n_image_tokens(self) -> int:
+        """The tokens of every image (a fixed-size projector; gemma3 pools 2x2 patches into one)."""
+        return self.n_patches // (4 if self.kind == "gemma3" else 1)
 
     def write(self, path: str | os.PathLike[str]) -> pathlib.Path:
         import gguf
@@ -44,7 +50,9 @@ class TinyProjector:
         w = gguf.GGUFWriter(path, "clip")
         w.add_name("pflash-tiny-projector")
         w.add_bool("clip.has_vision_encoder", True)
-        w.add_string("clip.projector_type", "mlp")
+        w.add_string("clip.projector_type", self.kind)
+        if self.kind == "gemma3":
+            w.add_uint32("clip.vision.projector.scale_factor", 2)  # Gemma 3's own pools 4x4
         w.add_bool("clip.use_gelu", True)
         for key, value in (("embedding_length", self.n_embd), ("attention.head_count", self.n_head),
                            ("feed_forward_length", self.n_ff), ("block_count", self.n_layer),
@@ -80,6 +88,9 @@ class TinyProjector:
                 tensors += [(f"{blk}.{name}.weight", draw(*shape)), (f"{blk}.{name}.bias", draw(shape[0]))]
             for norm in ("ln1", "ln2"):
                 tensors += [(f"{blk}.{norm}.weight", np.ones(d, np.float32)), (f"{blk}.{norm}.bias", draw(d))]
+        if self.kind == "gemma3":  # the projection's ne is [n_embd_text, n_embd]: clip.cpp transposes it
+            return tensors + [("mm.soft_emb_norm.weight", np.ones(d, np.float32)),
+                              ("mm.input_projection.weight", draw(d, self.n_embd_text, scale=0.05))]
         # the MLP's output scaled like the text model's token embeddings (tiny_gguf: 0.02 * N(0, 1))
         tensors += [("mm.0.weight", draw(self.n_mlp, d)), ("mm.0.bias", draw(self.n_mlp)),
                     ("mm.2.weight", draw(self.n_embd_text, self.n_mlp, scale=0.05)),
