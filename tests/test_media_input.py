@@ -313,3 +313,27 @@ def test_stocks_vision_chat_formats_need_the_projector(tmp_path, chat_format, ma
         == mapped
     with pytest.raises(SettingsRefused, match=f"^chat_format: '{chat_format}' is stock's vision handler"):
         plan(ModelSettings(model="m.gguf", chat_format=chat_format))
+
+
+def test_the_flags_and_the_config_file_take_the_media_keys(tmp_path):
+    from pflash_plugin.server.__main__ import parse_settings
+    projector = tmp_path / "mmproj.gguf"
+    projector.write_bytes(b"")
+    _, [flags] = parse_settings(["--model", "m.gguf", "--mmproj", str(projector),
+                                 "--media_hosts", "a.example,B.example", "--media_max_pixels", "1000"])
+    assert (flags.mmproj, flags.media_hosts, flags.media_max_pixels) == \
+        (str(projector), ["a.example", "b.example"], 1000)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"models:\n  - model: m.gguf\n    clip_model_path: {projector}\n    chat_format: llava-1-5\n"
+                      "    media_hosts: [img.example]\n")
+    _, [model] = parse_settings(["--config_file", str(config)])
+    assert (model.clip_model_path, model.chat_format, model.media_hosts) == (str(projector), "llava-1-5",
+                                                                             ["img.example"])
+
+
+def test_responses_input_audio_is_read_as_chats():
+    body = ResponsesRequest(input=[{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav()).decode(), "format": "wav"}}]}])
+    _, [source] = chat_messages(responses_chat(body).messages)
+    assert (source.kind, source.where, source.mime) == ("audio", "input.0.content.0.input_audio.data", "audio/wav")
+    assert reader(kinds=("audio",)).read([source])[0].data == wav()
