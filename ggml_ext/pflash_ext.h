@@ -88,6 +88,12 @@ typedef struct pfx_sample_row {
 int32_t pfx_sample_rows(const float * logits, int64_t n_vocab, const pfx_sample_row * rows, int32_t n_rows,
                         int32_t * tokens, int32_t n_threads);
 
+// Structured output's masks (mask_cpu.cpp): in each of rows of logits [*, n_vocab] (float32,
+// contiguous), -inf where bit t of its mask (masks [*, mask_words] uint32, row mask_rows[r]) is 0.
+// Returns 0, or 1 on invalid arguments.
+int32_t pfx_apply_bitmask(float * logits, int64_t n_vocab, const int64_t * rows, const uint32_t * masks,
+                          int64_t mask_words, const int64_t * mask_rows, int32_t n_rows, int32_t n_threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -159,3 +159,34 @@ def test_json_schema_over_http_is_valid_json_from_four_clients_at_once(server):
 def test_llama_grammar_json_still_converts():
     """json_object without a schema: llama_cpp's JSON grammar through the converter."""
     assert compile_gbnf(llama_grammar.JSON_GBNF)
+
+
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "numpy"])
+def test_masks_leave_exactly_the_allowed_tokens(native_on, monkeypatch):
+    """Both ways of applying llguidance's bitmasks (ggml_ext/mask_cpu.cpp, numpy) leave each
+    row's allowed logits as they were and every other one at -inf, a vocabulary not a multiple of
+    32 included; rows other than the masked ones untouched."""
+    import numpy as np
+
+    from pflash_plugin.engine import constraints
+    from pflash_plugin.llama import native
+
+    if native_on and native.load() is None:
+        pytest.skip("the native library is not built")
+    if not native_on:
+        monkeypatch.setattr(native, "apply_bitmask", lambda *args: False)
+    rng = np.random.default_rng(1)
+    n_vocab = 1000
+    masks = rng.integers(-2**31, 2**31 - 1, size=(3, (n_vocab + 31) // 32), dtype=np.int64).astype(np.int32)
+    masks[1, :20] = 0
+    masks[2] = -1
+    engine = constraints.Constraints.__new__(constraints.Constraints)
+    engine.n_vocab, engine._masks, engine._filled = n_vocab, masks, {7: 0, 8: 1, 9: 2}
+    logits = rng.random((5, n_vocab), dtype=np.float32)
+    before = logits.copy()
+    engine.mask_rows(logits, [(7, 3), (8, 0), (9, 1)], n_threads=2)
+    for slot, row in [(7, 3), (8, 0), (9, 1)]:
+        allowed = np.unpackbits(masks[engine._filled[slot]].view(np.uint8), bitorder="little")[:n_vocab].astype(bool)
+        assert np.array_equal(logits[row][allowed], before[row][allowed])
+        assert np.all(np.isneginf(logits[row][~allowed]))
+    assert np.array_equal(logits[[2, 4]], before[[2, 4]])

@@ -21,7 +21,7 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
-from ..llama import Model
+from ..llama import Model, native
 from ..llama.guidance import guidance_tokenizer
 
 # llguidance's own bounds, the same on any machine (its defaults, errors kept short: a verbose error
@@ -114,15 +114,16 @@ class Constraints:
         bits = np.unpackbits(self._masks[self._filled[slot]].view(np.uint8), bitorder="little")
         return bits[:self.n_vocab].view(bool)
 
-    def mask_rows(self, logits: np.ndarray, rows: list[tuple[int, int]]) -> None:
+    def mask_rows(self, logits: np.ndarray, rows: list[tuple[int, int]], n_threads: int = 1) -> None:
         """-inf in place wherever the slot's mask forbids a token: (slot, logits row) pairs whose
-        slots were filled. All rows at once: their masks unpacked in one pass."""
+        slots were filled; in C over n_threads where the native library is built."""
         if not rows:
             return
-        at = [self._filled[slot] for slot, _ in rows]
-        bits = np.unpackbits(self._masks[at].view(np.uint8), axis=1, bitorder="little")[:, :self.n_vocab]
-        where = [row for _, row in rows]
-        logits[where] = np.where(bits.view(bool), logits[where], np.float32(-np.inf))
+        at = np.asarray([self._filled[slot] for slot, _ in rows], dtype=np.int64)
+        where = np.asarray([row for _, row in rows], dtype=np.int64)
+        if not native.apply_bitmask(logits, where, self._masks, at, n_threads):
+            for k, row in zip(at, where):
+                _mask_row(logits[row], self._masks[k], self.n_vocab)
 
     def error(self, slot: int) -> str | None:
         """Why the slot's matcher can go no further (a grammar error, a limit reached), if it cannot."""
@@ -136,3 +137,15 @@ class Constraints:
             return None
         return matcher.get_error() or f"the grammar does not allow token {token} here"
 
+
+
+def _mask_row(row: np.ndarray, mask: np.ndarray, n_vocab: int) -> None:
+    """numpy's version of the native masking: only the 32-token words with an allowed token are
+    unpacked (a JSON grammar's mask allows a few hundred of 262K tokens), the rest set at once."""
+    words = np.flatnonzero(mask)
+    bits = np.unpackbits(mask[words].view(np.uint8), bitorder="little").reshape(-1, 32).view(bool)
+    ids = (words[:, None] * 32 + np.arange(32)).reshape(-1)
+    allowed = ids[bits.reshape(-1) & (ids < n_vocab)]
+    values = row[allowed]
+    row[:] = -np.inf
+    row[allowed] = values

@@ -251,7 +251,7 @@ class Sampling:
                 refused[bound.request.request_id] = RequestRefused(f"the grammar cannot go on: {why}")
             elif constraints.filled(slot):
                 masked.append((slot, k))
-        constraints.mask_rows(logits, masked)
+        constraints.mask_rows(logits, masked, self.ctx.n_threads)
         return refused
 
     def _commit(self, bound: _Bound, row: np.ndarray, raw: np.ndarray | None,

@@ -115,6 +115,32 @@ def sample_rows(logits: np.ndarray, rows: np.ndarray, n_threads: int) -> np.ndar
     return tokens
 
 
+def apply_bitmask(logits: np.ndarray, rows: np.ndarray, masks: np.ndarray, mask_rows: np.ndarray,
+                  n_threads: int) -> bool:
+    """-inf in each of `rows` of float32 `logits` [*, n_vocab] wherever its mask (row `mask_rows[r]`
+    of int32 `masks` [*, words], llguidance's bitmasks) has a 0 bit; False without the library (or
+    a library built before it), where the caller applies them itself."""
+    lib = load()
+    fn = getattr(lib, "pfx_apply_bitmask", None) if lib is not None else None
+    if fn is None:
+        return False
+    if logits.dtype != np.float32 or logits.ndim != 2 or not logits.flags.c_contiguous or masks.dtype != np.int32 \
+            or not masks.flags.c_contiguous or rows.shape != mask_rows.shape:
+        raise ValueError("apply_bitmask wants C-contiguous float32 logits and int32 masks, a mask row per row")
+    if rows.size and not (0 <= rows.min() and rows.max() < logits.shape[0]
+                          and 0 <= mask_rows.min() and mask_rows.max() < masks.shape[0]):
+        raise ValueError("a row index is outside the logits or the masks")
+    rows, mask_rows = np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(mask_rows, dtype=np.int64)
+    fn.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+    fn.restype = ctypes.c_int32
+    status = fn(_floats(logits), logits.shape[1], rows.ctypes.data, masks.ctypes.data, masks.shape[1],
+                mask_rows.ctypes.data, rows.size, n_threads)
+    if status != 0:
+        raise NativeError(f"native masking failed ({status})")
+    return True
+
+
 def _floats(array: np.ndarray) -> ctypes._Pointer[ctypes.c_float]:
     return array.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
