@@ -109,10 +109,13 @@ class Constraints:
     def filled(self, slot: int) -> bool:
         return slot in self._filled
 
+    def allows(self, slot: int, token: int) -> bool:
+        """Whether the slot's filled mask allows `token` (one bit: no unpacking)."""
+        return bool((int(self._masks[self._filled[slot], token >> 5]) >> (token & 31)) & 1)
+
     def allowed(self, slot: int) -> np.ndarray:
-        """The slot's filled mask as booleans over the vocabulary."""
-        bits = np.unpackbits(self._masks[self._filled[slot]].view(np.uint8), bitorder="little")
-        return bits[:self.n_vocab].view(bool)
+        """The ids the slot's filled mask allows, ascending."""
+        return _allowed_ids(self._masks[self._filled[slot]], self.n_vocab)
 
     def mask_rows(self, logits: np.ndarray, rows: list[tuple[int, int]], n_threads: int = 1) -> None:
         """-inf in place wherever the slot's mask forbids a token: (slot, logits row) pairs whose
@@ -139,13 +142,18 @@ class Constraints:
 
 
 
-def _mask_row(row: np.ndarray, mask: np.ndarray, n_vocab: int) -> None:
-    """numpy's version of the native masking: only the 32-token words with an allowed token are
-    unpacked (a JSON grammar's mask allows a few hundred of 262K tokens), the rest set at once."""
+def _allowed_ids(mask: np.ndarray, n_vocab: int) -> np.ndarray:
+    """The token ids of a bitmask's 1 bits: only the words with one are unpacked (a JSON grammar's
+    mask allows a few hundred of 262K tokens)."""
     words = np.flatnonzero(mask)
     bits = np.unpackbits(mask[words].view(np.uint8), bitorder="little").reshape(-1, 32).view(bool)
     ids = (words[:, None] * 32 + np.arange(32)).reshape(-1)
-    allowed = ids[bits.reshape(-1) & (ids < n_vocab)]
+    return ids[bits.reshape(-1) & (ids < n_vocab)]
+
+
+def _mask_row(row: np.ndarray, mask: np.ndarray, n_vocab: int) -> None:
+    """numpy's version of the native masking."""
+    allowed = _allowed_ids(mask, n_vocab)
     values = row[allowed]
     row[:] = -np.inf
     row[allowed] = values

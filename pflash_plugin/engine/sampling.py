@@ -263,12 +263,11 @@ class Sampling:
         output = outputs.get(request_id)
         if slot not in self.constraints or not isinstance(output, TokenOutput):
             return
-        allowed = self.constraints.allowed(slot)
-        if not allowed[output.token]:
-            if not allowed.any():  # the grammar allows nothing more: the generation ends here
+        if not self.constraints.allows(slot, output.token):
+            ids = self.constraints.allowed(slot)
+            if not ids.size:  # the grammar allows nothing more: the generation ends here
                 outputs[request_id] = with_logprobs(self._eog()[0], raw, bound.params.logprobs)
                 return
-            ids = np.flatnonzero(allowed)
             output = with_logprobs(int(ids[np.argmax(row[ids])]), raw, bound.params.logprobs)
             outputs[request_id] = output
         why = self.constraints.commit(slot, output.token)
