@@ -9,7 +9,7 @@ from typing import Any
 
 from llama_cpp import llama_chat_format
 
-from ...chat.content_text import ContentText
+from ...chat.content_text import ContentText, Guarded
 from ...chat.template import ChatTemplate
 from ...chat.tool_calls import REFUSED_CHAT_FORMATS, syntax_for
 from ...chat.turns import continued_text, cut_after, render_merging
@@ -29,9 +29,10 @@ class ChatPrompt:
     stop: list[str]
     last_user: str | None  # the final user message: PFlash's query
     system: str | None  # the system prompt: always kept by PFlash
-    # a prompt with media (issue 46): its text, a MEDIA_MARKER per item (BOS written where the model
-    # adds one), tokenized with its media by the engine's projector (preparation/media.py), not here
-    text: str = ""
+    # a prompt with media (issue 46): the text before, between and after its items' markers, each
+    # piece tokenized here as text is (the client's text stays text); the items' own tokens come
+    # from the engine's projector (preparation/media.py)
+    pieces: tuple[list[int], ...] = ()
     media: tuple[MediaInput, ...] = ()
     spans: tuple[MediaSpan, ...] = ()  # where `tokens` hold the media (pseudo-token ids), once tokenized
 
@@ -142,21 +143,22 @@ class Prompts:
         self.limit.check_text(text, "messages")
         last_user, system = _last(messages, "user"), _last(messages, "system")
         if media:
-            return ChatPrompt([], stop, last_user, system, self._media_text(guarded.spelled_out(text), media, added),
-                              media)
+            return ChatPrompt([], stop, last_user, system, self._media_pieces(text, guarded, media, added), media)
         tokens = self._content.tokenize(text, guarded, add_special=not added)
         return ChatPrompt(tokens, stop, last_user, system)
 
-    def _media_text(self, text: str, media: tuple[MediaInput, ...], added: bool) -> str:
-        """The prompt text the projector tokenizes (special tokens parsed, none added): one marker
-        per item, as the template placed them, and the BOS token where the template wrote none."""
-        markers = text.count(MEDIA_MARKER)
-        if markers != len(media):
-            raise RequestError(400, f"the rendered prompt holds {markers} media markers ({MEDIA_MARKER}) for "
-                               f"{len(media)} media items: the chat template dropped a media part, or the messages' "
-                               f"text spells {MEDIA_MARKER}", param="messages")
-        bos = self.model.token_text(self.model.bos) if self.model.add_bos and not added else ""
-        return bos + text
+    def _media_pieces(self, text: str, guarded: Guarded, media: tuple[MediaInput, ...],
+                      added: bool) -> tuple[list[int], ...]:
+        """The text around the media markers, tokenized as a prompt without media is (the BOS
+        token first where the template wrote none), so that a control token the client's text
+        spells stays text here too (libmtmd would parse it as the token)."""
+        pieces = text.split(MEDIA_MARKER)
+        if len(pieces) - 1 != len(media):
+            raise RequestError(400, f"the rendered prompt holds {len(pieces) - 1} media markers ({MEDIA_MARKER}) "
+                               f"for {len(media)} media items: the chat template dropped a media part, or the "
+                               f"messages' text spells {MEDIA_MARKER}", param="messages")
+        return tuple(self._content.tokenize(piece, guarded, add_special=i == 0 and not added)
+                     for i, piece in enumerate(pieces))
 
     def _render(self, messages: list[dict], tools: Any, tool_choice: Any,
                 kwargs: dict[str, Any]) -> tuple[str, list[str], bool]:
