@@ -240,7 +240,8 @@ class Sampling:
     def _constrain(self, logits: np.ndarray, rows: list[tuple[int, _Bound]]) -> dict[int, Exception]:
         """The constrained rows' masks applied in place; a row whose matcher can go no further
         (its grammar broke a limit of llguidance's) gets its request's error instead."""
-        constraints, refused = self.constraints, {}
+        constraints = self.constraints
+        refused: dict[int, Exception] = {}
         masked = []
         for k, bound in rows:
             slot = bound.request.held_slot
