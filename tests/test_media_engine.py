@@ -210,18 +210,31 @@ def test_a_model_without_a_projector_refuses_media(tiny_model):
         engine.stop()
 
 
-def test_pflash_leaves_a_prompt_with_media_uncompressed(engine):
-    from pflash_plugin.pflash.compressor import PflashConfig
-    from pflash_plugin.pflash.planning import MEDIA_KEPT, Planner
+def test_pflash_keeps_the_media_whole_and_scores_the_text_around_them(engine):
+    from pflash_plugin.engine.media_prompt import relocated
+    from pflash_plugin.pflash.compressor import Compressor, PflashConfig
+    from pflash_plugin.pflash.drafter import Drafter, DraftOptions
+    from pflash_plugin.pflash.planning import Planner
 
     model, eng = engine
-    prompt = eng.media.prompt(PROMPT.replace("the picture", "the picture " * 60), [image(1)])
-    planner = Planner(PflashConfig(mode="always", threshold=16, keep_ratio=0.3), model, True)
-    plan = planner.plan(prompt.tokens, None)
-    assert plan.job is None and plan.report is not None
-    assert plan.report.to_json()["reason"] == MEDIA_KEPT
-    text_only = model.tokenize(PROMPT.replace(MEDIA_MARKER, "the picture " * 60), False, True)
-    assert planner.plan(text_only, None).job is not None  # the same length of text alone is compressed
+    notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(8))
+    text = PROMPT.replace("look at", notes + " look at").replace("the picture", "the picture " + notes)
+    prompt = eng.media.prompt(text, [image(1)])
+    config = PflashConfig(mode="always", threshold=16, keep_ratio=0.4, segment_min=4, segment_max=16)
+    plan = Planner(config, model, True).plan(prompt.tokens, None)
+    assert plan.job is not None  # the pseudo-ids are never read as text (Model.piece would refuse them)
+    drafter = lambda: Drafter(model, [1], 1024, DraftOptions(n_batch=64))  # noqa: E731
+    result = Compressor(config, model.piece, drafter, persistent=False).compress(plan.job)
+    assert result.report.status == "compressed" and len(result.tokens) < len(prompt.tokens) - 60
+    [span], [moved] = prompt.spans, relocated(prompt.spans, result.tokens)
+    assert moved.start < span.start  # text before it was dropped; the run itself is whole
+    assert result.tokens[moved.start : moved.end] == prompt.tokens[span.start : span.end]
+    assert all(t >= 0 for t in result.tokens[: moved.start] + result.tokens[moved.end :])
+    # the engine prefills the compressed prompt, the image's embeddings at its new positions
+    request = Request(prompt.tokens, SamplingParams(max_tokens=6, temperature=0.0), prefill_tokens=result.tokens,
+                      media=(moved,))
+    end = run(eng, [request])[0]
+    assert end.reason == "length" and end.usage.media_tokens == 64 and request.n_prefilled == len(result.tokens)
 
 
 def test_a_pseudo_token_never_reaches_llama_cpps_vocabulary(engine):

@@ -95,3 +95,20 @@ def test_a_resent_image_reuses_the_prefix_cache(server):
     cached = again["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
     assert cached > N_IMAGE, again["usage"]  # past the image: its KV came from the cache
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+
+
+def test_pflash_compresses_the_text_around_an_image_and_keeps_the_image():
+    from conftest import NOTES, TINY_PFLASH
+
+    model = {"model": str(cached_tiny_llama()), "model_alias": "vision", "mmproj": str(cached_tiny_projector()),
+             "n_ctx": 2048, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1, **TINY_PFLASH}
+    url = "data:image/png;base64," + base64.b64encode(png(24, 20, 9)).decode()
+    content = [{"type": "text", "text": NOTES}, {"type": "image_url", "image_url": {"url": url}},
+               {"type": "text", "text": NOTES + " When does the bridge open?"}]
+    with live_server([model]) as live:
+        got = post(live, {"model": "vision", "messages": [{"role": "user", "content": content}], "max_tokens": 4,
+                          "pflash": {"mode": "always"}})
+    usage = got["usage"]
+    report = usage["timings"]["pflash"]
+    assert report["status"] == "compressed" and N_IMAGE < report["kept_tokens"] < usage["prompt_tokens"] // 2
+    assert usage["prompt_tokens_details"]["media_tokens"] == N_IMAGE

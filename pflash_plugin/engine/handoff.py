@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .admission import RequestQueue
+from .media_prompt import relocated
 from .prefix_cache import PrefixCache, Slot
 from .request import CompressionJob, Report, Request, RequestStatus
 
@@ -51,6 +52,7 @@ class CompressionHandoff:
         assert slot.source is not None and request.compression is not None
         n_source = len(slot.source)
         request.prefill_tokens = slot.tokens[:slot.source_len] + request.prompt_tokens[n_source:]
+        request.media = relocated(request.media, request.prefill_tokens)
         request.pflash = request.compression.skipped(
             f"extends a prompt compressed earlier: its first {n_source} tokens reuse the {slot.source_len} "
             "cached cells of its compressed form", "extends_compressed")
@@ -69,6 +71,7 @@ class CompressionHandoff:
         request.timings.resumed = self.clock()
         request.compression = None
         request.prefill_tokens = list(tokens)
+        request.media = relocated(request.media, request.prefill_tokens)  # media runs kept whole, moved
         request.pflash = report
         request.status = RequestStatus.WAITING
         self.queue.add(request, prepared=True)

@@ -114,3 +114,15 @@ def media_failure(spans: Sequence[MediaSpan], start: int) -> BaseException | Non
     span = span_at(spans, start) if spans else None
     future = span.embeddings if span is not None else None
     return future.exception() if future is not None and future.done() else None
+
+
+def relocated(spans: Sequence[MediaSpan], tokens: Sequence[int]) -> tuple[MediaSpan, ...]:
+    """The spans at their places in `tokens`, a prompt PFlash compressed (pflash/media_text.py:
+    each media run kept whole, at a new index; prefilled at contiguous positions like the text)."""
+    out: list[MediaSpan] = []
+    listed, at = list(tokens), 0
+    for span in spans:
+        start = listed.index(span.chunk.pseudo_tokens()[0], at)  # ValueError: the run was dropped
+        out.append(MediaSpan(start, span.chunk, span.embeddings))
+        at = start + span.chunk.n_pos
+    return tuple(out)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .drafter import Cancelled, Drafter, DrafterError
+from .media_text import TextView
 from .pacing import POLITE_S, Alone, Neighbours, Pacing
 from .query import QueryPlan
 from .attention_mass import NonFiniteScores
@@ -92,11 +93,14 @@ class Compressor:
         drafter = self._drafter or self._make_drafter()
         t1 = time.perf_counter()
         report.drafter_load_ms = round((t1 - t0) * 1000.0, 3)
+        view = TextView.of(tokens)  # a prompt with media: the drafter reads its text alone (media_text.py)
+        text = view.text(tokens) if view else tokens
+        to_text = view.to_text if view else int
         try:
             drafted = drafter.run(
-                tokens + list(plan.extra_query),
-                plan.query_start,
-                plan.query_end,
+                text + list(plan.extra_query),
+                to_text(plan.query_start),
+                to_text(plan.query_end),
                 should_stop=job.cancelled.is_set,
                 progress=lambda done: setattr(job, "progress", done),
                 pacing=Pacing(neighbours, job.created, self.config.polite_s),
@@ -112,8 +116,12 @@ class Compressor:
                 drafter.close()
         self.scorer_name = drafted.scorer
         t2 = time.perf_counter()
-        segments = segment_at_boundaries(self._boundaries(tokens), self.config.segment_min, self.config.segment_max)
-        selection = self.config.select(drafted.mass, segments, budget, plan.mandatory(n))
+        flags, mass = self._boundaries(text), drafted.mass
+        mandatory = plan.mandatory(n)
+        if view:
+            flags, mass, mandatory = view.boundaries(flags), view.mass(mass), mandatory + list(view.media)
+        segments = segment_at_boundaries(flags, self.config.segment_min, self.config.segment_max)
+        selection = self.config.select(mass, segments, budget, mandatory)
         t3 = time.perf_counter()
         report.layers_run, report.scorer, report.draft_windows = drafted.layers_run, drafted.scorer, drafted.windows
         report.draft_ms = round((t2 - t1) * 1000.0, 3)

@@ -15,7 +15,6 @@ from .selection import budget_for
 
 MAX_EXPLICIT_QUERY = 256  # tokens of a request's pflash.query (the drafter context leaves room)
 NOT_ENABLED = "PFlash is not enabled on this model (start it with --pflash auto)"
-MEDIA_KEPT = "the prompt holds images or audio, which PFlash keeps whole: not compressed"
 
 
 class PlanError(ValueError):
@@ -72,13 +71,11 @@ class Planner:
             skip = ("not_enabled", NOT_ENABLED)
         if skip is not None:
             return Plan(report=PflashReport.skipped(n, skip[1], skip[0]))
-        if n and min(tokens) < 0:  # media positions (engine/media_prompt.py): the drafter reads text alone
-            return Plan(report=PflashReport.skipped(n, MEDIA_KEPT, "media"))
         ratio = self.config.ratio_for(n, ask.keep_ratio if ask else None)
         if budget_for(n, ratio) >= n:  # a 1-token prompt, a keep ratio of 1: a draft would change nothing
             return Plan(report=PflashReport.skipped(n, f"a keep ratio of {ratio:g} keeps all {n} tokens", "keeps_all"))
         explicit = self._explicit_query(ask.query if ask else None)
-        pieces = [self.model.piece(t) for t in tokens]
+        pieces = [self.model.piece(t) if t >= 0 else b"" for t in tokens]  # media's pseudo-ids: no text
         query = plan_query(pieces, self.config.query_tokens, last_user=facts.last_user, system=facts.system,
                           explicit=explicit, min_head=self.config.segment_min)
         if not query.fits(n, budget_for(n, ratio)):
