@@ -54,17 +54,19 @@ def test_prompt_lookup_over_a_joined_prompt_and_output():
 def test_step_cost_fits_the_line_and_prices_a_token_by_the_batch_size():
     cost = StepCost()
     assert cost.price(1) == pytest.approx(cost.prior_slope / (1 + cost.prior_slope))  # before any step
-    for tokens in (1, 11, 1, 6, 1, 11, 3):
+    for tokens in (1, 11, 6, 3) * 3:
         cost.observe(tokens, 0.017 + 0.007 * tokens)  # the demo model on 2 cores: 17 ms + 7 ms a token
     base, slope = cost.line()
     assert base == pytest.approx(0.017) and slope == pytest.approx(0.007)
     assert cost.price(1) == pytest.approx(0.007 / 0.024)
     assert cost.price(128) > 0.95  # a large batch: a token costs nearly what it yields
+    cost.observe(11, 1.5)  # a step that other work on the machine stalled: the fastest recent one counts
+    assert cost.line() == pytest.approx((base, slope))
 
 
 def test_policy_drafts_longer_the_more_is_accepted_and_stops_at_a_large_batch():
     policy = SpeculationPolicy(max_draft=10, max_rows=16)
-    for tokens in (1, 11, 1, 11):
+    for tokens in (1, 11) * 3:
         policy.cost.observe(tokens, 0.017 + 0.007 * tokens)
     new = policy.draft_tokens(1, rows=1)
     assert 0 < new < 10  # the prior's acceptance
@@ -79,7 +81,7 @@ def test_policy_drafts_longer_the_more_is_accepted_and_stops_at_a_large_batch():
         policy.drafted(2, 0, 0)  # steps without drafts drift back towards the prior: it tries again
     assert policy.draft_tokens(2, rows=1) == new
     policy.cost = StepCost()
-    for tokens in (8, 88, 8, 88):  # a compute-bound step (no fixed cost): no draft pays
+    for tokens in (8, 88) * 3:  # a compute-bound step (no fixed cost): no draft pays
         policy.cost.observe(tokens, 0.001 * tokens)
     assert policy.draft_tokens(1, rows=8) == 0
 

@@ -98,8 +98,9 @@ class LlamaRunner:
                 self._rows.extend((item.request, at) for at in range(row - item.drafts, row + 1))
             if item.drafts:
                 self._drafts[item.request.request_id] = item.tokens[-item.drafts:]
-        decoding = all(len(item.tokens) == 1 for item in step.items)
-        threads = self.decode_threads.threads(len(step.items)) if decoding else None
+        # decode rows only (a speculating row's drafts too): the thread count measured fastest for its tokens
+        decoding = all(len(item.tokens) == 1 + item.drafts for item in step.items)
+        threads = self.decode_threads.threads(step.n_tokens) if decoding else None
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
         self.sampling.before_decode(self._rows)
         start = time.perf_counter()
@@ -129,5 +130,5 @@ class LlamaRunner:
             self.sampling.landed()
         if self._timing and not self.overlaps:  # overlapped, the wait says nothing of the decode's time
             threads, launched = self._timing
-            self.decode_threads.record(threads, len(step.items), launched + time.perf_counter() - start)
+            self.decode_threads.record(threads, step.n_tokens, launched + time.perf_counter() - start)
         return outputs

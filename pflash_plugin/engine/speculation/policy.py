@@ -13,43 +13,44 @@ outright, so a full batch is never slowed down by a wrong estimate).
 
 Acceptance is measured per row (an exponentially weighted mean of accepted / drafted); a row that
 stopped drafting drifts back towards the prior, so it tries again later. The step's cost is a
-least-squares line through the decode steps' (tokens, seconds), exponentially forgotten; until the
-steps vary enough in size to fit one, `prior_slope` (the cost of a token as a fraction of a
+least-squares line through the decode steps' (tokens, seconds), each size by its fastest recent
+step (on 2 cores shared with other work a step's time doubles at random: the minimum is what the
+step costs); until two sizes are seen, `prior_slope` (the cost of a token as a fraction of a
 one-row step) stands in.
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 
 @dataclass
 class StepCost:
-    """A line seconds = base + slope * tokens through the decode steps seen, older ones forgotten."""
+    """A line seconds = base + slope * tokens through the decode steps seen: per step size, the
+    fastest of its last `window` steps (other work on the machine only ever adds time, and a slow
+    step must not turn speculation off for good), then least squares over those minima."""
 
-    decay: float = 0.95
-    prior_slope: float = 0.05  # a token's cost as a fraction of the base, before a fit
-    _w: float = 0.0
-    _x: float = 0.0
-    _y: float = 0.0
-    _xx: float = 0.0
-    _xy: float = 0.0
+    window: int = 16
+    min_seen: int = 3  # a size counts once it ran this many times (one slow step says nothing)
+    prior_slope: float = 0.05  # a token's cost as a fraction of the base, before two sizes are seen
+    _seen: dict[int, deque[float]] = field(default_factory=dict)
 
     def observe(self, tokens: int, seconds: float) -> None:
-        d = self.decay
-        self._w, self._x, self._y = d * self._w + 1, d * self._x + tokens, d * self._y + seconds
-        self._xx, self._xy = d * self._xx + tokens * tokens, d * self._xy + tokens * seconds
+        self._seen.setdefault(tokens, deque(maxlen=self.window)).append(seconds)
 
     def line(self) -> tuple[float, float] | None:
-        """(base, slope), or None before any step."""
-        if self._w == 0:
+        """(base, slope), or None before any size ran `min_seen` times."""
+        points = [(n, min(times)) for n, times in self._seen.items() if len(times) >= self.min_seen]
+        if not points:
             return None
-        mx, my = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - mx * mx
-        if var < 0.25:  # the steps' sizes barely varied: no slope to fit; the prior's
+        mx = sum(n for n, _ in points) / len(points)
+        my = sum(t for _, t in points) / len(points)
+        var = sum((n - mx) ** 2 for n, _ in points)
+        if var == 0:  # one size seen: no slope to fit; the prior's
             base = my / (1 + self.prior_slope * mx)
             return base, self.prior_slope * base
-        slope = max((self._xy / self._w - mx * my) / var, 0.0)
+        slope = max(sum((n - mx) * (t - my) for n, t in points) / var, 0.0)
         return max(my - slope * mx, 0.0), slope
 
     def price(self, rows: int) -> float:
