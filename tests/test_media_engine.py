@@ -27,6 +27,7 @@ if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
     pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)", allow_module_level=True)
 
 OUTPUTS: dict[int, list[TokenOutput]] = {}
+FIRST_STEP: dict[int, int] = {}  # the engine's step count when a request's first text came out
 PROMPT = f"<s><|im_start|>user\nlook at {MEDIA_MARKER} the picture and tell<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -41,12 +42,13 @@ def image(seed: int) -> MediaInput:
 
 
 def run(engine, requests: list[Request], timeout: float = 60) -> list[FinishEvent | ErrorEvent]:
-    """Runs the requests together; each one's TokenOutputs go to FIRSTS[request_id]."""
+    """Runs the requests together; each one's TokenOutputs go to OUTPUTS[request_id]."""
     ends: dict[int, FinishEvent | ErrorEvent] = {}
     done = threading.Semaphore(0)
     for request in requests:
         def sink(event, rid: int = request.request_id) -> None:
             if isinstance(event, TextEvent):
+                FIRST_STEP.setdefault(rid, engine.steps)
                 OUTPUTS.setdefault(rid, []).extend(event.tokens)
             if isinstance(event, (FinishEvent, ErrorEvent)):
                 ends[rid] = event
@@ -177,8 +179,12 @@ def test_an_image_prefills_beside_text_requests_that_answer_as_alone(engine):
     alone = [Request(list(r.prompt_tokens), SamplingParams(max_tokens=10, temperature=0.0)) for r in text]
     run(eng, alone)
     with_image = media_request(eng, image(4))
+    submitted = eng.steps
     ends = run(eng, [with_image, *text])
     assert all(isinstance(e, FinishEvent) for e in ends)
+    # the text requests answer within two steps; the image's 64 positions take 24 a step
+    assert all(FIRST_STEP[r.request_id] - submitted <= 2 for r in text)
+    assert FIRST_STEP[with_image.request_id] - submitted >= 4
     assert [r.output_tokens for r in text] == [r.output_tokens for r in alone]
     assert_parity(model, with_image, image(4))
 
