@@ -39,14 +39,24 @@ def accept(target: np.ndarray, drafts: Sequence[int], params: SamplerParams, gen
         return _greedy(rows, drafts)
     if draft_probs is None:
         return _coupled(rows, drafts, params, rng)
+    return _rejection(rows, drafts, params, rng, draft_probs)
+
+
+def _rejection(rows: np.ndarray, drafts: Sequence[int], params: SamplerParams, rng: np.random.Generator,
+               draft_probs: np.ndarray) -> tuple[int, int | None]:
+    """Drafts drawn from q: each kept with probability min(1, p(x) / q(x)); at the first rejection
+    the token is drawn from norm(max(p - q, 0)); all kept, the bonus from the last row."""
     for j, x in enumerate(drafts):
         dist = distribution(rows[j], params.top_k, params.top_p, params.min_p, params.temperature)
         if dist is None:
             return j, None
         ids, probs = dist
-        q = None if draft_probs is None else draft_probs[j].astype(np.float64)
-        if not _kept(ids, probs, x, q, rng.random()):
-            return j, _residual_draw(ids, probs, x, q, rng.random())
+        q = draft_probs[j].astype(np.float64)
+        if not rng.random() * float(q[x]) < float(probs[ids == x].sum()):
+            weights = np.maximum(probs - q[ids], 0.0)
+            if not weights.sum() > 0:  # p == q up to rounding, where a rejection only comes from rounding
+                weights = probs
+            return j, pick(ids, weights, rng.random())
     k = len(drafts)
     return k, draw(rows[k], params.top_k, params.top_p, params.min_p, params.temperature, rng.random())
 
@@ -104,20 +114,3 @@ def _argmax(rows: np.ndarray, best: np.ndarray, j: int) -> int | None:
     token = int(best[j])
     return None if np.isnan(rows[j, token]) else token
 
-
-def _kept(ids: np.ndarray, probs: np.ndarray, x: int, q: np.ndarray | None, uniform: float) -> bool:
-    """Keep x with probability min(1, p(x) / q(x)) (q one-hot where None)."""
-    p_x = float(probs[ids == x].sum())
-    q_x = 1.0 if q is None else float(q[x])
-    return uniform * q_x < p_x
-
-
-def _residual_draw(ids: np.ndarray, probs: np.ndarray, x: int, q: np.ndarray | None, uniform: float) -> int:
-    """A draw from norm(max(p - q, 0)) after x was rejected (for a one-hot q: p without x)."""
-    if q is None:
-        weights = np.where(ids == x, 0.0, probs)
-    else:
-        weights = np.maximum(probs - q[ids], 0.0)
-    if not weights.sum() > 0:  # p == q up to rounding, where a rejection only comes from rounding
-        weights = probs
-    return pick(ids, weights, uniform)
