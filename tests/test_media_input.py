@@ -77,6 +77,12 @@ def test_base64_over_the_limit_is_refused_before_it_is_decoded():
     assert "over the server's limit of 1,000" in error.message and "--media_max_bytes" in error.message
 
 
+def test_base64_with_line_breaks_is_sized_without_them():
+    wrapped = base64.encodebytes(bytes(1000)).decode()  # 1,000 bytes in 1,368 characters with line breaks
+    assert len(decoded_base64(wrapped, "x", 1000)) == 1000
+    assert "1,002 bytes" in refused(decoded_base64, base64.encodebytes(bytes(1002)).decode(), "x", 1000).message
+
+
 def test_base64_with_line_breaks_decodes_and_bad_base64_is_named():
     text = base64.encodebytes(PNG).decode()  # 76-character lines
     assert decoded_base64(text, "x", 1 << 20) == PNG

@@ -28,7 +28,7 @@ ALIASES = {"image/jpg": "image/jpeg", "image/x-ms-bmp": "image/bmp", "audio/wave
            "audio/x-wav": "audio/wav", "audio/vnd.wave": "audio/wav", "audio/mp3": "audio/mpeg",
            "audio/x-flac": "audio/flac"}
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac"}  # chat's input_audio.format
-_SPACE = re.compile(r"\s+")
+_SPACES = " \n\r\t"
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[^;,]*)*)(;base64)?,", re.ASCII)
 
 
@@ -57,14 +57,18 @@ def canonical(mime: str) -> str:
     return ALIASES.get(mime, mime)
 
 
-def decoded_base64(text: str, field: str, max_bytes: int) -> bytes:
-    """Base64 text's bytes; refused before decoding when they would be over `max_bytes` (the
-    decoded length is known from the text's), or when the text is not base64."""
-    compact = _SPACE.sub("", text) if _SPACE.search(text) else text  # MIME base64 breaks its lines
+def decoded_base64(text: str, field: str, max_bytes: int, start: int = 0) -> bytes:
+    """The bytes of base64 `text[start:]`; refused before decoding (before copying) when they would
+    be over `max_bytes` (the decoded length is known from the text's), or when it is not base64."""
+    head = text[start:start + 128]  # MIME base64 breaks its lines every 76 characters; other spaces are invalid
+    spaced = any(c in head for c in _SPACES)
+    length = len(text) - start - (sum(text.count(c, start) for c in _SPACES) if spaced else 0)
+    if length * 3 // 4 - 2 > max_bytes:  # at most 2 bytes of padding
+        raise _too_big(field, length * 3 // 4, max_bytes)
+    compact = "".join(text[start:].split()) if spaced else text[start:]
     size = len(compact) * 3 // 4 - compact[-2:].count("=")
     if size > max_bytes:
-        raise RequestError(400, f"{field}: {size:,} bytes, over the server's limit of {max_bytes:,} per media item "
-                           "(--media_max_bytes)", param=field)
+        raise _too_big(field, size, max_bytes)
     try:
         data = base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError):
@@ -72,6 +76,11 @@ def decoded_base64(text: str, field: str, max_bytes: int) -> bytes:
     if not data:
         raise RequestError(400, f"{field}: the media item is empty", param=field)
     return data
+
+
+def _too_big(field: str, size: int, max_bytes: int) -> RequestError:
+    return RequestError(400, f"{field}: {size:,} bytes, over the server's limit of {max_bytes:,} per media item "
+                        "(--media_max_bytes)", param=field)
 
 
 def data_url(url: str, field: str, max_bytes: int) -> tuple[str | None, bytes]:
@@ -83,7 +92,7 @@ def data_url(url: str, field: str, max_bytes: int) -> tuple[str | None, bytes]:
         raise RequestError(400, f"{field}: the data URL must be base64 encoded (data:<type>;base64,...)",
                            param=field)
     mime = canonical(match.group(1)) if match.group(1) else None
-    return mime, decoded_base64(url[match.end():], field, max_bytes)
+    return mime, decoded_base64(url, field, max_bytes, start=match.end())
 
 
 def image_size(data: bytes, mime: str) -> tuple[int, int] | None:
