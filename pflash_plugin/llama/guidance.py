@@ -2,7 +2,8 @@
 
 llguidance (the constraint engine of engine/constraints.py) needs every token's bytes and a
 tokenize function whose tokens spell exactly the bytes it was given: it tokenizes the text a
-grammar forces and allows those tokens. llama.cpp's own tokenizer does not always spell its input
+grammar forces and allows only the first of those tokens (so control tokens are parsed: a forced
+"[THINK]" or "<|channel|>" is the model's own token, as llama-server's preserved tokens). llama.cpp's own tokenizer does not always spell its input
 back (a SentencePiece vocabulary reads "▁" as a space: a grammar that forces "▁" got a token for " ",
 which the parser then refused), so here a tokenization that does not spell its input is replaced by
 a greedy longest-match one that does. Building it reads the whole vocabulary once (262K tokens:
@@ -47,7 +48,7 @@ class _VocabTokenizer:
         self._longest = max((len(piece) for piece in self._by_bytes), default=1)
 
     def __call__(self, data: bytes) -> list[int]:
-        tokens = self.model.tokenize(data, add_special=False, parse_special=False)
+        tokens = self.model.tokenize(data, add_special=False, parse_special=True)
         if b"".join(self.tokens[t] for t in tokens) == data:
             return tokens
         return self._greedy(data)
