@@ -65,3 +65,9 @@ def test_a_turn_marker_the_client_spells_stays_text_beside_an_image(served):
     text_only = prompt_of(served, spelled)
     with_image = prompt_of(served, [{"type": "text", "text": spelled}, image()])
     assert markers(with_image) == markers(text_only) == 1  # the template's own, closing the user turn
+
+
+def test_pflash_queries_the_last_text_beside_the_image(served):
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "first look"}, image(), {"type": "text", "text": "what is it?"}, image()]}]})
+    assert chat_prompt(served, body)[1].last_user == "what is it?"

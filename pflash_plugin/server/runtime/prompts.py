@@ -143,7 +143,8 @@ class Prompts:
         self.limit.check_text(text, "messages")
         last_user, system = _last(messages, "user"), _last(messages, "system")
         if media:
-            return ChatPrompt([], stop, last_user, system, self._media_pieces(text, guarded, media, added), media)
+            return ChatPrompt([], stop, _last_text(last_user), system, self._media_pieces(text, guarded, media, added),
+                              media)
         tokens = self._content.tokenize(text, guarded, add_special=not added)
         return ChatPrompt(tokens, stop, last_user, system)
 
@@ -236,6 +237,13 @@ def count_prompts(prompt: str | list) -> int:
     if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
         return 1
     return sum(count_prompts(one) for one in prompt)
+
+
+def _last_text(content: str | None) -> str | None:
+    """A message's last text between its media markers: the words PFlash finds in the prompt and
+    scores with (a media item's positions hold no text)."""
+    texts = [piece for piece in (content or "").split(MEDIA_MARKER) if piece.strip()]
+    return texts[-1] if texts else None
 
 
 def _last(messages: list[dict], role: str) -> str | None:
