@@ -51,16 +51,29 @@ def eog_tokens(model_path: str) -> tuple[int, ...]:
     return tuple(t for t in range(model.n_vocab) if model.is_eog(t))
 
 
-def wait_idle(arm: Arm, timeout_s: float) -> float:
-    """A 1-token request, answered once the server has finished what the cut requests left: seconds."""
+def wait_idle(arm: Arm, timeout_s: float) -> float | None:
+    """A 1-token request, answered once the server has finished what the cut requests left: the
+    seconds it took, None if not within `timeout_s`."""
     start = time.perf_counter()
     body = json.loads(arm.body(Item("Hello", 1, 1, "probe")))
     body["stream"] = False
     try:
-        httpx.post(arm.server.url + "/v1/completions", json=body, timeout=timeout_s)
+        httpx.post(arm.server.url + "/v1/completions", json=body, timeout=timeout_s).raise_for_status()
     except httpx.HTTPError:
-        pass
+        return None
     return time.perf_counter() - start
+
+
+def settle(arm: Arm, timeout_s: float) -> tuple[float, bool]:
+    """Wait until the server is idle; one still busy after `timeout_s` (a serial server works through
+    every request whose client left, a prefill each) is started afresh. Returns (seconds, restarted)."""
+    start = time.perf_counter()
+    if wait_idle(arm, timeout_s) is not None:
+        return time.perf_counter() - start, False
+    arm.server.stop()
+    arm.server.start(900)
+    wait_idle(arm, 300.0)
+    return time.perf_counter() - start, True
 
 
 @dataclass
@@ -77,6 +90,7 @@ class Sweep:
     out: Path
     meta: dict[str, Any]
     budget_s: float = float("inf")
+    settle_s: float = 30.0  # a server not idle this long after a run is restarted (settle)
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def write(self, complete: bool) -> None:
@@ -110,9 +124,11 @@ class Sweep:
         limit = self.limit_s(arrivals(len(items), rate, seed)[-1])
         outcomes, duration = asyncio.run(run_point(arm.server.url, items, bodies, rate, seed, limit))
         summary = summarize(outcomes, duration, self.objective)
-        idle_s = wait_idle(arm, 300.0)
+        idle_s, restarted = settle(arm, self.settle_s)
         say(f"rep {rep} rate {rate:g} {arm.label:16s} done {summary['completed']}/{summary['requests']} "
             f"goodput {summary['goodput']:.3f} TTFT p50/p99 {summary['median_ttft_s']}/{summary['p99_ttft_s']} s "
-            f"ITL p99 {summary['p99_itl_s']} s out {summary['output_throughput']} tok/s (idle after {idle_s:.1f} s)")
+            f"ITL p99 {summary['p99_itl_s']} s out {summary['output_throughput']} tok/s (idle after {idle_s:.1f} s"
+            f"{', restarted' if restarted else ''})")
         return {"arm": arm.label, "rate": rate, "rep": rep, "limit_s": round(limit, 1), "idle_after_s": round(idle_s, 2),
+                "restarted": restarted,
                 "load": os.getloadavg(), **summary, "requests_detail": [record(o) for o in outcomes]}

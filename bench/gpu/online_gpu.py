@@ -6,8 +6,9 @@ On the CUDA machine (bench/gpu/servers.sh builds llama-server, writes the 128K-v
     python bench/gpu/online_gpu.py --target TINY.gguf --drafter TINY.gguf --llama-server none --gpu-layers 0 \\
         --slots 4 --pool 8192 --long 512 2048 --rates 2 4 --window-s 3 --out /tmp/online_tiny.json
 
-Requests: ShareGPT's prompt and answer lengths (bench/data/sharegpt_lengths.json, vLLM's sampling)
-as random token ids, 10% of them long prompts of 4-32K tokens (log-uniform), Poisson arrivals at
+Requests: ShareGPT's prompt and answer lengths (bench/data/sharegpt_lengths.json, vLLM's sampling;
+answers halved by default, `--output-scale`, so that a run ends within its 20 s drain) as random
+token ids, 10% of them long prompts of 4-32K tokens (log-uniform), Poisson arrivals at
 each rate, every answer generated to its length (ours `min_tokens`, llama-server `ignore_eos`, the
 example server a -100 logit bias on the end-of-generation tokens). Arms, all up at once, driven one
 at a time, side by side at each rate: ours (one server, `--pflash auto`; arm `ours` sends
@@ -87,20 +88,21 @@ def start(the_arms: list[Arm]) -> None:
 
 def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 8.0])
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--arms", nargs="*", help="only these arms (labels)")
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--pool", type=int, default=65536, help="KV cells of each server (all its slots together)")
     parser.add_argument("--long", type=int, nargs=2, default=[4096, 32768], help="long prompts' token range")
-    parser.add_argument("--window-s", type=float, default=12.0, help="each run's arrivals span about this long")
-    parser.add_argument("--drain-s", type=float, default=15.0, help="a run's requests are cut this long after its last arrival")
-    parser.add_argument("--budget-s", type=float, default=380.0, help="no run starts after this many seconds of sweep")
+    parser.add_argument("--output-scale", type=float, default=0.5, help="answers are ShareGPT's lengths times this")
+    parser.add_argument("--window-s", type=float, default=10.0, help="each run's arrivals span about this long")
+    parser.add_argument("--drain-s", type=float, default=20.0, help="a run's requests are cut this long after its last arrival")
+    parser.add_argument("--budget-s", type=float, default=400.0, help="no run starts after this many seconds of sweep")
     parser.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=-1)
     parser.add_argument("--port", type=int, default=8600)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    mix = Mix(long_share=LONG_SHARE, long_low=args.long[0], long_high=args.long[1])
+    mix = Mix(long_share=LONG_SHARE, long_low=args.long[0], long_high=args.long[1], output_scale=args.output_scale)
     pairs = json.loads(LENGTHS.read_text())["pairs"]
 
     def items(rate: float, rep: int, arm: int) -> list:
@@ -113,7 +115,7 @@ def main() -> None:
             "pool": args.pool, "window_s": args.window_s, "drain_s": args.drain_s, "budget_s": args.budget_s,
             "model": f"random-weight 8B-class F16 target ({Path(args.target).name}), drafter {Path(args.drafter).name}"}
     sweep = Sweep(the_arms, args.rates, args.reps, items, OBJECTIVE, lambda last: last + args.drain_s, args.out, meta,
-                  budget_s=args.budget_s)
+                  budget_s=args.budget_s, settle_s=60.0)
     t0 = time.perf_counter()
     try:
         start(the_arms)
