@@ -189,6 +189,23 @@ def test_an_image_prefills_beside_text_requests_that_answer_as_alone(engine):
     assert_parity(model, with_image, image(4))
 
 
+def test_two_images_prefilling_together_share_their_decode_calls(engine, monkeypatch):
+    model, eng = engine
+    decoder, calls, pieces = eng.runner.media, [], []
+    decode, flush = decoder.decode, decoder._flush
+    monkeypatch.setattr(decoder, "decode", lambda step_pieces: (pieces.extend(step_pieces), decode(step_pieces)))
+    monkeypatch.setattr(decoder, "_flush", lambda batch, nc: (calls.append(batch.n_tokens), flush(batch, nc)))
+    requests = [media_request(eng, image(6)), media_request(eng, image(7))]
+    # a request decoding beside them: the step policy then gives each prompt a chunk of every step
+    text = Request(model.tokenize("the water", True), SamplingParams(max_tokens=40, temperature=0.0))
+    run(eng, [text, *requests])
+    assert len({p.seq_id for p in pieces}) == 2
+    assert sum(len(p.rows) for p in pieces) == 2 * 64 and sum(c for c in calls if c) == 2 * 64
+    assert len([c for c in calls if c]) < len(pieces)  # the two slots' pieces went into shared calls
+    for request, seed in zip(requests, (6, 7)):
+        assert_parity(model, request, image(seed))
+
+
 def test_bad_media_are_the_clients_errors(engine):
     model, eng = engine
     with pytest.raises(MediaError, match="could not decode"):
@@ -273,3 +290,10 @@ def test_the_embedding_cache_keeps_the_recent_images_within_its_bytes(engine):
         assert stats.encoded == 4 and stats.cache_bytes <= 2 * one_image and stats.cache_hits == 2
     finally:
         encoder.close()
+
+
+def test_a_chunk_ends_at_a_media_edge_and_the_step_gives_the_rest_to_the_next_prompt():
+    from pflash_plugin.engine.step_policy import Seat, StepPolicy
+
+    plan = StepPolicy(max_batch_tokens=64).plan([Seat("a", False, 100, piece_left=13), Seat("b", False, 120)])
+    assert plan.chunks == (("a", 13), ("b", 51))  # a's text up to its image; b takes what a could not

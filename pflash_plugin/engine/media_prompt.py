@@ -109,6 +109,18 @@ def prefill_piece(spans: Sequence[MediaSpan], start: int, n: int) -> tuple[int, 
     return n, MediaRows(future.result()[offset : offset + n], span.non_causal)
 
 
+def piece_left(spans: Sequence[MediaSpan], start: int) -> int:
+    """Prompt tokens from `start` to the next media edge (a span's start or end), where a step's
+    chunk must end; 0 where only text follows (the step policy's Seat.piece_left)."""
+    if not spans:
+        return 0
+    span = span_at(spans, start)
+    if span is not None:
+        return span.end - start
+    following = next_span_start(spans, start)
+    return 0 if following is None else following - start
+
+
 def media_failure(spans: Sequence[MediaSpan], start: int) -> BaseException | None:
     """Why the span at prompt token `start` (where a request's prefill stands) has no embeddings."""
     span = span_at(spans, start) if spans else None

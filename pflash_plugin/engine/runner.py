@@ -5,7 +5,7 @@ import time
 from typing import Callable
 
 from ..llama import Batch, Context, Model
-from ..llama.media import MediaDecoder
+from ..llama.media import MediaDecoder, MediaPiece
 from .request import Request, TokenOutput
 from .sampling import Sampling, output_on_gpu
 from .scheduler import Step
@@ -87,10 +87,9 @@ class LlamaRunner:
         batch.clear()
         self._rows = []
         self._drafts = {}
+        self._decode_media(step)
         for item in step.items:
-            if item.media is not None:  # llama.cpp decodes embeddings apart from tokens: first, by calls of their own
-                self.ctx.use_threads(self.ctx.n_threads, self.ctx.n_threads_batch)
-                self.media.decode(item.media.rows, item.start_pos, item.request.held_slot, item.media.non_causal)
+            if item.media is not None:  # decoded above
                 continue
             row = batch.add_sequence(item.tokens, item.start_pos, item.request.held_slot, item.wants_logits,
                                      item.drafts + 1)
@@ -113,6 +112,15 @@ class LlamaRunner:
         self._timing = (threads, time.perf_counter() - start) if threads else None
         if self.returns_early(step):  # the constrained rows' masks while the device decodes
             self.sampling.beside_decode(self._rows)
+
+    def _decode_media(self, step: Step) -> None:
+        """The step's media pieces, before its token batch, by decode calls of their own (llama.cpp
+        takes no token rows beside embedding rows): the slots' causal pieces share calls."""
+        pieces = [MediaPiece(item.media.rows, item.start_pos, item.request.held_slot, item.media.non_causal)
+                  for item in step.items if item.media is not None]
+        if pieces:
+            self.ctx.use_threads(self.ctx.n_threads, self.ctx.n_threads_batch)
+            self.media.decode(pieces)
 
     def collect(self, step: Step) -> dict[int, TokenOutput | Exception]:
         """One token for each row of the launched step that asked for logits and whose request is

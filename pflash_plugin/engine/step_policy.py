@@ -38,6 +38,7 @@ class Seat(NamedTuple, Generic[K]):
     prefill_left: int  # prompt tokens still to prefill
     starved: int = 0  # steps it was left out of while prefilling (aging)
     first_token_due: bool = False  # it has not had its first token yet
+    piece_left: int = 0  # tokens to its prompt's next media edge, where a chunk ends (0: none; issue 46)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class StepPolicy:
         for seat in queue:
             if budget <= 0:
                 break
-            n = min(budget, seat.prefill_left)
+            n = min(budget, seat.piece_left or seat.prefill_left)  # the rest goes to the next prompt
             chunks.append((seat.key, n))
             budget -= n
         served = queue[: len(chunks)]

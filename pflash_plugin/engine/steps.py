@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .live_text import LiveText
-from .media_prompt import MediaRows, prefill_piece
+from .media_prompt import MediaRows, piece_left, prefill_piece
 from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus, TokenOutput
 from .stats import SpeculationStats
@@ -68,7 +68,7 @@ class Steps:
     def seats(self, running: Sequence[Request]) -> list[Seat[Request]]:
         """The running requests as the step policy sees them."""
         return [Seat(r, r.status is RequestStatus.DECODING, r.prefill_left, self.text.starved(r),
-                     r.timings.first_token is None) for r in running]
+                     r.timings.first_token is None, piece_left(r.media, r.n_prefilled)) for r in running]
 
     def flags(self, running: Sequence[Request]) -> Flags:
         """What background work is told now, from the requests the steps serve (step_policy.flags)."""

@@ -199,8 +199,8 @@ class Projector:
 
 
 class EmbeddingBatch:
-    """A llama_batch of embedding rows for one sequence (llama_batch_init with embd > 0: no token
-    array), `capacity` rows at most; Context.decode takes it like a token Batch."""
+    """A llama_batch of embedding rows (llama_batch_init with embd > 0: no token array), for one
+    or more sequences, `capacity` rows at most; Context.decode takes it like a token Batch."""
 
     def __init__(self, capacity: int, n_embd: int) -> None:
         self.capacity, self.n_embd = capacity, n_embd
@@ -210,18 +210,26 @@ class EmbeddingBatch:
         arrays = (self.raw.pos, self.raw.n_seq_id, self.raw.logits)
         self._pos, self._n_seq_id, self._logits = (np.ctypeslib.as_array(a, shape=(capacity,)) for a in arrays)
 
-    def fill(self, rows: np.ndarray, start_pos: int, seq_id: int) -> None:
-        """`rows` ([n, n_embd]) at positions start_pos.. of `seq_id`, no outputs."""
-        n = len(rows)
-        if not 0 < n <= self.capacity:
-            raise OverflowError(f"{n} embedding rows for a batch of {self.capacity}")
-        self._embd[:n] = rows
-        self._pos[:n] = np.arange(start_pos, start_pos + n)
-        self._n_seq_id[:n] = 1
-        self._logits[:n] = 0
-        for i in range(n):
+    @property
+    def room(self) -> int:
+        return self.capacity - self.n_tokens
+
+    def clear(self) -> None:
+        self.n_tokens = self.raw.n_tokens = 0
+
+    def add(self, rows: np.ndarray, start_pos: int, seq_id: int) -> None:
+        """Append `rows` ([n, n_embd]) at positions start_pos.. of `seq_id`, no outputs."""
+        first, n = self.n_tokens, len(rows)
+        if not 0 < n <= self.room:
+            raise OverflowError(f"{n} embedding rows for a batch with room for {self.room}")
+        end = first + n
+        self._embd[first:end] = rows
+        self._pos[first:end] = np.arange(start_pos, start_pos + n)
+        self._n_seq_id[first:end] = 1
+        self._logits[first:end] = 0
+        for i in range(first, end):
             self.raw.seq_id[i][0] = seq_id
-        self.n_tokens = self.raw.n_tokens = n
+        self.n_tokens = self.raw.n_tokens = end
 
     def close(self) -> None:
         if self.raw is not None:
@@ -232,27 +240,59 @@ class EmbeddingBatch:
         self.close()
 
 
+@dataclass(frozen=True)
+class MediaPiece:
+    """Embedding rows to decode into sequence `seq_id` from position `start_pos`."""
+
+    rows: np.ndarray
+    start_pos: int
+    seq_id: int
+    non_causal: bool = False
+
+
 class MediaDecoder:
-    """Decodes a media piece's embeddings into one sequence of `ctx` by calls of their own (at most
-    n_batch rows each), with causal attention off for a non-causal chunk (decoded whole)."""
+    """Decodes a step's media pieces into their sequences of `ctx` by calls of their own (llama.cpp
+    takes no token rows beside embedding rows): the causal pieces of all sequences share calls of at
+    most n_batch rows (a piece split across two keeps its order); a non-causal piece (decoded whole)
+    gets a call of its own with causal attention off."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.batch: EmbeddingBatch | None = None
 
-    def decode(self, rows: np.ndarray, start_pos: int, seq_id: int, non_causal: bool) -> None:
+    def decode(self, pieces: Sequence[MediaPiece]) -> None:
         """Raises DecodeError as Context.decode does (what was written stays: the caller trims)."""
-        n_batch = self.ctx.n_batch
-        if self.batch is None or self.batch.n_embd != rows.shape[1]:
+        if not pieces:
+            return
+        batch = self._batch(pieces[0].rows.shape[1])
+        for piece in [p for p in pieces if not p.non_causal]:
+            at = 0
+            while at < len(piece.rows):
+                take = min(batch.room, len(piece.rows) - at)
+                batch.add(piece.rows[at : at + take], piece.start_pos + at, piece.seq_id)
+                at += take
+                if not batch.room:
+                    self._flush(batch, False)
+        self._flush(batch, False)
+        for piece in [p for p in pieces if p.non_causal]:
+            batch.add(piece.rows, piece.start_pos, piece.seq_id)
+            self._flush(batch, True)
+
+    def _batch(self, n_embd: int) -> EmbeddingBatch:
+        if self.batch is None or self.batch.n_embd != n_embd:
             self.close()
-            self.batch = EmbeddingBatch(n_batch, rows.shape[1])
+            self.batch = EmbeddingBatch(self.ctx.n_batch, n_embd)
+        return self.batch
+
+    def _flush(self, batch: EmbeddingBatch, non_causal: bool) -> None:
+        if not batch.n_tokens:
+            return
         if non_causal:
             C.llama_set_causal_attn(self.ctx.ptr, False)
         try:
-            for at in range(0, len(rows), n_batch):
-                self.batch.fill(rows[at : at + n_batch], start_pos + at, seq_id)
-                self.ctx.decode(self.batch)
+            self.ctx.decode(batch)
         finally:
+            batch.clear()
             if non_causal:
                 C.llama_set_causal_attn(self.ctx.ptr, True)
 
