@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...llama import Model
+from ...llama import Model, ModelParams
 from ..request import Request
 from .drafting import Speculation
 from .ngram import NgramProposer
@@ -14,6 +14,7 @@ from .policy import SpeculationPolicy
 from .proposer import Proposer
 
 PROMPT_LOOKUP = "prompt-lookup-decoding"  # stock's value (llama_cpp.llama_speculative.LlamaPromptLookupDecoding)
+DRAFT_PFLASH = "pflash"  # the server's: PFlash's drafter GGUF (--pflash_drafter) as the draft model
 MAX_NGRAM = 2  # stock's max_ngram_size
 
 
@@ -22,6 +23,10 @@ class SpeculationConfig:
     draft: str  # PROMPT_LOOKUP, or the path of a draft model's GGUF
     num_pred_tokens: int = 10  # draft tokens per row and step at most (stock's default)
     max_rows: int = 16  # more rows decoding than this: no speculation (SpeculationPolicy.max_rows)
+    # a draft model's load (the target's placement: the server's draft_model_params) and threads (0: llama.cpp's)
+    draft_params: ModelParams = ModelParams()
+    n_threads: int = 0
+    n_threads_batch: int = 0
 
     def __post_init__(self) -> None:
         if self.num_pred_tokens < 1:
@@ -39,18 +44,22 @@ def proposer(config: SpeculationConfig, target: Model, n_slots: int, n_ctx: int)
         return NgramProposer(MAX_NGRAM, config.num_pred_tokens)
     from .draft_model import DraftModelConfig, DraftModelProposer, check_draft_model
 
-    draft = Model(config.draft)
+    draft = Model(config.draft, config.draft_params)
     try:
         check_draft_model(target, draft)
     except BaseException:
         draft.close()
         raise
-    return DraftModelProposer(draft, DraftModelConfig(slots=n_slots, n_ctx=n_ctx), owns_model=True)
+    return DraftModelProposer(draft, DraftModelConfig(slots=n_slots, n_ctx=n_ctx, n_threads=config.n_threads,
+                                                      n_threads_batch=config.n_threads_batch), owns_model=True)
 
 
 def speculation(config: SpeculationConfig, target: Model, eligible: Callable[[Request], bool], n_slots: int,
                 max_ctx: int) -> Speculation:
     """The engine's Speculation for `config` (`eligible`: the runner's Sampling.speculates)."""
-    source = proposer(config, target, n_slots, max_ctx * min(n_slots, config.max_rows))
+    # the draft's KV cells: one request of max_ctx, shared by the rows (unified), as llama-server's -md
+    # sizes its draft context like the target's; rows that find it full draft nothing until cells free
+    # (at max_ctx x the rows, Qwen3-0.6B's KV, 112 KiB a token, at 128K tokens and 16 rows: 240 GB)
+    source = proposer(config, target, n_slots, max_ctx)
     policy = SpeculationPolicy(max_draft=config.num_pred_tokens, max_rows=config.max_rows)
     return Speculation(source, policy, eligible, config.max_step_drafts(n_slots))

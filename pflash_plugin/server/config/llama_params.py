@@ -20,7 +20,7 @@ from llama_cpp.server.settings import ModelSettings as StockModelSettings
 from ... import plugins
 from ...chat.vision_formats import OWN_TEMPLATE, needs_projector
 from ...engine.loader import EngineConfig, check_config
-from ...engine.speculation.setup import PROMPT_LOOKUP, SpeculationConfig
+from ...engine.speculation.setup import DRAFT_PFLASH, PROMPT_LOOKUP, SpeculationConfig
 from ...llama import Model, ModelParams, RopeParams
 from ...llama.backend import init_numa
 from ...llama.devices import add_rpc_servers, gpu_count, gpus_split_rows
@@ -328,16 +328,39 @@ def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> Engine
 
 
 def speculation_config(s: ModelSettings) -> SpeculationConfig | None:
-    """Stock's speculative keys: `--draft_model prompt-lookup-decoding` or a draft model's GGUF,
-    `--draft_model_num_pred_tokens` draft tokens per row and step at most (only with a draft_model)."""
+    """Stock's speculative keys: `--draft_model prompt-lookup-decoding`, a draft model's GGUF, or
+    `pflash` (PFlash's drafter GGUF drafts tokens too), `--draft_model_num_pred_tokens` draft tokens
+    per row and step at most (only with a draft_model). A draft model loads where the target does."""
     if not s.draft_model:
         return None
-    if s.draft_model != PROMPT_LOOKUP and not os.path.isfile(s.draft_model):
-        raise SettingsRefused("draft_model", f"{PROMPT_LOOKUP!r} or the path of a draft model's GGUF, and there is "
-                              f"no such file: {s.draft_model}")
+    draft = draft_model_path(s.draft_model, s.pflash_drafter)
     if s.draft_model_num_pred_tokens < 1:
         raise SettingsRefused("draft_model_num_pred_tokens", f"at least 1, not {s.draft_model_num_pred_tokens}")
-    return SpeculationConfig(s.draft_model, s.draft_model_num_pred_tokens)
+    return SpeculationConfig(draft, s.draft_model_num_pred_tokens, draft_params=draft_model_params(s),
+                             n_threads=s.n_threads, n_threads_batch=s.n_threads_batch)
+
+
+def draft_model_path(given: str, pflash_drafter: str | None) -> str:
+    """PROMPT_LOOKUP, or the draft model's GGUF: the path given, or for `pflash` the --pflash_drafter
+    file (the whole model, not the copy cut for scoring; its weights load a second time, on the CPU
+    the same pages of the file)."""
+    path = given
+    if path == DRAFT_PFLASH:
+        if not pflash_drafter:
+            raise SettingsRefused("draft_model", f"{DRAFT_PFLASH!r} drafts with PFlash's drafter GGUF, and there is "
+                                  "none (--pflash_drafter PATH.gguf): the target drafting for itself saves nothing")
+        path = pflash_drafter
+    if path != PROMPT_LOOKUP and not os.path.isfile(path):
+        raise SettingsRefused("draft_model", f"{PROMPT_LOOKUP!r}, {DRAFT_PFLASH!r} or the path of a draft model's "
+                              f"GGUF, and there is no such file: {path}")
+    return path
+
+
+def draft_model_params(s: ModelSettings) -> ModelParams:
+    """A draft model: the target's placement (on main_gpu alone when split), none of its rope,
+    kv_overrides or LoRA, which describe the target's weights."""
+    return ModelParams(n_gpu_layers=s.n_gpu_layers, split_mode=llama_cpp.LLAMA_SPLIT_MODE_NONE, main_gpu=s.main_gpu,
+                       use_mmap=s.use_mmap, use_mlock=s.use_mlock)
 
 
 def drafter_params(s: ModelSettings) -> ModelParams:
