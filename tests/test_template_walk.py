@@ -13,6 +13,8 @@ import pytest
 from pflash_plugin.chat.reasoning import requested_tags, think_tags
 from pflash_plugin.llama import Model
 from pflash_plugin.server.preparation.prepare import chat_prompt
+from pflash_plugin.server.config.settings import ModelSettings
+from pflash_plugin.server.runtime.media_reader import MediaLimits, MediaReader
 from pflash_plugin.server.runtime.prompts import Prompts
 from pflash_plugin.server.wire.protocol import ChatCompletionRequest
 from pflash_plugin.testing import cached_tiny_llama
@@ -46,7 +48,8 @@ def served(template: Path) -> SimpleNamespace:
     model = Model(cached_tiny_llama(chat_template=template.read_text()))
     tags = think_tags(model.chat_template())
     return SimpleNamespace(prompts=Prompts(model, None, {}, 4096), template_tags=tags,
-                           think_tags=requested_tags(tags, "auto"), settings=SimpleNamespace(chat_template_kwargs=None))
+                           think_tags=requested_tags(tags, "auto"), settings=SimpleNamespace(chat_template_kwargs=None),
+                           media=MediaReader(MediaLimits.of(ModelSettings()), frozenset()))  # no projector
 
 
 def test_the_walk_has_llama_cpps_templates():
