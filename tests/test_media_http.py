@@ -95,6 +95,8 @@ def test_a_resent_image_reuses_the_prefix_cache(server):
     cached = again["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
     assert cached > N_IMAGE, again["usage"]  # past the image: its KV came from the cache
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    media = httpx.get(f"{server.url}/status", timeout=10).json()["models"]["vision"]["media"]
+    assert media["encoded"] >= 1 and media["cache_hits"] >= 1 and media["cache_bytes"] > 0
 
 
 def test_pflash_compresses_the_text_around_an_image_and_keeps_the_image():

@@ -63,8 +63,9 @@ class ServedModel:
 
     def status(self) -> dict[str, Any]:
         """This model's entry in /status: its engine's last stats, its limits and what runs PFlash."""
+        media = asdict(self.engine.media.stats()) if self.engine.media else None  # issue 46: the projector's encoder
         return self.engine.stats().as_dict() | {"max_ctx": self.max_ctx, "pflash_scorer": self.pflash_scorer,
-                                                "pflash_drafter": self.drafter_file,
+                                                "pflash_drafter": self.drafter_file, "media": media,
                                                 "cpu_path": self.model.cpu_path, **self.pflash_status()}
 
     def pflash_status(self) -> dict[str, Any]:
