@@ -4,9 +4,10 @@ Responses and Messages, plain and streamed, its media tokens in usage and /metri
 each a 400 that leaves the server serving."""
 from __future__ import annotations
 
+import http.server
 import json
-
 import os
+import threading
 
 import httpx
 import pytest
@@ -45,10 +46,33 @@ def needs_mtmd() -> None:
         pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)")
 
 
+class _Origin(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200 if self.path == "/cat.png" else 404)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(PNG)))
+        self.end_headers()
+        self.wfile.write(PNG)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def origin():
+    """An image host on loopback, which the vision server's --media_hosts lists."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Origin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
 @pytest.fixture(scope="module")
 def vision():
     needs_mtmd()
-    with live_server([hermes_model("vision", mmproj=str(cached_tiny_projector()), media_max_pixels=100_000)]) as server:
+    model = hermes_model("vision", mmproj=str(cached_tiny_projector()), media_max_pixels=100_000,
+                         media_hosts=["127.0.0.1"])
+    with live_server([model]) as server:
         yield server
 
 
@@ -148,7 +172,9 @@ def image_part(url: str) -> dict:
     (chat_with([{"type": "input_audio", "input_audio": {"data": data_url(wav(), "x").split(",")[1],
                                                          "format": "wav"}}]),
      "messages.0.content.0.input_audio.data", "takes no audio"),
-    (chat_with([image_part("http://127.0.0.1:9/cat.png")]), "messages.0.content.0.image_url.url", "--media_hosts"),
+    (chat_with([image_part("http://localhost:9/cat.png")]), "messages.0.content.0.image_url.url", "--media_hosts"),
+    (chat_with([image_part("http://127.0.0.1:9/cat.png")]), "messages.0.content.0.image_url.url",
+     "could not be fetched"),
     (chat_with([{"type": "text", "text": "<__media__>"}, image_part(data_url(PNG, "image/png"))]), "messages",
      "media markers"),
 ])
@@ -207,3 +233,16 @@ def test_an_image_in_a_tool_result_block(vision):
     reply = post(vision, "/v1/messages", body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["timings"]["media_tokens"] == IMAGE_TOKENS
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_an_image_url_from_a_listed_host_is_fetched(vision, origin, api):
+    if api == "chat":
+        body = {**CHAT, "messages": [{"role": "user", "content": [image_part(f"{origin}/cat.png")]}]}
+    else:
+        body = {**MESSAGES, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": f"{origin}/cat.png"}},
+            {"type": "text", "text": "what is it?"}]}]}
+    reply = post(vision, ROUTES[api][0], body)
+    assert reply.status_code == 200, reply.text
+    assert usage_of(api, reply.json())[1] == IMAGE_TOKENS
