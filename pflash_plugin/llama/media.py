@@ -3,11 +3,12 @@ with media markers cut into chunks (text tokens | media), a media chunk encoded 
 and the batch that decodes embeddings into one sequence of a context.
 
 llama.cpp cannot mix embedding rows and token rows in one llama_decode, so media are decoded by
-their own decode calls (`EmbeddingBatch`), at most n_batch rows each; the engine runs them between
-its token steps (engine/runner.py). Position rules: a chunk of `n_tokens` embeddings takes
-`n_pos` positions; without M-RoPE they are equal and consecutive. M-RoPE projectors (Qwen2-VL and
-later Qwen-VL families: 4 positions per embedding, n_pos != n_tokens) are refused at load.
-Non-causal chunks (Gemma 3's images) are decoded whole, in one call, with causal attention off."""
+decode calls of their own (`MediaDecoder`: the pieces of several sequences share calls of at most
+n_batch rows), which the engine runs before each step's token batch (engine/runner.py). Position
+rules: a chunk of `n_tokens` embeddings takes `n_pos` positions; without M-RoPE they are equal and
+consecutive. Models whose text side uses M-RoPE (the Qwen-VL families: 4 positions per embedding,
+n_pos != n_tokens) are refused at load. Non-causal chunks (Gemma 3's images) are decoded whole, in
+one call, with causal attention off, as libmtmd's helper decodes them."""
 from __future__ import annotations
 
 import contextlib
@@ -108,8 +109,8 @@ class Projector:
         self._free = weakref.finalize(self, M.mtmd_free, self.ptr)
         if M.mtmd_decode_use_mrope(self.ptr):
             self.close()
-            raise ValueError(f"the projector {self.path} uses M-RoPE positions (the Qwen-VL families), "
-                             "which the batched engine does not serve yet")
+            raise ValueError(f"the model {model.path} takes its projector's images at M-RoPE positions (the "
+                             "Qwen-VL families), which the batched engine does not serve yet")
         self.vision: bool = bool(M.mtmd_support_vision(self.ptr))
         self.audio: bool = bool(M.mtmd_support_audio(self.ptr))
         self.n_embd: int = C.llama_model_n_embd_inp(model.ptr)
