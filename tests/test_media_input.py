@@ -343,3 +343,11 @@ def test_responses_input_audio_is_read_as_chats():
     _, [source] = chat_messages(responses_chat(body).messages)
     assert (source.kind, source.where, source.mime) == ("audio", "input.0.content.0.input_audio.data", "audio/wav")
     assert reader(kinds=("audio",)).read([source])[0].data == wav()
+
+
+def test_llava_format_renders_a_text_turn_once():
+    """Given a string, stock's llava-1-5 template writes the user turn twice; given parts, once."""
+    prompt = VisionFormat("llava-1-5", "", "</s>")(messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"},
+        {"role": "user", "content": f"{MEDIA_MARKER}again"}]).prompt
+    assert prompt.endswith("USER: hiASSISTANT: yesUSER: <__media__>againASSISTANT: ") and prompt.count("USER:") == 2

@@ -65,9 +65,11 @@ class VisionFormat:
 
 
 def _as_parts(message: dict[str, Any]) -> dict[str, Any]:
-    """A content string with media markers as the parts stock's handler templates take."""
+    """A user message's content as the parts stock's handler templates take: every user message,
+    with media or not, so the two render alike (given a string, llava-1-5's template writes its
+    user turn twice, "USER: hiUSER: ", since a string is iterable in Jinja too)."""
     content = message.get("content")
-    if not isinstance(content, str) or MEDIA_MARKER not in content:
+    if message.get("role") != "user" or not isinstance(content, str):
         return message
     parts: list[dict[str, Any]] = []
     for i, text in enumerate(content.split(MEDIA_MARKER)):
