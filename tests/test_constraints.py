@@ -190,3 +190,32 @@ def test_masks_leave_exactly_the_allowed_tokens(native_on, monkeypatch):
         assert np.array_equal(logits[row][allowed], before[row][allowed])
         assert np.all(np.isneginf(logits[row][~allowed]))
     assert np.array_equal(logits[[2, 4]], before[[2, 4]])
+
+
+def test_masks_filled_beside_the_decode_give_the_serial_tokens(tiny_model, monkeypatch):
+    """Where the runner overlaps (a GPU), the masks are filled while the decode runs (`launch`),
+    not before sampling: the same tokens as the serial order, and filled in launch indeed."""
+    from pflash_plugin.engine.sampling import Sampling
+
+    filled_beside = []
+    beside = Sampling.beside_decode
+
+    def spy(self, rows):
+        filled_beside.append(len(rows))
+        beside(self, rows)
+
+    monkeypatch.setattr(Sampling, "beside_decode", spy)
+
+    def run_once(overlaps: bool) -> list[list[int]]:
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=3, max_ctx=256, n_threads=1, n_threads_batch=1))
+        engine.runner.overlaps = overlaps
+        try:
+            requests = mixed(model, constrained=True)[:3]
+            run(engine, requests)
+            return [r.output_tokens for r in requests]
+        finally:
+            engine.stop()
+
+    serial = run_once(False)
+    assert not filled_beside
+    assert run_once(True) == serial and filled_beside
