@@ -113,6 +113,9 @@ class ModelSettings(StockModelSettings):
                                   "read from its header before it is decoded); larger get 400.")
     media_fetch_timeout_s: float = Field(default=10.0, gt=0, description="A media URL's whole fetch within this long, "
                                          "else 400.")
+    media_cache_mb: int = Field(default=256, ge=0, description="Encoded media embeddings kept in host RAM, least "
+                                "recently used out, keyed by a hash of the media's bytes (a resent image is not "
+                                "encoded again); 0: none.")
 
     @field_validator("media_hosts", mode="before")
     @classmethod
