@@ -260,7 +260,8 @@ def media_encoder(model: Model, config: EngineConfig) -> MediaEncoder | None:
     encoder; None without one. ValueError for a projector libmtmd or the engine cannot take."""
     if config.mmproj is None:
         return None
-    projector = Projector(config.mmproj, model, n_threads=config.n_threads_batch, n_ubatch=config.n_ubatch)
+    projector = Projector(config.mmproj, model, n_threads=config.n_threads_batch,
+                          n_ubatch=min(config.n_ubatch, config.n_batch))  # the context's, as Context sets it
     return MediaEncoder(projector, config.media_cache_bytes)
 
 
