@@ -1,11 +1,13 @@
-"""Concurrent image + question chats (issue 46): ours (--mmproj, N slots) against llama.cpp's
-llama-server (--mmproj, -np N), over HTTP, N requests sent at once, each with its own random image
+"""Concurrent image + question chats (issue 46): ours (--mmproj, N + 1 slots) against llama.cpp's
+llama-server (--mmproj, -np N + 1), over HTTP, N requests sent at once, each with its own random image
 (no prefix or embedding cache serves one), streamed; then one text chat sent while N image
 prefills run: its time to first token.
 
 Random-weight models written here: `--shape tiny` (the tests' tiny llama + tiny LLaVA projector,
-64 tokens an image: runs on a CPU in seconds) or `--shape real` (an 8B-class F16 llama, tiled, and
-a LLaVA-1.5-shaped projector: ViT-L/14 at 336 px, 24 blocks, 576 tokens an image, F16).
+64 tokens an image: runs on a CPU in seconds), `--shape mid` (the tiny llama with a 12-block ViT at
+224 px, 256 tokens an image: an encode takes a while on a CPU, the text chat beside shows whether the
+engine kept stepping) or `--shape real` (an 8B-class F16 llama, tiled, and a LLaVA-1.5-shaped
+projector: ViT-L/14 at 336 px, 24 blocks, 576 tokens an image, F16).
 
 CPU (tiny shapes; add `--llama-server BIN` for that arm):
     python bench/vision.py --shape tiny --clients 2 4 --out bench/results/vision_cpu.json
@@ -33,6 +35,9 @@ from pflash_plugin.testing.media_files import png
 
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {"model": {}, "projector": {}, "max_tokens": 16, "ctx": 512},
+    # the tiny text model with a ViT of some size (224 px, 256 tokens an image): encodes take long on a CPU
+    "mid": {"model": {}, "projector": {"n_embd": 384, "n_head": 6, "n_ff": 1536, "n_layer": 12, "image_size": 224,
+                                       "patch_size": 14, "n_mlp": 256}, "max_tokens": 16, "ctx": 1024},
     "real": {"model": {"n_layer": 32, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "n_ff": 14336, "f16": True,
                        "tiled": True, "n_ctx_train": 8192},
              "projector": {"n_embd_text": 4096, "n_embd": 1024, "n_head": 16, "n_ff": 4096, "n_layer": 24,
@@ -50,11 +55,12 @@ def models(shape: str) -> tuple[str, str, int]:
 def servers(args: argparse.Namespace, model: str, mmproj: str, slots: int) -> list[ServerProcess]:
     ctx = SHAPES[args.shape]["ctx"]
     gpu = ["--n_gpu_layers", "-1"] if args.gpu else []
+    # one slot more than the image chats: the text chat sent beside them has one of its own
     out = [ServerProcess(f"vision-ours-{slots}", ["--model", model, "--mmproj", mmproj, "--model_alias", "m",
-                                                  "--max_concurrency", str(slots), "--n_ctx", str(ctx), *gpu])]
+                                                  "--max_concurrency", str(slots + 1), "--n_ctx", str(ctx), *gpu])]
     if args.llama_server:
         out.append(ServerProcess(f"vision-llama-server-{slots}", [
-            "-m", model, "--mmproj", mmproj, "-np", str(slots), "-c", str(slots * ctx), "--cache-ram", "0",
+            "-m", model, "--mmproj", mmproj, "-np", str(slots + 1), "-c", str((slots + 1) * ctx), "--cache-ram", "0",
             "--host", "127.0.0.1", *(["-ngl", "999"] if args.gpu else [])],
             program=[args.llama_server], ready_paths=("/health",)))
     return out
