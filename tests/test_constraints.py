@@ -219,3 +219,47 @@ def test_masks_filled_beside_the_decode_give_the_serial_tokens(tiny_model, monke
     serial = run_once(False)
     assert not filled_beside
     assert run_once(True) == serial and filled_beside
+
+
+def test_a_schema_row_keeps_stop_strings_logprobs_and_min_tokens(server):
+    """A constrained row's other fields as on any row: its stop string ends it, its log-probabilities
+    come from the row before the mask (the top alternatives need not be allowed ones), and
+    min_tokens cannot hold back the end once the JSON is closed."""
+    schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    stopped = httpx.post(server.url + "/v1/completions", json={
+        "prompt": "Person:", "max_tokens": 60, "temperature": 0, "response_format": schema, "stop": ['"age"'],
+        "logprobs": 3}, timeout=60).json()
+    choice = stopped["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["text"].startswith('{') and "age" not in choice["text"]
+    tops = choice["logprobs"]["top_logprobs"]
+    assert tops and all(len(top) == 3 for top in tops)
+    first = tops[0]  # the text must open with "{": the row before the mask ranks other tokens too
+    assert all(value > -1e9 for value in first.values()) and any(t.strip() not in ("{", "") for t in first), first
+    closed = httpx.post(server.url + "/v1/completions", json={
+        "prompt": "Person:", "max_tokens": 80, "min_tokens": 80, "temperature": 0, "response_format": schema},
+        timeout=60).json()["choices"][0]
+    assert closed["finish_reason"] == "stop" and set(json.loads(closed["text"])) == {"name", "age", "ok"}
+
+
+def test_a_matcher_over_llguidance_limits_ends_only_its_request(tiny_model, monkeypatch):
+    """llguidance's bounds are counts: past one (here Earley items in a row, lowered to 3) the
+    matcher errs and its request ends INVALID with the reason; the request beside it goes on."""
+    import llguidance
+
+    from pflash_plugin.engine import constraints
+    from pflash_plugin.engine.request import ErrorKind
+
+    monkeypatch.setattr(constraints, "LIMITS", llguidance.LLParserLimits(max_items_in_row=3, verbose_errors=False))
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1))
+    try:
+        a = model.tokenize("a", add_special=False)[-1]
+        guided = Request(model.tokenize("hi"), SamplingParams(max_tokens=20, temperature=0, logit_bias={a: 100.0},
+                                                               constraint=compile_gbnf(AMBIGUOUS)))
+        beside = Request(model.tokenize("hello"), SamplingParams(max_tokens=12, temperature=0))
+        ends = run(engine, [guided, beside])
+    finally:
+        engine.stop()
+    error = ends[guided.request_id]
+    assert isinstance(error, ErrorEvent) and error.kind is ErrorKind.INVALID
+    assert "the grammar cannot go on" in error.message and "max is 3" in error.message
+    assert isinstance(ends[beside.request_id], FinishEvent) and len(beside.output_tokens) == 12
