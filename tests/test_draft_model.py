@@ -166,6 +166,20 @@ def test_a_row_that_did_not_speculate_for_steps_drops_its_stale_drafts(target, o
         fresh.close()
 
 
+def test_the_draft_cost_is_measured_on_drafting_steps_only(target):
+    """A prompt's first decode says nothing of what a draft token costs: no cost until a proposal
+    that only syncs a step's new tokens, then the seconds per draft token of such proposals."""
+    prompt = target.tokenize(PROMPTS[0])
+    draft = proposer(target)
+    try:
+        [drafts] = draft.propose([DraftRow(1, prompt, 3)])
+        assert len(drafts) == 3 and draft.draft_cost() == 0.0
+        [again] = draft.propose([DraftRow(1, [*prompt, *drafts, 9], 3)])
+        assert len(again) == 3 and 0.0 < draft.draft_cost() < 1.0
+    finally:
+        draft.close()
+
+
 def test_more_requests_than_sequences_draft_nothing_until_one_is_forgotten(target):
     prompt = target.tokenize(PROMPTS[2])
     draft = proposer(target, slots=1)

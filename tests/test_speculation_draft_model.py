@@ -15,6 +15,7 @@ from test_engine_real import run_texts
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import Request, SamplingParams
 from pflash_plugin.engine.speculation.draft_model import DraftModelError
+from pflash_plugin.engine.speculation.policy import SpeculationPolicy
 from pflash_plugin.engine.speculation.setup import SpeculationConfig
 from pflash_plugin.llama import ModelParams
 from pflash_plugin.server.config.llama_params import SettingsRefused, speculation_config
@@ -45,6 +46,8 @@ def outcomes(target: Path, draft: Path | None, prompts: list[str]):
             assert speculation is not None and speculation.proposer.model.params.use_mmap is False
         requests = [Request(model.tokenize(p), GREEDY) for p in prompts]
         run_texts(engine, requests)
+        if spec:  # the policy prices a draft token with what the draft model's decodes cost
+            assert speculation is not None and speculation.policy.drafting > 0
         return [r.output_tokens for r in requests], engine.stats().speculation
     finally:
         engine.stop()
@@ -63,6 +66,21 @@ def test_the_target_as_its_own_draft_has_every_draft_kept(tiny_model):
     fast, stats = outcomes(tiny_model, tiny_model, PROMPTS[:2])
     assert fast == plain
     assert stats.accepted == stats.drafted > 0
+
+
+def test_a_draft_token_s_drafting_cost_is_part_of_its_price():
+    """One row, a step of 10 ms and 1 ms a token: at acceptance 0.6 a row drafts while 0.6^j beats
+    the price (0.1: 4 tokens); a draft model's 2 ms a draft token makes it 0.3 (2 tokens), 8 ms 0.9
+    (none)."""
+    policy = SpeculationPolicy(max_draft=10)
+    for tokens in (1, 2, 5):
+        for _ in range(3):
+            policy.cost.observe(tokens, 0.009 + 0.001 * tokens)
+    free = policy.draft_tokens(1, 1)
+    policy.drafting = 0.002
+    dear = policy.draft_tokens(1, 1)
+    policy.drafting = 0.008
+    assert free == 4 and dear == 2 and policy.draft_tokens(1, 1) == 0
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused_at_start(tiny_model):

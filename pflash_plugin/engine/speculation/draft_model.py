@@ -16,6 +16,8 @@ for that row; the target decodes it as without speculation.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +27,9 @@ from ...llama import Batch, Context, ContextConfig, DecodeError, Model
 from .proposer import DraftRow
 
 log = logging.getLogger(__name__)
+
+COST_WINDOW = 16  # proposals whose per-token time `draft_cost` takes the least of
+STEADY_SYNC = 2  # tokens a row decodes to sync in steady state: its last draft kept and the target's token
 
 
 class DraftModelError(ValueError):
@@ -89,6 +94,7 @@ class DraftModelProposer:
         self._free = list(range(config.slots - 1, -1, -1))
         self._sequences: dict[int, _Sequence] = {}
         self._no_room: set[int] = set()  # rows whose sync found the context full: none tried again until cells free
+        self._costs: deque[float] = deque(maxlen=COST_WINDOW)  # seconds a draft token, steady proposals
 
     def close(self) -> None:
         self.batch.close()
@@ -99,13 +105,22 @@ class DraftModelProposer:
     def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]:
         """Each row's greedy continuation by the draft model, at most row.k tokens (stopping after an
         end-of-generation token)."""
+        start = time.perf_counter()
         drafting = {i: _Row(state, row.k) for i, row in enumerate(rows) if row.k > 0 and row.tokens
                     and row.key not in self._no_room and (state := self._sequence(row.key)) is not None}
-        self._sync(drafting, rows)
+        synced = self._sync(drafting, rows)
         for step in range(1, max((r.k for r in drafting.values() if r.drafts), default=0)):
             self._draft_step({i: r for i, r in drafting.items() if 0 < len(r.drafts) == step < r.k
                               and not self.model.is_eog(r.drafts[-1])})
+        drafted = sum(len(r.drafts) for r in drafting.values())
+        if drafted and synced <= STEADY_SYNC * len(drafting):  # a prompt's first decode is no draft's cost
+            self._costs.append((time.perf_counter() - start) / drafted)
         return [drafting[i].drafts if i in drafting else [] for i in range(len(rows))]
+
+    def draft_cost(self) -> float:
+        """Seconds a draft token cost: the least per-token time of the last COST_WINDOW proposals
+        that decoded no prompt (on a CPU that other work loads, the least is what drafting costs)."""
+        return min(self._costs, default=0.0)
 
     def forget(self, key: int) -> None:
         state = self._sequences.pop(key, None)
@@ -121,9 +136,10 @@ class DraftModelProposer:
             state = self._sequences[key] = _Sequence(key, self._free.pop())
         return state
 
-    def _sync(self, drafting: dict[int, _Row], rows: Sequence[DraftRow]) -> None:
+    def _sync(self, drafting: dict[int, _Row], rows: Sequence[DraftRow]) -> int:
         """Bring each row's sequence to its tokens, the new ones of all rows decoded together, in
-        chunks of n_batch; each row's first draft is the argmax after its last token."""
+        chunks of n_batch; each row's first draft is the argmax after its last token. Returns the
+        tokens decoded."""
         pending: list[tuple[int, list[int]]] = []  # (row, tokens still to decode)
         for i, r in drafting.items():
             tokens = list(rows[i].tokens)
@@ -135,8 +151,10 @@ class DraftModelProposer:
                 del r.state.held[kept:]
             r.state.confirmed = len(tokens)
             pending.append((i, tokens[kept:]))
+        decoded = sum(len(tokens) for _, tokens in pending)
         while pending:
             pending = self._decode_chunk(drafting, pending)
+        return decoded
 
     def _decode_chunk(self, drafting: dict[int, _Row],
                       pending: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:

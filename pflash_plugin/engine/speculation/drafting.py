@@ -74,6 +74,7 @@ class Speculation:
         `room`: tokens the step may still take."""
         self._forget_departed(running)
         room, rows = min(room, self.max_step_drafts), len(decode)
+        self.policy.drafting = self.proposer.draft_cost()
         wanted: list[DraftRow] = []
         for request in decode:
             k = min(self.policy.draft_tokens(request.request_id, rows), room,

@@ -41,6 +41,9 @@ class NgramProposer:
     def forget(self, key: int) -> None:
         self._indexes.pop(key, None)
 
+    def draft_cost(self) -> float:
+        return 0.0  # a lookup in an index: nothing beside a decode step
+
     def _draft(self, row: DraftRow) -> list[int]:
         tokens, k = row.tokens, min(row.k, self.num_pred_tokens)
         index = self._indexes.get(row.key)

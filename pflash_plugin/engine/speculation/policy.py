@@ -6,7 +6,8 @@ target accepts it. Adding one token to a step of B rows that takes T seconds cos
 (the step's time per token); at the step's rate of B / T tokens a second that time would have
 produced slope * B / T tokens. The j-th draft token of a row is accepted with probability about
 a^j (a: the row's acceptance per drafted token), so a row drafts the k tokens whose a^j beats that
-price. On a CPU or a GPU at one row the fixed cost of a step (reading the weights) dwarfs a token's,
+price (with a draft model, the seconds its decodes take a draft token, Proposer.draft_cost, add to
+`slope`). On a CPU or a GPU at one row the fixed cost of a step (reading the weights) dwarfs a token's,
 the price is small and long drafts pay; at a large batch a step's time is mostly its tokens', the
 price nears 1 and nothing pays: speculation turns itself off (and beyond `max_rows` it is off
 outright, so a full batch is never slowed down by a wrong estimate).
@@ -53,12 +54,13 @@ class StepCost:
         slope = max(sum((n - mx) * (t - my) for n, t in points) / var, 0.0)
         return max(my - slope * mx, 0.0), slope
 
-    def price(self, rows: int) -> float:
-        """Tokens a draft token must be expected to yield to pay at `rows` rows (0..1)."""
+    def price(self, rows: int, drafting: float = 0.0) -> float:
+        """Tokens a draft token must be expected to yield to pay at `rows` rows (0..1); `drafting`:
+        the seconds a draft token costs its proposer besides (a draft model's decodes)."""
         fit = self.line()
         base, slope = fit if fit is not None else (1.0, self.prior_slope)
         step = base + slope * rows
-        return 1.0 if step <= 0 else min(slope * rows / step, 1.0)
+        return 1.0 if step <= 0 else min((slope + drafting) * rows / step, 1.0)
 
 
 @dataclass
@@ -71,13 +73,14 @@ class SpeculationPolicy:
     alpha: float = 0.3  # weight of the newest measurement in a row's acceptance
     drift: float = 0.05  # a row not drafting moves this much of the way back to the prior each step
     cost: StepCost = field(default_factory=StepCost)
+    drafting: float = 0.0  # seconds a draft token costs the proposer (Proposer.draft_cost), set each step
     _rates: dict[int, float] = field(default_factory=dict)
 
     def draft_tokens(self, key: int, rows: int) -> int:
         """Draft tokens for row `key` in a step of `rows` decoding rows (0: do not speculate)."""
         if rows > self.max_rows or self.max_draft <= 0:
             return 0
-        rate, price = self._rates.get(key, self.prior), self.cost.price(rows)
+        rate, price = self._rates.get(key, self.prior), self.cost.price(rows, self.drafting)
         if rate <= price or rate <= 0.0:
             return 0
         if rate >= 1.0:

@@ -38,3 +38,8 @@ class Proposer(Protocol):
     def forget(self, key: int) -> None:
         """The request left: free what was kept for it."""
         ...
+
+    def draft_cost(self) -> float:
+        """Seconds a draft token costs the proposer, as measured (0: next to nothing, as a lookup):
+        the policy adds it to a draft token's price."""
+        ...
