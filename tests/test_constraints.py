@@ -262,4 +262,5 @@ def test_a_matcher_over_llguidance_limits_ends_only_its_request(tiny_model, monk
     error = ends[guided.request_id]
     assert isinstance(error, ErrorEvent) and error.kind is ErrorKind.INVALID
     assert "the grammar cannot go on" in error.message and "max is 3" in error.message
+    assert "<" not in error.message  # no markup of llguidance's
     assert isinstance(ends[beside.request_id], FinishEvent) and len(beside.output_tokens) == 12

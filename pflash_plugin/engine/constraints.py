@@ -63,7 +63,7 @@ def check_constraint(model: Model, grammar: str) -> None:
     """Raise ConstraintError unless llguidance builds a matcher of `grammar` for this model."""
     message = llguidance.LLMatcher.validate_grammar(grammar, guidance_tokenizer(model), limits=LIMITS)
     if message:
-        raise ConstraintError(message)
+        raise ConstraintError(_worded(message))
 
 
 def _executor_threads() -> int:
@@ -86,7 +86,7 @@ class Constraints:
         self.unbind(slot)
         matcher = llguidance.LLMatcher(guidance_tokenizer(self.model), grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
-            raise ConstraintError(matcher.get_error())
+            raise ConstraintError(_worded(matcher.get_error()))
         self._matchers[slot] = matcher
 
     def unbind(self, slot: int) -> None:
@@ -137,15 +137,19 @@ class Constraints:
     def error(self, slot: int) -> str | None:
         """Why the slot's matcher can go no further (a grammar error, a limit reached), if it cannot."""
         matcher = self._matchers[slot]
-        return matcher.get_error() if matcher.is_error() else None
+        return _worded(matcher.get_error()) if matcher.is_error() else None
 
     def commit(self, slot: int, token: int) -> str | None:
         """The sampled token into the slot's matcher; the matcher's error where it refuses it."""
         matcher = self._matchers.get(slot)
         if matcher is None or matcher.consume_token(token):
             return None
-        return matcher.get_error() or f"the grammar does not allow token {token} here"
+        return _worded(matcher.get_error()) or f"the grammar does not allow token {token} here"
 
+
+def _worded(error: str) -> str:
+    """llguidance's error for a client: its marker of the details it leaves out removed."""
+    return error.replace("<non-verbose/>", "").strip()
 
 
 def _allowed_ids(mask: np.ndarray, n_vocab: int) -> np.ndarray:

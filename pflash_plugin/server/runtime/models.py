@@ -9,6 +9,7 @@ from typing import Any
 
 from ...chat.reasoning import requested_tags, think_tags
 from ...llama.devices import gpu_count
+from ...llama.guidance import guidance_tokenizer
 from ...pflash.payoff import Calibration
 from ...pflash.planning import Planner
 from ..config.settings import ModelSettings
@@ -46,6 +47,10 @@ class ServedModel:
                         "reinstall with a C++17 compiler, pip install --no-build-isolation -e . (its build warning "
                         "says what failed)", self.name)
         self.calibration = self._calibrate(parts.on_gpu) if self.plan.pflash.mode == "auto" else None
+        if settings.constraint_engine == "llguidance":
+            # llguidance's tokenizer of the vocabulary (262K tokens: ~4.5 s), built before a schema waits for it
+            threading.Thread(target=guidance_tokenizer, args=(self.model,), name="llguidance-vocab",
+                             daemon=True).start()
 
     def _calibrate(self, on_gpu: bool) -> Calibration | None:
         """Whether compression pays here, measured once at start (by default on a GPU only: a long
