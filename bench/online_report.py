@@ -136,8 +136,20 @@ def section(key: str, title: str, data: dict[str, Any]) -> str:
 """
 
 
+GPU_PENDING = """## H200, 128K vocabulary
+
+Not measured yet. On the H200 (bench/gpu/online_gpu.py: one server of ours for PFlash off and `--pflash auto`,
+llama-server with and without `-bs`, the example server; 32 slots and a 65,536-cell KV pool each; rates 2, 4,
+8 req/s, arrivals over ~8 s a run; answers at half ShareGPT's lengths; objective TTFT <= 1 s, TPOT <= 100 ms; ~7.5 minutes with the setup
+done):
+`PFLASH_TREE=<commit> EXTRA_CMAKE_ARGS=-DLLAVA_BUILD=ON bash bench/gpu/queue.sh start bench/gpu/queues/online.txt;
+bash bench/gpu/queue.sh wait 560`, then its online_h200.json into docs/data/ and `python bench/online.py --report`.
+"""
+
+
 def write_page() -> Path:
-    parts = [section(key, title, json.loads(path.read_text())) for key, title, path in SOURCES if path.exists()]
+    parts = [section(key, title, json.loads(path.read_text())) if path.exists() else GPU_PENDING if key == "h200" else ""
+             for key, title, path in SOURCES]
     page = DOCS / "online.md"
     page.write_text(HEAD + "\n".join(parts) + METHOD)
     return page
