@@ -12,7 +12,7 @@ Scaled to 2 CPU cores and the demo model (gemma-3-270m Q4_K_M): answers are Shar
 times 0.25 (median 35 tokens), long prompts 1-6K tokens (the field's 4-32K over 4, capped by n_ctx
 8192) for 10% of requests (needle-in-a-haystack prose with its question at the end, completion style).
 
-    python bench/online.py [--reps 3] [--rates 0.1 0.25 0.5 1] [--ours-tree DIR]   # -> docs/data/online_cpu.json
+    python bench/online.py [--reps 3] [--rates 0.15 0.3 0.6 1.2] [--ours-tree DIR]   # -> docs/data/online_cpu.json
     python bench/online.py --report                                                 # -> docs/online.md + PNGs
 """
 from __future__ import annotations
@@ -44,9 +44,9 @@ from pflash_plugin.testing.haystack import fit_needle_prompt
 OUT = REPO / "docs" / "data" / "online_cpu.json"
 MIX = Mix(long_share=0.1, long_low=1024, long_high=6144, output_scale=0.25)
 OBJECTIVE = Objective(ttft_s=2.0, tpot_s=0.25)  # the CPU's scale of TTFT <= 1 s, TPOT <= 100 ms on a GPU
-WINDOW_S = 24.0  # each run's arrivals span about this long (at least MIN_REQUESTS requests)
+WINDOW_S = 20.0  # each run's arrivals span about this long (at least MIN_REQUESTS requests)
 MIN_REQUESTS = 6
-DRAIN_S = 30.0  # after the last arrival, a run may take this long before its requests are cut
+DRAIN_S = 20.0  # after the last arrival, a run may take this long before its requests are cut
 
 
 def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
@@ -138,7 +138,7 @@ def measure(args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.1, 0.25, 0.5, 1.0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.15, 0.3, 0.6, 1.2])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--arms", nargs="*", help="only these arms (labels)")
     parser.add_argument("--ours-tree", help="a copy of the project to run ours from (e.g. `git archive HEAD`)")
