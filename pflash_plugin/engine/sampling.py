@@ -163,6 +163,7 @@ class Sampling:
         planned (a stop string in the text released before a launch of several ubatches) has no
         chain: its row decodes, nothing samples it (`sample`), and the scheduler drops what it wrote."""
         self.landed()  # chains a decode that never landed (a failed step) let go
+        self._masked = False  # masks filled for a step that was never sampled are stale
         self._retired = []
         for request, _ in rows:
             if not request.status.running:
