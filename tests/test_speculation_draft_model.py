@@ -68,6 +68,16 @@ def test_the_target_as_its_own_draft_has_every_draft_kept(tiny_model):
     assert stats.accepted == stats.drafted > 0
 
 
+def test_closing_the_engine_frees_the_draft_model(tiny_model, q4_draft):
+    _, engine = load_engine(tiny_model, EngineConfig(n_slots=1, max_ctx=256, n_threads=1, n_threads_batch=1,
+                                                     speculation=SpeculationConfig(str(q4_draft))))
+    speculation = engine.scheduler.steps.speculation
+    assert speculation is not None
+    engine.stop()
+    engine.close()
+    assert speculation.proposer.ctx.ptr is None and speculation.proposer.model.ptr is None
+
+
 def test_a_draft_token_s_drafting_cost_is_part_of_its_price():
     """One row, a step of 10 ms and 1 ms a token: at acceptance 0.6 a row drafts while 0.6^j beats
     the price (0.1: 4 tokens); a draft model's 2 ms a draft token makes it 0.3 (2 tokens), 8 ms 0.9

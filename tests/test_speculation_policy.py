@@ -108,6 +108,9 @@ class Recorder:
     def draft_cost(self):
         return 0.0
 
+    def close(self):
+        pass
+
 
 def test_speculation_picks_rows_caps_drafts_counts_and_forgets():
     """Rows turned off, not eligible, or a token short of max_tokens get no drafts; the step's room

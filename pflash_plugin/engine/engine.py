@@ -172,6 +172,8 @@ class Engine:
             raise RuntimeError(f"engine {self.name} is still running: shut it down before closing it")
         if self.media is not None:
             self.media.close()
+        if self.scheduler.steps.speculation is not None:
+            self.scheduler.steps.speculation.close()
         self.runner.close()
 
     def health(self) -> Health:

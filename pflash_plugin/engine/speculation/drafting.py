@@ -112,6 +112,10 @@ class Speculation:
                 counts.drafted += item.drafts
                 counts.accepted += accepted
 
+    def close(self) -> None:
+        """Free the proposer's state (a draft model's context and weights); the engine has stopped."""
+        self.proposer.close()
+
     def stats(self) -> SpeculationStats:
         c = self.counts
         return SpeculationStats(c.drafted, c.accepted, c.rows, c.tokens, c.speculating)

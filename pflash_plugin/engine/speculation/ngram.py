@@ -41,6 +41,9 @@ class NgramProposer:
     def forget(self, key: int) -> None:
         self._indexes.pop(key, None)
 
+    def close(self) -> None:
+        self._indexes.clear()
+
     def draft_cost(self) -> float:
         return 0.0  # a lookup in an index: nothing beside a decode step
 

@@ -39,6 +39,10 @@ class Proposer(Protocol):
         """The request left: free what was kept for it."""
         ...
 
+    def close(self) -> None:
+        """The engine closes: free what the proposer holds (a draft model's context and weights)."""
+        ...
+
     def draft_cost(self) -> float:
         """Seconds a draft token costs the proposer, as measured (0: next to nothing, as a lookup):
         the policy adds it to a draft token's price."""
