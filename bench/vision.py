@@ -112,6 +112,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--llama-server", dest="llama_server")
+    ap.add_argument("--target", "--drafter", dest="unused", help="(bench/gpu/servers.sh passes them; --shape writes its models)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "vision.json")
     args = ap.parse_args()
     model, mmproj, side = models(args.shape)

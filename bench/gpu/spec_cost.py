@@ -192,7 +192,9 @@ def over_reps(results: list[dict[str, Any]], least: bool) -> list[dict[str, Any]
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
-    parser.add_argument("--draft", required=True, help="a draft model of the target's vocabulary")
+    parser.add_argument("--draft", "--drafter", dest="draft", required=True,
+                        help="a draft model of the target's vocabulary (--drafter: as bench/gpu/servers.sh passes it)")
+    parser.add_argument("--llama-server", dest="llama_server", help="(bench/gpu/servers.sh passes it; not used)")
     parser.add_argument("--n_gpu_layers", type=int, default=0)
     parser.add_argument("--rows", type=int, nargs="+", default=[1])
     parser.add_argument("--ks", type=int, nargs="+", default=list(range(9)))
