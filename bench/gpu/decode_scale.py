@@ -6,6 +6,9 @@ On the CUDA machine, with the 128K-vocabulary models (`VOCAB_EXTRA=127000`, benc
     VOCAB_EXTRA=127000 bash bench/gpu/servers.sh bench/gpu/decode_scale.py --out $OUT/decode_scale.json
 On a CPU, tiny shapes (a check of the script): `--target TINY.gguf --drafter x --llama-server none
 --gpu-layers 0 --clients 4 --tokens 16 --reps 1`.
+Speculation (issue 47): `--arms servers --servers ours-host-sampling ours-lookup --clients 1 64 128`:
+prompt lookup against the same server without it (the adaptive policy should leave 64 and 128
+clients as fast as without; /status's speculation counts what it drafted).
 
 Throughput: C clients each send 2 requests of `--tokens` tokens one after the other to
 /v1/completions (random token-id prompts of 32 tokens; every token generated: ours `min_tokens`,
@@ -51,11 +54,11 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-def ours(label: str, port: int, args: argparse.Namespace, backend: str) -> Server:
+def ours(label: str, port: int, args: argparse.Namespace, backend: str, *extra: str) -> Server:
     return Server(label, [
         "--model", args.target, "--n_gpu_layers", str(args.gpu_layers), "--n_ctx", "512",
         "--max_concurrency", str(args.slots), "--max_queue", "1024", "--flash_attn", "true",
-        "--backend_sampling", backend, "--verbose", "false",
+        "--backend_sampling", backend, "--verbose", "false", *extra,
     ], port=port, log_dir=log_dir(args), ours=True)
 
 
@@ -159,7 +162,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     return row
 
 
-SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream")
+SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream", "ours-lookup")
 
 
 def side_by_side(args: argparse.Namespace, record: Record) -> None:
@@ -167,7 +170,8 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
     if args.llama_server != "none":
         servers += [llama_server("llama-server", args.port + 2, args),
                     llama_server("llama-server-bs", args.port + 3, args, "-bs")]
-    servers += [upstream("upstream", args.port + 4, args)]
+    servers += [upstream("upstream", args.port + 4, args),
+                ours("ours-lookup", args.port + 5, args, "off", "--draft_model", "prompt-lookup-decoding")]
     servers = [server for server in servers if server.label in args.servers]
     try:
         for server in servers:
@@ -218,7 +222,8 @@ def main() -> None:
     parser.add_argument("--clients", nargs="+", type=int, default=[64])
     parser.add_argument("--servers", nargs="+", default=list(SERVERS[:4]), choices=SERVERS,
                         help="ours: --backend_sampling on; ours-host-sampling: off (what auto picks with the native "
-                        "sampler); upstream: llama-cpp-python's example server (bench/upstream.py)")
+                        "sampler); upstream: llama-cpp-python's example server (bench/upstream.py); ours-lookup: "
+                        "host sampling with prompt lookup speculation (--draft_model prompt-lookup-decoding, issue 47)")
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)

@@ -200,7 +200,8 @@ class Sampling:
         comes after a read of the decode's outputs (LlamaRunner.collect waits only where there is none)."""
         drafts = drafts or {}
         outputs: dict[int, TokenOutput | Exception] = {}
-        host, verified = [], {}
+        host = []
+        verified: dict[int, tuple[_Bound, list[tuple[int, int]]]] = {}
         for k, (request, row) in enumerate(rows):
             if not request.status.running:
                 continue
@@ -296,13 +297,13 @@ class Sampling:
         target = logits[outs]  # a copy
         for token, bias in p.logit_bias.items():
             target[:, token] += np.float32(bias)
-        n, token = accept(target, drafts, p, generated, bound.rng)
-        if token is None:  # no finite maximum: its chain decides, as on the batch path
-            token = self._chain_token(bound, at[n][1], None).token
-        elif penalizes(p):
-            for taken in (*drafts[:n], token):
+        n, drawn = accept(target, drafts, p, generated, bound.rng)
+        if drawn is None:  # no finite maximum: its chain decides, as on the batch path
+            return TokenOutput(self._chain_token(bound, at[n][1], None).token, accepted=tuple(drafts[:n]))
+        if penalizes(p):
+            for taken in (*drafts[:n], drawn):
                 bound.chain.accept(taken)
-        return TokenOutput(token, accepted=tuple(drafts[:n]))
+        return TokenOutput(drawn, accepted=tuple(drafts[:n]))
 
     def _device_token(self, bound: _Bound, row: int) -> TokenOutput | Exception:
         token = self.ctx.sampled_token(row)
