@@ -8,15 +8,32 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, overload
+from typing import Protocol, overload
 
 from ..request import Request, TokenOutput
 from ..stats import SpeculationStats
 from .policy import SpeculationPolicy
 from .proposer import DraftRow, Proposer
 
-if TYPE_CHECKING:
-    from ..steps import Step
+
+class Item(Protocol):
+    """A step's row as speculation reads it (steps.BatchItem; steps imports this package, not back)."""
+
+    @property
+    def request(self) -> Request: ...
+    @property
+    def wants_logits(self) -> bool: ...
+    @property
+    def drafts(self) -> int: ...
+
+
+class Step(Protocol):
+    """A step as speculation reads it (steps.Step)."""
+
+    @property
+    def items(self) -> Sequence[Item]: ...
+    @property
+    def n_tokens(self) -> int: ...
 
 
 class Joined(Sequence[int]):
