@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -189,6 +190,22 @@ def over_reps(results: list[dict[str, Any]], least: bool) -> list[dict[str, Any]
     return out
 
 
+def machine(gpu: bool) -> dict[str, Any]:
+    """Where it ran: the GPU's name (where the layers are on one) or the CPU's, the cores, the load
+    average at the end, the tree (PFLASH_TREE on the device, whose copy has no git)."""
+    def run(*argv: str) -> str:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
+    device = run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader").splitlines()[:1] if gpu else []
+    return {"device": device[0] if device else cpu, "cpus": os.cpu_count(), "load": os.getloadavg(),
+            "tree": os.environ.get("PFLASH_TREE") or run("git", "rev-parse", "--short", "HEAD") or None}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
@@ -215,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_draft_model(target, draft)
     results = measure(args, target, draft)
     cost = over_reps(results, least=args.aggregate == "min")
-    data = {"argv": sys.argv if argv is None else argv, "cpus": os.cpu_count(), "tree": os.environ.get("PFLASH_TREE"),
+    data = {"argv": sys.argv if argv is None else argv, **machine(args.n_gpu_layers != 0),
             "target": {"path": args.target, "n_layer": target.n_layer, "n_embd": target.n_embd,
                        "n_vocab": target.n_vocab, "bytes": target.size_bytes},
             "draft": {"path": args.draft, "n_layer": draft.n_layer, "n_embd": draft.n_embd, "bytes": draft.size_bytes},
