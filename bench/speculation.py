@@ -181,6 +181,9 @@ USAGE = [
 ]
 
 
+DRAFT_MODEL_HEADING = "## A draft model: what a step costs"  # the section bench/gpu/spec_cost_report.py writes
+
+
 def write_page(results: dict, command: str) -> None:
     s, m = results["summary"], results["machine"]
     lines = [
@@ -211,7 +214,11 @@ def write_page(results: dict, command: str) -> None:
             f"({r[f'{t}-lookup']['accepted']}/{r[f'{t}-lookup']['drafted']})" for t in TASKS)
           for i, r in enumerate(results["reps"])),
     ]
-    (REPO / "docs" / "speculation.md").write_text("\n".join(lines) + "\n")
+    page = REPO / "docs" / "speculation.md"
+    text = "\n".join(lines) + "\n"
+    if page.exists() and DRAFT_MODEL_HEADING in page.read_text():  # bench/gpu/spec_cost_report.py's section stays
+        text += "\n" + DRAFT_MODEL_HEADING + page.read_text().split(DRAFT_MODEL_HEADING, 1)[1]
+    page.write_text(text)
 
 
 def main() -> None:

@@ -40,3 +40,21 @@ def test_a_draft_of_another_vocabulary_is_refused(tmp_path: Path, tiny_model: Pa
     other = cached_tiny_llama(vocab_extra=8)
     with pytest.raises(ValueError, match="does not share the vocabulary"):
         bench.main(["--target", str(tiny_model), "--draft", str(other), "--out", str(tmp_path / "x.json")])
+
+
+def test_the_report_writes_its_section_from_the_data_and_keeps_the_rest_of_the_page(tmp_path: Path, tiny_model: Path):
+    bench, report = bench_module("gpu/spec_cost.py"), bench_module("gpu/spec_cost_report.py")
+    out = tmp_path / "spec_cost_cpu.json"
+    bench.main(["--target", str(tiny_model), "--draft", str(tiny_model), "--rows", "1", "--ks", "1", "4",
+                "--steps", "2", "--reps", "1", "--context", "24", "--threads", "1", "--out", str(out)])
+    data = json.loads(out.read_text())
+    page = tmp_path / "speculation.md"
+    page.write_text("# Speculative decoding\n\nprompt lookup's part\n\n## Later\n\nkept\n")
+    for _ in range(2):  # a second run replaces the section
+        report.main([str(out), "--page", str(page)])
+    text = page.read_text()
+    assert text.count(report.HEADING) == 1 and "prompt lookup's part" in text and "## Later\n\nkept" in text
+    four = next(c for c in data["cost"] if c["k"] == 4)
+    row = next(line for line in text.splitlines() if line.startswith("| 4 |"))
+    speed = next(s for s in data["speedups"] if s["alpha"] == 0.7)["speedup"]["4"]
+    assert f"| {four['verify_ms']:.2f} | {four['draft_ms']:.2f} |" in row and f"{speed:.2f}x" in row
