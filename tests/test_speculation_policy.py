@@ -62,6 +62,9 @@ def test_step_cost_fits_the_line_and_prices_a_token_by_the_batch_size():
     assert cost.price(128) > 0.95  # a large batch: a token costs nearly what it yields
     cost.observe(11, 1.5)  # a step that other work on the machine stalled: the fastest recent one counts
     assert cost.line() == pytest.approx((base, slope))
+    for _ in range(cost.horizon + 1):  # only one-token steps since: the drafts' sizes are forgotten
+        cost.observe(1, 0.017 + 0.007)
+    assert cost.price(1) == pytest.approx(cost.prior_slope / (1 + cost.prior_slope))
 
 
 def test_policy_drafts_longer_the_more_is_accepted_and_stops_at_a_large_batch():

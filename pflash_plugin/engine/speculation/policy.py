@@ -16,8 +16,9 @@ Acceptance is measured per row (an exponentially weighted mean of accepted / dra
 stopped drafting drifts back towards the prior, so it tries again later. The step's cost is a
 least-squares line through the decode steps' (tokens, seconds), each size by its fastest recent
 step (on 2 cores shared with other work a step's time doubles at random: the minimum is what the
-step costs); until two sizes are seen, `prior_slope` (the cost of a token as a fraction of a
-one-row step) stands in.
+step costs), a size not seen for `horizon` steps forgotten (a price measured under a load that has
+gone would keep drafting off for good); until two sizes are seen, `prior_slope` (the cost of a
+token as a fraction of a one-row step) stands in.
 """
 from __future__ import annotations
 
@@ -34,11 +35,18 @@ class StepCost:
 
     window: int = 16
     min_seen: int = 3  # a size counts once it ran this many times (one slow step says nothing)
+    horizon: int = 256  # steps after which a size not seen since is forgotten (the load changed since)
     prior_slope: float = 0.05  # a token's cost as a fraction of the base, before two sizes are seen
     _seen: dict[int, deque[float]] = field(default_factory=dict)
+    _last: dict[int, int] = field(default_factory=dict)  # size -> the step it was last seen
+    _steps: int = 0
 
     def observe(self, tokens: int, seconds: float) -> None:
+        self._steps += 1
         self._seen.setdefault(tokens, deque(maxlen=self.window)).append(seconds)
+        self._last[tokens] = self._steps
+        for size in [n for n, at in self._last.items() if at < self._steps - self.horizon]:
+            del self._seen[size], self._last[size]
 
     def line(self) -> tuple[float, float] | None:
         """(base, slope), or None before any size ran `min_seen` times."""
