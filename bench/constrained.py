@@ -163,7 +163,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--slots", type=int, default=4)
-    p.add_argument("--max-tokens", dest="max_tokens", type=int, default=64)
+    p.add_argument("--max-tokens", dest="max_tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--n-ctx", dest="n_ctx", type=int, default=4096)
     p.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=0)
