@@ -8,6 +8,7 @@ configure, but the tools' build makes libmtmd in the same tree: copied into llam
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def main() -> None:
         raise SystemExit(f"no libmtmd.so under {args.build}")
     for path in found:
         shutil.copy2(path, lib / path.name, follow_symlinks=True)
-    import llama_cpp.mtmd_cpp  # noqa: F401  # fails here, not in a bench, where it does not load
+    importlib.import_module("llama_cpp.mtmd_cpp")  # fails here, not in a bench, where it does not load
     print("libmtmd:", ", ".join(p.name for p in found), "->", lib)
 
 
