@@ -71,6 +71,11 @@ class Latency:
     prefill_ms: float
     ttft_ms: float  # arrival to first token
     decode_ms: float  # first token to the end
+    # where a server sets the marks (0.0 otherwise): its headers reaching the server to the arrival
+    # here (the body read and parsed, the prompt rendered and tokenized); the first token to its
+    # text's first bytes handed to the client's socket (a streamed answer that was still running)
+    prepare_ms: float = 0.0
+    emit_ms: float = 0.0
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Timings:
     """Wall-clock marks (time.perf_counter seconds); the server derives the reported ms."""
 
     arrival: float = field(default_factory=time.perf_counter)
+    received: float | None = None  # its headers reached the server (set there; None in-process)
     handed: float | None = None  # to the compression thread
     resumed: float | None = None  # back from it
     admitted: float | None = None
@@ -85,6 +91,7 @@ class Timings:
     first_token: float | None = None
     finished: float | None = None
     last_token: float | None = None
+    first_written: float | None = None  # the server handed its first text to the client (set there)
 
     def latency(self) -> Latency:
         def ms(a: float | None, b: float | None) -> float:
@@ -97,6 +104,8 @@ class Timings:
             prefill_ms=ms(self.admitted, self.prefill_done),
             ttft_ms=ms(self.arrival, self.first_token),
             decode_ms=ms(self.first_token, self.finished),
+            prepare_ms=ms(self.received, self.arrival),
+            emit_ms=ms(self.first_token, self.first_written),
         )
 
 
@@ -262,4 +271,4 @@ class Request:
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt_tokens), len(self.output_tokens), self.cached_tokens,
-                     self.timings.latency(), self.pflash, sum(span.chunk.n_pos for span in self.media))
+                     self.timings.latency(), self.pflash, sum(span.chunk.n_tokens for span in self.media))

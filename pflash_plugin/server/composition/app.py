@@ -20,6 +20,7 @@ from ..api.extras_api import extras, operations
 from ..api.openai_api import router as openai_router
 from ..api.responses_api import router as responses_router
 from ..config.settings import ModelSettings, ServerSettings
+from ..operations.received import ReceivedAt
 from ..operations.security import install_security
 from ..operations.shutdown_cut import ShutdownCut
 from ..runtime.context import ServerContext, attach
@@ -53,6 +54,7 @@ def create_app(
                            allow_credentials="*" not in server_settings.cors_origins, allow_headers=["*"])
     app.add_exception_handler(StarletteHTTPException, http_error)  # 404, 405: OpenAI's error shape
     install_security(app, server_settings)
+    app.add_middleware(ReceivedAt)  # usage's timings.prepare_ms counts from its mark (nothing ahead of it waits)
     app.add_middleware(ShutdownCut, metrics=context.metrics)  # outermost: a request cut at shutdown gets a 503
     attach(app, context)
     for api in (*ROUTERS, *extra_routers):

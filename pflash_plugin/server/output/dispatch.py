@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from typing import Any, AsyncIterator
 
@@ -20,6 +21,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ...engine.request import ErrorEvent, Event, FinishEvent, TextEvent, Usage
+from ...engine.request import Request as EngineRequest
+from ..operations.received import received
 from ..runtime.context import ServerContext
 from ..runtime.generation import Generation
 from ..wire.errors import client_event, http_of
@@ -88,6 +91,7 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     mailbox = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue = asyncio.Queue()
     for index, request in enumerate(gen.requests):
+        request.timings.received = received(http)
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
             if isinstance(event, (FinishEvent, ErrorEvent)):  # counted whether or not the client still listens
                 _count(ctx, gen, event)
@@ -185,8 +189,18 @@ async def _publish(gen: Generation, shown: Presenter, events: asyncio.Queue) -> 
             return
         for item in items:
             yield item
+        if isinstance(event, TextEvent) and items:
+            _written(gen.requests[index])
     for item in shown.done(_usage(gen, usages)):
         yield item
+
+
+def _written(request: EngineRequest) -> None:
+    """Mark when a request's first text was handed to the client's socket (the SSE response sent
+    the items the generator yielded before it resumed): usage's timings.emit_ms, where the answer
+    had not ended on the engine thread before (its usage is built there)."""
+    if request.timings.first_written is None:
+        request.timings.first_written = time.perf_counter()
 
 
 class _CancellingStream(EventSourceResponse):

@@ -1,0 +1,198 @@
+"""mix8's short requests on the CPU: where their first token's time goes between the client and the
+engine (issue 48, item 4).
+
+mix8 on the H200 sends 4 long prompts and 4 short streamed ones at once; the short ones' first token
+reached the client 0.04 s after the engine made it. Here the same shape on 2 CPU cores, with the
+tiny generated model (its decode is cheap, so the host's path shows) and 8 slots (no short request
+queues for a slot): 4 long bodies sent first, then 4 short streamed ones, at once. Workloads:
+- `ids`: mix8's own bodies, /v1/completions with 22,528 token ids each (about 130 KB of JSON);
+- `chat`: /v1/chat/completions with `--long_chars` characters of chat content each.
+The long requests run until every short one has finished, then are cancelled (their prefill is not
+what is measured) and the server is left to go idle before the next arm. Per short request: the
+client's time to the response's headers and to its first text, and the server's `timings`:
+`prepare_ms` (its headers reaching the server to its engine arrival: body read and parsed, prompt
+prepared), `ttft_ms` (engine arrival to first token), `emit_ms` (first token to its text handed to
+the socket), where the server reports them; `outside_ms` is the rest of the client's TTFT (the
+client's sending, the server's accepting and reading the headers, the client's reading).
+`--baseline REV` runs a server of another git revision (a temporary worktree) beside this tree's,
+arms interleaved per rep, order alternating. The servers decode on 1 thread (`--n_threads 1`): the
+other core is the HTTP side's, as a GPU host's cores are.
+
+    python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat]
+
+Writes docs/data/first_token_cpu.json and prints the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness import REPO, ServerProcess, machine
+from host_overhead import worktree
+from pflash_plugin.testing import cached_tiny_llama
+
+SLOTS = 8
+LONG_IDS = 22528  # mix8's long prompts (tokens)
+WORDS = ("the river runs past old stone bridges while traders count their coins and children chase dogs "
+         "through narrow lanes under a grey sky").split()
+
+
+def long_body(kind: str, rng: random.Random, chars: int) -> tuple[str, dict[str, Any]]:
+    if kind == "ids":
+        return "/v1/completions", {"prompt": [rng.randrange(300, 1300) for _ in range(LONG_IDS)], "max_tokens": 2}
+    text = " ".join(rng.choice(WORDS) for _ in range(chars // 5))[:chars]
+    return "/v1/chat/completions", {"messages": [{"role": "system", "content": "Answer from the documents."},
+                                                 {"role": "user", "content": text}], "max_tokens": 2}
+
+
+def short_body(kind: str, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    if kind == "ids":
+        return "/v1/completions", {"prompt": [rng.randrange(300, 1300) for _ in range(32)], "max_tokens": 8}
+    return "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Hello {rng.randrange(10**6)}"}],
+                                    "max_tokens": 8}
+
+
+def encoded(path: str, body: dict[str, Any]) -> tuple[str, bytes]:
+    """Encoded ahead, as mix8 does: the client's JSON encoding is not counted in a TTFT."""
+    full = {**body, "temperature": 0, "min_tokens": body["max_tokens"], "stream": True,
+            "stream_options": {"include_usage": True}}
+    return path, json.dumps(full).encode()
+
+
+async def short(http: httpx.AsyncClient, url: str, request: tuple[str, bytes]) -> dict[str, Any]:
+    path, body = request
+    start = time.perf_counter()
+    head = first = None
+    usage: dict[str, Any] = {}
+    async with http.stream("POST", url + path, content=body, headers={"content-type": "application/json"}) as reply:
+        head = time.perf_counter() - start
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            choice = (chunk.get("choices") or [{}])[0]
+            if first is None and (choice.get("text") or (choice.get("delta") or {}).get("content")):
+                first = time.perf_counter() - start
+            usage = chunk.get("usage") or usage
+    if first is None:
+        raise RuntimeError(f"{url}: a stream without text")
+    timings = usage.get("timings", {})
+    row = {"head_ms": round(1000 * head, 2), "client_ttft_ms": round(1000 * first, 2),
+           "server_ttft_ms": timings.get("ttft_ms")}
+    for mark in ("prepare_ms", "emit_ms"):  # where the server reports them (not the baseline's older trees)
+        if mark in timings:
+            row[mark] = timings[mark]
+    inside = row["server_ttft_ms"] + row.get("prepare_ms", 0.0) + row.get("emit_ms", 0.0)
+    row["outside_ms"] = round(row["client_ttft_ms"] - inside, 2)
+    return row
+
+
+async def long(http: httpx.AsyncClient, url: str, request: tuple[str, bytes]) -> None:
+    path, body = request
+    async with http.stream("POST", url + path, content=body, headers={"content-type": "application/json"}) as reply:
+        async for _ in reply.aiter_bytes():
+            pass
+
+
+async def workload(url: str, kind: str, seed: str, chars: int, n_long: int = 4) -> list[dict[str, Any]]:
+    """The long requests, then the short ones, at once; the long ones cancelled once the short ones end."""
+    rng = random.Random(seed)
+    longs = [encoded(*long_body(kind, rng, chars)) for _ in range(n_long)]
+    shorts = [encoded(*short_body(kind, rng)) for _ in range(4)]
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        pending = [asyncio.ensure_future(long(http, url, r)) for r in longs]
+        rows = await asyncio.gather(*(short(http, url, r) for r in shorts))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    await idle(url)
+    return rows
+
+
+async def idle(url: str, timeout_s: float = 120.0) -> None:
+    """Wait until the server runs and queues nothing (the cancelled long prompts have left)."""
+    deadline = time.perf_counter() + timeout_s
+    async with httpx.AsyncClient(timeout=30) as http:
+        while time.perf_counter() < deadline:
+            models = (await http.get(url + "/status")).json()["models"]
+            if all(m["running"] == 0 and m["waiting"] == 0 for m in models.values()):
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url}: not idle after {timeout_s} s")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model = cached_tiny_llama(n_ctx_train=131072)
+    flags = ["--model", str(model), "--max_concurrency", str(SLOTS), "--n_ctx", str(args.n_ctx),
+             "--verbose", "false", "--pflash", "off", "--n_threads", "1", "--n_threads_batch", "1"]
+    servers = {"this": ServerProcess("first-token-this", flags)}
+    tree = worktree(args.baseline) if args.baseline else None
+    if tree is not None:
+        servers["baseline"] = ServerProcess("first-token-baseline", flags, cwd=tree)
+    rows: list[dict[str, Any]] = []
+    try:
+        for server in servers.values():
+            server.start()
+            asyncio.run(workload(server.url, "ids", "warm-up", args.long_chars))
+        for rep in range(args.reps):
+            order = list(servers.items())[::1 if rep % 2 == 0 else -1]
+            for kind in args.workloads:
+                for name, server in order:
+                    load = os.getloadavg()[0]
+                    for i, row in enumerate(asyncio.run(workload(server.url, kind, f"{kind}/{rep}", args.long_chars))):
+                        rows.append({"arm": name, "workload": kind, "rep": rep, "short": i, "load": load, **row})
+                    print(json.dumps(rows[-4:]), flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+        if tree is not None:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+            shutil.rmtree(tree, ignore_errors=True)
+    return {"rows": rows, "medians": medians(rows), "machine": machine(), "baseline": args.baseline,
+            "long_chars": args.long_chars, "long_ids": LONG_IDS, "slots": SLOTS,
+            "command": "python bench/first_token.py " + " ".join(sys.argv[1:])}
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm and workload, the median of each mark over its short requests."""
+    out = []
+    for key in dict.fromkeys((r["arm"], r["workload"]) for r in rows):
+        mine = [r for r in rows if (r["arm"], r["workload"]) == key]
+        marks = [k for k in ("head_ms", "client_ttft_ms", "server_ttft_ms", "prepare_ms", "emit_ms", "outside_ms")
+                 if k in mine[0]]
+        out.append({"arm": key[0], "workload": key[1], "n": len(mine),
+                    **{k: round(statistics.median(r[k] for r in mine), 2) for k in marks}})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--workloads", nargs="+", default=["ids", "chat"], choices=["ids", "chat"])
+    parser.add_argument("--long_chars", type=int, default=200_000, help="chat: each long prompt's characters")
+    parser.add_argument("--n_ctx", type=int, default=131072, help="each slot's context (a long chat prompt fits)")
+    parser.add_argument("--baseline", help="a git revision whose server runs beside this tree's")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "first_token_cpu.json")
+    args = parser.parse_args()
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for row in result["medians"]:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
