@@ -264,3 +264,27 @@ def test_a_matcher_over_llguidance_limits_ends_only_its_request(tiny_model, monk
     assert "the grammar cannot go on" in error.message and "max is 3" in error.message
     assert "<" not in error.message  # no markup of llguidance's
     assert isinstance(ends[beside.request_id], FinishEvent) and len(beside.output_tokens) == 12
+
+
+def test_a_schema_object_is_closed_unless_it_says_otherwise(tiny_model):
+    """As llama_cpp's converter (and llama-server) read a schema: an object that lists properties
+    takes no others unless `additionalProperties` says so; whitespace is a space at most."""
+    import llguidance
+
+    from pflash_plugin.engine.constraints import LIMITS
+    from pflash_plugin.llama import Model
+    from pflash_plugin.llama.guidance import guidance_tokenizer
+
+    model = Model(str(tiny_model))
+    tokenizer = guidance_tokenizer(model)
+
+    def takes(schema: dict, text: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, compile_schema(schema), log_level=0, limits=LIMITS)
+        return matcher.consume_tokens(model.tokenize(text, add_special=False)) and not matcher.is_error()
+
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert takes(listed, '{"a": 1}') and not takes(listed, '{"a": 1, "b": 2}')
+    assert not takes(listed, '{"a":\n\n1}')
+    assert takes({**listed, "additionalProperties": True}, '{"a": 1, "b": 2}')
+    nested = {"type": "object", "properties": {"p": listed}}
+    assert takes(nested, '{"p": {"a": 1}}') and not takes(nested, '{"p": {"a": 1, "c": 3}}')

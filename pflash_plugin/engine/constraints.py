@@ -38,17 +38,42 @@ class ConstraintError(ValueError):
     """llguidance refuses the grammar (or the schema) as given."""
 
 
-# the whitespace llama_cpp's schema converter allows between tokens (its SPACE_RULE): unbounded
-# whitespace lets a weak model write newlines to max_tokens where a value should come
-_SPACE = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
+# the whitespace llama_cpp's schema converter allows between tokens (its SPACE_RULE, one space):
+# unbounded whitespace lets a weak model write newlines to max_tokens where a value should come
+_SPACE = {"whitespace_pattern": r" ?"}
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
 
 
 def compile_schema(schema: dict[str, Any]) -> str:
-    """A JSON schema as llguidance grammar text."""
+    """A JSON schema as llguidance grammar text, its objects closed where they do not say
+    (`additionalProperties` false by default, as llama_cpp's converter and llama-server read it: a
+    model does not add keys of its own)."""
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_SPACE)  # type: ignore[arg-type]
+        return llguidance.LLMatcher.grammar_from_json_schema(_closed(schema), overrides=_SPACE)  # type: ignore[arg-type]
     except ValueError as error:
         raise ConstraintError(str(error)) from None
+
+
+def _closed(schema: Any) -> Any:
+    """A copy of the schema with `additionalProperties: false` on each object schema that lists
+    properties and says nothing of others."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(sub) for sub in out[key]]
+    for key in _SCHEMA_ONE:
+        if key in out:
+            out[key] = _closed(out[key])
+    return out
 
 
 def compile_gbnf(gbnf: str) -> str:
