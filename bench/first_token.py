@@ -11,8 +11,8 @@ The long requests run until every short one has finished, then are cancelled (th
 what is measured) and the server is left to go idle before the next arm. Per short request: the
 client's time to the response's headers and to its first text, and the server's `timings`:
 `prepare_ms` (its headers reaching the server to its engine arrival: body read and parsed, prompt
-prepared), `ttft_ms` (engine arrival to first token), `emit_ms` (first token to its text handed to
-the socket), where the server reports them; `outside_ms` is the rest of the client's TTFT (the
+prepared), `ttft_ms` (engine arrival to first token), `release_ms` (first token to its event leaving
+the engine thread), `emit_ms` (that to its text handed to the socket), where the server reports them; `outside_ms` is the rest of the client's TTFT (the
 client's sending, the server's accepting and reading the headers, the client's reading).
 `--baseline REV` runs a server of another git revision (a temporary worktree) beside this tree's,
 arms interleaved per rep, order alternating. The servers decode on 1 thread (`--n_threads 1`): the
@@ -91,10 +91,10 @@ async def short(http: httpx.AsyncClient, url: str, request: tuple[str, bytes]) -
     timings = usage.get("timings", {})
     row = {"head_ms": round(1000 * head, 2), "client_ttft_ms": round(1000 * first, 2),
            "server_ttft_ms": timings.get("ttft_ms")}
-    for mark in ("prepare_ms", "emit_ms"):  # where the server reports them (not the baseline's older trees)
+    for mark in ("prepare_ms", "release_ms", "emit_ms"):  # where the server reports them (not the baseline's older trees)
         if mark in timings:
             row[mark] = timings[mark]
-    inside = row["server_ttft_ms"] + row.get("prepare_ms", 0.0) + row.get("emit_ms", 0.0)
+    inside = row["server_ttft_ms"] + sum(row.get(mark, 0.0) for mark in ("prepare_ms", "release_ms", "emit_ms"))
     row["outside_ms"] = round(row["client_ttft_ms"] - inside, 2)
     return row
 
@@ -171,7 +171,8 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for key in dict.fromkeys((r["arm"], r["workload"]) for r in rows):
         mine = [r for r in rows if (r["arm"], r["workload"]) == key]
-        marks = [k for k in ("head_ms", "client_ttft_ms", "server_ttft_ms", "prepare_ms", "emit_ms", "outside_ms")
+        marks = [k for k in ("head_ms", "client_ttft_ms", "server_ttft_ms", "prepare_ms", "release_ms", "emit_ms",
+                                  "outside_ms")
                  if k in mine[0]]
         out.append({"arm": key[0], "workload": key[1], "n": len(mine),
                     **{k: round(statistics.median(r[k] for r in mine), 2) for k in marks}})

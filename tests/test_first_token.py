@@ -61,8 +61,9 @@ def test_a_long_body_parsed_off_the_loop_keeps_the_body_checks(tiny_server):
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_usage_timings_mark_the_request_before_and_after_the_engine(tiny_server, stream):
-    """prepare_ms (headers in to the engine's arrival) is there for every request; emit_ms (the
-    first token to its text written) for a streamed one, whose first text went out before its end."""
+    """prepare_ms (headers in to the engine's arrival) is there for every request; release_ms (the
+    first token to its event leaving the engine thread) too; emit_ms (that to its text written) for
+    a streamed one, whose first text went out before its end."""
     body = {"prompt": "Hello", "max_tokens": 8, "min_tokens": 8, "temperature": 0, "stream": stream,
             "stream_options": {"include_usage": True} if stream else None}
     with httpx.Client(base_url=tiny_server.url, timeout=60) as http:
@@ -72,5 +73,5 @@ def test_the_usage_timings_mark_the_request_before_and_after_the_engine(tiny_ser
             timings = next(c["usage"] for c in chunks if c.get("usage"))["timings"]
         else:
             timings = http.post("/v1/completions", json=body).json()["usage"]["timings"]
-    assert timings["prepare_ms"] > 0
+    assert timings["prepare_ms"] > 0 and timings["release_ms"] > 0
     assert (timings["emit_ms"] > 0) == stream

@@ -5,9 +5,9 @@ from pflash_plugin.pflash.report import PflashReport
 from pflash_plugin.server.wire.usage import anthropic_usage, openai_usage, responses_usage, totals
 
 LATENCY = Latency(queue_ms=1.0, compress_ms=2.0, prefill_ms=3.0, ttft_ms=4.0, decode_ms=5.0, prepare_ms=6.0,
-                  emit_ms=7.0)
+                  release_ms=7.0, emit_ms=8.0)
 TIMINGS = {"queue_ms": 1.0, "compress_ms": 2.0, "prefill_ms": 3.0, "ttft_ms": 4.0, "decode_ms": 5.0, "prepare_ms": 6.0,
-           "emit_ms": 7.0}
+           "release_ms": 7.0, "emit_ms": 8.0}
 
 
 def test_one_choice_is_its_own_usage_with_the_pflash_report_in_its_timings():

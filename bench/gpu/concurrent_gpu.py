@@ -28,7 +28,8 @@ our prefix cache never serves one from an earlier arm or rep; `--first_rep N` nu
 N, so a second run (another device call) continues with new prompts, into its own file (the report
 merges files). Ours' requests carry `stream_options.include_usage`: each row keeps the server's
 TTFT (`server_ttft_*`, arrival to first token) beside the client's, the marks around it where the
-server reports them (`prepare_*`: headers in to arrival; `emit_*`: first token to its text written),
+server reports them (`prepare_*`: headers in to arrival; `release_*`: first token to its event leaving
+the engine thread; `emit_*`: that to its text written),
 and how many prompts PFlash compressed.
 Arm `decode64`: 64 clients x 2 requests of 128 tokens, ours (64 slots) against llama-server
 (`-np 64 --cache-ram 0`), interleaved reps; run it with the models of a 128K-token vocabulary.
@@ -151,7 +152,7 @@ async def workload(arm: Arm, name: str, rep: int, scale: float) -> dict[str, Any
                 "compressed": sum((t.get("pflash") or {}).get("status") == "compressed" for t in timings)}
         if n_short:
             row["server_short_ttft_mean_s"] = mean(server[n_long:])
-        for mark in ("prepare_ms", "emit_ms"):  # around the engine's TTFT, where the server reports them (issue 48)
+        for mark in ("prepare_ms", "release_ms", "emit_ms"):  # around the engine's TTFT, where the server reports them (issue 48)
             if all(mark in t for t in timings):
                 values = [t[mark] / 1000 for t in timings]
                 row[f"{mark[:-3]}_mean_s"] = mean(values[:n_long])

@@ -73,8 +73,10 @@ class Latency:
     decode_ms: float  # first token to the end
     # where a server sets the marks (0.0 otherwise): its headers reaching the server to the arrival
     # here (the body read and parsed, the prompt rendered and tokenized); the first token to its
-    # text's first bytes handed to the client's socket (a streamed answer that was still running)
+    # first text event leaving the engine thread; that to the text handed to the client's socket
+    # (a streamed answer that was still running)
     prepare_ms: float = 0.0
+    release_ms: float = 0.0
     emit_ms: float = 0.0
 
 
@@ -91,7 +93,8 @@ class Timings:
     first_token: float | None = None
     finished: float | None = None
     last_token: float | None = None
-    first_written: float | None = None  # the server handed its first text to the client (set there)
+    first_released: float | None = None  # its first text event left the engine thread (a server sets these two)
+    first_written: float | None = None  # the server handed its first text to the client
 
     def latency(self) -> Latency:
         def ms(a: float | None, b: float | None) -> float:
@@ -105,7 +108,8 @@ class Timings:
             ttft_ms=ms(self.arrival, self.first_token),
             decode_ms=ms(self.first_token, self.finished),
             prepare_ms=ms(self.received, self.arrival),
-            emit_ms=ms(self.first_token, self.first_written),
+            release_ms=ms(self.first_token, self.first_released),
+            emit_ms=ms(self.first_released, self.first_written),
         )
 
 

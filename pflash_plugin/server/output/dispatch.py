@@ -97,6 +97,8 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
                 _count(ctx, gen, event)
             if isinstance(event, FinishEvent) and event.reason == "cancelled" and i not in gen.done:
                 ctx.metrics.cut_at_shutdown.labels("engine").inc()  # the engine cut it: the HTTP side did not
+            elif isinstance(event, TextEvent) and gen.requests[i].timings.first_released is None:
+                gen.requests[i].timings.first_released = time.perf_counter()  # usage's timings.release_ms
             mailbox.stage(events, (i, client_event(event)))
 
         request.sink, request.flush = sink, mailbox.wake
@@ -197,8 +199,9 @@ async def _publish(gen: Generation, shown: Presenter, events: asyncio.Queue) -> 
 
 def _written(request: EngineRequest) -> None:
     """Mark when a request's first text was handed to the client's socket (the SSE response sent
-    the items the generator yielded before it resumed): usage's timings.emit_ms, where the answer
-    had not ended on the engine thread before (its usage is built there)."""
+    the items the generator yielded before it resumed): usage's timings.emit_ms counts to it from
+    the event's release, where the answer had not ended on the engine thread before (its usage is
+    built there)."""
     if request.timings.first_written is None:
         request.timings.first_written = time.perf_counter()
 
