@@ -7,6 +7,7 @@ import logging
 from typing import Protocol
 
 from .host_cache import HostCache, Saved
+from .positions import kv_position
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class HostTier:
         """Load a saved state's first `n` tokens into the slot; False (the slot emptied) where
         llama.cpp cannot place its cells."""
         try:
-            self.kv.restore(slot, saved.data, n)
+            self.kv.restore(slot, saved.data, kv_position(saved.tokens, n))
             self.host.touch(saved)
             return True
         except Exception as error:

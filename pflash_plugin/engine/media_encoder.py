@@ -57,7 +57,7 @@ class MediaEncoder:
     def _future(self, span: MediaSpan) -> Future[np.ndarray]:
         key = span.chunk.key
         with self._lock:
-            self._media_tokens += span.chunk.n_pos
+            self._media_tokens += span.chunk.n_tokens
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)

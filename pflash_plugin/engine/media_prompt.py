@@ -1,10 +1,11 @@
 """A prompt with media as the engine runs it (issue 46): one token list where each media chunk
-holds its positions with pseudo-token ids (negative, derived from a hash of its bytes: never a
-real token), plus the spans that say where each chunk sits and give its embeddings.
+holds its cells (one an embedding) with pseudo-token ids (negative, derived from a hash of its
+bytes: never a real token), plus the spans that say where each chunk sits and give its embeddings.
 
 So the slot bookkeeping, admission (media tokens count), the prefix cache (a resent image has
-the same ids, so its KV is reused like text) and the host tier need no change; only the step
-composer (steps.py) cuts prefill chunks at span edges and hands a span's rows as embeddings.
+the same ids, so its KV is reused like text) and the host tier need no change; the step composer
+(steps.py) cuts prefill chunks at span edges and hands a span's rows as embeddings, and a row's
+position is its index but after an image at M-RoPE positions (positions.py).
 
 How the server builds one (server side of issue 46):
 
@@ -12,8 +13,8 @@ How the server builds one (server side of issue 46):
     request = Request(prompt.tokens, params, media=prompt.spans)
 
 `text_with_markers` holds one MEDIA_MARKER (engine/media.py) per MediaInput, in order, as the
-chat template rendered it (special tokens are parsed, none added). PFlash does not run on such a
-request (Request.planned reports it skipped, cause "media"): media chunks are never dropped."""
+chat template rendered it (special tokens are parsed, none added). PFlash never drops a media
+chunk (pflash/media_text.py); `relocated` finds the kept chunks in the compressed prompt."""
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -24,13 +25,15 @@ import numpy as np
 
 from ..llama.media import MediaChunk, MediaError, Projector, TextChunk
 from .media import MediaInput
+from .positions import position
 
 
 @dataclass(eq=False)
 class MediaSpan:
-    """A media chunk at prompt tokens [start, start + n_pos) (n_pos == n_tokens: M-RoPE projectors
-    are refused at load). `embeddings` is set by the encoder (MediaEncoder.want) when the request
-    is submitted: a future of the chunk's [n_tokens, n_embd] rows."""
+    """A media chunk at prompt tokens [start, start + n_tokens), a cell each (its positions: n_pos,
+    fewer for an M-RoPE image: engine/positions.py). `embeddings` is set by the encoder
+    (MediaEncoder.want) when the request is submitted: a future of the chunk's [n_tokens, n_embd]
+    rows."""
 
     start: int
     chunk: MediaChunk
@@ -38,12 +41,18 @@ class MediaSpan:
 
     @property
     def end(self) -> int:
-        return self.start + self.chunk.n_pos
+        return self.start + self.chunk.n_tokens
 
     @property
     def non_causal(self) -> bool:
         """Decoded whole in one call with causal attention off (Gemma 3's images)."""
         return self.chunk.non_causal
+
+    @property
+    def whole(self) -> bool:
+        """Decoded in one step: a non-causal chunk, or an M-RoPE image, whose cells share one KV
+        position (a step that fails leaves none of them: its slot's KV is cut at the image's start)."""
+        return self.chunk.non_causal or self.chunk.mrope_image
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class MediaPrompt:
 
     @property
     def media_tokens(self) -> int:
-        return sum(span.chunk.n_pos for span in self.spans)
+        return sum(span.chunk.n_tokens for span in self.spans)
 
 
 def build_prompt(projector: Projector, text: str, media: Sequence[MediaInput]) -> MediaPrompt:
@@ -86,16 +95,18 @@ def next_span_start(spans: Sequence[MediaSpan], index: int) -> int | None:
 
 @dataclass(frozen=True)
 class MediaRows:
-    """A step row's embeddings (a piece of a span): decoded by a call of its own (runner.py)."""
+    """A step row's embeddings (a piece of a span) and their decoder positions ([n_sections, n]):
+    decoded by a call of its own (runner.py)."""
 
     rows: np.ndarray
+    positions: np.ndarray
     non_causal: bool
 
 
 def prefill_piece(spans: Sequence[MediaSpan], start: int, n: int) -> tuple[int, MediaRows | None] | None:
     """How many of the `n` prefill tokens planned from prompt token `start` one row takes, cut at
     span edges (llama.cpp cannot mix embeddings and tokens in one decode), and the embeddings
-    where they are a span's; a non-causal span is taken whole. None: the span's embeddings are
+    where they are a span's; a `whole` span is taken whole. None: the span's embeddings are
     not ready (still encoding, or failed: `failed_media`), so the request sits this step out."""
     span = span_at(spans, start) if spans else None
     if span is None:
@@ -104,9 +115,10 @@ def prefill_piece(spans: Sequence[MediaSpan], start: int, n: int) -> tuple[int, 
     future = span.embeddings
     if future is None or not future.done() or future.exception() is not None:
         return None
-    n = span.end - start if span.non_causal else min(n, span.end - start)
+    n = span.end - start if span.whole else min(n, span.end - start)
     offset = start - span.start
-    return n, MediaRows(future.result()[offset : offset + n], span.non_causal)
+    positions = span.chunk.positions(position(spans, span.start), offset, n)
+    return n, MediaRows(future.result()[offset : offset + n], positions, span.non_causal)
 
 
 def piece_left(spans: Sequence[MediaSpan], start: int) -> int:
@@ -136,5 +148,5 @@ def relocated(spans: Sequence[MediaSpan], tokens: Sequence[int]) -> tuple[MediaS
     for span in spans:
         start = listed.index(span.chunk.pseudo_tokens()[0], at)  # ValueError: the run was dropped
         out.append(MediaSpan(start, span.chunk, span.embeddings))
-        at = start + span.chunk.n_pos
+        at = start + span.chunk.n_tokens
     return tuple(out)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from .host_tier import HostTier
 from .kv_pool import PagePool
+from .positions import kv_position
 from .prefixes import longest_prefix, reusable
 from .request import Request
 from .stats import CacheStats, HostCacheStats
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 
 class KVOps(Protocol):
-    """The KV operations the scheduler asks of the runner (llama_memory_* on a real context)."""
+    """The KV operations the scheduler asks of the runner (llama_memory_* on a real context), at KV
+    positions (positions.kv_position: a token's index but after an M-RoPE image)."""
 
     def seq_rm(self, slot: int, start: int) -> None: ...
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None: ...
@@ -223,14 +225,14 @@ class PrefixCache:
         if prefix.in_place:
             dst.pool.release(dst.pages[kept:])
             dst.pages = dst.pages[:kept]
-            self.kv.seq_rm(dst.index, prefix.n)
+            self.kv.seq_rm(dst.index, kv_position(dst.tokens, prefix.n))
         else:
             self.kv.seq_rm(dst.index, 0)
             dst.pool.release(dst.pages)
             dst.pages = []
             if prefix.slot is not None:
                 dst.pages = dst.pool.share(prefix.slot.pages[:kept])
-                self.kv.seq_cp(prefix.slot.index, dst.index, prefix.n)
+                self.kv.seq_cp(prefix.slot.index, dst.index, kv_position(prefix.slot.tokens, prefix.n))
                 if prefix.slot.pool is not dst.pool:  # llama.cpp copies the stream's data at the next decode
                     self._copying |= {prefix.slot.index, dst.index}
             elif prefix.saved is not None and self.tier is not None:
@@ -259,7 +261,7 @@ class PrefixCache:
 
     def trim(self, slot: Slot) -> None:
         """Drop whatever the KV holds past the slot's known tokens (an aborted or dropped write)."""
-        self.kv.seq_rm(slot.index, len(slot.tokens))
+        self.kv.seq_rm(slot.index, kv_position(slot.tokens, len(slot.tokens)))
 
     def evict(self, slot: Slot) -> None:
         """Free the slot's cells, saved first to the host tier if it has one."""

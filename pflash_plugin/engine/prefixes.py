@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence, TypeVar
 
+from .positions import whole_media
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many first tokens `a` and `b` share. Blocks compare as slices (in C), doubling from 16
@@ -25,8 +27,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def reusable(held: Sequence[int], tokens: Sequence[int]) -> int:
     """Tokens of `tokens` whose KV cells holding `held` can serve: their common prefix, short of
-    the last token (one token must run to give the next one's logits)."""
-    return min(common_prefix(held, tokens), len(tokens) - 1)
+    the last token (one token must run to give the next one's logits), and never part of an
+    M-RoPE image (positions.whole_media)."""
+    return whole_media(tokens, min(common_prefix(held, tokens), len(tokens) - 1))
 
 
 Holder = TypeVar("Holder")

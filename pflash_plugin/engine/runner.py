@@ -116,7 +116,7 @@ class LlamaRunner:
     def _decode_media(self, step: Step) -> None:
         """The step's media pieces, before its token batch, by decode calls of their own (llama.cpp
         takes no token rows beside embedding rows): the slots' causal pieces share calls."""
-        pieces = [MediaPiece(item.media.rows, item.start_pos, item.request.held_slot, item.media.non_causal)
+        pieces = [MediaPiece(item.media.rows, item.media.positions, item.request.held_slot, item.media.non_causal)
                   for item in step.items if item.media is not None]
         if pieces:
             self.ctx.use_threads(self.ctx.n_threads, self.ctx.n_threads_batch)

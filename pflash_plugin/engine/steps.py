@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .live_text import LiveText
 from .media_prompt import MediaRows, piece_left, prefill_piece
+from .positions import position
 from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus, TokenOutput
 from .stats import SpeculationStats
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 class BatchItem:
     request: Request
     tokens: list[int]
-    start_pos: int
+    start_pos: int  # its first token's position (positions.py); a media piece's are `media.positions`
     wants_logits: bool
     drafts: int = 0  # the last tokens are drafts, each with its logits (speculative decoding)
     media: MediaRows | None = None  # a media piece: `tokens` are its pseudo-ids, `media.rows` what is decoded
@@ -49,10 +50,12 @@ class Steps:
         plan = self.policy.plan(self.seats(running))
         room = self.policy.max_batch_tokens - len(plan.decode) - sum(n for _, n in plan.chunks)
         drafts = self.speculation.drafts(running, plan.decode, room) if self.speculation else {}
-        items = [BatchItem(r, [r.output_tokens[-1], *drafts.get(r.request_id, ())], len(slots[r.held_slot].tokens),
-                           True, len(drafts.get(r.request_id, ()))) for r in plan.decode]
+        # a row's position: its first token's index in the slot, less an M-RoPE image's cells (positions.py)
+        items = [BatchItem(r, [r.output_tokens[-1], *drafts.get(r.request_id, ())],
+                           position(r.media, len(slots[r.held_slot].tokens)), True, len(drafts.get(r.request_id, ())))
+                 for r in plan.decode]
         for request, n in plan.chunks:
-            start, at = request.n_prefilled, len(slots[request.held_slot].tokens)
+            start, at = request.n_prefilled, position(request.media, len(slots[request.held_slot].tokens))
             piece = prefill_piece(request.media, start, n)  # cut at media edges (media_prompt.py)
             if piece is None:  # its media is still encoding: it sits this step out
                 continue

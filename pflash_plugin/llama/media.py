@@ -6,9 +6,11 @@ llama.cpp cannot mix embedding rows and token rows in one llama_decode, so media
 decode calls of their own (`MediaDecoder`: the pieces of several sequences share calls of at most
 n_batch rows), which the engine runs before each step's token batch (engine/runner.py). Position
 rules: a chunk of `n_tokens` embeddings takes `n_pos` positions; without M-RoPE they are equal and
-consecutive. Models whose text side uses M-RoPE (the Qwen-VL families: 4 positions per embedding,
-n_pos != n_tokens) are refused at load. Non-causal chunks (Gemma 3's images) are decoded whole, in
-one call, with causal attention off, as libmtmd's helper decodes them."""
+consecutive. With M-RoPE (a text side of rope type mrope/imrope: the Qwen-VL families, Qwen3.5)
+each embedding has 4 positions (t, y, x, z, as mtmd_image_tokens_get_decoder_pos gives them): an
+image's nx x ny tokens all at t = its first position, y and x its row and column from there, and
+it advances the position by n_pos = max(nx, ny) (`MediaChunk.positions`). Non-causal chunks (Gemma
+3's images) are decoded whole, in one call, with causal attention off, as libmtmd's helper does."""
 from __future__ import annotations
 
 import contextlib
@@ -34,6 +36,13 @@ except (ImportError, OSError, FileNotFoundError):  # pragma: no cover - depends 
 
 MARKER = "<__media__>"  # libmtmd's default media marker, the one the prompts carry
 _PSEUDO_SPACE = 1 << 30
+# Pseudo-token ids (negative: never a vocabulary's). A chunk at plain positions takes ids in
+# [-2^30, -1]. An M-RoPE image's ids lie below -2^30: its first n_pos in [-2^31 + 1, -2^30 - 1],
+# its other n_tokens - n_pos all SAME_POSITION (cells that take no position of their own). So a
+# token list alone says each index's position (engine/positions.py) and where an M-RoPE image is
+# (whose cells share one KV position: never cut inside).
+MROPE_IDS_BELOW = -_PSEUDO_SPACE
+SAME_POSITION = -(1 << 31)
 # libmtmd's helper hands bytes stb_image cannot decode (WebP, a corrupt file) to ffmpeg/ffprobe from
 # this directory (NULL: $PATH): one that holds none, so a client's bytes never reach a subprocess
 _NO_FFMPEG = b"/nonexistent/pflash-no-ffmpeg"
@@ -60,17 +69,55 @@ class MediaChunk:
     the pseudo-token ids that stand for it in a slot's token list (`pseudo_tokens`). Owns a copy
     of the libmtmd chunk, freed with this object."""
 
-    def __init__(self, raw: Any, kind: str, key: str, non_causal: bool) -> None:
+    def __init__(self, raw: Any, kind: str, key: str, non_causal: bool, mrope: bool = False) -> None:
         self.raw, self.kind, self.key, self.non_causal = raw, kind, key, non_causal
         self.n_tokens: int = M.mtmd_input_chunk_get_n_tokens(raw)
         self.n_pos: int = M.mtmd_input_chunk_get_n_pos(raw)
+        self.n_sections = 4 if mrope else 1  # positions per embedding (llama.cpp's n_pos_per_embd)
         self._free = weakref.finalize(self, M.mtmd_input_chunk_free, raw)
+        # an M-RoPE image's positions from its first: (t, y, x, z) = base + pos_0 * slope, per token
+        self._mrope: tuple[np.ndarray, np.ndarray] | None = (
+            _mrope_positions(raw, self.n_tokens) if mrope and kind == "image" else None)
+
+    @property
+    def mrope_image(self) -> bool:
+        """An image at M-RoPE positions: its cells share one KV position (t)."""
+        return self._mrope is not None
 
     def pseudo_tokens(self) -> list[int]:
-        """Ids for its positions that no vocabulary has (negative), derived from its bytes' hash:
-        a resent image gives the same ids, so the prefix cache matches it like text."""
+        """Ids for its cells (n_tokens) that no vocabulary has (negative), derived from its bytes'
+        hash: a resent image gives the same ids, so the prefix cache matches it like text. An
+        M-RoPE image's lie below MROPE_IDS_BELOW, the n_tokens - n_pos after its first n_pos all
+        SAME_POSITION (see there)."""
         base = int(self.key[:16], 16)
-        return [-1 - ((base + i) % _PSEUDO_SPACE) for i in range(self.n_pos)]
+        if not self.mrope_image:
+            return [-1 - ((base + i) % _PSEUDO_SPACE) for i in range(self.n_tokens)]
+        head = [MROPE_IDS_BELOW - 1 - ((base + i) % (_PSEUDO_SPACE - 1)) for i in range(self.n_pos)]
+        return head + [SAME_POSITION] * (self.n_tokens - self.n_pos)
+
+    def positions(self, pos_0: int, offset: int = 0, n: int | None = None) -> np.ndarray:
+        """Decoder positions of its embeddings offset..offset+n when it starts at position
+        `pos_0`: [n_sections, n] int32, section-major as llama_batch.pos takes them (t, y, x, z
+        with M-RoPE, as mtmd_helper_decode_image_chunk sets them; audio: pos_0 + i in each)."""
+        n = self.n_tokens - offset if n is None else n
+        if self._mrope is not None:
+            base, slope = self._mrope
+            return base[:, offset : offset + n] + pos_0 * slope[:, offset : offset + n]
+        line = np.arange(pos_0 + offset, pos_0 + offset + n, dtype=np.int32)
+        return np.broadcast_to(line, (self.n_sections, n)).copy()
+
+
+def _mrope_positions(raw: Any, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """libmtmd's decoder positions of an image's tokens at pos_0 0 and 1, as (t, y, x, z) rows:
+    the positions at any pos_0 are base + pos_0 * slope (each section is pos_0 plus a constant,
+    or a constant)."""
+    image = M.mtmd_input_chunk_get_tokens_image(raw)
+    at = np.empty((2, 4, n_tokens), dtype=np.int32)
+    for pos_0 in (0, 1):
+        for i in range(n_tokens):
+            p = M.mtmd_image_tokens_get_decoder_pos(image, pos_0, i)
+            at[pos_0, :, i] = (p.t, p.y, p.x, p.z)
+    return at[0], at[1] - at[0]
 
 
 Chunk = TextChunk | MediaChunk
@@ -107,10 +154,7 @@ class Projector:
             raise ValueError(f"libmtmd could not load the projector {self.path} for the model {model.path} "
                              "(not an mmproj GGUF, or made for a model of another width)")
         self._free = weakref.finalize(self, M.mtmd_free, self.ptr)
-        if M.mtmd_decode_use_mrope(self.ptr):
-            self.close()
-            raise ValueError(f"the model {model.path} takes its projector's images at M-RoPE positions (the "
-                             "Qwen-VL families), which the batched engine does not serve yet")
+        self.mrope: bool = bool(M.mtmd_decode_use_mrope(self.ptr))  # the text side's rope type decides
         self.vision: bool = bool(M.mtmd_support_vision(self.ptr))
         self.audio: bool = bool(M.mtmd_support_audio(self.ptr))
         self.n_embd: int = C.llama_model_n_embd_inp(model.ptr)
@@ -182,7 +226,7 @@ class Projector:
                 continue
             name = "image" if kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE else "audio"
             chunk = MediaChunk(M.mtmd_input_chunk_copy(raw), name, next(media),
-                               bool(M.mtmd_decode_use_non_causal(self.ptr, raw)))
+                               bool(M.mtmd_decode_use_non_causal(self.ptr, raw)), self.mrope)
             if chunk.non_causal and chunk.n_tokens > self.n_ubatch:
                 raise MediaError(f"this {name} takes {chunk.n_tokens} tokens, decoded in one ubatch: "
                                  f"more than n_ubatch ({self.n_ubatch})")
@@ -201,15 +245,26 @@ class Projector:
 
 class EmbeddingBatch:
     """A llama_batch of embedding rows (llama_batch_init with embd > 0: no token array), for one
-    or more sequences, `capacity` rows at most; Context.decode takes it like a token Batch."""
+    or more sequences, `capacity` rows at most; Context.decode takes it like a token Batch. With
+    M-RoPE (`n_sections` 4) llama.cpp reads n_tokens * 4 positions, section-major over the rows
+    the batch holds at decode: `pos` points at an array of ours laid out so (`add`)."""
 
-    def __init__(self, capacity: int, n_embd: int) -> None:
-        self.capacity, self.n_embd = capacity, n_embd
+    def __init__(self, capacity: int, n_embd: int, n_sections: int = 1) -> None:
+        self.capacity, self.n_embd, self.n_sections = capacity, n_embd, n_sections
         self.raw = C.llama_batch_init(capacity, n_embd, 1)
         self.n_tokens = 0
         self._embd = np.ctypeslib.as_array(self.raw.embd, shape=(capacity, n_embd))
-        arrays = (self.raw.pos, self.raw.n_seq_id, self.raw.logits)
-        self._pos, self._n_seq_id, self._logits = (np.ctypeslib.as_array(a, shape=(capacity,)) for a in arrays)
+        self._n_seq_id, self._logits = (np.ctypeslib.as_array(a, shape=(capacity,))
+                                        for a in (self.raw.n_seq_id, self.raw.logits))
+        # the address llama_batch_free frees, put back before (an int: a ctypes pointer read from a
+        # struct's field is a view of that field, so it would follow our assignment below)
+        self._own_pos: int = ctypes.cast(self.raw.pos, ctypes.c_void_p).value or 0
+        self._sections = np.zeros((n_sections, capacity), dtype=np.int32)  # rows' positions by section
+        self._flat = np.zeros(n_sections * capacity, dtype=np.int32)  # what llama.cpp reads
+        if n_sections > 1:
+            self.raw.pos = self._flat.ctypes.data_as(ctypes.POINTER(C.llama_pos))
+        else:
+            self._flat = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
 
     @property
     def room(self) -> int:
@@ -218,22 +273,25 @@ class EmbeddingBatch:
     def clear(self) -> None:
         self.n_tokens = self.raw.n_tokens = 0
 
-    def add(self, rows: np.ndarray, start_pos: int, seq_id: int) -> None:
-        """Append `rows` ([n, n_embd]) at positions start_pos.. of `seq_id`, no outputs."""
+    def add(self, rows: np.ndarray, positions: np.ndarray, seq_id: int) -> None:
+        """Append `rows` ([n, n_embd]) of `seq_id` at `positions` ([n_sections, n]), no outputs."""
         first, n = self.n_tokens, len(rows)
         if not 0 < n <= self.room:
             raise OverflowError(f"{n} embedding rows for a batch with room for {self.room}")
         end = first + n
         self._embd[first:end] = rows
-        self._pos[first:end] = np.arange(start_pos, start_pos + n)
+        self._sections[:, first:end] = positions
         self._n_seq_id[first:end] = 1
         self._logits[first:end] = 0
         for i in range(first, end):
             self.raw.seq_id[i][0] = seq_id
         self.n_tokens = self.raw.n_tokens = end
+        # section-major with a stride of the rows held: pos[j * n_tokens + i]
+        self._flat[: self.n_sections * end] = self._sections[:, :end].reshape(-1)
 
     def close(self) -> None:
         if self.raw is not None:
+            self.raw.pos = ctypes.cast(self._own_pos, ctypes.POINTER(C.llama_pos))
             C.llama_batch_free(self.raw)
             self.raw = None
 
@@ -243,10 +301,11 @@ class EmbeddingBatch:
 
 @dataclass(frozen=True)
 class MediaPiece:
-    """Embedding rows to decode into sequence `seq_id` from position `start_pos`."""
+    """Embedding rows to decode into sequence `seq_id` at `positions` ([n_sections, n]:
+    MediaChunk.positions)."""
 
     rows: np.ndarray
-    start_pos: int
+    positions: np.ndarray
     seq_id: int
     non_causal: bool = False
 
@@ -265,24 +324,24 @@ class MediaDecoder:
         """Raises DecodeError as Context.decode does (what was written stays: the caller trims)."""
         if not pieces:
             return
-        batch = self._batch(pieces[0].rows.shape[1])
+        batch = self._batch(pieces[0].rows.shape[1], len(pieces[0].positions))
         for piece in [p for p in pieces if not p.non_causal]:
             at = 0
             while at < len(piece.rows):
                 take = min(batch.room, len(piece.rows) - at)
-                batch.add(piece.rows[at : at + take], piece.start_pos + at, piece.seq_id)
+                batch.add(piece.rows[at : at + take], piece.positions[:, at : at + take], piece.seq_id)
                 at += take
                 if not batch.room:
                     self._flush(batch, False)
         self._flush(batch, False)
         for piece in [p for p in pieces if p.non_causal]:
-            batch.add(piece.rows, piece.start_pos, piece.seq_id)
+            batch.add(piece.rows, piece.positions, piece.seq_id)
             self._flush(batch, True)
 
-    def _batch(self, n_embd: int) -> EmbeddingBatch:
-        if self.batch is None or self.batch.n_embd != n_embd:
+    def _batch(self, n_embd: int, n_sections: int) -> EmbeddingBatch:
+        if self.batch is None or (self.batch.n_embd, self.batch.n_sections) != (n_embd, n_sections):
             self.close()
-            self.batch = EmbeddingBatch(self.ctx.n_batch, n_embd)
+            self.batch = EmbeddingBatch(self.ctx.n_batch, n_embd, n_sections)
         return self.batch
 
     def _flush(self, batch: EmbeddingBatch, non_causal: bool) -> None:
@@ -313,3 +372,18 @@ def helper_eval(projector: Projector, ctx: Context, text: str, media: Sequence[t
         if M.mtmd_helper_eval_chunks(projector.ptr, ctx.ptr, chunks, 0, 0, n_batch, True, ctypes.byref(n_past)) != 0:
             raise RuntimeError("mtmd_helper_eval_chunks failed")
         return int(n_past.value)
+
+
+def helper_decode_chunk(projector: Projector, ctx: Context, chunk: MediaChunk, n_past: int, n_batch: int) -> int:
+    """llama.cpp's own decode of one media chunk into sequence 0 of `ctx` from position `n_past`
+    (mtmd_helper_decode_image_chunk: its positions, M-RoPE's too, set by libmtmd); returns the
+    position after it. The reference for a prompt laid out by hand (tests: PFlash's kept tokens)."""
+    rows = np.ascontiguousarray(projector.encode(chunk), dtype=np.float32)
+    new_n_past = C.llama_pos(0)
+    embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    no_callback = M.mtmd_helper_decode_image_chunk.argtypes[8]()  # NULL: no post-decode callback
+    code = M.mtmd_helper_decode_image_chunk(projector.ptr, ctx.ptr, chunk.raw, embd, n_past, 0, n_batch,
+                                            ctypes.byref(new_n_past), no_callback, None)
+    if code != 0:
+        raise RuntimeError(f"mtmd_helper_decode_image_chunk failed ({code})")
+    return int(new_n_past.value)

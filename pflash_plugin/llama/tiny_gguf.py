@@ -114,6 +114,7 @@ class TinyLlama:
     quant: str | None = None
     per_layer_kv_heads: bool = False
     control_tokens: tuple[str, ...] = ()
+    arch: str = "llama"  # or "qwen2vl": the same weights read at M-RoPE positions (Qwen2-VL's text side)
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
@@ -128,7 +129,7 @@ class TinyLlama:
 
         path = pathlib.Path(path)
         vocab = tiny_vocab(self.vocab_extra, tuple(self.control_tokens))
-        w = gguf.GGUFWriter(path, "llama")
+        w = gguf.GGUFWriter(path, self.arch)
         self._add_metadata(w, vocab)
         self._add_tensors(w, vocab)
         w.write_header_to_file()
@@ -154,6 +155,9 @@ class TinyLlama:
         w.add_head_count(self.n_head)
         w.add_head_count_kv([self.n_head_kv] * self.n_layer if self.per_layer_kv_heads else self.n_head_kv)
         w.add_rope_dimension_count(self.head_dim)
+        if self.arch == "qwen2vl":  # M-RoPE: the rotary pairs split over (t, y, x) as Qwen2-VL's 16/24/24 of 64
+            pairs = self.head_dim // 2
+            w.add_rope_dimension_sections([pairs - 2 * (3 * pairs // 8), 3 * pairs // 8, 3 * pairs // 8, 0])
         w.add_layer_norm_rms_eps(1e-5)
         w.add_vocab_size(len(tokens))
         w.add_tokenizer_model("llama")

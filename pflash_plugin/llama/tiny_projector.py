@@ -6,7 +6,12 @@ n_embd). Tests pair it with `cached_tiny_llama`; benches write one at a real sha
 
 LLaVA's graph runs the ViT's blocks up to the second to last (clip.cpp, models/llava.cpp), so
 `n_layer` 2 runs one block. An image is resized and padded to `image_size` square and cut into
-(image_size / patch_size)^2 patches: one embedding, one position each (no M-RoPE, causal decode)."""
+(image_size / patch_size)^2 patches: one embedding, one position each (no M-RoPE, causal decode).
+
+`kind` "qwen2vl" writes Qwen2-VL's projector (clip.cpp's `qwen2vl_merger`: two patch convolutions
+summed, a ViT with 2-D rotary positions, each 2x2 patches merged by an MLP): an image keeps its
+aspect (resized to a multiple of 2 patches), nx x ny tokens that a text model with M-RoPE
+(tiny_gguf's arch "qwen2vl") reads at max(nx, ny) positions."""
 from __future__ import annotations
 
 import hashlib
@@ -31,7 +36,8 @@ class TinyProjector:
     patch_size: int = 8
     n_mlp: int = 64  # the MLP's hidden width
     seed: int = 0
-    kind: str = "mlp"  # or "gemma3": a SigLIP ViT, 2x2 average pooling, RMS norm, one projection; non-causal
+    kind: str = "mlp"  # or "gemma3": a SigLIP ViT, 2x2 average pooling, RMS norm, one projection; non-causal;
+    # or "qwen2vl": Qwen2-VL's merger (M-RoPE positions, an image's tokens from its size)
     f16: bool = False  # the blocks' and the MLP's matrices in F16, as real mmproj files (a bench's real shape)
 
     @property
@@ -50,7 +56,7 @@ class TinyProjector:
         w = gguf.GGUFWriter(path, "clip")
         w.add_name("pflash-tiny-projector")
         w.add_bool("clip.has_vision_encoder", True)
-        w.add_string("clip.projector_type", self.kind)
+        w.add_string("clip.projector_type", "qwen2vl_merger" if self.kind == "qwen2vl" else self.kind)
         if self.kind == "gemma3":
             w.add_uint32("clip.vision.projector.scale_factor", 2)  # Gemma 3's own pools 4x4
         w.add_bool("clip.use_gelu", True)
@@ -79,8 +85,11 @@ class TinyProjector:
             return (scale * rng.standard_normal(shape)).astype(np.float32)
 
         d, p = self.n_embd, self.patch_size
-        tensors = [("v.patch_embd.weight", draw(d, 3, p, p)), ("v.patch_embd.bias", draw(d)),
-                   ("v.position_embd.weight", draw(self.n_patches, d))]
+        if self.kind == "qwen2vl":  # two frames' convolutions, no bias, positions by rotation (clip.cpp)
+            tensors = [("v.patch_embd.weight", draw(d, 3, p, p)), ("v.patch_embd.weight.1", draw(d, 3, p, p))]
+        else:
+            tensors = [("v.patch_embd.weight", draw(d, 3, p, p)), ("v.patch_embd.bias", draw(d)),
+                       ("v.position_embd.weight", draw(self.n_patches, d))]
         for i in range(self.n_layer):
             blk = f"v.blk.{i}"
             for name, shape in (("attn_q", (d, d)), ("attn_k", (d, d)), ("attn_v", (d, d)), ("attn_out", (d, d)),
@@ -91,8 +100,10 @@ class TinyProjector:
         if self.kind == "gemma3":  # the projection's ne is [n_embd_text, n_embd]: clip.cpp transposes it
             return tensors + [("mm.soft_emb_norm.weight", np.ones(d, np.float32)),
                               ("mm.input_projection.weight", draw(d, self.n_embd_text, scale=0.05))]
-        # the MLP's output scaled like the text model's token embeddings (tiny_gguf: 0.02 * N(0, 1))
-        tensors += [("mm.0.weight", draw(self.n_mlp, d)), ("mm.0.bias", draw(self.n_mlp)),
+        # the MLP's output scaled like the text model's token embeddings (tiny_gguf: 0.02 * N(0, 1));
+        # Qwen2-VL's merger reads 2x2 patches at once
+        merged = 4 * d if self.kind == "qwen2vl" else d
+        tensors += [("mm.0.weight", draw(self.n_mlp, merged)), ("mm.0.bias", draw(self.n_mlp)),
                     ("mm.2.weight", draw(self.n_embd_text, self.n_mlp, scale=0.05)),
                     ("mm.2.bias", draw(self.n_embd_text, scale=0.02))]
         return tensors

@@ -1,0 +1,206 @@
+"""Images at M-RoPE positions in the batched engine (issue 46; Qwen2-VL to Qwen3.5): a tiny text
+model of arch qwen2vl (rope sections in its GGUF) with a tiny Qwen2-VL projector (qwen2vl_merger).
+An image's nx x ny cells take max(nx, ny) positions, each embedding 4 (t, y, x, z): parity with
+llama.cpp's own path (mtmd_helper_eval_chunks) beside text requests, a later turn reusing the
+image's cells, and the position rules of a slot's token list."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_media_engine import FIRST_STEP, OUTPUTS, ppm, run
+
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.media import MEDIA_MARKER, MediaInput
+from pflash_plugin.engine.positions import kv_position, position, whole_media
+from pflash_plugin.engine.prefixes import reusable
+from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams
+from pflash_plugin.llama import Batch, Context, ContextConfig, Model
+from pflash_plugin.llama.media import SAME_POSITION, Projector, helper_decode_chunk, helper_eval, mtmd_available
+from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
+
+if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
+    pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)", allow_module_level=True)
+
+TURN = f"<s><|im_start|>user\nlook at {MEDIA_MARKER} the picture and tell<|im_end|>\n<|im_start|>assistant\n"
+# measured 4e-9 to 7e-9 apart; text after the image at its index instead of its position: 4e-4 to 6e-3
+# (the tiny model's attention is nearly uniform, so a position moves its logits little)
+TOLERANCE = 1e-5
+NEXT = TURN + "it is water<|im_end|>\n<|im_start|>user\nand the house by the land<|im_end|>\n<|im_start|>assistant\n"
+
+
+def image(seed: int, width: int = 80, height: int = 48) -> MediaInput:
+    """80 x 48 pixels: 5 x 3 merged patches, 15 cells at 5 positions."""
+    return MediaInput("image", ppm(seed, width, height), "image/x-portable-pixmap")
+
+
+def mrope_model() -> str:
+    return str(cached_tiny_llama(arch="qwen2vl"))
+
+
+def projector_path() -> str:
+    return str(cached_tiny_projector(kind="qwen2vl"))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    # n_batch 8 < the image's 15 cells: an image decodes by two calls, its cells whole in one step
+    config = EngineConfig(n_slots=3, max_ctx=512, n_batch=8, n_ubatch=8, n_threads=1, n_threads_batch=1,
+                          mmproj=projector_path(), prefill_chunk=8)
+    model, engine = load_engine(mrope_model(), config)
+    yield model, engine
+    engine.stop()
+    engine.close()
+
+
+def media_request(eng, text: str, media: MediaInput, max_tokens: int = 10) -> Request:
+    prompt = eng.media.prompt(text, [media])
+    return Request(prompt.tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5),
+                   media=prompt.spans)
+
+
+def reference(model: Model, text: str, media: MediaInput, n_tokens: int) -> tuple[list[int], np.ndarray]:
+    """llama.cpp's own path on a one-sequence context: the greedy tokens and the first one's
+    log-softmax."""
+    ctx = Context(model, ContextConfig(n_ctx=512, n_batch=8, n_ubatch=8, n_threads=1, n_threads_batch=1))
+    projector = Projector(projector_path(), model)
+    batch = Batch(1)
+    try:
+        pos = helper_eval(projector, ctx, text, [(media.kind, media.data)], n_batch=8)
+        logits = ctx.logits(-1).astype(np.float64)
+        first = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        out: list[int] = []
+        for _ in range(n_tokens):
+            out.append(int(np.argmax(ctx.logits(-1))))
+            batch.clear()
+            batch.add(out[-1], pos, 0, True)
+            ctx.decode(batch)
+            pos += 1
+        return out, first
+    finally:
+        batch.close()
+        projector.close()
+        ctx.close()
+
+
+def assert_parity(model: Model, request: Request, text: str, media: MediaInput) -> None:
+    tokens, first = reference(model, text, media, len(request.output_tokens))
+    assert request.output_tokens == tokens
+    top = OUTPUTS[request.request_id][0].top_logprobs
+    assert top and len(top) == 5
+    for token, logprob in top:
+        assert abs(logprob - first[token]) < TOLERANCE, (token, logprob, first[token])
+
+
+def test_an_image_takes_its_cells_at_fewer_positions(engine):
+    _, eng = engine
+    prompt = eng.media.prompt(TURN, [image(1)])
+    [span] = prompt.spans
+    chunk = span.chunk
+    assert eng.media.projector.mrope and chunk.mrope_image
+    assert (chunk.n_tokens, chunk.n_pos) == (15, 5)  # 5 x 3 cells, max(5, 3) positions
+    assert prompt.tokens[span.start : span.end].count(SAME_POSITION) == 10
+    # t is the image's first position for every cell, y the row, x the column (libmtmd's decoder_pos)
+    at = chunk.positions(7)
+    assert (at[0] == 7).all() and list(at[1]) == [7] * 5 + [8] * 5 + [9] * 5 and list(at[2][:6]) == [7, 8, 9, 10, 11, 7]
+    # after the image, a position is its index less the cells that took none (llama-server's pos_next)
+    for index in (span.start, span.end, span.end + 3, len(prompt.tokens)):
+        expected = index if index <= span.start else index - 10
+        assert position(prompt.spans, index) == kv_position(prompt.tokens, index) == expected
+    # a prefix never ends inside such an image: its cells share one KV position
+    assert whole_media(prompt.tokens, span.start + 4) == span.start
+    assert reusable(prompt.tokens[: span.start + 4], prompt.tokens) == span.start
+    assert reusable(prompt.tokens, prompt.tokens) == len(prompt.tokens) - 1
+
+
+def test_greedy_tokens_after_an_image_match_llama_cpps_own_path_beside_text(engine):
+    model, eng = engine
+    eng.clear_prefix_cache()
+    text = [Request(model.tokenize(f"the prompt {i} about water", True), SamplingParams(max_tokens=10, temperature=0.0))
+            for i in range(2)]
+    alone = [Request(list(r.prompt_tokens), SamplingParams(max_tokens=10, temperature=0.0)) for r in text]
+    run(eng, alone)
+    request = media_request(eng, TURN, image(1))
+    submitted = eng.steps
+    ends = run(eng, [request, *text])
+    assert all(isinstance(e, FinishEvent) and e.reason == "length" for e in ends)
+    assert_parity(model, request, TURN, image(1))
+    assert [r.output_tokens for r in text] == [r.output_tokens for r in alone]
+    assert all(FIRST_STEP[r.request_id] - submitted <= 2 for r in text)
+    assert ends[0].usage.media_tokens == 15 and ends[0].usage.prompt_tokens == len(request.prompt_tokens)
+    other = media_request(eng, TURN, image(2))
+    run(eng, [other])
+    assert other.output_tokens != request.output_tokens
+
+
+def test_a_later_turn_reuses_the_images_cells_at_their_positions(engine):
+    model, eng = engine
+    eng.clear_prefix_cache()
+    first = media_request(eng, TURN, image(3))
+    run(eng, [first])
+    before = eng.media.stats()
+    later = media_request(eng, NEXT, image(3))
+    usage = run(eng, [later])[0].usage
+    assert usage.cached_tokens >= later.media[0].end  # the image's cells came from the prefix cache
+    assert eng.media.stats().encoded == before.encoded
+    assert_parity(model, later, NEXT, image(3))
+
+
+def test_two_images_in_two_slots_decode_together_at_their_own_positions(engine):
+    model, eng = engine
+    # different text before each image: their first positions differ
+    texts = [TURN, TURN.replace("look at", "now look at the house and")]
+    requests = [media_request(eng, text, image(5 + i)) for i, text in enumerate(texts)]
+    run(eng, requests)
+    for request, text, seed in zip(requests, texts, (5, 6)):
+        assert_parity(model, request, text, image(seed))
+
+
+def test_pflash_keeps_an_mrope_image_whole_and_the_engine_decodes_it_at_its_new_positions(engine):
+    """PFlash drops text around the image; the engine prefills the kept tokens with the image at
+    the position after the text kept before it, and the text after it n_pos further on: as
+    llama.cpp's own decode of those tokens and that chunk (mtmd_helper_decode_image_chunk)."""
+    from pflash_plugin.engine.media_prompt import relocated
+    from pflash_plugin.pflash.compressor import Compressor, PflashConfig
+    from pflash_plugin.pflash.drafter import Drafter, DraftOptions
+    from pflash_plugin.pflash.planning import Planner
+
+    model, eng = engine
+    notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(8))
+    text = TURN.replace("look at", notes + " look at").replace("the picture", "the picture " + notes)
+    prompt = eng.media.prompt(text, [image(1)])
+    config = PflashConfig(mode="always", threshold=16, keep_ratio=0.4, segment_min=4, segment_max=16)
+    plan = Planner(config, model, True).plan(prompt.tokens, None)
+    assert plan.job is not None
+    drafter = lambda: Drafter(model, [1], 1024, DraftOptions(n_batch=64))  # noqa: E731
+    result = Compressor(config, model.piece, drafter, persistent=False).compress(plan.job)
+    assert result.report.status == "compressed" and len(result.tokens) < len(prompt.tokens) - 40
+    [span], [moved] = prompt.spans, relocated(prompt.spans, result.tokens)
+    assert moved.start < span.start and result.tokens[moved.start : moved.end] == prompt.tokens[span.start : span.end]
+    request = Request(prompt.tokens, SamplingParams(max_tokens=6, temperature=0.0, logprobs=5),
+                      prefill_tokens=result.tokens, media=(moved,))
+    end = run(eng, [request])[0]
+    assert end.reason == "length" and end.usage.media_tokens == 15 and request.n_prefilled == len(result.tokens)
+    ctx = Context(model, ContextConfig(n_ctx=512, n_batch=256, n_ubatch=8, n_threads=1, n_threads_batch=1))
+    projector, batch = Projector(projector_path(), model), Batch(256)
+    try:
+        def text_at(tokens: list[int], pos: int) -> int:
+            batch.clear()
+            for i, token in enumerate(tokens):
+                batch.add(token, pos + i, 0, i == len(tokens) - 1)
+            ctx.decode(batch)
+            return pos + len(tokens)
+
+        pos = text_at(result.tokens[: moved.start], 0)
+        pos = helper_decode_chunk(projector, ctx, moved.chunk, pos, 8)
+        text_at(result.tokens[moved.end :], pos)
+        assert int(np.argmax(ctx.logits(-1))) == request.output_tokens[0]
+        logits = ctx.logits(-1).astype(np.float64)
+        expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        for token, logprob in OUTPUTS[request.request_id][0].top_logprobs:
+            assert abs(logprob - expected[token]) < TOLERANCE
+    finally:
+        batch.close()
+        projector.close()
+        ctx.close()
