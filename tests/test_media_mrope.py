@@ -204,3 +204,39 @@ def test_pflash_keeps_an_mrope_image_whole_and_the_engine_decodes_it_at_its_new_
         batch.close()
         projector.close()
         ctx.close()
+
+
+def test_over_http_an_image_chat_beside_a_text_chat_and_a_resent_image():
+    """The server's path (each item tokenized by the projector, media_tokens in usage) with the
+    M-RoPE pair: the text chat answers as alone, streamed as plain, the resent image from the cache."""
+    import base64
+    import threading
+
+    from conftest import live_server
+    from test_media_http import post, streamed, text_chat
+
+    from pflash_plugin.testing.media_files import png
+
+    model = {"model": mrope_model(), "model_alias": "vision", "mmproj": projector_path(), "n_ctx": 1024,
+             "max_concurrency": 3, "n_threads": 1, "n_threads_batch": 1}
+    url = "data:image/png;base64," + base64.b64encode(png(80, 48, 3)).decode()
+    content = [{"type": "text", "text": "what is in the picture"}, {"type": "image_url", "image_url": {"url": url}}]
+    chat = {"model": "vision", "messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0}
+    with live_server([model]) as live:
+        alone = post(live, text_chat())["choices"][0]["message"]["content"]
+        results: dict[str, dict] = {}
+        threads = [threading.Thread(target=lambda: results.update(image=post(live, chat))),
+                   threading.Thread(target=lambda: results.update(text=post(live, text_chat())))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert results["text"]["choices"][0]["message"]["content"] == alone
+        answer, usage = results["image"]["choices"][0]["message"]["content"], results["image"]["usage"]
+        assert answer and usage["prompt_tokens_details"]["media_tokens"] == 15  # 5 x 3 cells
+        text, streamed_usage = streamed(live, chat)
+        assert text == answer and streamed_usage is not None
+        assert streamed_usage["prompt_tokens"] == usage["prompt_tokens"]
+        again = post(live, chat)
+        assert again["choices"][0]["message"]["content"] == answer
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 15
