@@ -1,6 +1,7 @@
 """A short request's way to its first token beside long ones (issue 48): a large body is parsed off
-the event loop, and the usage's timings carry the two marks around the engine's own TTFT
-(prepare_ms before the arrival, emit_ms after the first token)."""
+the event loop, the routes' dependency needs no worker thread, and the usage's timings carry the
+marks around the engine's own TTFT (prepare_ms before the arrival; release_ms and emit_ms after the
+first token)."""
 from __future__ import annotations
 
 import json
@@ -13,36 +14,66 @@ import pytest
 from pflash_plugin.server.wire.errors import LOOP_PARSE_BYTES
 
 
+class HeldParse:
+    """json.loads held at a gate for bodies over LOOP_PARSE_BYTES (as FastAPI and the body checks
+    call it): the long bodies' parse, wherever it runs, waits there until `release`."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.gate, self.entered = threading.Event(), threading.Semaphore(0)
+        loads = json.loads
+
+        def held(text, *args, **kwargs):
+            if len(text) > LOOP_PARSE_BYTES:
+                self.entered.release()
+                self.gate.wait(60)
+            return loads(text, *args, **kwargs)
+
+        monkeypatch.setattr(json, "loads", held)
+
+    def send(self, pool: ThreadPoolExecutor, url: str, n: int) -> list:
+        """`n` long bodies sent at once; returns once each is held in its parse."""
+        body = json.dumps({"prompt": [7] * (LOOP_PARSE_BYTES // 3), "max_tokens": 1}).encode()
+        assert len(body) > LOOP_PARSE_BYTES
+        pending = [pool.submit(httpx.post, url + "/v1/completions", content=body,
+                               headers={"content-type": "application/json"}, timeout=120) for _ in range(n)]
+        for _ in range(n):
+            assert self.entered.acquire(timeout=30), "a long body never reached its parse"
+        return pending
+
+
 def test_a_short_request_is_answered_while_a_long_body_is_being_parsed(tiny_server, monkeypatch):
-    """The long body's parse is held at a gate (json.loads, as FastAPI and the body checks call it):
-    on the event loop it would hold every other request with it; a short one must get its answer."""
-    gate, parsing = threading.Event(), threading.Event()
-    loads = json.loads
-
-    def held(text, *args, **kwargs):
-        if len(text) > LOOP_PARSE_BYTES:
-            parsing.set()
-            gate.wait(60)
-        return loads(text, *args, **kwargs)
-
-    monkeypatch.setattr(json, "loads", held)
-    long_body = json.dumps({"prompt": [7] * (LOOP_PARSE_BYTES // 3), "max_tokens": 1}).encode()
-    assert len(long_body) > LOOP_PARSE_BYTES
+    """On the event loop, the long body's parse would hold every other request with it."""
+    held = HeldParse(monkeypatch)
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(httpx.post, tiny_server.url + "/v1/completions", content=long_body,
-                              headers={"content-type": "application/json"}, timeout=120)
+        pending = held.send(pool, tiny_server.url, 1)
         try:
-            assert parsing.wait(30), "the long body never reached its parse"
             short = httpx.post(tiny_server.url + "/v1/completions", timeout=30,
                                json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
-            answered_while_held = not gate.is_set()
+            answered_while_held = not held.gate.is_set()
         finally:
-            gate.set()
-        long = pending.result()
+            held.gate.set()
+        long = pending[0].result()
     assert short.status_code == 200 and answered_while_held
     assert short.json()["usage"]["completion_tokens"] == 2
-    # the long one got its own answer: its 2,730 ids are over the tiny model's context
+    # the long one got its own answer: its 21,845 ids are over the tiny model's context
     assert long.status_code == 400 and "context" in long.json()["error"]["message"]
+
+
+def test_a_route_needs_no_worker_thread_to_find_its_context(tiny_server, monkeypatch):
+    """The routes' dependency (get_context) runs on the event loop: with every thread of the pool
+    holding a long body's parse (anyio's default: 40), a route that has no blocking work of its
+    own still answers."""
+    held = HeldParse(monkeypatch)
+    with ThreadPoolExecutor(40) as pool:
+        pending = held.send(pool, tiny_server.url, 40)
+        try:
+            models = httpx.get(tiny_server.url + "/v1/models", timeout=30)
+            answered_while_held = not held.gate.is_set()
+        finally:
+            held.gate.set()
+        assert all(p.result().status_code == 400 for p in pending)
+    assert models.status_code == 200 and answered_while_held
+    assert [m["id"] for m in models.json()["data"]] == ["tiny"]
 
 
 def test_a_long_body_parsed_off_the_loop_keeps_the_body_checks(tiny_server):

@@ -74,7 +74,7 @@ class Latency:
     # where a server sets the marks (0.0 otherwise): its headers reaching the server to the arrival
     # here (the body read and parsed, the prompt rendered and tokenized); the first token to its
     # first text event leaving the engine thread; that to the text handed to the client's socket
-    # (a streamed answer that was still running)
+    # (a streamed answer; the server fills the last two in when it answers)
     prepare_ms: float = 0.0
     release_ms: float = 0.0
     emit_ms: float = 0.0

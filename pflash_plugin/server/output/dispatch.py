@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 import weakref
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -20,7 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ...engine.request import ErrorEvent, Event, FinishEvent, TextEvent, Usage
+from ...engine.request import ErrorEvent, Event, FinishEvent, TextEvent, Timings, Usage
 from ...engine.request import Request as EngineRequest
 from ..operations.received import received
 from ..runtime.context import ServerContext
@@ -133,7 +134,15 @@ def _count(ctx: ServerContext, gen: Generation, event: FinishEvent | ErrorEvent)
 
 
 def _usage(gen: Generation, usages: dict[int, Usage]) -> Totals:
-    return totals([usages[i] for i in sorted(usages)], gen.prompt_tokens)
+    return totals([_marked(usages[i], gen.requests[i].timings) for i in sorted(usages)], gen.prompt_tokens)
+
+
+def _marked(usage: Usage, marks: Timings) -> Usage:
+    """The usage with release_ms and emit_ms as the event loop knows them at the answer's end: the
+    engine thread built it at the request's finish, maybe before its first text left the engine or
+    reached the client (then the two read 0)."""
+    latency = marks.latency()
+    return replace(usage, latency=replace(usage.latency, release_ms=latency.release_ms, emit_ms=latency.emit_ms))
 
 
 async def _collect(http: Request, gen: Generation, shown: Presenter, events: asyncio.Queue) -> Response | dict:
@@ -200,8 +209,7 @@ async def _publish(gen: Generation, shown: Presenter, events: asyncio.Queue) -> 
 def _written(request: EngineRequest) -> None:
     """Mark when a request's first text was handed to the client's socket (the SSE response sent
     the items the generator yielded before it resumed): usage's timings.emit_ms counts to it from
-    the event's release, where the answer had not ended on the engine thread before (its usage is
-    built there)."""
+    the event's release."""
     if request.timings.first_written is None:
         request.timings.first_written = time.perf_counter()
 

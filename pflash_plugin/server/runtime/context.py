@@ -57,7 +57,10 @@ def attach(app: FastAPI, context: ServerContext) -> None:
     app.state.models, app.state.metrics = context.models, context.metrics
 
 
-def get_context(request: Request) -> ServerContext:
+async def get_context(request: Request) -> ServerContext:
+    """The routes' dependency. A coroutine on purpose: FastAPI runs a plain function dependency on
+    its thread pool, and that hop cost a short request 18 ms (median) of its way to the engine
+    beside mix8's long bodies on 2 CPU cores (issue 48), waiting for the GIL and a worker twice."""
     try:
         return request.app.state.pflash
     except AttributeError:
