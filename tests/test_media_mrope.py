@@ -240,3 +240,32 @@ def test_over_http_an_image_chat_beside_a_text_chat_and_a_resent_image():
         again = post(live, chat)
         assert again["choices"][0]["message"]["content"] == answer
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 15
+
+
+def test_a_step_whose_image_finds_no_cells_midway_is_redone_without_its_first_calls_cells(engine, monkeypatch):
+    """The image's second decode call finds no free KV cells (llama.cpp writes nothing then, but
+    its first call's cells stay): the step is retried once idle caches are evicted, from the KV
+    cut back to the image's start, so no cell is there twice (an embedding batch may repeat
+    M-RoPE positions, so llama.cpp would take duplicates silently)."""
+    from pflash_plugin.llama import DecodeError
+
+    model, eng = engine
+    eng.clear_prefix_cache()
+    # an idle cache to evict (no BOS: the image request shares no prefix with it, so goes elsewhere)
+    run(eng, [Request(model.tokenize("the water is", False), SamplingParams(max_tokens=4, temperature=0.0))])
+    decoder, calls = eng.runner.media, []
+    flush = decoder._flush
+
+    def flaky(batch, non_causal: bool) -> None:
+        calls.append(batch.n_tokens)
+        if len(calls) == 2:
+            batch.clear()
+            raise DecodeError(1)
+        flush(batch, non_causal)
+
+    monkeypatch.setattr(decoder, "_flush", flaky)
+    request = media_request(eng, TURN, image(8))
+    end = run(eng, [request])[0]
+    assert isinstance(end, FinishEvent), end
+    assert len(calls) > 3  # the image's two calls, the failed one, then both again
+    assert_parity(model, request, TURN, image(8))

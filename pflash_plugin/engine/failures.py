@@ -29,7 +29,9 @@ class Failures:
 
     def decode_error(self, step: Step, error: DecodeError) -> None:
         if error.code == 1 and self.scheduler.cache.evict_idle():
-            return  # nothing was written; retry the same work next step with the caches freed
+            if any(item.media is not None for item in step.items):  # its media's earlier calls wrote cells
+                self.scheduler.steps.rollback(step)
+            return  # nothing was written by the failed call; retry the same work next step with the caches freed
         if error.code == 2 and self.aborts < 3:
             self.aborts += 1
             self.scheduler.steps.rollback(step)
