@@ -65,14 +65,28 @@ def requests(task: str, rep: int) -> list[tuple[str, dict]]:
                                       "temperature": 0}) for ask in asks]
 
 
-def servers(threads: int) -> dict[str, ServerProcess]:
-    common = ["--max_concurrency", "1", "--n_ctx", "2048", "--verbose", "false", "--n_threads", str(threads),
-              "--n_threads_batch", str(threads)]
+def servers(threads: list[int]) -> dict[str, ServerProcess]:
+    """A pair per task and thread count, labelled CASE-ARM (CASE: task-tTHREADS)."""
     lookup = ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "10"]
     models = {"copy": demo_model_path(), "edit": "demo-chat"}
-    return {f"{task}-{arm}": ServerProcess(f"speculation-{task}-{arm}", ["--model", models[task], *common,
-                                                                        *(lookup if arm == "lookup" else [])])
-            for task in TASKS for arm in ("plain", "lookup")}
+    procs = {}
+    for n in threads:
+        common = ["--max_concurrency", "1", "--n_ctx", "2048", "--verbose", "false", "--n_threads", str(n),
+                  "--n_threads_batch", str(n)]
+        for task in TASKS:
+            for arm in ("plain", "lookup"):
+                procs[f"{task}-t{n}-{arm}"] = ServerProcess(f"speculation-{task}-t{n}-{arm}", [
+                    "--model", models[task], *common, *(lookup if arm == "lookup" else [])])
+    return procs
+
+
+def cases(reps: list[dict]) -> list[str]:
+    return list(dict.fromkeys(label.rsplit("-", 1)[0] for label in reps[0]))
+
+
+def case_name(case: str) -> str:
+    task, threads = case.split("-t")
+    return f"{TASKS[task]}, {threads} thread{'s' if threads != '1' else ''}"
 
 
 def speculation(url: str) -> dict:
@@ -100,7 +114,7 @@ def run_arm(proc: ServerProcess, task: str, rep: int) -> dict:
 
 def summary(reps: list[dict]) -> dict:
     out = {}
-    for task in TASKS:
+    for task in cases(reps):
         plain = statistics.median(r[f"{task}-plain"]["tokens_per_s"] for r in reps)
         lookup = statistics.median(r[f"{task}-lookup"]["tokens_per_s"] for r in reps)
         drafted = sum(r[f"{task}-lookup"]["drafted"] for r in reps)
@@ -121,8 +135,9 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, task in enumerate(TASKS):
+    shown = cases(results["reps"])
+    fig, ax = plt.subplots(figsize=(3 + 2 * len(shown), 4))
+    for i, task in enumerate(shown):
         for j, (arm, color) in enumerate((("plain", "tab:gray"), ("lookup", "tab:blue"))):
             x = i + (j - 0.5) * 0.38
             ax.bar(x, results["summary"][task][f"{arm}_tokens_per_s"], 0.38, color=color,
@@ -132,7 +147,8 @@ def plot(results: dict, path: Path) -> None:
         s = results["summary"][task]
         ax.text(i, max(s["plain_tokens_per_s"], s["lookup_tokens_per_s"]) * 1.04, f"{s['speedup']:.2f}x",
                 ha="center")
-    ax.set_xticks(range(len(TASKS)), ["copy (demo model)", "edit / quote (SmolLM2 135M)"])
+    names = {"copy": "copy (demo)", "edit": "edit/quote (SmolLM2)"}
+    ax.set_xticks(range(len(shown)), [f"{names[c.split('-t')[0]]}\n{c.split('-t')[1]} thr." for c in shown])
     ax.set_ylabel("completion tokens / decode s")
     ax.set_title("One client on the CPU: prompt lookup on and off")
     ax.legend(loc="lower right")
@@ -164,7 +180,8 @@ USAGE = [
     "teacher-forcing 300 tokens of prose through 11-token batches changed the argmax at 14 positions (4.7%), "
     "each where the top two logits were within 0.4. Such a position may decode differently with drafts, as it "
     "already may when other requests share the step (4 rows of one token each take the same kernels); the "
-    "tiny model differs by 2e-6 and never flipped.",
+    "tiny model differs by 2e-6 and never flipped. `--draft_model_num_pred_tokens 2` keeps a lone request's "
+    "verification at 3 tokens, bit-identical there, for less speed.",
     "",
     "Adaptive (engine/speculation/policy.py): each request drafts only while it pays. Its acceptance (accepted "
     "per drafted, a moving average) is weighed against the price of a token in a step, measured: a line through "
@@ -202,23 +219,24 @@ def write_page(results: dict, command: str) -> None:
         "",
         f"One client, greedy, on {m['cpu']} ({m['nproc']} cores, shared: `uptime` at start: {results['uptime']}); "
         f"each task on two servers of ours up at once, with and without `--draft_model prompt-lookup-decoding` "
-        f"(`--draft_model_num_pred_tokens 10`, `--max_concurrency 1`, {results['threads']} thread(s)); medians of {len(results['reps'])} "
+        f"(`--draft_model_num_pred_tokens 10`, `--max_concurrency 1`, `--n_threads` and `--n_threads_batch` as "
+        f"shown); medians of {len(results['reps'])} "
         f"interleaved reps; tree {results['tree']}. Speed: completion tokens / decode_ms (usage.timings, the "
         "prefill left out). Acceptance: accepted / drafted draft tokens, the server's count.",
         f"Command: `{command}`",
         "",
         "| task | without (tok/s) | prompt lookup (tok/s) | speedup | acceptance | tokens per step | same text |",
         "|---|---:|---:|---:|---:|---:|---|",
-        *(f"| {TASKS[t]} | {s[t]['plain_tokens_per_s']:.1f} | {s[t]['lookup_tokens_per_s']:.1f} | "
+        *(f"| {case_name(t)} | {s[t]['plain_tokens_per_s']:.1f} | {s[t]['lookup_tokens_per_s']:.1f} | "
           f"{s[t]['speedup']:.2f}x | {s[t]['acceptance']:.0%} | {s[t]['tokens_per_step']:.2f} | "
-          f"{'yes' if s[t]['same_text'] else 'NO'} |" for t in TASKS),
+          f"{'yes' if s[t]['same_text'] else 'NO'} |" for t in s),
         "",
         "![tokens per second with and without prompt lookup](speculation.png)",
         "",
         "Per rep (tokens/s, without / with; accepted / drafted):",
         *(f"- rep {i}: " + "; ".join(
             f"{t} {r[f'{t}-plain']['tokens_per_s']:.1f} / {r[f'{t}-lookup']['tokens_per_s']:.1f} "
-            f"({r[f'{t}-lookup']['accepted']}/{r[f'{t}-lookup']['drafted']})" for t in TASKS)
+            f"({r[f'{t}-lookup']['accepted']}/{r[f'{t}-lookup']['drafted']})" for t in s)
           for i, r in enumerate(results["reps"])),
     ]
     page = REPO / "docs" / "speculation.md"
@@ -231,7 +249,8 @@ def write_page(results: dict, command: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1],
+                        help="a pair of servers per task for each (n_threads = n_threads_batch)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "speculation_cpu.json")
     parser.add_argument("--page-only", action="store_true", help="rewrite the page and plot from --out's results")
     args = parser.parse_args()
@@ -243,7 +262,7 @@ def main() -> None:
     procs = servers(args.threads)
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    results: dict = {"machine": machine(), "uptime": uptime, "tree": tree, "threads": args.threads, "reps": []}
+    results: dict = {"machine": machine(), "uptime": uptime, "tree": tree, "reps": []}
     try:
         for proc in procs.values():
             proc.start(300)
@@ -257,7 +276,7 @@ def main() -> None:
             proc.stop()
     results["summary"] = summary(results["reps"])
     results["command"] = "python bench/speculation.py" + (f" --reps {args.reps}" if args.reps != 3 else "") + (
-        f" --threads {args.threads}" if args.threads != 2 else "")
+        " --threads " + " ".join(map(str, args.threads)) if args.threads != [2, 1] else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     plot(results, REPO / "docs" / "speculation.png")
