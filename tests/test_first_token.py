@@ -1,7 +1,7 @@
 """A short request's way to its first token beside long ones (issue 48): a large body is parsed off
-the event loop, the routes' dependency needs no worker thread, and the usage's timings carry the
-marks around the engine's own TTFT (prepare_ms before the arrival; release_ms and emit_ms after the
-first token)."""
+the event loop, the routes' dependency and a short request's preparation need no worker thread,
+and the usage's timings carry the marks around the engine's own TTFT (prepare_ms before the
+arrival; release_ms and emit_ms after the first token)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from pflash_plugin.server.preparation.inline import INLINE_CHARS, INLINE_IDS, inline
 from pflash_plugin.server.wire.errors import LOOP_PARSE_BYTES
+from pflash_plugin.server.wire.protocol import ChatCompletionRequest, CompletionRequest
 
 
 class HeldParse:
@@ -88,6 +90,46 @@ def test_a_long_body_parsed_off_the_loop_keeps_the_body_checks(tiny_server):
     reply = httpx.post(tiny_server.url + "/v1/completions", content=broken,
                        headers={"content-type": "application/json"}, timeout=60)
     assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_short_request_is_prepared_without_a_worker_thread(tiny_server, monkeypatch):
+    """A short completion and a short chat need no thread of the pool: with all 40 holding long
+    bodies' parses, both are answered (in full, streamed)."""
+    held = HeldParse(monkeypatch)
+    with ThreadPoolExecutor(40) as pool:
+        pending = held.send(pool, tiny_server.url, 40)
+        try:
+            with httpx.Client(base_url=tiny_server.url, timeout=30) as http:
+                completion = http.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 3, "min_tokens": 3})
+                chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                               "max_tokens": 3, "min_tokens": 3, "stream": True})
+            answered_while_held = not held.gate.is_set()
+        finally:
+            held.gate.set()
+        assert all(p.result().status_code == 400 for p in pending)
+    assert answered_while_held and completion.status_code == 200 and chat.status_code == 200
+    assert completion.json()["usage"]["completion_tokens"] == 3
+    assert chat.text.rstrip().endswith("data: [DONE]")
+
+
+def test_only_short_requests_with_nothing_to_compile_are_prepared_on_the_loop():
+    def chat(**kw) -> ChatCompletionRequest:
+        return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "Hi"}], **kw})
+
+    assert inline(CompletionRequest(prompt="x" * INLINE_CHARS)) and inline(CompletionRequest(prompt=[1] * INLINE_IDS))
+    assert not inline(CompletionRequest(prompt="x" * (INLINE_CHARS + 1)))
+    assert not inline(CompletionRequest(prompt=[1] * (INLINE_IDS + 1)))
+    assert not inline(CompletionRequest(prompt=[[1, 2], [3]]))  # a batch of prompts
+    assert inline(chat()) and inline(chat(response_format={"type": "text"}))
+    for heavy in ({"n": 2}, {"grammar": "root ::= \"a\""}, {"logit_bias": {"5": 1.0}},
+                  {"response_format": {"type": "json_object"}},
+                  {"tools": [{"type": "function", "function": {"name": "f"}}]}):
+        assert not inline(chat(**heavy)), heavy
+    parts = [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}}]
+    assert not inline(ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": parts}]}))
+    long = [{"role": "user", "content": "x" * (INLINE_CHARS // 2)}, {"role": "assistant", "content": "y"},
+            {"role": "user", "content": "z" * (INLINE_CHARS // 2)}]
+    assert not inline(ChatCompletionRequest.model_validate({"messages": long}))
 
 
 @pytest.mark.parametrize("stream", [True, False])
