@@ -45,7 +45,7 @@ def projector_path() -> str:
 
 @pytest.fixture(scope="module")
 def engine():
-    # n_batch 8 < the image's 15 cells: an image decodes by two calls, its cells whole in one step
+    # n_batch 8 < the image's 15 cells: an image decodes in two steps
     config = EngineConfig(n_slots=3, max_ctx=512, n_batch=8, n_ubatch=8, n_threads=1, n_threads_batch=1,
                           mmproj=projector_path(), prefill_chunk=8)
     model, engine = load_engine(mrope_model(), config)
@@ -242,30 +242,67 @@ def test_over_http_an_image_chat_beside_a_text_chat_and_a_resent_image():
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 15
 
 
-def test_a_step_whose_image_finds_no_cells_midway_is_redone_without_its_first_calls_cells(engine, monkeypatch):
-    """The image's second decode call finds no free KV cells (llama.cpp writes nothing then, but
-    its first call's cells stay): the step is retried once idle caches are evicted, from the KV
-    cut back to the image's start, so no cell is there twice (an embedding batch may repeat
-    M-RoPE positions, so llama.cpp would take duplicates silently)."""
+def test_a_step_aborted_after_writing_part_of_an_image_is_redone_from_the_images_start(engine, monkeypatch):
+    """The image goes in two steps (8 + 7 cells). The second step's call writes its cells, then
+    reports the decode aborted (as llama.cpp does after some ubatches landed): its cells share the
+    image's one KV position with the first step's, so the step is taken back to the image's start
+    and both pieces decoded again; no cell is there twice (an embedding batch may repeat M-RoPE
+    positions: llama.cpp would take duplicates silently)."""
+    from pflash_plugin.llama import DecodeError
+
+    model, eng = engine
+    decoder, calls, raised = eng.runner.media, [], []
+    flush = decoder._flush
+
+    def aborted(batch, non_causal: bool) -> None:
+        if batch.n_tokens:
+            calls.append(batch.n_tokens)
+        flush(batch, non_causal)
+        if batch.n_tokens == 0 and len(calls) == 2 and not raised:
+            raised.append(True)
+            raise DecodeError(2)  # the second call's cells landed
+
+    monkeypatch.setattr(decoder, "_flush", aborted)
+    request = media_request(eng, TURN, image(9))
+    end = run(eng, [request])[0]
+    assert isinstance(end, FinishEvent), end
+    assert calls == [8, 7, 8, 7]  # a step each, the second aborted, then the image again from its start
+    assert_parity(model, request, TURN, image(9))
+
+
+def test_a_step_whose_token_batch_finds_no_cells_after_its_image_piece_is_redone_without_it(engine, monkeypatch):
+    """A step decodes an image piece, then its token batch (a text request's row beside it) finds
+    no free KV cells (llama.cpp writes nothing for that call, but the piece's cells stay): the step
+    is retried once idle caches are evicted, from each slot's known cells, so no cell is there
+    twice (an embedding batch may repeat M-RoPE positions: llama.cpp takes duplicates silently)."""
+    from pflash_plugin.llama import Batch as TokenBatch
     from pflash_plugin.llama import DecodeError
 
     model, eng = engine
     eng.clear_prefix_cache()
-    # an idle cache to evict (no BOS: the image request shares no prefix with it, so goes elsewhere)
+    # an idle cache to evict (no BOS: the requests below share no prefix with it, so go elsewhere)
     run(eng, [Request(model.tokenize("the water is", False), SamplingParams(max_tokens=4, temperature=0.0))])
-    decoder, calls = eng.runner.media, []
-    flush = decoder._flush
+    runner, raised, media_in_step = eng.runner, [], [False]
+    decode_media, ctx_decode = runner._decode_media, runner.ctx.decode
 
-    def flaky(batch, non_causal: bool) -> None:
-        calls.append(batch.n_tokens)
-        if len(calls) == 2:
-            batch.clear()
+    def step_media(step) -> None:
+        media_in_step[0] = any(item.media is not None for item in step.items)
+        decode_media(step)
+
+    def flaky(batch) -> None:
+        if isinstance(batch, TokenBatch) and media_in_step[0] and not raised:
+            raised.append(True)
             raise DecodeError(1)
-        flush(batch, non_causal)
+        ctx_decode(batch)
 
-    monkeypatch.setattr(decoder, "_flush", flaky)
-    request = media_request(eng, TURN, image(8))
-    end = run(eng, [request])[0]
-    assert isinstance(end, FinishEvent), end
-    assert len(calls) > 3  # the image's two calls, the failed one, then both again
-    assert_parity(model, request, TURN, image(8))
+    monkeypatch.setattr(runner, "_decode_media", step_media)
+    monkeypatch.setattr(runner.ctx, "decode", flaky)
+    text = Request(model.tokenize("the prompt about water", True), SamplingParams(max_tokens=30, temperature=0.0))
+    alone = Request(list(text.prompt_tokens), SamplingParams(max_tokens=30, temperature=0.0))
+    request = media_request(eng, TURN, image(10))
+    ends = run(eng, [text, request])
+    assert raised and all(isinstance(end, FinishEvent) for end in ends), ends
+    assert_parity(model, request, TURN, image(10))
+    monkeypatch.undo()
+    run(eng, [alone])
+    assert text.output_tokens == alone.output_tokens

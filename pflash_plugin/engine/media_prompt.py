@@ -48,12 +48,6 @@ class MediaSpan:
         """Decoded whole in one call with causal attention off (Gemma 3's images)."""
         return self.chunk.non_causal
 
-    @property
-    def whole(self) -> bool:
-        """Decoded in one step: a non-causal chunk, or an M-RoPE image, whose cells share one KV
-        position (a step that fails leaves none of them: its slot's KV is cut at the image's start)."""
-        return self.chunk.non_causal or self.chunk.mrope_image
-
 
 @dataclass(frozen=True)
 class MediaPrompt:
@@ -106,7 +100,7 @@ class MediaRows:
 def prefill_piece(spans: Sequence[MediaSpan], start: int, n: int) -> tuple[int, MediaRows | None] | None:
     """How many of the `n` prefill tokens planned from prompt token `start` one row takes, cut at
     span edges (llama.cpp cannot mix embeddings and tokens in one decode), and the embeddings
-    where they are a span's; a `whole` span is taken whole. None: the span's embeddings are
+    where they are a span's; a non-causal span is taken whole. None: the span's embeddings are
     not ready (still encoding, or failed: `failed_media`), so the request sits this step out."""
     span = span_at(spans, start) if spans else None
     if span is None:
@@ -115,7 +109,7 @@ def prefill_piece(spans: Sequence[MediaSpan], start: int, n: int) -> tuple[int, 
     future = span.embeddings
     if future is None or not future.done() or future.exception() is not None:
         return None
-    n = span.end - start if span.whole else min(n, span.end - start)
+    n = span.end - start if span.non_causal else min(n, span.end - start)
     offset = start - span.start
     positions = span.chunk.positions(position(spans, span.start), offset, n)
     return n, MediaRows(future.result()[offset : offset + n], positions, span.non_causal)
@@ -131,6 +125,14 @@ def piece_left(spans: Sequence[MediaSpan], start: int) -> int:
         return span.end - start
     following = next_span_start(spans, start)
     return 0 if following is None else following - start
+
+
+def mrope_partial(spans: Sequence[MediaSpan], index: int) -> MediaSpan | None:
+    """The M-RoPE image that a prefill standing at prompt token `index` is inside of, past its
+    first cell (its cells share one KV position, so a failed step's cells of it cannot be told
+    from the earlier steps': Steps.rollback takes the prefill back to its start)."""
+    span = span_at(spans, index) if spans else None
+    return span if span is not None and span.chunk.mrope_image and span.start < index else None
 
 
 def media_failure(spans: Sequence[MediaSpan], start: int) -> BaseException | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .live_text import LiveText
-from .media_prompt import MediaRows, piece_left, prefill_piece
+from .media_prompt import MediaRows, mrope_partial, piece_left, prefill_piece
 from .positions import position
 from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus, TokenOutput
@@ -105,7 +105,14 @@ class Steps:
 
     def rollback(self, step: Step) -> None:
         """A decode was aborted: drop whatever it wrote past each slot's known tokens (earlier
-        ubatches of a multi-ubatch step may have landed) so the step can be redone."""
+        ubatches of a multi-ubatch step may have landed) so the step can be redone. A prefill
+        inside an M-RoPE image goes back to the image's start: its cells share one KV position,
+        so what the step wrote of it is removed only with the rest of it (positions.py)."""
         self.cache.decoded()
         for item in step.items:
-            self.cache.trim(self.cache.slots[item.request.held_slot])
+            request, slot = item.request, self.cache.slots[item.request.held_slot]
+            image = mrope_partial(request.media, request.n_prefilled) if item.media is not None else None
+            if image is not None and len(slot.tokens) == request.n_prefilled:  # the slot holds its prefill
+                del slot.tokens[image.start :]
+                request.n_prefilled = image.start
+            self.cache.trim(slot)
