@@ -306,3 +306,23 @@ def test_a_step_whose_token_batch_finds_no_cells_after_its_image_piece_is_redone
     monkeypatch.undo()
     run(eng, [alone])
     assert text.output_tokens == alone.output_tokens
+
+
+def test_prompt_lookup_drafts_up_to_an_images_pseudo_ids(engine):
+    """Prompt lookup copies what followed the row's last tokens where they occurred before: in a
+    prompt with an image, the text before the image is followed by its pseudo-ids, which are no
+    tokens (a draft of one would fail the step's decode for every row in it)."""
+    from pflash_plugin.engine.speculation.ngram import NgramProposer
+    from pflash_plugin.engine.speculation.proposer import DraftRow
+
+    _, eng = engine
+    prompt = eng.media.prompt(TURN, [image(1)])
+    start = prompt.spans[0].start
+
+    def drafts(last: list[int]) -> list[int]:
+        return NgramProposer(max_ngram_size=3).propose([DraftRow(1, [*prompt.tokens, *last], 4)])[0]
+
+    # the three tokens right before the image (the end of '<|vision_start|>', spelled out by the
+    # tiny vocabulary), generated again: nothing to draft; three earlier: up to the image
+    assert drafts(prompt.tokens[start - 3 : start]) == []
+    assert drafts(prompt.tokens[start - 6 : start - 3]) == prompt.tokens[start - 3 : start]

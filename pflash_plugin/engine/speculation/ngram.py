@@ -11,6 +11,7 @@ is where the copy is, and in code it is the nearest definition.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -57,8 +58,8 @@ class NgramProposer:
             return []
         for n in range(min(self.max_ngram_size, len(tokens) - 1), 0, -1):
             end = index.ends.get(tuple(tokens[len(tokens) - n:]))
-            if end is not None:
-                return list(tokens[end:min(end + k, len(tokens))])
+            if end is not None:  # up to a media item's pseudo-ids (negative: no token to draft)
+                return list(itertools.takewhile(lambda t: t >= 0, tokens[end:min(end + k, len(tokens))]))
         return []
 
     def _extend(self, index: _Index, tokens: Sequence[int]) -> None:
