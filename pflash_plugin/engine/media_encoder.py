@@ -29,7 +29,7 @@ class MediaStats:
     cache_hits: int  # chunks whose embeddings came from the cache (or an encode already under way)
     cache_bytes: int
     cache_capacity_bytes: int
-    media_tokens: int  # media positions of the requests submitted
+    media_tokens: int  # media tokens (KV cells) of the requests submitted
 
 
 class MediaEncoder:

@@ -122,7 +122,7 @@ class Usage:
     cached_tokens: int  # prompt tokens whose KV was reused
     latency: Latency
     pflash: Report | None = None  # the compression report, if compression was asked for
-    media_tokens: int = 0  # of prompt_tokens, the positions its images and audio take (issue 46)
+    media_tokens: int = 0  # of prompt_tokens, its media's tokens (issue 46; not an M-RoPE image's positions)
 
 
 @dataclass
