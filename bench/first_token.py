@@ -14,13 +14,16 @@ client's time to the response's headers and to its first text, and the server's 
 prepared), `ttft_ms` (engine arrival to first token), `release_ms` (first token to its event leaving
 the engine thread), `emit_ms` (that to its text handed to the socket), where the server reports them; `outside_ms` is the rest of the client's TTFT (the
 client's sending, the server's accepting and reading the headers, the client's reading).
+Arm `floor` (bench/asgi_floor.py) is the least an ASGI app on uvicorn does for the same requests
+(reads and parses the body, streams a chunk at once): the client's, the kernel's and uvicorn's share.
 `--baseline REV` runs a server of another git revision (a temporary worktree) beside this tree's,
 arms interleaved per rep, order alternating. The servers decode on 1 thread (`--n_threads 1`): the
 other core is the HTTP side's, as a GPU host's cores are.
 
     python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat]
 
-Writes docs/data/first_token_cpu.json and prints the medians.
+Writes docs/data/first_token_cpu.json and docs/first_token_cpu.md (`--page_only`: the page again
+from the data) and prints the medians.
 """
 from __future__ import annotations
 
@@ -142,6 +145,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tree = worktree(args.baseline) if args.baseline else None
     if tree is not None:
         servers["baseline"] = ServerProcess("first-token-baseline", flags, cwd=tree)
+    servers["floor"] = ServerProcess("first-token-floor", ["asgi_floor:app", "--log-level", "warning"],
+                                     program=[sys.executable, "-m", "uvicorn"], cwd=REPO / "bench")
     rows: list[dict[str, Any]] = []
     try:
         for server in servers.values():
@@ -179,6 +184,30 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+MARKS = [("client_ttft_ms", "client TTFT"), ("head_ms", "headers"), ("prepare_ms", "prepare"),
+         ("server_ttft_ms", "engine TTFT"), ("release_ms", "release"), ("emit_ms", "emit"),
+         ("outside_ms", "outside")]
+
+
+def write_page(result: dict[str, Any], path: Path) -> None:
+    """The medians as a page: a row per workload and arm, the marks in ms."""
+    lines = ["# A short request's first token beside long ones, on the CPU (issue 48)", "",
+             "Written by `bench/first_token.py` (its docstring says what is measured); the data: "
+             "[data/first_token_cpu.json](data/first_token_cpu.json). Medians over the short requests of all reps "
+             f"(4 a workload and rep), in ms; `{result['baseline'] or '-'}` is the baseline arm's revision.", "",
+             "| workload | arm | n | " + " | ".join(name for _, name in MARKS) + " |",
+             "|---|---|---:|" + "---:|" * len(MARKS)]
+    for row in result["medians"]:
+        cells = [f"{row[key]:.1f}" if key in row else "-" for key, _ in MARKS]
+        lines.append(f"| {row['workload']} | {row['arm']} | {row['n']} | " + " | ".join(cells) + " |")
+    m = result["machine"]
+    loads = [r["load"] for r in result["rows"]]
+    lines += ["", f"Machine: {m['nproc']} cores, {m['cpu']}, shared with other work: 1-minute load "
+              f"{min(loads):.1f}-{max(loads):.1f} during the run. The client runs on the same cores.", "",
+              f"Command: `{result['command']}`", ""]
+    path.write_text("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -187,10 +216,16 @@ def main() -> None:
     parser.add_argument("--n_ctx", type=int, default=131072, help="each slot's context (a long chat prompt fits)")
     parser.add_argument("--baseline", help="a git revision whose server runs beside this tree's")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "first_token_cpu.json")
+    parser.add_argument("--page", type=Path, default=REPO / "docs" / "first_token_cpu.md")
+    parser.add_argument("--page_only", action="store_true", help="write the page from --out's data, run nothing")
     args = parser.parse_args()
+    if args.page_only:
+        write_page(json.loads(args.out.read_text()), args.page)
+        return
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_page(result, args.page)
     for row in result["medians"]:
         print(json.dumps(row))
 

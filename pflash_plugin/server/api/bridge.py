@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..output.dispatch import respond
 from ..output.presenters import Presenter
+from ..preparation.inline import inline
 from ..preparation.prepare import prepare_chat
 from ..runtime.context import ServerContext
 from ..runtime.generation import Generation
@@ -22,7 +23,7 @@ async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
     refusal names the client's field where `fields` maps the chat field it was found in."""
     served = ctx.models.get(chat.model)
     try:
-        generation = await run_in_threadpool(prepare_chat, served, chat)
+        generation = prepare_chat(served, chat) if inline(chat) else await run_in_threadpool(prepare_chat, served, chat)
         return await respond(http, ctx, generation, bool(chat.stream), presenter(generation))
     except RequestError as error:  # a refusal, before any byte of the answer
         raise renamed(error, fields) from None
