@@ -35,7 +35,7 @@ class StepCost:
 
     window: int = 16
     min_seen: int = 3  # a size counts once it ran this many times (one slow step says nothing)
-    horizon: int = 256  # steps after which a size not seen since is forgotten (the load changed since)
+    horizon: int = 64  # steps after which a size not seen since is forgotten (the load changed since)
     prior_slope: float = 0.05  # a token's cost as a fraction of the base, before two sizes are seen
     _seen: dict[int, deque[float]] = field(default_factory=dict)
     _last: dict[int, int] = field(default_factory=dict)  # size -> the step it was last seen
