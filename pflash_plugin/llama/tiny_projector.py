@@ -46,8 +46,9 @@ class TinyProjector:
 
     @property
     def n_image_tokens(self) -> int:
-        """The tokens of every image (a fixed-size projector; gemma3 pools 2x2 patches into one)."""
-        return self.n_patches // (4 if self.kind == "gemma3" else 1)
+        """The tokens of every image (a fixed-size projector; gemma3 pools 2x2 patches into one);
+        qwen2vl: of an image_size square one (it merges 2x2 patches, and an image keeps its aspect)."""
+        return self.n_patches // (1 if self.kind == "mlp" else 4)
 
     def write(self, path: str | os.PathLike[str]) -> pathlib.Path:
         import gguf
