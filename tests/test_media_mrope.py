@@ -326,3 +326,22 @@ def test_prompt_lookup_drafts_up_to_an_images_pseudo_ids(engine):
     # tiny vocabulary), generated again: nothing to draft; three earlier: up to the image
     assert drafts(prompt.tokens[start - 3 : start]) == []
     assert drafts(prompt.tokens[start - 6 : start - 3]) == prompt.tokens[start - 3 : start]
+
+
+def test_stocks_qwen25_vl_chat_format_serves_an_mrope_pair():
+    """Stock's `chat_format: qwen2.5-vl` (its Qwen25VLChatHandler's template) with an M-RoPE pair:
+    refused at start before; now the image is answered with its 15 tokens."""
+    import base64
+
+    from conftest import live_server
+    from test_media_http import post
+
+    from pflash_plugin.testing.media_files import png
+
+    model = {"model": mrope_model(), "model_alias": "vision", "mmproj": projector_path(), "n_ctx": 1024,
+             "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1, "chat_format": "qwen2.5-vl"}
+    url = "data:image/png;base64," + base64.b64encode(png(80, 48, 3)).decode()
+    content = [{"type": "text", "text": "what is in the picture"}, {"type": "image_url", "image_url": {"url": url}}]
+    with live_server([model]) as live:
+        got = post(live, {"model": "vision", "messages": [{"role": "user", "content": content}], "max_tokens": 4})
+    assert got["choices"][0]["message"]["content"] and got["usage"]["prompt_tokens_details"]["media_tokens"] == 15
