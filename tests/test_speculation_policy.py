@@ -62,9 +62,14 @@ def test_step_cost_fits_the_line_and_prices_a_token_by_the_batch_size():
     assert cost.price(128) > 0.95  # a large batch: a token costs nearly what it yields
     cost.observe(11, 1.5)  # a step that other work on the machine stalled: the fastest recent one counts
     assert cost.line() == pytest.approx((base, slope))
-    for _ in range(cost.horizon + 1):  # only one-token steps since: the drafts' sizes are forgotten
+    fitted = cost.price(1)
+    for _ in range(cost.horizon + 1):  # only one-token steps since: the drafts' sizes are forgotten,
+        cost.observe(1, 0.017 + 0.007)  # the last fit's ratio of a token's cost to the step's stays
+    assert len(cost._seen) == 1 and cost.price(1) == pytest.approx(fitted)
+    for _ in range(4 * cost.horizon):  # drafting stayed off: the ratio halves towards the prior
         cost.observe(1, 0.017 + 0.007)
-    assert cost.price(1) == pytest.approx(cost.prior_slope / (1 + cost.prior_slope))
+    prior = cost.prior_slope / (1 + cost.prior_slope)
+    assert prior < cost.price(1) < prior + (fitted - prior) / 8
 
 
 def test_policy_drafts_longer_the_more_is_accepted_and_stops_at_a_large_batch():
