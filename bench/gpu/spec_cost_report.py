@@ -36,7 +36,11 @@ assumed acceptance a (each draft kept with probability a): a step of k drafts yi
 (1 - a^(k+1)) / (1 - a) tokens for verify(k) + draft(k) + accept(k), against one token for a plain
 step, verify(0) + accept(0). verify: the target decodes a row's last token and k drafts with a
 logits row each, the KV trimmed back after; draft: the proposer's k tokens after the target kept
-all of the last ones (the dearest sync); accept: engine/speculation/acceptance.py on the host."""
+all of the last ones (the dearest sync); accept: engine/speculation/acceptance.py on the host.
+
+On the H200 (the lead's run), after `VOCAB_EXTRA=127000 source bench/gpu/setup.sh`:
+`python bench/gpu/spec_cost.py --target $TARGET --draft $DRAFTER --n_gpu_layers -1 --rows 1 4 16
+--context 2048 --out docs/data/spec_cost_h200.json`, then `python bench/gpu/spec_cost_report.py`."""
 
 
 def where(data: dict[str, Any]) -> str:
@@ -47,7 +51,8 @@ def where(data: dict[str, Any]) -> str:
             f"target {Path(target['path']).name} ({target['n_layer']} layers, width {target['n_embd']}, "
             f"{target['n_vocab']:,} tokens), draft {Path(draft['path']).name} ({draft['n_layer']} layers, width "
             f"{draft['n_embd']}); each cost the {'least step' if data.get('aggregate') == 'min' else 'median'} "
-            f"over {len({r['rep'] for r in data['results']})} reps. Command: `python {' '.join(data['argv'])}`")
+            f"over {len({r['rep'] for r in data['results']})} reps. Command: `python {' '.join(data['argv'])}`"
+            + (f". Note: {data['note'].rstrip('.')}" if data.get("note") else ""))
 
 
 def table(data: dict[str, Any], rows: int) -> list[str]:
@@ -62,7 +67,21 @@ def table(data: dict[str, Any], rows: int) -> list[str]:
                      f"{c['accept_sampled_ms']:.3f} | " + " | ".join(f"{u:.2f}x" if u is not None else "" for u in ups)
                      + " |")
     best = "; ".join(f"a = {a}: k {s['best_k']} ({s['best_speedup']:.2f}x)" for a, s in sorted(speed.items()))
-    return [*lines, "", f"Best k (0: speculation does not pay): {best}."]
+    return [*lines, "", f"Best k (0: speculation does not pay): {best}.", "", *shares(cost)]
+
+
+def shares(cost: list[dict[str, Any]]) -> list[str]:
+    """What a draft token costs against a plain step: the draft's, and the target's verify."""
+    by_k = {c["k"]: c for c in cost}
+    top = max(by_k)
+    if top == 0 or 1 not in by_k or by_k[0]["verify_ms"] <= 0:
+        return []
+    plain = by_k[0]["verify_ms"]
+    draft = by_k[1]["draft_ms"] / plain
+    verify = (by_k[top]["verify_ms"] - plain) / top / plain
+    return [f"A draft token costs the draft model {draft:.2f} of a plain step, and the target's verify "
+            f"{verify:.2f} of one (k 0 to {top}): speculation pays only where their sum is well below the "
+            "acceptance."]
 
 
 def section(files: list[tuple[Path, dict[str, Any]]]) -> str:
