@@ -208,6 +208,22 @@ USAGE = [
 DRAFT_MODEL_HEADING = "## A draft model: what a step costs"  # the section bench/gpu/spec_cost_report.py writes
 
 
+def differences(results: dict) -> list[str]:
+    """Where a case's greedy texts differ between the arms: the first differing character, both ways."""
+    lines = []
+    for i, rep in enumerate(results["reps"]):
+        for case in cases(results["reps"]):
+            for a, b in zip(rep[f"{case}-plain"]["texts"], rep[f"{case}-lookup"]["texts"]):
+                if a != b:
+                    at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                    lines.append(f"- rep {i}, {case}: the same for {at} characters, then without "
+                                 f"`{a[at - 30:at + 20]!r}`, with `{b[at - 30:at + 20]!r}`")
+    if not lines:
+        return []
+    return ["Where the greedy texts differ (a near tie the 4+-token batch's kernels decide otherwise: "
+            "see above):", *lines, ""]
+
+
 def write_page(results: dict, command: str) -> None:
     s, m = results["summary"], results["machine"]
     lines = [
@@ -231,6 +247,7 @@ def write_page(results: dict, command: str) -> None:
           f"{s[t]['speedup']:.2f}x | {s[t]['acceptance']:.0%} | {s[t]['tokens_per_step']:.2f} | "
           f"{'yes' if s[t]['same_text'] else 'NO'} |" for t in s),
         "",
+        *differences(results),
         "![tokens per second with and without prompt lookup](speculation.png)",
         "",
         "Per rep (tokens/s, without / with; accepted / drafted):",
