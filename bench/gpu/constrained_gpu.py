@@ -38,7 +38,9 @@ def main() -> None:
     run_args = constrained.parser().parse_args([])
     for key in ("arms", "kinds", "clients", "slots", "max_tokens", "reps", "gpu_layers"):
         setattr(run_args, key, getattr(args, key))
-    run_args.model, run_args.n_ctx = args.target, args.slots * (args.max_tokens + 64)
+    # ours' --n_ctx is one slot's context (the KV pool holds slots x n_ctx): a slot's prompt and answer.
+    # slots x (max_tokens + 64) here made each server's pool 786K tokens and the second one failed to start
+    run_args.model, run_args.n_ctx = args.target, 1024 + args.max_tokens
     result = constrained.run(run_args)
     ratios = {f"{arm}/{kind}": round(result["medians"][f"{arm}/{kind}"]["tok_s"]
                                      / result["medians"][f"{arm}/plain"]["tok_s"], 3)
