@@ -1,13 +1,13 @@
 """llguidance's view of a model's vocabulary: its tokenizer, built from the llama.cpp vocab.
 
-llguidance (the constraint engine of engine/constraints.py) needs every token's bytes and a
-tokenize function whose tokens spell exactly the bytes it was given: it tokenizes the text a
-grammar forces and allows only the first of those tokens (so control tokens are parsed: a forced
-"[THINK]" or "<|channel|>" is the model's own token, as llama-server's preserved tokens). llama.cpp's own tokenizer does not always spell its input
-back (a SentencePiece vocabulary reads "▁" as a space: a grammar that forces "▁" got a token for " ",
-which the parser then refused), so here a tokenization that does not spell its input is replaced by
-a greedy longest-match one that does. Building it reads the whole vocabulary once (262K tokens:
-about 2 s on one core), so each model's is built on first use and kept.
+llguidance (the constraint engine of engine/constraints.py) needs every token's bytes and a tokenize function
+whose tokens spell exactly the bytes it was given: it tokenizes the text a grammar forces and allows only the
+first of those tokens (so control tokens are parsed: a forced "[THINK]" or "<|channel|>" is the model's own
+token, as llama-server's preserved tokens). llama.cpp's own tokenizer does not always spell its input back (a
+SentencePiece vocabulary reads "▁" as a space: a grammar that forces "▁" got a token for " ", which the parser
+then refused), so here a tokenization that does not spell its input is replaced by a greedy longest-match one
+that does. Building it reads the whole vocabulary once (262K tokens: about 2 s on one core), so each model's
+is built on first use and kept.
 """
 from __future__ import annotations
 
