@@ -149,10 +149,10 @@ def _speculation(engines: dict[str, SchedulerStats]) -> Iterator[GaugeMetricFami
                                    labels=label)
     per_step = GaugeMetricFamily("pflash_spec_decode_tokens_per_step", "Tokens a decoding request took per step, "
                                  "since start (1 without speculation)", labels=label)
-    for name, stats in engines.items():
-        spec = stats.speculation
-        if spec is None:
-            continue
+    speculating = {name: stats.speculation for name, stats in engines.items() if stats.speculation is not None}
+    if not speculating:  # no family without samples: a scraper reading each family's first sample finds one
+        return
+    for name, spec in speculating.items():
         drafts.add_metric([name], spec.speculating_rows)
         drafted.add_metric([name], spec.drafted)
         accepted.add_metric([name], spec.accepted)
