@@ -115,13 +115,14 @@ class Speculation:
             self.policy.cost.observe(tokens, self.clock() - start)
             self._step = None
         counts = self.counts
-        for item in step.items:
-            if not item.request.output_tokens:
-                continue
+        decoding = [item for item in step.items if item.request.output_tokens]
+        learn = len(decoding) <= self.policy.max_rows  # beyond, no row drafts: 128 rows cost no bookkeeping
+        for item in decoding:
             out = outputs.get(item.request.request_id)
             accepted = len(out.accepted) if isinstance(out, TokenOutput) else 0
-            self._keys.add(item.request.request_id)
-            self.policy.drafted(item.request.request_id, item.drafts, accepted)
+            if learn:
+                self._keys.add(item.request.request_id)
+                self.policy.drafted(item.request.request_id, item.drafts, accepted)
             counts.rows += 1
             counts.tokens += 1 + accepted
             if item.drafts:
