@@ -159,6 +159,32 @@ class Constraints:
             for k, row in zip(at, where):
                 _mask_row(logits[row], self._masks[k], self.n_vocab)
 
+    def apply(self, logits: np.ndarray, rows: list[tuple[int, int]], n_threads: int = 1) -> dict[int, str]:
+        """The filled masks of these (slot, logits row) pairs applied in place (rows of slots
+        without a matcher left alone); the slots whose matcher can go no further (its grammar broke
+        a limit of llguidance's), with why: their rows are not masked."""
+        broken: dict[int, str] = {}
+        masked = []
+        for slot, row in rows:
+            if slot not in self._matchers:
+                continue
+            why = self.error(slot)
+            if why is not None:
+                broken[slot] = why
+            elif slot in self._filled:
+                masked.append((slot, row))
+        self.mask_rows(logits, masked, n_threads)
+        return broken
+
+    def settle(self, slot: int, token: int, row: np.ndarray) -> int | None:
+        """The token the slot's filled mask lets through: `token` where allowed, else the allowed one
+        with the best logit in `row` (the samplers chose among tokens all at -inf: min_tokens holding
+        back the end the grammar allows, say); None where nothing is allowed (the generation ends)."""
+        if self.allows(slot, token):
+            return token
+        ids = self.allowed(slot)
+        return int(ids[np.argmax(row[ids])]) if ids.size else None
+
     def error(self, slot: int) -> str | None:
         """Why the slot's matcher can go no further (a grammar error, a limit reached), if it cannot."""
         matcher = self._matchers[slot]

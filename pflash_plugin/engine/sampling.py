@@ -25,7 +25,7 @@ from ..llama.devices import gpu_count
 from .batch_sampling import RowParams, bias_rows, penalize_rows, penalizes, sample_rows
 from .constraints import Constraints
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
-from .speculation.acceptance import accept
+from .speculation.verifier import Verifier
 
 # Which path serves which field of SamplingParams: positive lists. A field missing from every
 # list (a new parameter) sends its requests nowhere: `choose_path` raises, and so does the test
@@ -120,6 +120,7 @@ class Sampling:
         self._retired: list[SamplerChain] | None = None  # None: no decode in flight
         self.constraints = Constraints(model)  # llguidance's matchers, by slot
         self._masked = False  # the constrained rows' masks for the step in flight are filled
+        self.verifier: Verifier[_Bound] = Verifier(self._eog, self._chain_token)  # the speculating rows
 
     def bind(self, slot: int, request: Request) -> None:
         """Take a starting request's parameters: its path, chain and generator."""
@@ -195,7 +196,7 @@ class Sampling:
         """One token per row (request, batch index), in the step's output order, for the requests
         still running (one that a stop string ended while the decode ran gets none). A request with
         `drafts` (by its id) has a row for its last token and one per draft, consecutive: they are
-        verified (`_verify`), and its token comes after the drafts the target accepted. A sampling
+        verified (speculation/verifier.py), and its token comes after the drafts the target accepted. A sampling
         error belongs to its request alone: it is returned in that request's place. Every entry
         comes after a read of the decode's outputs (LlamaRunner.collect waits only where there is none)."""
         drafts = drafts or {}
@@ -232,78 +233,39 @@ class Sampling:
                     outputs[bound.request.request_id] = error
         for k, bound, _ in host:
             self._commit(bound, logits[k], raw.get(k), outputs)
-        for key, (bound, at) in verified.items():
-            try:
-                outputs[key] = self._verify(logits, bound, at, drafts[key])
-            except Exception as error:
-                outputs[key] = error
+        outputs.update(self.verifier.verify(logits, verified, drafts))
         return outputs
 
     def _constrain(self, logits: np.ndarray, rows: list[tuple[int, _Bound]]) -> dict[int, Exception]:
         """The constrained rows' masks applied in place; a row whose matcher can go no further
-        (its grammar broke a limit of llguidance's) gets its request's error instead."""
-        constraints = self.constraints
-        refused: dict[int, Exception] = {}
-        masked = []
-        for k, bound in rows:
-            slot = bound.request.held_slot
-            if slot not in constraints:
-                continue
-            why = constraints.error(slot)
-            if why is not None:
-                refused[bound.request.request_id] = RequestRefused(f"the grammar cannot go on: {why}")
-            elif constraints.filled(slot):
-                masked.append((slot, k))
-        constraints.mask_rows(logits, masked, self.ctx.n_threads)
-        return refused
+        gets its request's error instead."""
+        broken = self.constraints.apply(logits, [(b.request.held_slot, k) for k, b in rows], self.ctx.n_threads)
+        return {b.request.request_id: RequestRefused(f"the grammar cannot go on: {broken[b.request.held_slot]}")
+                for _, b in rows if b.request.held_slot in broken}
 
     def _commit(self, bound: _Bound, row: np.ndarray, raw: np.ndarray | None,
                 outputs: dict[int, TokenOutput | Exception]) -> None:
-        """A constrained row's token into its matcher: a token its mask forbids (the samplers chose
-        among tokens all at -inf: min_tokens holding back the end the grammar allows, say) becomes
-        the allowed token with the best logit first; nothing allowed ends the generation."""
+        """A constrained row's token into its matcher, the token its mask allows in place of one
+        it forbids (Constraints.settle); nothing allowed ends the generation."""
         slot, request_id = bound.request.held_slot, bound.request.request_id
         output = outputs.get(request_id)
         if slot not in self.constraints or not isinstance(output, TokenOutput):
             return
-        if not self.constraints.allows(slot, output.token):
-            ids = self.constraints.allowed(slot)
-            if not ids.size:  # the grammar allows nothing more: the generation ends here
-                outputs[request_id] = with_logprobs(self._eog()[0], raw, bound.params.logprobs)
-                return
-            output = with_logprobs(int(ids[np.argmax(row[ids])]), raw, bound.params.logprobs)
-            outputs[request_id] = output
+        token = self.constraints.settle(slot, output.token, row)
+        if token is None:  # the grammar allows nothing more: the generation ends here
+            outputs[request_id] = with_logprobs(self._eog()[0], raw, bound.params.logprobs)
+            return
+        if token != output.token:
+            output = outputs[request_id] = with_logprobs(token, raw, bound.params.logprobs)
         why = self.constraints.commit(slot, output.token)
         if why is not None:
             outputs[request_id] = RequestRefused(f"the grammar cannot go on: {why}")
 
     def speculates(self, request: Request) -> bool:
         """Whether the request's rows may carry drafts: on the batch path (not the device's chain),
-        asking only what `_verify` applies (DEVICE_FIELDS: no log-probabilities, no grammar)."""
+        asking only what the Verifier applies (DEVICE_FIELDS: no log-probabilities, no grammar)."""
         bound = self._slots.get(request.held_slot)
         return bound is not None and bound.path == "batch" and asked_fields(bound.params) <= DEVICE_FIELDS
-
-    def _verify(self, logits: np.ndarray, bound: _Bound, at: list[tuple[int, int]],
-                drafts: Sequence[int]) -> TokenOutput:
-        """A speculating row: its k+1 rows (output index, batch index) with min_tokens and the
-        logit bias applied as the batch path applies them, then acceptance.accept (the greedy
-        argmax or rejection sampling, the penalties' windows there); its chain accepts the tokens
-        taken, so its penalty window stays whole."""
-        p, generated = bound.params, bound.request.output_tokens
-        outs = [k for k, _ in at]
-        held = [k for j, k in enumerate(outs) if len(generated) + j < p.min_tokens]
-        if held:
-            logits[np.ix_(held, self._eog())] = -np.inf
-        target = logits[outs]  # a copy
-        for token, bias in p.logit_bias.items():
-            target[:, token] += np.float32(bias)
-        n, drawn = accept(target, drafts, p, generated, bound.rng)
-        if drawn is None:  # no finite maximum: its chain decides, as on the batch path
-            return TokenOutput(self._chain_token(bound, at[n][1], None).token, accepted=tuple(drafts[:n]))
-        if penalizes(p):
-            for taken in (*drafts[:n], drawn):
-                bound.chain.accept(taken)
-        return TokenOutput(drawn, accepted=tuple(drafts[:n]))
 
     def _device_token(self, bound: _Bound, row: int) -> TokenOutput | Exception:
         token = self.ctx.sampled_token(row)
