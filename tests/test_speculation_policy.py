@@ -103,6 +103,8 @@ def make_request(prompt: list[int], output: list[int], **params) -> Request:
 class Recorder:
     """A proposer that drafts a fixed run and records what it was asked and told to forget."""
 
+    reads_media = True
+
     def __init__(self, run: list[int]) -> None:
         self.run, self.asked, self.forgot = run, [], []
 

@@ -84,6 +84,8 @@ class DraftModelConfig:
 class DraftModelProposer:
     """A `Proposer` over a draft model; `close` frees its context (and the model where it owns it)."""
 
+    reads_media = False  # a pseudo-token is no id of its vocabulary: the decode of every row with it fails
+
     def __init__(self, model: Model, config: DraftModelConfig, owns_model: bool = False) -> None:
         self.model, self.owns_model = model, owns_model
         n_batch = max(config.n_batch, config.slots)  # a drafting step decodes a token per slot

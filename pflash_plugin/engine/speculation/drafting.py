@@ -96,12 +96,18 @@ class Speculation:
         for request in decode:
             k = min(self.policy.draft_tokens(request.request_id, rows), room,
                     request.params.max_tokens - len(request.output_tokens) - 1)
-            if k > 0 and request.params.speculative and request.thinking is None and self.eligible(request):
+            if k > 0 and self._may_draft(request):
                 wanted.append(DraftRow(request.request_id, Joined(request.prefill_tokens, request.output_tokens), k))
                 self._keys.add(request.request_id)
                 room -= k
         proposed = self.proposer.propose(wanted) if wanted else []
         return {row.key: list(draft[:row.k]) for row, draft in zip(wanted, proposed) if draft}
+
+    def _may_draft(self, request: Request) -> bool:
+        """The request allows drafts, its sampling path verifies them, and the proposer can read
+        its tokens (a draft model cannot decode media pseudo-tokens: Proposer.reads_media)."""
+        return (request.params.speculative and request.thinking is None and self.eligible(request)
+                and (self.proposer.reads_media or not request.media))
 
     def started(self, step: Step) -> None:
         """The step is about to run: timed if it only decodes (the policy's step cost)."""

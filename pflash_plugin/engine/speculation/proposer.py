@@ -31,6 +31,12 @@ class DraftRow:
 class Proposer(Protocol):
     """Drafts tokens for rows; the engine verifies them."""
 
+    @property
+    def reads_media(self) -> bool:
+        """Whether it may be given rows whose tokens hold media pseudo-tokens (negative ids,
+        engine/media_prompt.py): a lookup skips them, a draft model cannot decode them."""
+        ...
+
     def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]:
         """One draft (at most ``row.k`` tokens, maybe empty) per row, in order."""
         ...
