@@ -105,6 +105,7 @@ class Constraints:
         self._executor: llguidance.LLExecutor | None = None  # its threads start on first use
         self._masks = np.zeros((0, 0), dtype=np.int32)
         self._filled: dict[int, int] = {}  # slot -> its row in _masks, for the step in flight
+        self._ahead = False  # the step in flight's masks were filled beside its decode
 
     def bind(self, slot: int, grammar: str) -> None:
         """A matcher for the slot's request (ConstraintError: llguidance refuses the grammar)."""
@@ -135,6 +136,22 @@ class Constraints:
             self._executor = llguidance.LLExecutor(_executor_threads())
         self._executor.unsafe_compute_mask_ptr([(self._matchers[slot], k) for slot, k in self._filled.items()],
                                                self._masks.ctypes.data, words * 4, self._masks.shape[0])
+
+    def fill_ahead(self, slots: list[int]) -> None:
+        """`fill` beside the device's decode (the runner's launch returned early): the mask of a
+        row's next token depends only on the tokens it has, so sampling need not wait for it."""
+        self.fill(slots)
+        self._ahead = True
+
+    def fill_due(self, slots: list[int]) -> None:
+        """`fill` for the step being sampled, unless `fill_ahead` did; the next step fills anew."""
+        ahead, self._ahead = self._ahead, False
+        if not ahead:
+            self.fill(slots)
+
+    def stale(self) -> None:
+        """A new step is launched: masks filled ahead for one that was never sampled are stale."""
+        self._ahead = False
 
     def filled(self, slot: int) -> bool:
         return slot in self._filled

@@ -119,7 +119,6 @@ class Sampling:
         # device chains let go while a decode that runs them is in flight: freed once it has landed
         self._retired: list[SamplerChain] | None = None  # None: no decode in flight
         self.constraints = Constraints(model)  # llguidance's matchers, by slot
-        self._masked = False  # the constrained rows' masks for the step in flight are filled
         self.verifier: Verifier[_Bound] = Verifier(self._eog, self._chain_token)  # the speculating rows
 
     def bind(self, slot: int, request: Request) -> None:
@@ -164,7 +163,7 @@ class Sampling:
         planned (a stop string in the text released before a launch of several ubatches) has no
         chain: its row decodes, nothing samples it (`sample`), and the scheduler drops what it wrote."""
         self.landed()  # chains a decode that never landed (a failed step) let go
-        self._masked = False  # masks filled for a step that was never sampled are stale
+        self.constraints.stale()  # masks filled for a step that was never sampled
         self._retired = []
         for request, _ in rows:
             if not request.status.running:
@@ -179,11 +178,7 @@ class Sampling:
     def beside_decode(self, rows: list[tuple[Request, int]]) -> None:
         """The constrained rows' masks, while the device decodes (the runner calls it where its
         launch returns early): the mask of a row's next token depends only on the tokens it has."""
-        self._fill_masks(rows)
-        self._masked = True
-
-    def _fill_masks(self, rows: list[tuple[Request, int]]) -> None:
-        self.constraints.fill([request.held_slot for request, _ in rows if request.status.running])
+        self.constraints.fill_ahead(_running_slots(rows))
 
     def landed(self) -> None:
         """The decode since `before_decode` has ended (or failed): the chains it ran can go."""
@@ -213,13 +208,15 @@ class Sampling:
                 outputs[request.request_id] = self._device_token(bound, row)
             else:
                 host.append((k, bound, row))
-        masked, self._masked = self._masked, False
         if not host and not verified:
             return outputs
-        if not masked:
-            self._fill_masks(rows)
+        self.constraints.fill_due(_running_slots(rows))
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
-        self._suppress_eog(logits, [(k, bound) for k, bound, _ in host])
+        # min_tokens: end-of-generation at -inf before any sampler sees the rows (a grammar that allows
+        # nothing else still ends the generation), one assignment for all (64 rows cost 0.3 ms row by row)
+        held = [k for k, bound, _ in host if bound.short_of_min_tokens]
+        if held:
+            logits[np.ix_(held, self._eog())] = -np.inf
         # log-probabilities as llama.cpp's grammar path gave them: after min_tokens, before the mask
         raw = {k: logits[k].copy() for k, bound, _ in host if bound.params.logprobs is not None}
         outputs.update(self._constrain(logits, [(k, bound) for k, bound, _ in host]))
@@ -306,14 +303,6 @@ class Sampling:
             raise RequestRefused(str(error)) from error
         return with_logprobs(token, logits, top_n)
 
-    def _suppress_eog(self, logits: np.ndarray, rows: list[tuple[int, _Bound]]) -> None:
-        """min_tokens: end-of-generation tokens get -inf in the rows of requests short of it, before
-        any sampler sees them (where a grammar allows nothing else, the sampler still ends the
-        generation)."""
-        held = [k for k, bound in rows if bound.short_of_min_tokens]
-        if held:  # one assignment for every row (64 of them cost 0.3 ms row by row)
-            logits[np.ix_(held, self._eog())] = -np.inf
-
     def _set_device_chain(self, slot: int, bound: _Bound, hold_eog: bool) -> bool:
         """A new device chain for the slot (llama.cpp builds a chain into its graph once): the
         request's, with end-of-generation biased to -inf while `hold_eog`; the penalties' window
@@ -337,6 +326,10 @@ class Sampling:
         if self._eog_tokens is None:
             self._eog_tokens = [t for t in range(self.model.n_vocab) if self.model.is_eog(t)]
         return self._eog_tokens
+
+
+def _running_slots(rows: list[tuple[Request, int]]) -> list[int]:
+    return [request.held_slot for request, _ in rows if request.status.running]
 
 
 def with_logprobs(token: int, logits: np.ndarray | None, top_n: int | None) -> TokenOutput:
