@@ -166,7 +166,7 @@ USAGE = [
     "tokens per request and step. In a config file: `\"draft_model\": \"prompt-lookup-decoding\"` per model.",
     "",
     "How: inside continuous batching, a decoding request's row carries its last token and its drafts, with "
-    "logits at each; the one decode checks them (engine/sampling.py `_verify`, engine/speculation/acceptance.py): "
+    "logits at each; the one decode checks them (engine/speculation/verifier.py, engine/speculation/acceptance.py): "
     "a greedy row keeps drafts while each is the argmax, a sampled row keeps them while each equals its own draw "
     "(one-hot drafts; a draft with probabilities goes through rejection sampling). The kept tokens go through "
     "the usual path one by one (end of generation, `max_tokens`, stop strings, the reasoning budget), the KV "
