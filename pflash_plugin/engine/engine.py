@@ -9,7 +9,6 @@ fails that request alone; only a failure of llama.cpp itself marks the model fai
 """
 from __future__ import annotations
 
-import copy
 import logging
 import queue
 import threading
@@ -20,12 +19,12 @@ from typing import Any, Callable
 
 from ..llama import DecodeError
 from .failures import Failures
-from .handoff import shared_jobs
-from .media_encoder import MediaEncoder
+from .compression_feed import feed
+from .media_encoder import MediaEncoder, want_media
 from .published import Published
 from .request import ErrorKind, Report, Request, RequestStatus
 from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
-from .seams import CompressionResult, Compressor, Runner
+from .seams import Compressor, Runner
 from .stats import SchedulerStats
 from .watchdog import Watchdog
 from .step_policy import arrival_order
@@ -91,14 +90,14 @@ class Engine:
         self.scheduler, self.runner, self.name = scheduler, runner, name
         self.compressor = compressor
         self.media = media
-        if media is not None:
-            media.on_done = self._wake_up  # a request whose media just encoded can step
         self.watchdog = Watchdog(max_step_s)
         self.published = Published(scheduler)
         self.activity = self.published.activity  # what the compressor is told
         self.failures = Failures(scheduler, name)
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
+        if media is not None:
+            media.on_done = self._wake.set  # a request whose media just encoded can step
         self._closing = False  # shutdown() was called: submit refuses
         self._closing_lock = threading.Lock()  # no Submit lands behind the Shutdown message
         self._deadline: float | None = None  # engine thread: draining until then
@@ -126,7 +125,7 @@ class Engine:
         if stalled:
             raise AdmissionError.unavailable(f"the model {self.name} is stalled: {stalled}")
         self.scheduler.check(*requests)  # reads only fixed limits
-        self._want_media(requests)
+        want_media(self.media, requests, self.name)
         message = Submit(requests)
         with self._closing_lock:
             if self._closing:
@@ -134,16 +133,6 @@ class Engine:
             self._post(message)
         self._arrival.set()
         return message.answer
-
-    def _want_media(self, requests: tuple[Request, ...]) -> None:
-        """Start encoding the requests' media (on the encoder's worker) as they are submitted."""
-        spans = [span for request in requests for span in request.media]
-        if not spans:
-            return
-        if self.media is None:
-            raise AdmissionError(ErrorKind.INVALID, f"the model {self.name} takes no media: it was loaded without "
-                                 "a projector (--mmproj)")
-        self.media.want(spans)
 
     def cancel(self, request: Request) -> None:
         """Finish the request as cancelled before the next step; its slot and pages come back."""
@@ -193,22 +182,12 @@ class Engine:
         return self.published.stats
 
     def _hand_off(self) -> None:
-        """Give the compressor the requests the scheduler handed off: a job that several requests
-        share (the n samples of one prompt) runs once, and its result goes to each."""
-        for job, requests in shared_jobs(self.scheduler.take_handed()):
-            assert self.compressor is not None
-
-            def deliver(result: CompressionResult, requests: list[Request] = requests) -> None:
-                for request in requests:  # on the compression thread
-                    self._post(Compressed(request, result.tokens, copy.copy(result.report)))
-
-            self.compressor.submit(job, self.activity, deliver)
+        """The requests the scheduler handed off, to the compressor (compression_feed.py)."""
+        feed(self.compressor, self.scheduler.take_handed(), self.activity,
+             lambda request, tokens, report: self._post(Compressed(request, tokens, report)))
 
     def _post(self, message: Message) -> None:
         self._inbox.put(message)
-        self._wake.set()
-
-    def _wake_up(self) -> None:
         self._wake.set()
 
     # ---- engine thread ---------------------------------------------------------------------

@@ -17,7 +17,9 @@ import numpy as np
 
 from ..llama.media import Projector
 from .media import MediaInput
+from .limits import AdmissionError
 from .media_prompt import MediaPrompt, MediaSpan, build_prompt
+from .request import ErrorKind, Request
 
 
 
@@ -104,3 +106,15 @@ class MediaEncoder:
         """End the worker (an encode under way finishes first), then free the projector."""
         self._worker.shutdown(wait=True, cancel_futures=True)
         self.projector.close()
+
+
+def want_media(encoder: MediaEncoder | None, requests: Sequence[Request], name: str) -> None:
+    """Start encoding the requests' media (on the encoder's worker) as they are submitted, so the
+    engine thread finds them encoded; AdmissionError where the model `name` has no projector."""
+    spans = [span for request in requests for span in request.media]
+    if not spans:
+        return
+    if encoder is None:
+        raise AdmissionError(ErrorKind.INVALID, f"the model {name} takes no media: it was loaded without "
+                             "a projector (--mmproj)")
+    encoder.want(spans)
