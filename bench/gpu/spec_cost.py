@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import llama_cpp  # noqa: F401, I001  before numpy: numpy first made the CUDA model load segfault on the H200 machine
 import numpy as np
 
 from pflash_plugin.engine.speculation import DraftRow
