@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from harness import REPO, ServerProcess, machine
+from harness import REPO, ServerProcess, machine, sse_events
 from host_overhead import worktree
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -83,10 +83,10 @@ async def short(http: httpx.AsyncClient, url: str, request: tuple[str, bytes]) -
     usage: dict[str, Any] = {}
     async with http.stream("POST", url + path, content=body, headers={"content-type": "application/json"}) as reply:
         head = time.perf_counter() - start
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: {"):
+        async for data in sse_events(reply):
+            if not data.startswith("{"):
                 continue
-            chunk = json.loads(line[6:])
+            chunk = json.loads(data)
             choice = (chunk.get("choices") or [{}])[0]
             if first is None and (choice.get("text") or (choice.get("delta") or {}).get("content")):
                 first = time.perf_counter() - start

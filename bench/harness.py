@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import AsyncIterator
 
 import httpx
 
@@ -141,3 +142,21 @@ def fit_prompt(client: httpx.Client, url: str, n_tokens: int, kind: str, depth: 
         return client.post(url + "/extras/tokenize/count", json={"input": prompt}).json()["count"]
 
     return fit_needle_prompt(count, n_tokens, kind, depth, seed)
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[str]:
+    """The data of each server-sent event: `data:` lines joined until a blank line (the SSE spec; split
+    on bytes, not on every Unicode line break as str.splitlines would inside a JSON string)."""
+    buffer, data = b"", []
+    async for chunk in response.aiter_bytes():
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+            if line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+            elif not line and data:
+                yield "\n".join(data)
+                data = []
+    if data:
+        yield "\n".join(data)

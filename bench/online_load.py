@@ -17,11 +17,12 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import numpy as np
 
+from harness import sse_events
 from online_data import Item
 
 
@@ -83,24 +84,6 @@ def fold_chunk(outcome: Outcome, payload: str, sent: float, last: list[float]) -
     last[0] = now
     if not usage:
         outcome.output_tokens += 1
-
-
-async def sse_events(response: httpx.Response) -> AsyncIterator[str]:
-    """The data of each server-sent event: `data:` lines joined until a blank line (the SSE spec; split
-    on bytes, not on every Unicode line break as str.splitlines would inside a JSON string)."""
-    buffer, data = b"", []
-    async for chunk in response.aiter_bytes():
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for raw in lines:
-            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
-            if line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-            elif not line and data:
-                yield "\n".join(data)
-                data = []
-    if data:
-        yield "\n".join(data)
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: bytes, outcome: Outcome, start: float) -> None:

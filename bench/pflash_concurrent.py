@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from harness import REPO, ServerProcess, fit_prompt, machine
+from harness import REPO, ServerProcess, fit_prompt, machine, sse_events
 
 ARMS = {
     "serial-pflash": ["--max_concurrency", "1", "--pflash", "always"],
@@ -48,10 +48,10 @@ async def chat_item(client: httpx.AsyncClient, url: str, text: str) -> dict:
     # min_tokens: the base demo model may end a chat turn at once; the benchmark times a reply
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": 8, "min_tokens": 2, "temperature": 0, "stream": True}
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+        async for data in sse_events(response):
+            if data == "[DONE]":
                 continue
-            delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
+            delta = json.loads(data)["choices"][0]["delta"].get("content")
             if delta:
                 ttft = ttft or time.perf_counter() - t0
                 content += delta

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Awaitable, TypeVar
 
 import httpx
-from harness import REPO, ServerProcess, demo_model_path, machine
+from harness import REPO, ServerProcess, demo_model_path, machine, sse_events
 from upstream import UpstreamServer, available, model_options
 
 T = TypeVar("T")
@@ -274,10 +274,8 @@ async def stream(client: httpx.AsyncClient, server: ServerProcess, prompt: str, 
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 raise failure(server, "HTTP error", body, f"{response.status_code} {text[:1000]}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
+            async for data in sse_events(response):
+                payload = data.strip()
                 if payload == "[DONE]":
                     result.done_at = time.perf_counter()
                     break

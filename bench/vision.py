@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from harness import REPO, ServerProcess, machine
+from harness import REPO, ServerProcess, machine, sse_events
 from pflash_plugin.llama.tiny_gguf import cached_tiny_llama
 from pflash_plugin.llama.tiny_projector import cached_tiny_projector
 from pflash_plugin.testing.media_files import png
@@ -79,9 +79,9 @@ async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent:
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                choices = json.loads(line[6:]).get("choices") or [{}]
+        async for data in sse_events(response):
+            if data != "[DONE]":
+                choices = json.loads(data).get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
                     pieces += 1
                     first = first or time.perf_counter()

@@ -15,6 +15,7 @@ from conftest import live_server
 from report_pages import REPO, tables
 
 sys.path.append(str(REPO / "bench"))  # last: bench/ scripts must not shadow the standard library
+import harness  # noqa: E402
 import online_data  # noqa: E402
 import online_load  # noqa: E402
 import online_report  # noqa: E402
@@ -45,7 +46,7 @@ def test_server_sent_events_are_split_by_the_spec_not_by_unicode_line_breaks():
             + 'data: {"choices": [{"text":\ndata: "x"}]}\r\n\r\n' + "data: [DONE]\n\n").encode()
 
     async def events() -> list[str]:
-        return [e async for e in online_load.sse_events(httpx.Response(200, content=body))]
+        return [e async for e in harness.sse_events(httpx.Response(200, content=body))]
 
     found = asyncio.run(events())
     assert [json.loads(e)["choices"][0]["text"] for e in found[:2]] == [text, "x"]

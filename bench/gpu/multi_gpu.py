@@ -38,7 +38,7 @@ from typing import Any, Callable
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for harness
-from harness import ServerProcess  # noqa: E402
+from harness import ServerProcess, sse_events  # noqa: E402
 
 VOCAB = (300, 1300)  # plain tokens of write_tiny_llama's vocabulary (about 1,341 tokens)
 SLOTS = 64
@@ -153,10 +153,10 @@ async def stream_times(client: httpx.AsyncClient, server: Server,
                              headers={"content-type": "application/json"}) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"{server.label}: {reply.status_code} {(await reply.aread())[:300]!r}")
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: {"):
+        async for data in sse_events(reply):
+            if not data.startswith("{"):
                 continue
-            chunk = json.loads(line[6:])
+            chunk = json.loads(data)
             choices = chunk.get("choices") or []
             if first is None and choices and choices[0].get("text"):
                 first = time.perf_counter() - start
