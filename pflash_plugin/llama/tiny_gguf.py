@@ -14,7 +14,7 @@ import os
 import pathlib
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -276,28 +276,34 @@ def tiny_model_path(tmp_dir: str | os.PathLike[str], **kw: Any) -> pathlib.Path:
 _CACHE: dict[str, pathlib.Path] = {}
 
 
-def cached_tiny_llama(**kw: Any) -> pathlib.Path:
-    """Return a tiny model for ``kw``, written once per process and then reused.
+def cached_gguf(key: str, name: str, write: Callable[[str], object]) -> pathlib.Path:
+    """The file `name` (keyed by `key`) under the temp dir's pflash_tiny_models, written by `write`
+    once per process and then reused.
 
     Rewritten (atomically) on the first call in each process so a stale file from an
     older generator version can never be picked up; concurrent writers are safe.
     """
-    key = hashlib.sha256(
-        json.dumps(sorted(kw.items()), default=str).encode()
-    ).hexdigest()[:16]
     cached = _CACHE.get(key)
     if cached is not None and cached.exists():
         return cached
     out_dir = pathlib.Path(tempfile.gettempdir()) / "pflash_tiny_models"
     out_dir.mkdir(parents=True, exist_ok=True)
-    final = out_dir / f"{key}.gguf"
+    final = out_dir / name
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".gguf.tmp")
     os.close(fd)
     try:
-        write_tiny_llama(tmp, **kw)
+        write(tmp)
         os.replace(tmp, final)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     _CACHE[key] = final
     return final
+
+
+def cached_tiny_llama(**kw: Any) -> pathlib.Path:
+    """Return a tiny model for ``kw``, written once per process and then reused (cached_gguf)."""
+    key = hashlib.sha256(
+        json.dumps(sorted(kw.items()), default=str).encode()
+    ).hexdigest()[:16]
+    return cached_gguf(key, f"{key}.gguf", lambda path: write_tiny_llama(path, **kw))

@@ -18,11 +18,12 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from .tiny_gguf import cached_gguf
 
 
 @dataclass(frozen=True)
@@ -110,27 +111,9 @@ class TinyProjector:
         return tensors
 
 
-_CACHE: dict[str, pathlib.Path] = {}
-
-
 def cached_tiny_projector(**kw: Any) -> pathlib.Path:
     """The TinyProjector of `kw` (its fields as keywords), written once per process (atomically,
-    as tiny_gguf.cached_tiny_llama) and then reused."""
+    tiny_gguf.cached_gguf) and then reused."""
     spec = TinyProjector(**kw)
     key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:16]
-    cached = _CACHE.get(key)
-    if cached is not None and cached.exists():
-        return cached
-    out_dir = pathlib.Path(tempfile.gettempdir()) / "pflash_tiny_models"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    final = out_dir / f"mmproj-{key}.gguf"
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".gguf.tmp")
-    os.close(fd)
-    try:
-        spec.write(tmp)
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _CACHE[key] = final
-    return final
+    return cached_gguf(key, f"mmproj-{key}.gguf", spec.write)
