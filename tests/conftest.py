@@ -6,7 +6,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -122,3 +122,26 @@ def two_streams(tiny_model: Path):
     yield model, ctx, runner, batch
     batch.close()
     runner.close()
+
+
+def run_requests(engine, requests: list, timeout: float = 120,
+                 on_event: Callable[[int, object], None] | None = None) -> dict[int, object]:
+    """Submit `requests` to an in-process engine together (admitted in one step) and wait for each
+    one's end: its FinishEvent or ErrorEvent, by request id. `on_event(request_id, event)` sees every
+    event of a request first."""
+    from pflash_plugin.engine.request import ErrorEvent, FinishEvent
+
+    ends: dict[int, object] = {}
+    done = threading.Semaphore(0)
+    for request in requests:
+        def sink(event, rid: int = request.request_id) -> None:
+            if on_event is not None:
+                on_event(rid, event)
+            if isinstance(event, (FinishEvent, ErrorEvent)):
+                ends[rid] = event
+                done.release()
+        request.sink = sink
+    engine.submit(*requests)
+    for _ in requests:
+        assert done.acquire(timeout=timeout), "a request did not finish"
+    return ends

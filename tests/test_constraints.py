@@ -16,6 +16,7 @@ from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 
 from conftest import live_server
+from conftest import run_requests as run  # submitted together (admitted in one step); each one's end event
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150},
@@ -23,22 +24,6 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age", "ok"], "additionalProperties": False}
 LIST_GBNF = 'root ::= "[" item ("," item)* "]"\nitem ::= [1-9] [0-9]{0,2}'
 AMBIGUOUS = 'root ::= r "x"\nr ::= "a" r "b" | "a" r "c" | "a"'  # llama.cpp's parse stacks grow 4x a token
-
-
-def run(engine, requests: list[Request], timeout: float = 120) -> dict[int, object]:
-    """Submit together (admitted in one step); each request's end event."""
-    ends: dict[int, object] = {}
-    done = threading.Semaphore(0)
-    for request in requests:
-        def sink(event, rid: int = request.request_id) -> None:
-            if isinstance(event, (FinishEvent, ErrorEvent)):
-                ends[rid] = event
-                done.release()
-        request.sink = sink
-    engine.submit(*requests)
-    for _ in requests:
-        assert done.acquire(timeout=timeout), "a request did not finish"
-    return ends
 
 
 def mixed(model, constrained: bool, lengths: list[int] | None = None) -> list[Request]:

@@ -8,7 +8,6 @@ it was left out on purpose (a GPU build with LLAVA off)."""
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -22,6 +21,8 @@ from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 from pflash_plugin.llama.media import MediaError, Projector, helper_eval, mtmd_available
 from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
+
+from conftest import run_requests
 
 if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
     pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)", allow_module_level=True)
@@ -43,20 +44,12 @@ def image(seed: int) -> MediaInput:
 
 def run(engine, requests: list[Request], timeout: float = 60) -> list[FinishEvent | ErrorEvent]:
     """Runs the requests together; each one's TokenOutputs go to OUTPUTS[request_id]."""
-    ends: dict[int, FinishEvent | ErrorEvent] = {}
-    done = threading.Semaphore(0)
-    for request in requests:
-        def sink(event, rid: int = request.request_id) -> None:
-            if isinstance(event, TextEvent):
-                FIRST_STEP.setdefault(rid, engine.steps)
-                OUTPUTS.setdefault(rid, []).extend(event.tokens)
-            if isinstance(event, (FinishEvent, ErrorEvent)):
-                ends[rid] = event
-                done.release()
-        request.sink = sink
-    engine.submit(*requests)
-    for _ in requests:
-        assert done.acquire(timeout=timeout), "a request did not finish"
+    def record(rid: int, event: object) -> None:
+        if isinstance(event, TextEvent):
+            FIRST_STEP.setdefault(rid, engine.steps)
+            OUTPUTS.setdefault(rid, []).extend(event.tokens)
+
+    ends = run_requests(engine, requests, timeout, on_event=record)
     return [ends[r.request_id] for r in requests]
 
 
