@@ -34,9 +34,7 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +43,7 @@ from typing import Any
 import httpx
 
 from harness import REPO, ServerProcess, machine, sse_events
-from host_overhead import worktree
+from host_overhead import remove_worktree, worktree
 from pflash_plugin.testing import cached_tiny_llama
 
 SLOTS = 8
@@ -167,8 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for server in servers.values():
             server.stop()
         if tree is not None:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
-            shutil.rmtree(tree, ignore_errors=True)
+            remove_worktree(tree)
     return {"rows": rows, "medians": medians(rows), "machine": machine(), "baseline": args.baseline,
             "long_chars": args.long_chars, "long_ids": LONG_IDS, "slots": SLOTS,
             "command": "python bench/first_token.py " + " ".join(sys.argv[1:])}

@@ -83,10 +83,16 @@ async def _clients(url: str, args: argparse.Namespace, stream: bool) -> float:
 
 
 def worktree(rev: str) -> Path:
+    """A temporary checkout of `rev` (a baseline arm's tree); `remove_worktree` takes it away."""
     path = Path(tempfile.mkdtemp(prefix="pflash-baseline-"))
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True,
                    capture_output=True)
     return path
+
+
+def remove_worktree(tree: Path) -> None:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    shutil.rmtree(tree, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -113,8 +119,7 @@ def run(args: argparse.Namespace) -> dict:
         for server in servers.values():
             server.stop()
         if tree is not None:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
-            shutil.rmtree(tree, ignore_errors=True)
+            remove_worktree(tree)
     return {"rows": rows, "machine": machine(), "clients": args.slots, "tokens": args.tokens, "baseline": args.baseline,
             "model": args.model, "temperature": args.temperature}
 
