@@ -56,8 +56,10 @@ def servers(args: argparse.Namespace, model: str, mmproj: str, slots: int) -> li
     ctx = SHAPES[args.shape]["ctx"]
     gpu = ["--n_gpu_layers", "-1"] if args.gpu else []
     # one slot more than the image chats: the text chat sent beside them has one of its own
-    out = [ServerProcess(f"vision-ours-{slots}", ["--model", model, "--mmproj", mmproj, "--model_alias", "m",
-                                                  "--max_concurrency", str(slots + 1), "--n_ctx", str(ctx), *gpu])]
+    ours = ["--model", model, "--mmproj", mmproj, "--model_alias", "m", "--max_concurrency", str(slots + 1),
+            "--n_ctx", str(ctx), *gpu]
+    out = [ServerProcess(f"vision-ours-{slots}", ours)]
+    out += [ServerProcess(f"vision-ours-enc{n}-{slots}", [*ours, "--media_encoders", str(n)]) for n in args.encoders]
     if args.llama_server:
         out.append(ServerProcess(f"vision-llama-server-{slots}", [
             "-m", model, "--mmproj", mmproj, "-np", str(slots + 1), "-c", str((slots + 1) * ctx), "--cache-ram", "0",
@@ -70,28 +72,66 @@ def image_body(image: bytes, max_tokens: int) -> dict[str, Any]:
     url = "data:image/png;base64," + base64.b64encode(image).decode()
     content = [{"type": "text", "text": "Describe the picture."}, {"type": "image_url", "image_url": {"url": url}}]
     return {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: float) -> dict[str, float]:
-    """One streamed chat: its time to first content and the pieces it streamed."""
-    first, pieces = None, 0
+async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: float) -> dict[str, Any]:
+    """One streamed chat: its time to first content, the pieces it streamed, and the server's
+    timings (ours: usage.timings; llama-server: the last chunk's timings)."""
+    first, pieces, timings = None, 0, {}
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
         async for data in sse_events(response):
             if data != "[DONE]":
-                choices = json.loads(data).get("choices") or [{}]
+                chunk = json.loads(data)
+                timings = chunk.get("timings") or (chunk.get("usage") or {}).get("timings") or timings
+                choices = chunk.get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
                     pieces += 1
                     first = first or time.perf_counter()
-    return {"ttft_s": (first or time.perf_counter()) - sent, "pieces": pieces}
+    return {"ttft_s": (first or time.perf_counter()) - sent, "pieces": pieces, "timings": timings}
+
+
+def server_status(url: str) -> dict[str, Any] | None:
+    """Ours: the model's engine steps and media counters (/status); None for llama-server."""
+    response = httpx.get(url + "/status", timeout=30)
+    if response.status_code != 200 or "models" not in response.json():
+        return None
+    model = response.json()["models"]["m"]
+    return {"steps": model["steps"], **(model.get("media") or {})}
+
+
+def phases(before: dict[str, Any] | None, after: dict[str, Any] | None, wall: float,
+           done: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a round's time went (ours): the media counters' differences over the round, per image
+    and per call, and the requests' own timings (medians, ms)."""
+    if before is None or after is None:
+        return {}
+    d = {key: after[key] - before[key] for key in after if isinstance(after[key], (int, float)) and key in before}
+    encoded, calls, steps = max(d.get("encoded", 0), 1), max(d.get("decode_calls", 0), 1), max(d["steps"], 1)
+    out = {"encoders": after.get("encoders"), "encoded": d.get("encoded"),
+           "encode_ms_per_image": round(1000 * d.get("encode_s", 0) / encoded, 2),
+           "encode_wait_ms_per_image": round(1000 * d.get("encode_wait_s", 0) / encoded, 2),
+           "encode_busy_share": round(d.get("encode_s", 0) / wall / max(after.get("encoders") or 1, 1), 3),
+           "tokenize_ms_per_image": round(1000 * d.get("tokenize_s", 0) / max(d.get("tokenized", 0), 1), 2),
+           "media_decode_calls": d.get("decode_calls"), "media_pieces": d.get("decode_pieces"),
+           "media_rows_per_call": round(d.get("decode_rows", 0) / calls, 1),
+           "media_decode_ms_per_call": round(1000 * d.get("decode_s", 0) / calls, 2),
+           "media_decode_share": round(d.get("decode_s", 0) / wall, 3),
+           "engine_steps": d["steps"], "wall_ms_per_step": round(1000 * wall / steps, 2)}
+    for key in ("prepare_ms", "queue_ms", "prefill_ms", "decode_ms"):
+        values = sorted(t["timings"][key] for t in done if key in t["timings"])
+        if values:
+            out[f"median_{key}"] = values[len(values) // 2]
+    return out
 
 
 async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, Any]:
     """`images` chats at once, and a text chat 0.2 s after them."""
     text = {"model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
             "temperature": 0, "stream": True}
+    before = await asyncio.to_thread(server_status, url)
     async with httpx.AsyncClient(timeout=1800) as client:
         start = time.perf_counter()
         chats = [asyncio.create_task(timed(client, url, image_body(i, max_tokens), start)) for i in images]
@@ -99,10 +139,11 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
         beside = await timed(client, url, text, time.perf_counter())
         done = await asyncio.gather(*chats)
         wall = time.perf_counter() - start
+    after = await asyncio.to_thread(server_status, url)
     pieces = sum(d["pieces"] for d in done)
     return {"wall_s": round(wall, 3), "requests_per_s": round(len(images) / wall, 3),
             "pieces_per_s": round(pieces / wall, 2), "mean_ttft_s": round(sum(d["ttft_s"] for d in done) / len(done), 3),
-            "text_ttft_beside_s": round(beside["ttft_s"], 3)}
+            "text_ttft_beside_s": round(beside["ttft_s"], 3), "phases": phases(before, after, wall, done)}
 
 
 def main() -> None:
@@ -112,6 +153,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--llama-server", dest="llama_server")
+    ap.add_argument("--encoders", type=int, nargs="*", default=[],
+                    help="also ours with --media_encoders N, an arm each (the default arm: the server's auto)")
     ap.add_argument("--target", "--drafter", dest="unused", help="(bench/gpu/servers.sh passes them; --shape writes its models)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "vision.json")
     args = ap.parse_args()

@@ -8,6 +8,7 @@ it was left out on purpose (a GPU build with LLAVA off)."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -290,3 +291,27 @@ def test_a_chunk_ends_at_a_media_edge_and_the_step_gives_the_rest_to_the_next_pr
 
     plan = StepPolicy(max_batch_tokens=64).plan([Seat("a", False, 100, piece_left=13), Seat("b", False, 120)])
     assert plan.chunks == (("a", 13), ("b", 51))  # a's text up to its image; b takes what a could not
+
+
+def test_several_encoders_encode_the_images_of_several_requests_at_once(tiny_model, monkeypatch):
+    """media_encoders 2: two requests' images are inside libmtmd's encode at the same time, each on
+    a projector of its own (the barrier lets an encode begin only once the other has begun: with
+    one worker it breaks and both requests fail), and each answers as llama.cpp's own path does."""
+    config = EngineConfig(n_slots=2, max_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1,
+                          mmproj=str(cached_tiny_projector()), media_encoders=2)
+    model, eng = load_engine(tiny_model, config)
+    try:
+        both = threading.Barrier(2, timeout=20)
+        for projector in eng.media.projectors:
+            monkeypatch.setattr(projector, "encode", lambda chunk, real=projector.encode: (both.wait(), real(chunk))[1])
+        requests = [media_request(eng, image(11)), media_request(eng, image(12))]
+        assert all(isinstance(end, FinishEvent) for end in run(eng, requests))
+        assert [p.encoded for p in eng.media.projectors] == [1, 1]
+        stats = eng.media.stats()
+        assert stats.encoders == 2 and stats.encoded == 2 and stats.decode_rows == 2 * 64
+        assert stats.decode_calls >= 1 and stats.decode_pieces >= 2
+        for request, seed in zip(requests, (11, 12)):
+            assert_parity(model, request, image(seed))
+    finally:
+        eng.stop()
+        eng.close()

@@ -76,6 +76,7 @@ class EngineConfig:
     verbose: bool = False
     mmproj: str | None = None  # a multimodal projector GGUF (issue 46): the engine serves media through libmtmd
     media_cache_bytes: int = 256 << 20  # encoded media embeddings kept, LRU by their bytes' hash
+    media_encoders: int = 0  # projectors encoding at once (0: 1 on the CPU, MEDIA_ENCODERS_GPU with GPU layers)
 
 
 class MemoryReserveError(ValueError):
@@ -132,6 +133,8 @@ def pool_fits(config: EngineConfig, kv_per_token: int, budget: MemoryBudget) -> 
 MIN_COPY_FRACTION = 256
 STREAM_ALIGN = 256  # llama.cpp pads one sequence's KV stream (n_ctx / n_seq_max) to a multiple of this
 LAYOUTS = ("auto", "per_slot", "unified")
+# projectors encoding media at once on a GPU: one ViT encode of an image leaves the device mostly idle
+MEDIA_ENCODERS_GPU = 4
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,8 @@ def build_engine(
     except BaseException:
         runner.close()
         raise
+    if media is not None:
+        media.decode_counts = runner.media.counts  # /status's media block shows the decode calls
     engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s, media=media)
     engine.start()
     return engine
@@ -260,9 +265,18 @@ def media_encoder(model: Model, config: EngineConfig) -> MediaEncoder | None:
     encoder; None without one. ValueError for a projector libmtmd or the engine cannot take."""
     if config.mmproj is None:
         return None
-    projector = Projector(config.mmproj, model, n_threads=config.n_threads_batch,
-                          n_ubatch=min(config.n_ubatch, config.n_batch))  # the context's, as Context sets it
-    return MediaEncoder(projector, config.media_cache_bytes)
+    mmproj = config.mmproj
+    count = config.media_encoders or (MEDIA_ENCODERS_GPU if model.n_gpu_layers != 0 and gpu_count() > 0 else 1)
+    projectors: list[Projector] = []
+    try:
+        for _ in range(count):  # the context's n_ubatch, as Context sets it
+            projectors.append(Projector(mmproj, model, n_threads=config.n_threads_batch,
+                                        n_ubatch=min(config.n_ubatch, config.n_batch)))
+    except BaseException:
+        for projector in projectors:
+            projector.close()
+        raise
+    return MediaEncoder(projectors, config.media_cache_bytes)
 
 
 def load_engine(model_path: str | os.PathLike, config: EngineConfig, name: str = "engine") -> tuple[Model, Engine]:

@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -159,6 +160,9 @@ class Projector:
         self.audio: bool = bool(M.mtmd_support_audio(self.ptr))
         self.n_embd: int = C.llama_model_n_embd_inp(model.ptr)
         self._encoding = threading.Lock()
+        self._counting = threading.Lock()
+        self.tokenized_items, self.tokenize_s = 0, 0.0  # since start, for /status: libmtmd's decode + resize
+        self.encoded = 0  # encodes begun
 
     def close(self) -> None:
         self._free()
@@ -167,8 +171,14 @@ class Projector:
         """The prompt `text` (one MARKER per item of `media`, in order; special tokens parsed, none
         added: the chat template wrote them) as text and media chunks. `media`: (kind, bytes).
         MediaError for an item libmtmd cannot decode or the wrong number of markers."""
-        with self.tokenized(text, media) as chunks:
-            return self._chunks(chunks, [media_key(kind, data) for kind, data in media])
+        start = time.perf_counter()
+        try:
+            with self.tokenized(text, media) as chunks:
+                return self._chunks(chunks, [media_key(kind, data) for kind, data in media])
+        finally:
+            with self._counting:
+                self.tokenized_items += len(media)
+                self.tokenize_s += time.perf_counter() - start
 
     @contextlib.contextmanager
     def tokenized(self, text: str, media: Sequence[tuple[str, bytes]]) -> Iterator[Any]:
@@ -236,6 +246,7 @@ class Projector:
     def encode(self, chunk: MediaChunk) -> np.ndarray:
         """The chunk's embeddings, [n_tokens, n_embd] float32 (a copy: libmtmd reuses its buffer)."""
         with self._encoding:
+            self.encoded += 1
             if M.mtmd_encode_chunk(self.ptr, chunk.raw) != 0:
                 raise MediaError(f"libmtmd failed to encode the {chunk.kind}")
             out = M.mtmd_get_output_embd(self.ptr)
@@ -310,6 +321,18 @@ class MediaPiece:
     non_causal: bool = False
 
 
+@dataclass
+class DecodeCounts:
+    """What a MediaDecoder did since start (the engine thread writes, /status reads: plain ints and
+    a float, each read whole): its llama_decode calls, the embedding rows and pieces they took, and
+    their seconds (each decode() waited to its end, so a GPU's asynchronous return hides none)."""
+
+    calls: int = 0
+    rows: int = 0
+    pieces: int = 0
+    seconds: float = 0.0
+
+
 class MediaDecoder:
     """Decodes a step's media pieces into their sequences of `ctx` by calls of their own (llama.cpp
     takes no token rows beside embedding rows): the causal pieces of all sequences share calls of at
@@ -319,11 +342,21 @@ class MediaDecoder:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.batch: EmbeddingBatch | None = None
+        self.counts = DecodeCounts()
 
     def decode(self, pieces: Sequence[MediaPiece]) -> None:
         """Raises DecodeError as Context.decode does (what was written stays: the caller trims)."""
         if not pieces:
             return
+        start = time.perf_counter()
+        try:
+            self._decode(pieces)
+            self.ctx.synchronize()  # the calls' time is the step's media phase (the token batch waits on it anyway)
+        finally:
+            self.counts.pieces += len(pieces)
+            self.counts.seconds += time.perf_counter() - start
+
+    def _decode(self, pieces: Sequence[MediaPiece]) -> None:
         batch = self._batch(pieces[0].rows.shape[1], len(pieces[0].positions))
         for piece in [p for p in pieces if not p.non_causal]:
             at = 0
@@ -349,6 +382,8 @@ class MediaDecoder:
             return
         if non_causal:
             C.llama_set_causal_attn(self.ctx.ptr, False)
+        self.counts.calls += 1
+        self.counts.rows += batch.n_tokens
         try:
             self.ctx.decode(batch)
         finally:

@@ -247,7 +247,7 @@ def resolve(s: ModelSettings, llama: LlamaPlan, name: str, model: Model) -> Mode
     """The plan a model serves with, once its weights loaded: max_ctx is the one asked for, else
     the model's training context; refuses what the model or the drafter's windows cannot serve."""
     engine = replace(engine_config(s, llama.target, llama.max_ctx or model.n_ctx_train), mmproj=llama.mmproj,
-                     media_cache_bytes=s.media_cache_mb << 20)
+                     media_cache_bytes=s.media_cache_mb << 20, media_encoders=s.media_encoders)
     check_config(engine, model)
     pflash = pflash_plan(s, engine.max_ctx)
     if pflash.on:

@@ -116,6 +116,9 @@ class ModelSettings(StockModelSettings):
     media_cache_mb: int = Field(default=256, ge=0, description="Encoded media embeddings kept in host RAM, least "
                                 "recently used out, keyed by a hash of the media's bytes (a resent image is not "
                                 "encoded again); 0: none.")
+    media_encoders: int = Field(default=0, ge=0, le=64, description="Projector copies that encode images at once "
+                                "(each holds the projector's weights); 0: 1 on the CPU, 4 where the model has GPU "
+                                "layers.")
 
     @field_validator("media_hosts", mode="before")
     @classmethod
