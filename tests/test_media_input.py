@@ -139,9 +139,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     routes: dict[str, tuple[int, dict[str, str], bytes, float]] = {}
     hits: list[str] = []
 
+    meet: threading.Barrier | None = None  # /meet*: answered once every party's request has arrived
+
     def do_GET(self) -> None:  # noqa: N802
         self.hits.append(self.path)
         status, headers, body, delay = self.routes.get(self.path, (404, {}, b"", 0.0))
+        if self.path.startswith("/meet") and self.meet is not None:
+            try:
+                self.meet.wait()
+                status, headers, body = 200, {"Content-Type": "image/png"}, PNG
+            except threading.BrokenBarrierError:
+                status = 503
         time.sleep(delay)
         self.send_response(status)
         for key, value in headers.items():
@@ -199,6 +207,22 @@ def test_a_listed_loopback_address_is_fetched_and_checked(origin):
                         ("/slow.png", "could not be fetched"), ("/missing.png", "HTTP 404"),
                         ("/page", "no format"), ("/mislabeled", "declared as text/html")):
         assert words in refused(listed.read, [image_source(f"http://{origin}{path}")]).message, path
+
+
+def test_a_requests_urls_are_fetched_at_once_and_the_first_bad_one_in_order_is_refused(origin):
+    """Four URLs whose server answers only once all four requests are in (a barrier: fetched one
+    after another, the first waits out its timeout and gets a 503)."""
+    _Handler.meet = threading.Barrier(4, timeout=5)
+    try:
+        listed = reader(hosts=["127.0.0.1"], timeout_s=10)
+        items = listed.read([image_source(f"http://{origin}/meet{i}.png", f"m.{i}") for i in range(4)])
+        assert [item.data for item in items] == [PNG] * 4
+    finally:
+        _Handler.meet = None
+    listed = reader(hosts=["127.0.0.1"])
+    for paths, where in ((["/missing.png", "/slow.png"], "m.0"), (["/cat.png", "/page"], "m.1")):
+        sources = [image_source(f"http://{origin}{path}", f"m.{i}") for i, path in enumerate(paths)]
+        assert refused(listed.read, sources).param == where
 
 
 def test_other_schemes_are_refused():
