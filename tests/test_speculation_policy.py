@@ -86,12 +86,36 @@ def test_policy_drafts_longer_the_more_is_accepted_and_stops_at_a_large_batch():
         policy.drafted(2, 10, 0)
     assert policy.draft_tokens(2, rows=1) == 0  # nothing accepted: off for that row alone
     for _ in range(200):
-        policy.drafted(2, 0, 0)  # steps without drafts drift back towards the prior: it tries again
-    assert policy.draft_tokens(2, rows=1) == new
+        policy.drafted(2, 0, 0)  # steps without drafts drift back towards the rows' shared rate: it tries again
+    assert policy.rate(2) == pytest.approx(policy.shared, rel=1e-3)
+    assert policy.draft_tokens(2, rows=1) == policy.draft_tokens(3, rows=1)  # a new row starts there
     policy.cost = StepCost()
     for tokens in (8, 88) * 3:  # a compute-bound step (no fixed cost): no draft pays
         policy.cost.observe(tokens, 0.001 * tokens)
     assert policy.draft_tokens(1, rows=8) == 0
+
+
+def test_where_nothing_is_accepted_new_rows_do_not_draft_and_probes_are_rare():
+    """The shared rate: rows that accept nothing teach the policy that a new row would not either
+    (at the prior's 0.6 each new request drafted its first steps); without drafts it moves halfway
+    back to the prior every `recover` steps, so a probe comes every few dozen steps, not each ~10."""
+    policy = SpeculationPolicy(max_draft=10, max_rows=16)
+    for tokens in (8, 18) * 3:  # 8 rows: 20 ms + 0.5 ms a token, a draft token is priced ~0.17
+        policy.cost.observe(tokens, 0.020 + 0.0005 * tokens)
+    assert policy.draft_tokens(1, rows=8) > 0  # the prior's 0.6 pays
+    while any(policy.draft_tokens(key, rows=8) for key in range(8)):  # 8 rows drafting, nothing accepted
+        for key in range(8):
+            policy.drafted(key, policy.draft_tokens(key, rows=8), 0)
+        policy.stepped(True)
+    assert policy.shared < 0.1 and policy.draft_tokens(100, rows=8) == 0  # a newcomer does not draft
+    steps = 0
+    while all(policy.draft_tokens(key, rows=8) == 0 for key in range(8)):
+        for key in range(8):
+            policy.drafted(key, 0, 0)
+        policy.stepped(False)
+        steps += 1
+    assert steps >= policy.recover  # without the shared rate: 10 steps at the prior's drift
+    assert all(policy.draft_tokens(key, rows=8) <= 2 for key in range(8))  # a probe is short
 
 
 def make_request(prompt: list[int], output: list[int], **params) -> Request:
@@ -152,3 +176,67 @@ def test_a_token_output_unrolls_its_accepted_drafts_first():
     out = TokenOutput(9, logprob=-0.5, accepted=(3, 4))
     assert [(o.token, o.accepted) for o in out.unrolled()] == [(3, ()), (4, ()), (9, ())]
     assert out.unrolled()[-1] == replace(out, accepted=())
+
+
+class Untouched(list):
+    """A step's rows that count every visit to them (iteration or indexing), so that a test sees
+    whether speculation made a pass over them; their length is free."""
+
+    def __init__(self, items) -> None:
+        super().__init__(items)
+        self.visits = 0
+
+    def __iter__(self):
+        self.visits += 1
+        return super().__iter__()
+
+    def __getitem__(self, at):
+        self.visits += 1
+        return super().__getitem__(at)
+
+
+def test_a_step_beyond_max_rows_costs_no_work_per_row():
+    """At 64-128 clients no row drafts (max_rows): the step's rows are not visited at all (before,
+    the policy was asked for each row and each was counted in a pass over the step), only the
+    counts kept; the step is still timed for the policy's cost line. A request that drafted while
+    the batch was small is forgotten when it leaves, whatever the batch's size then."""
+    clock = iter(range(100)).__next__
+    source = Recorder([7])
+    spec = Speculation(source, SpeculationPolicy(max_draft=1, max_rows=2, prior=1.0), lambda r: True,
+                       max_step_drafts=10, clock=lambda: float(clock()))
+    small = make_request([1], [2])
+    assert spec.drafts([small], [small], room=10) == {small.request_id: [7]}
+    spec.verified(Step([BatchItem(small, [2, 7], 0, True, 1)]), {small.request_id: TokenOutput(9)})
+    many = [make_request([1], [2]) for _ in range(3)]
+    decode = Untouched(many)
+    assert spec.drafts(many, decode, room=10) == {} and decode.visits == 0
+    step = Step(Untouched(BatchItem(r, [2], 0, True) for r in many))
+    spec.started(step)
+    spec.verified(step, {r.request_id: TokenOutput(9) for r in many})
+    assert step.items.visits == 0 and len(source.asked) == 1
+    assert spec.policy.cost._steps == 1  # timed: 3 decode rows, 3 tokens
+    assert (spec.stats().rows, spec.stats().tokens) == (4, 4)
+    assert source.forgot == [small.request_id]  # it left (not among the running): forgotten
+
+
+class CountingTokens(list):
+    """A row's tokens that count the reads of them (an index or a slice each)."""
+
+    reads = 0
+
+    def __getitem__(self, at):
+        self.reads += 1
+        return super().__getitem__(at)
+
+
+def test_prompt_lookup_reads_a_long_row_in_one_slice():
+    """The index is extended from one slice of the new tokens (a slice per position and n-gram
+    size cost a list each: 2 x 4,000 for a 4,000-token prompt), and a later call reads only
+    what came since."""
+    p = NgramProposer(2, 4)
+    tokens = CountingTokens(list(range(4000)) + [10, 11])
+    assert draft(p, tokens) == [12, 13, 14, 15]
+    assert tokens.reads <= 4
+    tokens.extend([12, 13])
+    tokens.reads = 0
+    assert draft(p, tokens) == [14, 15, 16, 17] and tokens.reads <= 4

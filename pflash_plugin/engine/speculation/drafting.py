@@ -83,18 +83,32 @@ class Speculation:
         self.proposer, self.policy, self.eligible = proposer, policy, eligible
         self.max_step_drafts, self.clock = max_step_drafts, clock
         self.counts = _Counts()
-        self._keys: set[int] = set()
+        self._keys: set[int] = set()  # requests the proposer or the policy may hold state for
+        self._plan = (0, 0)  # the composed step's decode rows and its tokens (theirs and their drafts')
         self._step: tuple[float, int] | None = None  # a decode-only step's start and tokens
 
     def drafts(self, running: Sequence[Request], decode: Sequence[Request], room: int) -> dict[int, list[int]]:
         """Per request id, the draft tokens its decode row carries this step (none: not listed);
-        `room`: tokens the step may still take."""
-        self._forget_departed(running)
-        room, rows = min(room, self.max_step_drafts), len(decode)
+        `room`: tokens the step may still take. A step the policy leaves inactive (more rows than
+        `max_rows`) costs no work per row: no proposer call, no bookkeeping."""
+        if self._keys:
+            self._forget_departed(running)
+        rows = len(decode)
+        self._plan = (rows, rows)
+        if not self.policy.active(rows):
+            return {}
+        drafts = self._wanted(decode, min(room, self.max_step_drafts))
+        self._plan = (rows, rows + sum(map(len, drafts.values())))
+        return drafts
+
+    def _wanted(self, decode: Sequence[Request], room: int) -> dict[int, list[int]]:
+        """The proposer's drafts for the rows the policy lets draft, `room` tokens in all at most."""
+        rows = len(decode)
         self.policy.drafting = self.proposer.draft_cost()
+        price = self.policy.price(rows)
         wanted: list[DraftRow] = []
         for request in decode:
-            k = min(self.policy.draft_tokens(request.request_id, rows), room,
+            k = min(self.policy.draft_tokens(request.request_id, rows, price), room,
                     request.params.max_tokens - len(request.output_tokens) - 1)
             if k > 0 and self._may_draft(request):
                 wanted.append(DraftRow(request.request_id, Joined(request.prefill_tokens, request.output_tokens), k))
@@ -110,9 +124,10 @@ class Speculation:
                 and (self.proposer.reads_media or not request.media))
 
     def started(self, step: Step) -> None:
-        """The step is about to run: timed if it only decodes (the policy's step cost)."""
-        only_decode = all(item.request.output_tokens and item.wants_logits for item in step.items)
-        self._step = (self.clock(), step.n_tokens) if step.items and only_decode else None
+        """The step is about to run: timed if it only decodes (the policy's step cost); the plan
+        of `drafts` says so (every item a decode row) without a pass over the rows."""
+        rows, tokens = self._plan
+        self._step = (self.clock(), tokens) if rows and len(step.items) == rows else None
 
     def verified(self, step: Step, outputs: Mapping[int, TokenOutput | Exception]) -> None:
         """The step's rows were sampled: acceptance and the step's cost measured."""
@@ -120,21 +135,27 @@ class Speculation:
             start, tokens = self._step
             self.policy.cost.observe(tokens, self.clock() - start)
             self._step = None
-        counts = self.counts
-        decoding = [item for item in step.items if item.request.output_tokens]
-        learn = len(decoding) <= self.policy.max_rows  # beyond, no row drafts: 128 rows cost no bookkeeping
-        for item in decoding:
+        counts, (rows, _) = self.counts, self._plan
+        if not self.policy.active(rows):  # no row drafted: the counts alone, no pass over 128 rows
+            counts.rows += rows
+            counts.tokens += rows
+            return
+        drafted = False
+        for item in step.items:
+            if not item.request.output_tokens:
+                continue
             out = outputs.get(item.request.request_id)
             accepted = len(out.accepted) if isinstance(out, TokenOutput) else 0
-            if learn:
-                self._keys.add(item.request.request_id)
-                self.policy.drafted(item.request.request_id, item.drafts, accepted)
+            self._keys.add(item.request.request_id)
+            self.policy.drafted(item.request.request_id, item.drafts, accepted)
             counts.rows += 1
             counts.tokens += 1 + accepted
             if item.drafts:
+                drafted = True
                 counts.speculating += 1
                 counts.drafted += item.drafts
                 counts.accepted += accepted
+        self.policy.stepped(drafted)
 
     def close(self) -> None:
         """Free the proposer's state (a draft model's context and weights); the engine has stopped."""

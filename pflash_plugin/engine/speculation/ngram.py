@@ -65,9 +65,16 @@ class NgramProposer:
         return []
 
     def _extend(self, index: _Index, tokens: Sequence[int]) -> None:
-        """Record the n-grams ending at each position up to the one before the last token."""
+        """Record the n-grams ending at each position up to the one before the last token. The
+        new tokens (and the `max_ngram_size - 1` before them) are read in one slice: a slice per
+        position of a prompt joined to its output (drafting.Joined) cost a list each."""
         ends, top = index.ends, self.max_ngram_size
+        first = max(index.indexed + 1 - top, 0)
+        if len(tokens) - 1 <= index.indexed:
+            return
+        new = tuple(tokens[first:len(tokens) - 1])  # position p of `tokens` is new[p - first]
         for end in range(index.indexed + 1, len(tokens)):
+            at = end - first
             for n in range(1, min(top, end) + 1):
-                ends[tuple(tokens[end - n:end])] = end
-        index.indexed = max(index.indexed, len(tokens) - 1)
+                ends[new[at - n:at]] = end
+        index.indexed = len(tokens) - 1

@@ -12,8 +12,14 @@ the price is small and long drafts pay; at a large batch a step's time is mostly
 price nears 1 and nothing pays: speculation turns itself off (and beyond `max_rows` it is off
 outright, so a full batch is never slowed down by a wrong estimate).
 
-Acceptance is measured per row (an exponentially weighted mean of accepted / drafted); a row that
-stopped drafting drifts back towards the prior, so it tries again later. The step's cost is a
+Acceptance is measured per row (an exponentially weighted mean of accepted / drafted) and across
+rows (`shared`, the same mean over every row's drafts): a new row starts from the shared rate, and
+a row that stopped drafting drifts back towards it, so it tries again later. The shared rate moves
+halfway back to the prior every `recover` steps in which no row drafted: where nothing is accepted
+(a model that never repeats, random weights) new requests do not draft at all and the rows probe
+with a token or two only every few dozen steps, rather than every request drafting its first steps
+and every row re-trying each ~10 steps at the prior's rate (at 16 rows, each probe is 16 verified
+rows of the host's work). The step's cost is a
 least-squares line through the decode steps' (tokens, seconds), each size by its fastest recent
 step (on 2 cores shared with other work a step's time doubles at random: the minimum is what the
 step costs), a size not seen for `horizon` steps forgotten (a price measured under a load that has
@@ -90,13 +96,33 @@ class SpeculationPolicy:
     drift: float = 0.05  # a row not drafting moves this much of the way back to the prior each step
     cost: StepCost = field(default_factory=StepCost)
     drafting: float = 0.0  # seconds a draft token costs the proposer (Proposer.draft_cost), set each step
+    shared_alpha: float = 0.1  # weight of a row's newest measurement in the shared rate
+    recover: int = 64  # steps without any draft after which the shared rate moves halfway to the prior
     _rates: dict[int, float] = field(default_factory=dict)
+    _shared: float | None = None  # acceptance across rows (None: the prior)
+    _idle: int = 0  # steps since a row last drafted
 
-    def draft_tokens(self, key: int, rows: int) -> int:
-        """Draft tokens for row `key` in a step of `rows` decoding rows (0: do not speculate)."""
-        if rows > self.max_rows or self.max_draft <= 0:
+    def active(self, rows: int) -> bool:
+        """Whether a step of `rows` decoding rows may speculate at all: beyond `max_rows` the engine
+        does no per-row work for speculation (no proposer, no bookkeeping)."""
+        return rows <= self.max_rows and self.max_draft > 0
+
+    @property
+    def shared(self) -> float:
+        """The acceptance a new row starts from and an idle row drifts back to."""
+        return self.prior if self._shared is None else self._shared
+
+    def price(self, rows: int) -> float:
+        """What a draft token must yield at `rows` rows (StepCost.price, the proposer's cost added)."""
+        return self.cost.price(rows, self.drafting)
+
+    def draft_tokens(self, key: int, rows: int, price: float | None = None) -> int:
+        """Draft tokens for row `key` in a step of `rows` decoding rows (0: do not speculate);
+        `price`: the step's `price(rows)`, where the caller asks for many rows (one fit a step)."""
+        if not self.active(rows):
             return 0
-        rate, price = self._rates.get(key, self.prior), self.cost.price(rows, self.drafting)
+        rate = self._rates.get(key, self.shared)
+        price = self.price(rows) if price is None else price
         if rate <= price or rate <= 0.0:
             return 0
         if rate >= 1.0:
@@ -104,16 +130,24 @@ class SpeculationPolicy:
         return min(self.max_draft, int(math.log(max(price, 1e-9)) / math.log(rate)))
 
     def drafted(self, key: int, drafted: int, accepted: int) -> None:
-        """A row's verified draft (drafted 0: it did not draft this step; its rate drifts to the prior)."""
-        rate = self._rates.get(key, self.prior)
+        """A row's verified draft (drafted 0: it did not draft this step; its rate drifts to the shared rate)."""
+        shared = self.shared
+        rate = self._rates.get(key, shared)
         if drafted:
             rate += self.alpha * (accepted / drafted - rate)
+            self._shared = shared + self.shared_alpha * (accepted / drafted - shared)
         else:
-            rate += self.drift * (self.prior - rate)
+            rate += self.drift * (shared - rate)
         self._rates[key] = rate
+
+    def stepped(self, drafted: bool) -> None:
+        """A step of at most `max_rows` rows was verified (`drafted`: some row carried drafts)."""
+        self._idle = 0 if drafted else self._idle + 1
+        if self._idle and self._idle % self.recover == 0:
+            self._shared = (self.shared + self.prior) / 2  # nothing drafted for a while: back towards trying
 
     def forget(self, key: int) -> None:
         self._rates.pop(key, None)
 
     def rate(self, key: int) -> float:
-        return self._rates.get(key, self.prior)
+        return self._rates.get(key, self.shared)

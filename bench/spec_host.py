@@ -1,0 +1,134 @@
+"""What prompt lookup costs the host per decode step at a large batch (issue 47), on any machine.
+
+At 64-128 clients on a GPU the host's Python between steps bounds the step rate, and random weights
+accept no draft: every microsecond speculation spends there is lost. This drives the engine in this
+process on the tiny generated model (2 layers, width 64: its decode is next to nothing, so the
+host's work is what a step costs), `--rows` requests together, greedy, `min_tokens` = `max_tokens`
+so every row decodes to the end; arms interleaved per rep:
+  off      no speculation;
+  lookup   `--draft_model prompt-lookup-decoding` (the default policy: max_rows 16);
+  rejected the same, each draft token replaced by the next id (the lookup's work done, nothing
+           accepted: random weights on a GPU);
+  judged   rejected with max_rows raised to the batch, so that only the adaptive policy's
+           judgement (acceptance against the measured step cost) keeps drafting off.
+Per arm: milliseconds a step (wall / decode steps), and the seconds spent inside the engine's
+speculation calls (Speculation.drafts, started, verified: timed by wrapping them), per step;
+drafted and accepted tokens. Medians over reps.
+
+    python bench/spec_host.py [--rows 64 128] [--reps 5] [--tokens 96] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness import REPO, machine, run_to_end
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.request import Request, SamplingParams
+from pflash_plugin.engine.speculation.drafting import Speculation
+from pflash_plugin.engine.speculation.setup import PROMPT_LOOKUP, SpeculationConfig
+from pflash_plugin.testing import cached_tiny_llama
+
+ARMS = ("off", "lookup", "rejected", "judged")
+
+
+class Timed:
+    """Seconds spent in a Speculation's per-step calls (wrapped on the instance)."""
+
+    def __init__(self, spec: Speculation) -> None:
+        self.seconds, self.steps = 0.0, 0
+        for name in ("drafts", "started", "verified"):
+            setattr(spec, name, self._wrap(getattr(spec, name)))
+
+    def _wrap(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.steps += call.__name__ == "started"
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return timed
+
+
+def reject(spec: Speculation, n_vocab: int) -> None:
+    """The proposer's drafts made wrong: each token the next id, so the target keeps none."""
+    propose = spec.proposer.propose
+
+    def wrong(rows: Any) -> list[list[int]]:
+        return [[(t + 1) % n_vocab for t in draft] for draft in propose(rows)]
+    spec.proposer.propose = wrong  # type: ignore[method-assign]
+
+
+def one(arm: str, rows: int, tokens: int) -> dict:
+    """One arm's run: `rows` requests of `tokens` tokens submitted together."""
+    spec = None if arm == "off" else SpeculationConfig(PROMPT_LOOKUP, max_rows=rows if arm == "judged" else 16)
+    config = EngineConfig(n_slots=rows, max_ctx=512, n_threads=1, n_threads_batch=1, speculation=spec)
+    model, engine = load_engine(cached_tiny_llama(), config)
+    try:
+        speculation = engine.scheduler.steps.speculation
+        if speculation is not None and arm in ("rejected", "judged"):
+            reject(speculation, model.n_vocab)
+        timed = Timed(speculation) if speculation is not None else None
+        requests = [Request(model.tokenize(f"prompt {i} about the weather, the weather, the weather"),
+                            SamplingParams(max_tokens=tokens, temperature=0.0, min_tokens=tokens)) for i in range(rows)]
+        wall = run_to_end(engine, requests, 600)
+        stats = engine.scheduler.steps.speculation_stats()
+        steps = timed.steps if timed else max(len(r.output_tokens) for r in requests)  # +1: the prefill's step
+        return {"arm": arm, "rows": rows, "steps": steps, "tok_s": round(rows * tokens / wall, 1),
+                "ms_per_step": round(1e3 * wall / steps, 4),
+                "spec_us_per_step": round(1e6 * timed.seconds / steps, 2) if timed else 0.0,
+                "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0}
+    finally:
+        engine.stop()
+
+
+def summary(runs: list[dict], rows: list[int]) -> list[dict]:
+    out = []
+    for n in rows:
+        for arm in ARMS:
+            mine = [r for r in runs if r["rows"] == n and r["arm"] == arm]
+            out.append({"rows": n, "arm": arm, "tok_s": round(statistics.median(r["tok_s"] for r in mine), 1),
+                        "ms_per_step": round(statistics.median(r["ms_per_step"] for r in mine), 4),
+                        "spec_us_per_step": round(statistics.median(r["spec_us_per_step"] for r in mine), 2),
+                        "drafted": sum(r["drafted"] for r in mine), "accepted": sum(r["accepted"] for r in mine)})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "spec_host.json")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    runs = []
+    for arm in ARMS:  # warm-up: the model's cache, the first load
+        one(arm, min(args.rows), 8)
+    for rep in range(args.reps):
+        for n in args.rows:
+            for arm in ARMS if rep % 2 == 0 else reversed(ARMS):
+                runs.append({"rep": rep, **one(arm, n, args.tokens)})
+                print(json.dumps(runs[-1]), flush=True)
+    tree = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    result = {"summary": summary(runs, args.rows), "runs": runs, "tokens": args.tokens, "reps": args.reps,
+              "load_at_start": load, "load_at_end": os.getloadavg(), "tree": tree, "machine": machine(),
+              "config": dataclasses.asdict(SpeculationConfig(PROMPT_LOOKUP))}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    for row in result["summary"]:
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
