@@ -146,6 +146,17 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
             "text_ttft_beside_s": round(beside["ttft_s"], 3), "phases": phases(before, after, wall, done)}
 
 
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Per arm and client count: the median rep's requests/s and TTFTs, and that rep's phases."""
+    lines = ["arm | clients | req/s (median) | image TTFT s | text TTFT beside s | phases of that rep"]
+    for key in dict.fromkeys((r["arm"], r["clients"]) for r in rows):
+        reps = sorted((r for r in rows if (r["arm"], r["clients"]) == key), key=lambda r: r["requests_per_s"])
+        mid = reps[len(reps) // 2]
+        lines.append(f"{key[0]} | {key[1]} | {mid['requests_per_s']} | {mid['mean_ttft_s']} | "
+                     f"{mid['text_ttft_beside_s']} | {json.dumps(mid['phases'])}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -161,18 +172,22 @@ def main() -> None:
     model, mmproj, side = models(args.shape)
     rows: list[dict[str, Any]] = []
     for slots in args.clients:
-        for server in servers(args, model, mmproj, slots):
-            server.start(timeout_s=600)
-            try:
+        arms = servers(args, model, mmproj, slots)
+        try:  # all arms up at once, their reps interleaved (a busy machine's drift falls on each alike)
+            for server in arms:
+                server.start(timeout_s=600)
                 asyncio.run(round_of(server.url, [png(side, side, 10**6 + i) for i in range(slots)], 4))  # warm-up
-                for rep in range(args.reps):
-                    images = [png(side, side, rep * 1000 + slots * 100 + i) for i in range(slots)]
+            for rep in range(args.reps):
+                images = [png(side, side, rep * 1000 + slots * 100 + i) for i in range(slots)]
+                for server in arms:
                     row = {"arm": server.label, "clients": slots, "rep": rep,
                            **asyncio.run(round_of(server.url, images, SHAPES[args.shape]["max_tokens"]))}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-            finally:
+        finally:
+            for server in arms:
                 server.stop()
+    print(summary(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"bench": "vision", "shape": args.shape, "gpu": args.gpu, "machine": machine(),
             "command": " ".join(["python", "bench/vision.py", *sys.argv[1:]])}
