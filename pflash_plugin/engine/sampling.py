@@ -22,7 +22,7 @@ import numpy as np
 
 from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain, native
 from ..llama.devices import gpu_count
-from .batch_sampling import RowParams, bias_rows, penalize_rows, penalizes, sample_rows
+from .batch_sampling import RowParams, bias_rows, greedy_rows, penalize_rows, penalizes, sample_rows
 from .constraints import Constraints
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
 from .speculation.verifier import Verifier
@@ -93,6 +93,11 @@ class _Bound:
     chain: SamplerChain  # the host chain, or on the device path the chain the context runs
     rng: np.random.Generator  # the batch path's draws
     holds_eog: bool = False  # device path: the chain biases end-of-generation tokens to -inf
+    plain_greedy: bool = dataclasses.field(init=False)  # an argmax with no bias or penalties (`greedy_rows`)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.plain_greedy = p.temperature <= 0 and not p.logit_bias and not penalizes(p)
 
     @property
     def short_of_min_tokens(self) -> bool:
@@ -279,13 +284,17 @@ class Sampling:
         number is left to its chain, as before (which biases and penalizes it again: such a row
         means nothing either way). The chains of penalizing rows accept the tokens, so their
         windows stay whole for such a row (a chain without penalties keeps no history)."""
-        if not rows:
-            return {}
-        rp = RowParams.of([(k, bound.params, bound.request.output_tokens, bound.rng) for k, bound in rows])
-        bias_rows(logits, rp)
-        penalize_rows(logits, rp)
+        plain = [(k, bound) for k, bound in rows if bound.plain_greedy]
+        rows = [(k, bound) for k, bound in rows if not bound.plain_greedy] if plain else rows
+        tokens = greedy_rows(logits, np.asarray([k for k, _ in plain], dtype=np.int64), self.ctx.n_threads) \
+            if plain else []
+        if rows:
+            rp = RowParams.of([(k, bound.params, bound.request.output_tokens, bound.rng) for k, bound in rows])
+            bias_rows(logits, rp)
+            penalize_rows(logits, rp)
+            tokens += sample_rows(logits, rp, self.ctx.n_threads)
         outputs: dict[int, TokenOutput | Exception] = {}
-        for (k, bound), token in zip(rows, sample_rows(logits, rp, self.ctx.n_threads)):
+        for (k, bound), token in zip(plain + rows, tokens):
             if token is not None:
                 if penalizes(bound.params):
                     bound.chain.accept(token)
