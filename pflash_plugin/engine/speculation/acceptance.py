@@ -102,15 +102,17 @@ def _penalized(target: np.ndarray, drafts: Sequence[int], params: SamplerParams,
 
 def _greedy(rows: np.ndarray, drafts: Sequence[int]) -> tuple[int, int | None]:
     """Drafts kept while each is the row's argmax (the first index of the maximum, as the batch
-    path and the native sampler take it); then that argmax (None where it is not a number)."""
-    best = rows.argmax(axis=1)
+    path and the native sampler take it); then that argmax (None where it is not a number). Row
+    by row, up to the first rejection: a rejected first draft of 10 reads 1 row of 11 (11 us a
+    row at a 128K vocabulary)."""
     for j, x in enumerate(drafts):
-        if best[j] != x or np.isnan(rows[j, best[j]]):
-            return j, _argmax(rows, best, j)
-    return len(drafts), _argmax(rows, best, len(drafts))
+        token = _argmax(rows[j])
+        if token != x:
+            return j, token
+    return len(drafts), _argmax(rows[len(drafts)])
 
 
-def _argmax(rows: np.ndarray, best: np.ndarray, j: int) -> int | None:
-    token = int(best[j])
-    return None if np.isnan(rows[j, token]) else token
+def _argmax(row: np.ndarray) -> int | None:
+    token = int(row.argmax())
+    return None if np.isnan(row[token]) else token
 

@@ -58,7 +58,9 @@ class Verifier(Generic[B]):
         held = [k for j, k in enumerate(outs) if len(generated) + j < p.min_tokens]
         if held:
             logits[np.ix_(held, self._eog())] = -np.inf
-        target = logits[outs]  # a copy
+        consecutive = outs == list(range(outs[0], outs[0] + len(outs)))  # as the runner lays them out
+        # a view where nothing is added (a copy of 11 rows at a 128K vocabulary: ~0.5 ms a row and step)
+        target = logits[outs[0]:outs[0] + len(outs)] if consecutive and not p.logit_bias else logits[outs]
         for token, bias in p.logit_bias.items():
             target[:, token] += np.float32(bias)
         n, drawn = accept(target, drafts, p, generated, bound.rng)
