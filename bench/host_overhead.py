@@ -6,21 +6,26 @@ how close the server gets to llama-server. This bench shows that cost on any mac
 model (a 2-layer generated GGUF, whose decode is cheap) with 64 slots, 64 clients x 128 tokens,
 greedy, `min_tokens` 128 so that every request runs to the end.
 
-Arms, interleaved per rep: the engine driven in this process (no HTTP: the ceiling), then each
-server non-streamed and streamed. `--baseline REV` adds a server of another git revision (a
-temporary worktree), for before/after comparisons in one run. `--model demo` runs the demo model
-instead (a 262K-token vocabulary: sampling's share of the host's work shows), with `--slots`
-clients of `--tokens` tokens.
+Arms, interleaved per rep: the engine driven in this process (no HTTP: the ceiling), timed per
+step (its wall time, llama_decode's, and the host's rest: the host ms per step), then each server
+non-streamed and streamed. `--baseline REV` adds the engine and a server of another git revision
+(a temporary worktree; its engine runs in a child process), for before/after comparisons in one
+run. `--vocab-extra 127000` gives the tiny model a 128,341-token vocabulary (the H200 benches'
+`VOCAB_EXTRA`): the logits' host work (the argmax over 64 x 128K floats) then shows. `--model
+demo` runs the demo model instead (a 262K-token vocabulary), with `--slots` clients of `--tokens`
+tokens. `--engine-only` runs the engine arms alone.
 
-    python bench/host_overhead.py [--reps 5] [--baseline HEAD~1] [--model demo --slots 16 --tokens 32]
+    python bench/host_overhead.py [--reps 5] [--baseline HEAD~1] [--vocab-extra 127000] [--engine-only]
 
-Writes bench/results/host_overhead.json and docs/host_overhead.md.
+Writes bench/results/host_overhead.json and docs/host_overhead.md (docs/host_overhead_128k.md with
+a 128K vocabulary, docs/host_overhead_demo.md for the demo model).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -48,18 +53,50 @@ def server_flags(args: argparse.Namespace) -> list[str]:
             "--verbose", "false"]
 
 
-def engine_alone(model_path: Path, args: argparse.Namespace) -> float:
-    """Tokens/s of the engine in this process: requests submitted together, sinks that count."""
+def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
+    """The engine in this process (requests submitted together, sinks that count): tokens/s, and
+    per step its wall ms, llama_decode's ms (on the CPU the decode runs inside the call) and the
+    host's rest (`host_ms`: planning, the batch, sampling, text, events); `outputs`, a hash of
+    every request's tokens (greedy: the same in every tree)."""
     config = EngineConfig(n_slots=args.slots, max_ctx=512, n_threads=1, n_threads_batch=1)
     model, engine = load_engine(model_path, config)
+    ctx, spent = engine.runner.ctx, [0.0]
+    decode = ctx.decode
+
+    def timed(batch: object) -> None:
+        start = time.perf_counter()
+        try:
+            decode(batch)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    ctx.decode = timed  # type: ignore[method-assign]
     try:
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
                             SamplingParams(max_tokens=args.tokens, temperature=args.temperature, min_tokens=args.tokens))
                     for i in range(args.slots)]
+        steps = engine.steps
         wall = run_to_end(engine, requests, 600)
-        return sum(len(r.output_tokens) for r in requests) / wall
+        steps = engine.steps - steps
     finally:
         engine.stop()
+    return {"tok_s": round(sum(len(r.output_tokens) for r in requests) / wall), "steps": steps,
+            "step_ms": round(1000 * wall / steps, 3), "decode_ms": round(1000 * spent[0] / steps, 3),
+            "host_ms": round(1000 * (wall - spent[0]) / steps, 3),
+            "outputs": hash(tuple(tuple(r.output_tokens) for r in requests)) if args.temperature == 0 else None}
+
+
+def engine_in(tree: Path, model_path: Path, args: argparse.Namespace) -> dict:
+    """`engine_alone` on another tree's code, in a child process (its pflash_plugin first on the path;
+    the native library copied in where that tree has none built)."""
+    for built in (REPO / "pflash_plugin").glob("_pflash_ext*"):
+        if not (tree / "pflash_plugin" / built.name).exists():
+            shutil.copy2(built, tree / "pflash_plugin" / built.name)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--engine-arm", str(model_path), "--slots", str(args.slots),
+            "--tokens", str(args.tokens), "--temperature", str(args.temperature)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=True, timeout=900)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 async def _one(client: httpx.AsyncClient, i: int, args: argparse.Namespace, stream: bool) -> int:
@@ -95,12 +132,19 @@ def remove_worktree(tree: Path) -> None:
     shutil.rmtree(tree, ignore_errors=True)
 
 
+def model_path(args: argparse.Namespace) -> Path:
+    if args.model == "demo":
+        return Path(demo_model_path())
+    return cached_tiny_llama(vocab_extra=args.vocab_extra) if args.vocab_extra else cached_tiny_llama()
+
+
 def run(args: argparse.Namespace) -> dict:
-    model = Path(demo_model_path()) if args.model == "demo" else cached_tiny_llama()
+    at_start = machine()
+    model = model_path(args)
     flags = ["--model", str(model), *server_flags(args)]
-    servers = {"this": ServerProcess("host-this", flags)}
+    servers = {} if args.engine_only else {"this": ServerProcess("host-this", flags)}
     tree = worktree(args.baseline) if args.baseline else None
-    if tree is not None:
+    if tree is not None and not args.engine_only:
         servers[args.baseline] = ServerProcess("host-baseline", flags, cwd=tree)
     rows: list[dict] = []
     try:
@@ -108,8 +152,12 @@ def run(args: argparse.Namespace) -> dict:
             server.start()
             asyncio.run(_clients(server.url, args, False))  # warm-up
         for rep in range(args.reps):
-            rows.append({"arm": "engine alone", "rep": rep, "tok_s": round(engine_alone(model, args))})
-            print(json.dumps(rows[-1]), flush=True)
+            engines = [("engine alone", lambda: engine_alone(model, args))]
+            if tree is not None:
+                engines.append((f"{args.baseline}, engine alone", lambda: engine_in(tree, model, args)))
+            for arm, measure in engines[:: 1 if rep % 2 == 0 else -1]:  # each first in turn
+                rows.append({"arm": arm, "rep": rep, **measure()})
+                print(json.dumps(rows[-1]), flush=True)
             for name, server in servers.items():
                 for stream in (False, True):
                     arm = f"{name}, {'streamed' if stream else 'non-streamed'}"
@@ -120,13 +168,42 @@ def run(args: argparse.Namespace) -> dict:
             server.stop()
         if tree is not None:
             remove_worktree(tree)
-    return {"rows": rows, "machine": machine(), "clients": args.slots, "tokens": args.tokens, "baseline": args.baseline,
-            "model": args.model, "temperature": args.temperature}
+    return {"rows": rows, "machine": at_start, "load_at_end": os.getloadavg(), "clients": args.slots,
+            "tokens": args.tokens, "baseline": args.baseline, "model": args.model, "temperature": args.temperature,
+            "vocab_extra": args.vocab_extra}
 
 
 def doc_name(result: dict) -> str:
     name = DOCS[result["model"]]
+    if result.get("vocab_extra"):
+        name = name.replace(".md", f"_{(1341 + result['vocab_extra']) // 1000}k.md")
     return name.replace(".md", "_sampled.md") if result.get("temperature") else name
+
+
+def model_words(result: dict) -> str:
+    if result["model"] == "tiny" and result.get("vocab_extra"):
+        return (f"the tiny generated model (2 layers, width 64) with a {1341 + result['vocab_extra']:,}-token "
+                "vocabulary (`--vocab-extra`), so that the logits' host work shows beside the rest")
+    return MODELS[result["model"]]
+
+
+def step_table(result: dict) -> list[str]:
+    """Per step, the engine alone: wall, llama_decode and the host's rest (medians; per rep)."""
+    rows = [r for r in result["rows"] if "host_ms" in r]
+    lines = ["| engine | tokens/s | ms per step | llama_decode ms | host ms per step | host ms per rep |",
+             "|---|---:|---:|---:|---:|---|"]
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+
+        def med(key: str) -> float:
+            return statistics.median(r[key] for r in mine)
+
+        lines.append(f"| {arm} | {med('tok_s'):,.0f} | {med('step_ms'):.2f} | {med('decode_ms'):.2f} | "
+                     f"**{med('host_ms'):.2f}** | {', '.join(format(r['host_ms'], '.2f') for r in mine)} |")
+    hashes = {r.get("outputs") for r in rows}
+    if result["temperature"] == 0 and len(rows) > 1:
+        lines += ["", f"Greedy tokens the same in every engine run: {len(hashes) == 1}."]
+    return lines
 
 
 def write_docs(result: dict, command: str) -> None:
@@ -134,9 +211,13 @@ def write_docs(result: dict, command: str) -> None:
     ceiling = statistics.median(r["tok_s"] for r in result["rows"] if r["arm"] == "engine alone")
     lines = ["# Host overhead per decode step: the engine alone and behind HTTP", "",
              f"{result['clients']} slots, {result['clients']} clients x {result['tokens']} tokens (temperature "
-             f"{result['temperature']}, `min_tokens` = `max_tokens`), {MODELS[result['model']]} on 1 decode thread. "
+             f"{result['temperature']}, `min_tokens` = `max_tokens`), {model_words(result)} on 1 decode thread. "
              "Medians over reps; "
-             "arms interleaved per rep.", "",
+             "arms interleaved per rep.", "", "## Per step, the engine alone", "",
+             "The host's ms per step is the step's wall time less llama_decode's (on the CPU the decode runs "
+             "inside the call): planning the step, the batch, sampling, the tokens' bookkeeping, text and events. "
+             "On a GPU the decode returns while the device computes, and the text and events go out beside it.", "",
+             *step_table(result), "", "## Tokens/s, the engine alone and behind HTTP", "",
              f"| arm | tokens/s | ms per step of {result['clients']} tokens | of the engine alone | per rep |",
              "|---|---:|---:|---:|---|"]
     for arm in arms:
@@ -145,7 +226,9 @@ def write_docs(result: dict, command: str) -> None:
         lines.append(f"| {arm} | {median:,.0f} | {1000 * result['clients'] / median:.1f} | {median / ceiling:.0%} "
                      f"| {', '.join(f'{v:,}' for v in values)} |")
     m = result["machine"]
-    lines += ["", f"Machine: {m['nproc']} cores, {m['cpu']}, load at start {m['load_at_start']}. The clients run "
+    load = ", ".join(f"{x:.2f}" for x in m["load_at_start"])
+    lines += ["", f"Machine: {m['nproc']} cores, {m['cpu']}, load (`uptime`) at start {load}, at the end "
+              f"{', '.join(f'{x:.2f}' for x in result.get('load_at_end', ()))}. The clients run "
               "on the same cores as the server.", "", f"Command: `{command}`", ""]
     (REPO / "docs" / doc_name(result)).write_text("\n".join(lines))
 
@@ -158,9 +241,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="tokens per client")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy; above 0, llama_cpp.server's other sampling defaults (top-k 40, ...)")
-    parser.add_argument("--baseline", help="a git revision whose server runs beside this one")
+    parser.add_argument("--baseline", help="a git revision whose engine and server run beside this one")
+    parser.add_argument("--vocab-extra", dest="vocab_extra", type=int, default=0,
+                        help="tokens added to the tiny model's 1,341 (127000: the H200 benches' 128K vocabulary)")
+    parser.add_argument("--engine-only", dest="engine_only", action="store_true", help="the engine arms alone")
+    parser.add_argument("--engine-arm", dest="engine_arm", type=Path, help=argparse.SUPPRESS)  # engine_in's child
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "host_overhead.json")
     args = parser.parse_args()
+    if args.engine_arm:
+        print(json.dumps(engine_alone(args.engine_arm, args)))
+        return
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
