@@ -246,3 +246,34 @@ def test_an_image_url_from_a_listed_host_is_fetched(vision, origin, api):
     reply = post(vision, ROUTES[api][0], body)
     assert reply.status_code == 200, reply.text
     assert usage_of(api, reply.json())[1] == IMAGE_TOKENS
+
+
+@pytest.fixture(scope="module")
+def hearing():
+    """A tiny Qwen2-Audio projector (750 tokens a clip's 30 s window) beside the tiny model."""
+    needs_mtmd()
+    with live_server([hermes_model("audio", mmproj=str(cached_tiny_projector(kind="qwen2a")))]) as server:
+        yield server
+
+
+def test_audio_answers_on_chat_and_responses_streamed_and_plain_and_an_image_is_refused(hearing):
+    """input_audio end to end (issue 46): a WAV clip's 750 tokens in usage on chat and Responses,
+    plain and streamed; the audio projector takes no image (a 400 naming the part)."""
+    clip = data_url(wav(8000), "x").split(",")[1]
+    chat = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what do you hear?"}, {"type": "input_audio", "input_audio": {"data": clip,
+                                                                                              "format": "wav"}}]}],
+        "max_tokens": 4, "temperature": 0}
+    responses = {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what do you hear?"},
+        {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}]}], "max_output_tokens": 4,
+        "temperature": 0}
+    for api, route, body in (("chat", "/v1/chat/completions", chat), ("responses", "/v1/responses", responses)):
+        reply = post(hearing, route, body)
+        assert reply.status_code == 200, reply.text
+        prompt, media = usage_of(api, reply.json())
+        assert media == 750 and prompt > media
+    events = stream_events(hearing, "/v1/chat/completions", chat)
+    assert any((e.get("choices") or [{}])[0].get("delta", {}).get("content") for e in events)
+    image = post(hearing, "/v1/chat/completions", CHAT)
+    assert image.status_code == 400 and "takes no image" in image.json()["error"]["message"]

@@ -22,6 +22,7 @@ from pflash_plugin.engine.scheduler import AdmissionError
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 from pflash_plugin.llama.media import MediaError, Projector, helper_eval, mtmd_available
 from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
+from pflash_plugin.testing.media_files import wav
 
 from conftest import run_requests
 
@@ -73,7 +74,7 @@ def media_request(engine, media: MediaInput, max_tokens: int = 12) -> Request:
 
 def first_logprobs(model: Model, media: MediaInput, kind: str = "mlp") -> np.ndarray:
     """The log-softmax of the logits after the prompt, by llama.cpp's own path."""
-    ctx = Context(model, ContextConfig(n_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
+    ctx = Context(model, ContextConfig(n_ctx=1024, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
     projector = Projector(cached_tiny_projector(kind=kind), model)
     try:
         helper_eval(projector, ctx, PROMPT, [(media.kind, media.data)], n_batch=24)
@@ -96,7 +97,7 @@ def assert_parity(model: Model, request: Request, media: MediaInput, kind: str =
 
 def reference(model: Model, media: MediaInput, n_tokens: int, kind: str = "mlp") -> list[int]:
     """Greedy tokens by llama.cpp's own path: mtmd_helper_eval_chunks on a one-sequence context."""
-    ctx = Context(model, ContextConfig(n_ctx=512, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
+    ctx = Context(model, ContextConfig(n_ctx=1024, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
     projector = Projector(cached_tiny_projector(kind=kind), model)
     batch = Batch(1)
     try:
@@ -312,6 +313,28 @@ def test_several_encoders_encode_the_images_of_several_requests_at_once(tiny_mod
         assert stats.decode_calls >= 1 and stats.decode_pieces >= 2
         for request, seed in zip(requests, (11, 12)):
             assert_parity(model, request, image(seed))
+    finally:
+        eng.stop()
+        eng.close()
+
+
+def test_audio_is_decoded_as_llama_cpps_own_path_decodes_it(tiny_model):
+    """A tiny Qwen2-Audio projector (a Whisper encoder: 750 tokens a 30 s window, between the text
+    <|audio_bos|> and <|audio_eos|>): the batched engine's greedy tokens and first logprobs after
+    a WAV clip equal mtmd_helper_eval_chunks', with the clip decoded in pieces beside a text request."""
+    config = EngineConfig(n_slots=2, max_ctx=1024, n_batch=128, n_ubatch=128, n_threads=1, n_threads_batch=1,
+                          mmproj=str(cached_tiny_projector(kind="qwen2a")), prefill_chunk=128)
+    model, eng = load_engine(tiny_model, config)
+    try:
+        clip = MediaInput("audio", wav(8000), "audio/wav")
+        request = media_request(eng, clip)
+        assert request.media[0].chunk.kind == "audio" and request.media[0].chunk.n_tokens == 750
+        text = Request(model.tokenize("the water is", True), SamplingParams(max_tokens=12, temperature=0.0))
+        assert all(isinstance(end, FinishEvent) for end in run(eng, [request, text]))
+        assert eng.media.stats().decode_pieces >= 750 // 128
+        assert_parity(model, request, clip, kind="qwen2a")
+        with pytest.raises(MediaError, match="takes no image"):
+            eng.media.prompt(PROMPT, [image(1)])
     finally:
         eng.stop()
         eng.close()

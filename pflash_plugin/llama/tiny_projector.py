@@ -11,7 +11,12 @@ LLaVA's graph runs the ViT's blocks up to the second to last (clip.cpp, models/l
 `kind` "qwen2vl" writes Qwen2-VL's projector (clip.cpp's `qwen2vl_merger`: two patch convolutions
 summed, a ViT with 2-D rotary positions, each 2x2 patches merged by an MLP): an image keeps its
 aspect (resized to a multiple of 2 patches), nx x ny tokens that a text model with M-RoPE
-(tiny_gguf's arch "qwen2vl") reads at max(nx, ny) positions."""
+(tiny_gguf's arch "qwen2vl") reads at max(nx, ny) positions.
+
+`kind` "qwen2a" writes an audio projector instead (Qwen2-Audio's, clip.cpp's `qwen2a`: a Whisper
+encoder, two 1-D convolutions over `n_mel` mel bins, ViT blocks, 2x average pooling, one
+projection): libmtmd cuts a clip into 30 s windows of 3000 mel frames, 750 tokens each, between
+the text `<|audio_bos|>` and `<|audio_eos|>`."""
 from __future__ import annotations
 
 import hashlib
@@ -40,6 +45,7 @@ class TinyProjector:
     kind: str = "mlp"  # or "gemma3": a SigLIP ViT, 2x2 average pooling, RMS norm, one projection; non-causal;
     # or "qwen2vl": Qwen2-VL's merger (M-RoPE positions, an image's tokens from its size)
     f16: bool = False  # the blocks' and the MLP's matrices in F16, as real mmproj files (a bench's real shape)
+    n_mel: int = 16  # qwen2a: mel bins the encoder reads
 
     @property
     def n_patches(self) -> int:
@@ -57,6 +63,8 @@ class TinyProjector:
         path = pathlib.Path(path)
         w = gguf.GGUFWriter(path, "clip")
         w.add_name("pflash-tiny-projector")
+        if self.kind == "qwen2a":
+            return self._write_audio(w, path)
         w.add_bool("clip.has_vision_encoder", True)
         w.add_string("clip.projector_type", "qwen2vl_merger" if self.kind == "qwen2vl" else self.kind)
         if self.kind == "gemma3":
@@ -73,6 +81,45 @@ class TinyProjector:
         for name, array in self._tensors():
             matrix = array.ndim == 2 and name != "v.position_embd.weight"
             w.add_tensor(name, array.astype(np.float16) if self.f16 and matrix else array)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    def _write_audio(self, w: Any, path: pathlib.Path) -> pathlib.Path:
+        """Qwen2-Audio's projector (kind "qwen2a"): clip.cpp's names under `a.` and its audio keys."""
+        rng = np.random.default_rng(self.seed)
+
+        def draw(*shape: int, scale: float = 0.1) -> np.ndarray[Any, Any]:
+            return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+        d = self.n_embd
+        w.add_bool("clip.has_audio_encoder", True)
+        w.add_string("clip.projector_type", "qwen2a")
+        for key, value in (("embedding_length", d), ("attention.head_count", self.n_head),
+                           ("feed_forward_length", self.n_ff), ("block_count", self.n_layer),
+                           ("projection_dim", self.n_embd_text), ("num_mel_bins", self.n_mel)):
+            w.add_uint32(f"clip.audio.{key}", value)
+        w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+        # the convolutions' kernels in F16 (ggml's im2col path, as converted Whisper files have them),
+        # their biases [channels, 1]: added along the channels of a [frames, channels] result
+        tensors = [("a.conv1d.1.weight", draw(d, self.n_mel, 3).astype(np.float16)), ("a.conv1d.1.bias", draw(d, 1)),
+                   ("a.conv1d.2.weight", draw(d, d, 3).astype(np.float16)), ("a.conv1d.2.bias", draw(d, 1)),
+                   ("a.position_embd.weight", draw(1500, d))]  # 3000 frames, halved by the second conv
+        for i in range(self.n_layer):
+            blk = f"a.blk.{i}"
+            for name, shape, bias in (("attn_q", (d, d), True), ("attn_k", (d, d), False), ("attn_v", (d, d), True),
+                                      ("attn_out", (d, d), True), ("ffn_up", (self.n_ff, d), True),
+                                      ("ffn_down", (d, self.n_ff), True)):
+                tensors += [(f"{blk}.{name}.weight", draw(*shape))] + ([(f"{blk}.{name}.bias", draw(shape[0]))] * bias)
+            for norm in ("ln1", "ln2"):
+                tensors += [(f"{blk}.{norm}.weight", np.ones(d, np.float32)), (f"{blk}.{norm}.bias", draw(d))]
+        tensors += [("a.post_ln.weight", np.ones(d, np.float32)), ("a.post_ln.bias", draw(d)),
+                    ("mm.a.fc.weight", draw(self.n_embd_text, d, scale=0.05)),
+                    ("mm.a.fc.bias", draw(self.n_embd_text, scale=0.02))]
+        for name, array in tensors:
+            w.add_tensor(name, array)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
