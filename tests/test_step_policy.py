@@ -82,12 +82,12 @@ def test_a_short_chat_arriving_beside_a_long_prefill_gets_its_first_token_next_s
     long = make_request(list(range(1, 801)), max_tokens=2)
     sched.submit(long)
     step = step_once(sched, runner)
-    assert sched.preemptible(step), "a long prompt prefilling alone is aborted for a newcomer"
+    assert sched.steps.preemptible(step), "a long prompt prefilling alone is aborted for a newcomer"
     chat = make_request([900, 901, 902], max_tokens=2)
     sched.submit(chat)
     step = step_once(sched, runner)
     assert [item.request for item in step.items] == [chat] and chat.timings.first_token is not None
-    assert long.prefill_left > 0 and not sched.preemptible(step)
+    assert long.prefill_left > 0 and not sched.steps.preemptible(step)
 
 
 # ---- what the drafter is told -------------------------------------------------------------------

@@ -299,7 +299,7 @@ class Engine:
         beside = self.runner.returns_early(step)
         if self.runner.overlaps and not beside:
             self._release_last_step()  # a short request's first token would wait out a long chunk's ubatches
-        self._preemptible = self.scheduler.preemptible(step)
+        self._preemptible = self.scheduler.steps.preemptible(step)
         self.scheduler.steps.started(step)
         try:
             self.runner.launch(step)

@@ -13,6 +13,9 @@ are policy objects beside it, each tested on its own:
   generating slot, the rest of the token budget in prefill chunks, so a long prefill never stalls
   decoding), and what background drafting is told.
 
+Its mechanism's parts are modules too: intake.py takes a row's sampled tokens into its request (end
+of generation, the reasoning budget, max_tokens, stop strings) and releases their text.
+
 Idle slots keep their KV as a prefix cache; a new request reuses the longest cached prefix of any
 slot (in place, or shared through `seq_cp`), and idle caches are evicted least recently used when
 pages are needed. Every request moves through one `RequestStatus` lifecycle, and `finish` is the
@@ -29,6 +32,7 @@ from typing import Callable, Protocol
 from .admission import SCHEDULE_POLICIES, RequestQueue
 from .handoff import CompressionHandoff
 from .host_cache import HostCache
+from .intake import Intake
 from .kv_pool import PagePool
 from .lending import SlotLending
 from .limits import AdmissionError, Limits
@@ -37,7 +41,7 @@ from .media_prompt import media_failure
 from .outbox import Outbox
 from .prefill_sharing import PrefillSharing
 from .prefix_cache import KVOps, PrefixCache, Slot
-from .request import ErrorEvent, ErrorKind, FinishEvent, Report, Request, RequestRefused, RequestStatus, TokenOutput
+from .request import ErrorEvent, ErrorKind, FinishEvent, Report, Request, RequestStatus, TokenOutput
 from .stats import CompressingStats, SchedulerStats, SlotStats
 from .step_policy import StepPolicy
 from .steps import BatchItem, Step, Steps
@@ -103,7 +107,7 @@ class Scheduler:
                  is_eog: Callable[[int], bool], clock: Callable[[], float] = time.perf_counter,
                  host: HostCache | None = None) -> None:
         assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
-        self.kv, self.config, self.is_eog, self.clock = kv, config, is_eog, clock
+        self.kv, self.config, self.clock = kv, config, clock
         self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host)
         self.slots: list[Slot] = self.cache.slots
         share = config.share_prefill_tokens
@@ -115,6 +119,7 @@ class Scheduler:
                                               config.reuse_compressed)
         self.outbox = Outbox(lambda request, error: self.fail(request, error, "delivering its output"))
         self.text = LiveText(piece, self.outbox)
+        self.intake = Intake(self.text, is_eog, self.finish, self.fail)
         self.steps = Steps(StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging,
                                       config.preempt_chunk), self.cache, self.text)
         self.running: list[Request] = []
@@ -220,10 +225,6 @@ class Scheduler:
                 self.fail(request, error, "encoding its media")
         return self.steps.compose(self.running)
 
-    def preemptible(self, step: Step) -> bool:
-        """A step worth aborting for a newcomer (StepPolicy.preemptible)."""
-        return self.steps.preemptible(step)
-
     def update(self, step: Step, outputs: dict[int, TokenOutput | Exception], release: bool = True) -> None:
         """Apply a successful decode: extend the slots, take the sampled tokens, finish some.
         `outputs` holds an exception for a request whose sampling failed: that request fails.
@@ -247,8 +248,7 @@ class Scheduler:
 
     def _apply(self, item: BatchItem, out: TokenOutput | Exception | None, now: float) -> None:
         """One row's outcome: its tokens in the slot (drafts the target rejected leave it and the KV),
-        then its sampled tokens taken one by one (the accepted drafts first: `_take`); their text
-        waits for `release_text`, unless the request has stop strings and took several."""
+        its prefill's progress, then its sampled tokens taken in (intake.py)."""
         request = item.request
         self.steps.keep(item, out)
         if request.status is RequestStatus.PREFILLING:
@@ -256,53 +256,15 @@ class Scheduler:
             if not request.prefill_left:
                 request.status = RequestStatus.DECODING
                 request.timings.prefill_done = now
-        if not item.wants_logits:
-            return
-        if isinstance(out, RequestRefused):  # the client's (a grammar too costly to go on)
-            self.finish(request, RequestStatus.FINISHED_REJECTED, ErrorEvent(ErrorKind.INVALID, str(out)))
-            return
-        if isinstance(out, Exception):
-            self.fail(request, out, "sampling")
-            return
-        assert out is not None, f"no sampled token for request {request.request_id}"
-        if request.timings.first_token is None:
-            request.timings.first_token = now
-        request.timings.last_token = now
-        taken = out.unrolled() if out.accepted else (out,)  # a copy per token costs 1 µs a row
-        for n, one in enumerate(taken, 1):
-            if not self._take(request, one):
-                return
-            if n < len(taken) and request.params.stop and self.text.release(request):  # stops mid-run
-                self.finish(request, RequestStatus.FINISHED_STOP)
-                return
-
-    def _take(self, request: Request, out: TokenOutput) -> bool:
-        """One sampled token: end of generation, the reasoning budget, max_tokens; False: it ended."""
-        if request.thinking is not None:  # past its reasoning budget, the closing tag in place of its token
-            token = request.thinking.next_token(out.token, self.text.piece)
-            out = out if token == out.token else TokenOutput(token)
-        if self.is_eog(out.token):
-            self.finish(request, RequestStatus.FINISHED_STOP)
-            return False
-        request.output_tokens.append(out.token)
-        self.text.take(request, out)
-        if len(request.output_tokens) >= request.params.max_tokens:
-            stopped = self.text.release(request)
-            self.finish(request, RequestStatus.FINISHED_STOP if stopped else RequestStatus.FINISHED_LENGTH)
-            return False
-        return True
+        if item.wants_logits:
+            self.intake.take(request, out, now)
 
     def release_text(self) -> None:
-        """The text of the tokens taken since the last call, as events; a request whose text
-        reaches a stop string finishes. The engine calls it while the next step's decode runs on a
-        GPU (a step after the stop then has a row for the finished request: `update` drops what it
-        wrote), right after `update` otherwise."""
-        for request in [r for r in self.running if self.text.unread(r)]:
-            try:
-                if self.text.release(request):
-                    self.finish(request, RequestStatus.FINISHED_STOP)
-            except Exception as error:
-                self.fail(request, error, "releasing its text")
+        """The text of the tokens taken since the last call, as events (Intake.release); a request
+        whose text reaches a stop string finishes. The engine calls it while the next step's decode
+        runs on a GPU (a step after the stop then has a row for the finished request: `update` drops
+        what it wrote), right after `update` otherwise."""
+        self.intake.release(self.running)
 
     # ---- the end of a request ----------------------------------------------------------------
     def finish(self, request: Request, status: RequestStatus, error: ErrorEvent | None = None,
