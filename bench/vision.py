@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import base64
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,9 @@ def servers(args: argparse.Namespace, model: str, mmproj: str, slots: int) -> li
             "--n_ctx", str(ctx), *gpu]
     out = [ServerProcess(f"vision-ours-{slots}", ours)]
     out += [ServerProcess(f"vision-ours-enc{n}-{slots}", [*ours, "--media_encoders", str(n)]) for n in args.encoders]
+    for arm in args.ours_arms:  # NAME=FLAGS: ours with those flags too (commas for spaces: a queue line splits on spaces)
+        name, _, flags = arm.partition("=")
+        out.append(ServerProcess(f"vision-ours-{name}-{slots}", [*ours, *shlex.split(flags.replace(",", " "))]))
     if args.llama_server:
         out.append(ServerProcess(f"vision-llama-server-{slots}", [
             "-m", model, "--mmproj", mmproj, "-np", str(slots + 1), "-c", str((slots + 1) * ctx), "--cache-ram", "0",
@@ -146,6 +150,26 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
             "text_ttft_beside_s": round(beside["ttft_s"], 3), "phases": phases(before, after, wall, done)}
 
 
+def run_arms(args: argparse.Namespace, arms: list[ServerProcess], slots: int, side: int) -> list[dict[str, Any]]:
+    """The arms up at once, each warmed, their reps interleaved (a busy machine's drift falls on each alike)."""
+    rows = []
+    try:
+        for server in arms:
+            server.start(timeout_s=600)
+            asyncio.run(round_of(server.url, [png(side, side, 10**6 + i) for i in range(slots)], 4))  # warm-up
+        for rep in range(args.reps):
+            images = [png(side, side, rep * 1000 + slots * 100 + i) for i in range(slots)]
+            for server in arms:
+                row = {"arm": server.label, "clients": slots, "rep": rep,
+                       **asyncio.run(round_of(server.url, images, SHAPES[args.shape]["max_tokens"]))}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    finally:
+        for server in arms:
+            server.stop()
+    return rows
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
     """Per arm and client count: the median rep's requests/s and TTFTs, and that rep's phases."""
     lines = ["arm | clients | req/s (median) | image TTFT s | text TTFT beside s | phases of that rep"]
@@ -166,6 +190,11 @@ def main() -> None:
     ap.add_argument("--llama-server", dest="llama_server")
     ap.add_argument("--encoders", type=int, nargs="*", default=[],
                     help="also ours with --media_encoders N, an arm each (the default arm: the server's auto)")
+    ap.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
+                    help="also ours with these server flags (commas for spaces), an arm each: nb2048=--n_batch,2048")
+    ap.add_argument("--one-at-a-time", dest="one_at_a_time", action="store_true",
+                    help="one server up at a time, its reps back to back (a GPU's memory holds one), "
+                         "instead of all arms up and their reps interleaved")
     ap.add_argument("--target", "--drafter", dest="unused", help="(bench/gpu/servers.sh passes them; --shape writes its models)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "vision.json")
     args = ap.parse_args()
@@ -173,20 +202,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for slots in args.clients:
         arms = servers(args, model, mmproj, slots)
-        try:  # all arms up at once, their reps interleaved (a busy machine's drift falls on each alike)
-            for server in arms:
-                server.start(timeout_s=600)
-                asyncio.run(round_of(server.url, [png(side, side, 10**6 + i) for i in range(slots)], 4))  # warm-up
-            for rep in range(args.reps):
-                images = [png(side, side, rep * 1000 + slots * 100 + i) for i in range(slots)]
-                for server in arms:
-                    row = {"arm": server.label, "clients": slots, "rep": rep,
-                           **asyncio.run(round_of(server.url, images, SHAPES[args.shape]["max_tokens"]))}
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-        finally:
-            for server in arms:
-                server.stop()
+        for group in ([[arm] for arm in arms] if args.one_at_a_time else [arms]):
+            rows += run_arms(args, group, slots, side)
     print(summary(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"bench": "vision", "shape": args.shape, "gpu": args.gpu, "machine": machine(),
