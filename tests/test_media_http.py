@@ -28,7 +28,8 @@ N_IMAGE = 64  # the tiny projector's tokens per image
 @pytest.fixture(scope="module")
 def server():
     model = {"model": str(cached_tiny_llama()), "model_alias": "vision", "mmproj": str(cached_tiny_projector()),
-             "n_ctx": 1024, "max_concurrency": 3, "n_threads": 1, "n_threads_batch": 1, "media_cache_mb": 8}
+             "n_ctx": 1024, "max_concurrency": 3, "n_threads": 1, "n_threads_batch": 1, "media_cache_mb": 8,
+             "media_encoders": 2}
     with live_server([model]) as live:
         yield live
 
@@ -98,6 +99,9 @@ def test_a_resent_image_reuses_the_prefix_cache(server):
     media = httpx.get(f"{server.url}/status", timeout=10).json()["models"]["vision"]["media"]
     assert media["encoded"] >= 1 and media["cache_hits"] >= 1 and 0 < media["cache_bytes"] <= 8 << 20
     assert media["cache_capacity_bytes"] == 8 << 20  # --media_cache_mb
+    # --media_encoders, and the phases a bench reads: the encodes' and the embedding decodes' time
+    assert media["encoders"] == 2 and media["encode_s"] > 0 and media["tokenized"] >= 2 and media["tokenize_s"] > 0
+    assert media["decode_calls"] >= 1 and media["decode_rows"] >= N_IMAGE and media["decode_s"] > 0
 
 
 def test_pflash_compresses_the_text_around_an_image_and_keeps_the_image():
