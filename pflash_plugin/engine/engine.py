@@ -4,7 +4,8 @@ Other threads talk to it only through typed messages in an inbox (`Submit`, `Can
 `Compressed`, `ClearCache`, `Shutdown`); every scheduler and KV mutation happens on the engine
 thread, so none of it needs a lock. Its runner and compressor are the seams of seams.py; what it
 tells the compressor (its `activity`) and the stats /status and /metrics read (a frozen
-`stats.SchedulerStats`) are published each round. A failure tied to one request
+`stats.SchedulerStats`) are published each round. Each step runs through stepping.py (the launch,
+the last step's text beside the decode, preemption for a newcomer). A failure tied to one request
 fails that request alone; only a failure of llama.cpp itself marks the model failed (`health`).
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..llama import DecodeError
 from .failures import Failures
 from .compression_feed import feed
 from .media_encoder import MediaEncoder, want_media
@@ -25,6 +25,7 @@ from .published import Published
 from .request import ErrorKind, Report, Request, RequestStatus
 from .scheduler import SHUTTING_DOWN, AdmissionError, Scheduler, Step
 from .seams import Compressor, Runner
+from .stepping import Stepping
 from .stats import SchedulerStats
 from .watchdog import Watchdog
 from .step_policy import arrival_order
@@ -101,12 +102,7 @@ class Engine:
         self._closing = False  # shutdown() was called: submit refuses
         self._closing_lock = threading.Lock()  # no Submit lands behind the Shutdown message
         self._deadline: float | None = None  # engine thread: draining until then
-        self.steps = 0
-        # a step that prefills one long prompt alone is preempted when a new request arrives, so
-        # the newcomer does not wait for the whole step (the next step caps that prompt's chunk)
-        self._preemptible = False
-        self._arrival = threading.Event()
-        runner.set_abort(lambda: self._preemptible and self._arrival.is_set())
+        self.stepping = Stepping(scheduler, runner, self.failures, self.published)  # runs and counts the steps
         self._thread = threading.Thread(target=self._loop, name=f"pflash-{name}", daemon=True)
 
     def start(self) -> None:
@@ -131,7 +127,7 @@ class Engine:
             if self._closing:
                 raise AdmissionError.unavailable(SHUTTING_DOWN)
             self._post(message)
-        self._arrival.set()
+        self.stepping.arrival.set()
         return message.answer
 
     def cancel(self, request: Request) -> None:
@@ -177,6 +173,11 @@ class Engine:
             return Health("draining", SHUTTING_DOWN)
         return Health("ok")
 
+    @property
+    def steps(self) -> int:
+        """Steps run so far."""
+        return self.stepping.count
+
     def stats(self) -> SchedulerStats:
         """The stats the engine thread last published (after each step, and before events go out)."""
         return self.published.stats
@@ -195,7 +196,7 @@ class Engine:
         """Rounds until a shutdown has drained everything; the watchdog times each busy one whole."""
         running = True
         while running:
-            self._arrival.clear()
+            self.stepping.arrival.clear()
             self.watchdog.started = time.monotonic()
             try:
                 running = self._round()
@@ -228,8 +229,7 @@ class Engine:
             self._wake.wait(timeout)
             self._wake.clear()
             return True
-        self._run(step)
-        self.steps += 1
+        self.stepping.run(step)
         # overlapped, the next round publishes them (activity before its step, stats before its
         # events or beside its decode) and then sends this step's events
         if not self.runner.overlaps:
@@ -291,48 +291,6 @@ class Engine:
             message.answer.set_result(None)
         else:
             message.answer.set_exception(refusal)
-
-    def _run(self, step: Step) -> None:
-        """Launch the step's decode; where it runs beside the host (a GPU), release the last step's
-        text and events meanwhile, or before the launch where the launch itself would wait for
-        most of the step (runner.returns_early); then take its tokens."""
-        beside = self.runner.returns_early(step)
-        if self.runner.overlaps and not beside:
-            self._release_last_step()  # a short request's first token would wait out a long chunk's ubatches
-        self._preemptible = self.scheduler.steps.preemptible(step)
-        self.scheduler.steps.started(step)
-        try:
-            self.runner.launch(step)
-        except DecodeError as error:
-            if error.code == 2 and self._preemptible and self._arrival.is_set():
-                self.scheduler.steps.rollback(step)  # preempted for a newcomer: redo with it next step
-            else:
-                self.failures.decode_error(step, error)
-            return
-        except Exception as error:  # anything else: fail this step's requests only
-            self.failures.step_failed(step, error)
-            return
-        finally:
-            self._preemptible = False
-        self.failures.aborts = 0
-        if beside:
-            self._release_last_step()
-        try:
-            outputs = self.runner.collect(step)
-        except Exception as error:
-            self.scheduler.steps.rollback(step)  # its writes, also for rows of requests that ended meanwhile
-            self.failures.step_failed(step, error)
-            return
-        self.scheduler.steps.verified(step, outputs)
-        self.scheduler.update(step, outputs, release=not self.runner.overlaps)
-
-    def _release_last_step(self) -> None:
-        """Where the runner overlaps: the last step's text and events, after the stats (built again
-        only where this round's are stale)."""
-        self.scheduler.release_text()
-        if self.published.stale():
-            self.published.stats_now(self.steps)
-        self.scheduler.emit()
 
     def _publish_status(self) -> None:
         self.published.activity_now()

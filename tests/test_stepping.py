@@ -1,0 +1,69 @@
+"""engine/stepping.py over the mock runner (no thread, no model): where a step's text goes out
+relative to the next decode, preemption for a newcomer, and the step count."""
+from __future__ import annotations
+
+from pflash_plugin.engine.failures import Failures
+from pflash_plugin.engine.published import Published
+from pflash_plugin.engine.stepping import Stepping
+from pflash_plugin.llama import DecodeError
+from tests.mock_runner import default_piece, make_request, make_scheduler, sink_of
+
+
+def default_text(tokens: list[int]) -> str:
+    return b"".join(default_piece(t) for t in tokens).decode()
+
+
+def setup(overlaps: bool, **kw):
+    sched, runner = make_scheduler(n_slots=2, **kw)
+    runner.overlaps = overlaps
+    failures = Failures(sched, "test")
+    return sched, runner, failures, Stepping(sched, runner, failures, Published(sched))
+
+
+def test_overlapped_a_step_s_text_goes_out_beside_the_next_decode():
+    """Between the next launch and its collect (the GPU's order): never before that launch."""
+    sched, runner, _, stepping = setup(overlaps=True)
+    request = make_request([1, 2, 3], max_tokens=4)
+    runner.scripts[request.request_id] = [10, 11, 12, 13]
+    sched.submit(request)
+    seen_at_launch: list[str] = []
+    runner.hook = lambda index, step: seen_at_launch.append(sink_of(request).text)
+    for _ in range(3):
+        stepping.run(sched.schedule())
+    # the prompt's step samples 10; its text is out during the third launch, not the second
+    assert seen_at_launch[:2] == ["", ""]
+    assert sink_of(request).text == default_text([10, 11])
+    assert stepping.count == 3
+
+
+def test_not_overlapped_a_step_s_text_waits_in_the_outbox_for_the_engine_s_emit():
+    sched, runner, _, stepping = setup(overlaps=False)
+    request = make_request([1, 2, 3], max_tokens=4)
+    runner.scripts[request.request_id] = [10, 11, 12, 13]
+    sched.submit(request)
+    stepping.run(sched.schedule())
+    assert sched.outbox and sink_of(request).text == ""
+    sched.emit()
+    assert sink_of(request).text == default_text([10])
+
+
+def test_a_preemptible_step_aborted_for_a_newcomer_is_rolled_back_without_counting_an_abort():
+    sched, runner, failures, stepping = setup(overlaps=False, max_batch_tokens=64, preempt_chunk=8, per_slot=True)
+    long = make_request(list(range(1, 41)), max_tokens=2)
+    sched.submit(long)
+    step = sched.schedule()
+    assert sched.steps.preemptible(step)
+    runner.fail_steps[1] = (DecodeError(2), False)
+    stepping.arrival.set()  # a newcomer arrived while the step ran
+    stepping.run(step)
+    assert failures.aborts == 0 and long.status.running and long.n_prefilled == 0
+    assert stepping.count == 1
+
+
+def test_an_abort_without_a_newcomer_counts_toward_the_failures():
+    sched, runner, failures, stepping = setup(overlaps=False, max_batch_tokens=64, preempt_chunk=8, per_slot=True)
+    long = make_request(list(range(1, 41)), max_tokens=2)
+    sched.submit(long)
+    runner.fail_steps[1] = (DecodeError(2), False)
+    stepping.run(sched.schedule())
+    assert failures.aborts == 1 and long.status.running
