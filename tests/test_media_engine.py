@@ -309,7 +309,7 @@ def test_several_encoders_encode_the_images_of_several_requests_at_once(tiny_mod
         assert all(isinstance(end, FinishEvent) for end in run(eng, requests))
         assert [p.encoded for p in eng.media.projectors] == [1, 1]
         stats = eng.media.stats()
-        assert stats.encoders == 2 and stats.encoded == 2 and stats.decode_rows == 2 * 64
+        assert stats.encoders == 2 and stats.encoded == 2 and stats.decode_rows >= 2 * 64
         assert stats.decode_calls >= 1 and stats.decode_pieces >= 2
         for request, seed in zip(requests, (11, 12)):
             assert_parity(model, request, image(seed))
