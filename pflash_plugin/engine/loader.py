@@ -17,7 +17,7 @@ from .media_encoder import MediaEncoder
 from .runner import LlamaRunner
 from .sampling import device_sampling
 from .scheduler import Scheduler, SchedulerConfig
-from .speculation.setup import SpeculationConfig, speculation
+from .speculation.setup import DraftModel, SpeculationConfig, speculation
 from .seams import Compressor
 
 
@@ -90,6 +90,8 @@ class MemoryBudget:
     reserve_bytes: int  # the drafter's need up to max_ctx
     available_bytes: int  # free on that device once the weights are loaded
     kv_share: float = 1.0  # of each token's KV, the fraction on that device (a split by layers puts the rest on others)
+    holder: str = "the PFlash drafter"  # whose need the reserve is, as errors name it
+    remedy: str = "turn PFlash off"  # besides lowering max_ctx
 
 
 def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | None = None) -> int:
@@ -107,13 +109,13 @@ def pool_tokens(config: EngineConfig, kv_per_token: int, budget: MemoryBudget | 
     mib = reserve_bytes / 2**20
     if config.kv_pool_tokens and config.kv_pool_tokens > fit:
         raise MemoryReserveError(
-            f"--kv_pool_tokens {config.kv_pool_tokens} does not leave the PFlash drafter's reserve "
+            f"--kv_pool_tokens {config.kv_pool_tokens} does not leave {budget.holder}'s reserve "
             f"({mib:.0f} MiB) free: at most {fit} tokens fit in {available / 2**20:.0f} MiB available"
         )
     if fit < config.max_ctx:
         raise MemoryReserveError(
-            f"with the PFlash drafter's reserve ({mib:.0f} MiB) only {fit} KV tokens fit, less than "
-            f"max_ctx ({config.max_ctx}): lower --max_ctx or turn PFlash off"
+            f"with {budget.holder}'s reserve ({mib:.0f} MiB) only {fit} KV tokens fit, less than "
+            f"max_ctx ({config.max_ctx}): lower --max_ctx or {budget.remedy}"
         )
     return min(-(-wanted // page) * page, fit)
 
@@ -209,10 +211,12 @@ def build_engine(
     name: str = "engine",
     compressor: Compressor | None = None,
     pool: int | None = None,
+    draft: DraftModel | None = None,
 ) -> Engine:
     """Context sized for the slots and a pool of `pool` tokens (None: the configured or automatic
     size; the server sizes it beside the drafter's reserve), scheduler, runner; the engine thread
-    is started."""
+    is started. `draft`: the speculative draft model where the server loaded it already (counted in
+    its memory plan; None: loaded here from config.speculation)."""
     layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token()) if pool is None else pool)
     spec = config.speculation
     on_device = device_sampling(config.backend_sampling, model)
@@ -247,7 +251,7 @@ def build_engine(
                           host=host)
     if spec:
         scheduler.steps.speculation = speculation(spec, model, runner.sampling.speculates, config.n_slots,
-                                                  config.max_ctx)
+                                                  config.max_ctx, draft)
     try:
         media = media_encoder(model, config)
     except BaseException:

@@ -43,10 +43,18 @@ def drafter_reserve(model: Model, layers: list[int], n_batch: int, separate_weig
     """Lanes (DraftOptions.lanes) beyond the first each add a context: its compute buffers and
     `lane_cells` KV cells (their captures land in the first one's)."""
     capture = CAPTURE_COPIES * 4 * len(layers) * (model.n_head + model.n_head_kv) * model.head_dim()
-    context = COMPUTE_BYTES_PER_UBATCH_TOKEN * n_batch + (GPU_FIXED_BYTES if gpu else 0)
-    lane = context + model.kv_bytes_per_token() * lane_cells
-    fixed = context + (lanes - 1) * lane + (model.size_bytes if separate_weights else 0)
+    context = context_bytes(model, n_batch, 0, gpu)
+    fixed = context + (lanes - 1) * context_bytes(model, n_batch, lane_cells, gpu) + \
+        (model.size_bytes if separate_weights else 0)
     return Reserve(fixed, capture + SCORING_BYTES_PER_TOKEN, model.kv_bytes_per_token())
+
+
+def context_bytes(model: Model, n_batch: int, cells: int, gpu: bool) -> int:
+    """A llama.cpp context of `model` (its weights apart): compute buffers for an n_batch ubatch
+    and `cells` KV cells. A speculative draft model's context is sized so too (its weights added
+    where they are loaded for it alone)."""
+    compute = COMPUTE_BYTES_PER_UBATCH_TOKEN * n_batch + (GPU_FIXED_BYTES if gpu else 0)
+    return compute + model.kv_bytes_per_token() * cells
 
 
 def available_memory_bytes() -> int:

@@ -80,6 +80,11 @@ class DraftModelConfig:
     n_threads: int = 0  # 0: llama.cpp's default
     n_threads_batch: int = 0
 
+    @property
+    def batch_tokens(self) -> int:
+        """Its n_batch and n_ubatch: a drafting step decodes a token per slot."""
+        return max(self.n_batch, self.slots)
+
 
 class DraftModelProposer:
     """A `Proposer` over a draft model; `close` frees its context (and the model where it owns it)."""
@@ -88,7 +93,7 @@ class DraftModelProposer:
 
     def __init__(self, model: Model, config: DraftModelConfig, owns_model: bool = False) -> None:
         self.model, self.owns_model = model, owns_model
-        n_batch = max(config.n_batch, config.slots)  # a drafting step decodes a token per slot
+        n_batch = config.batch_tokens
         self.ctx = Context(model, ContextConfig(n_ctx=config.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                                 n_seq_max=config.slots, n_outputs_max=max(config.slots, 1),
                                                 n_threads=config.n_threads, n_threads_batch=config.n_threads_batch))

@@ -4,10 +4,11 @@ draft tokens at most per row and step."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...llama import Model, ModelParams
 from ..request import Request
+from .draft_model import DraftModelConfig, DraftModelProposer, check_draft_model
 from .drafting import Speculation
 from .ngram import NgramProposer
 from .policy import SpeculationPolicy
@@ -37,29 +38,58 @@ class SpeculationConfig:
         return self.num_pred_tokens * min(n_slots, self.max_rows)
 
 
-def proposer(config: SpeculationConfig, target: Model, n_slots: int, n_ctx: int) -> Proposer:
-    """The drafts' source: prompt lookup, or a draft model on its own context (the hook of
-    `--draft_model PATH.gguf`: draft_model.DraftModelProposer, sharing the target's vocabulary)."""
-    if config.draft == PROMPT_LOOKUP:
-        return NgramProposer(MAX_NGRAM, config.num_pred_tokens)
-    from .draft_model import DraftModelConfig, DraftModelProposer, check_draft_model
+@dataclass(frozen=True)
+class DraftModel:
+    """A draft model's weights, loaded before the engine is built so that the memory plan can count
+    them (server/runtime/assembly.py); `owned`: the proposer closes them with the engine (False:
+    PFlash's drafter, loaded once for both jobs, whose owner outlives the engine)."""
 
+    model: Model
+    owned: bool = True
+
+
+def load_draft(config: SpeculationConfig, target: Model) -> DraftModel | None:
+    """`config`'s draft model, loaded where its params say and checked against the target's
+    vocabulary (refused in one line); None for prompt lookup."""
+    if config.draft == PROMPT_LOOKUP:
+        return None
     draft = Model(config.draft, config.draft_params)
     try:
         check_draft_model(target, draft)
     except BaseException:
         draft.close()
         raise
-    return DraftModelProposer(draft, DraftModelConfig(slots=n_slots, n_ctx=n_ctx, n_threads=config.n_threads,
-                                                      n_threads_batch=config.n_threads_batch), owns_model=True)
+    return DraftModel(draft)
+
+
+def draft_context(n_slots: int, max_ctx: int) -> DraftModelConfig:
+    """The draft model's context: one sequence per slot over max_ctx cells shared by the rows
+    (unified), as llama-server's -md sizes its draft context like the target's; rows that find it
+    full draft nothing until cells free (at max_ctx x the rows, Qwen3-0.6B's KV, 112 KiB a token,
+    at 128K tokens and 16 rows: 240 GB)."""
+    return DraftModelConfig(slots=n_slots, n_ctx=max_ctx)
+
+
+def proposer(config: SpeculationConfig, target: Model, n_slots: int, n_ctx: int,
+             draft: DraftModel | None = None) -> Proposer:
+    """The drafts' source: prompt lookup, or a draft model on its own context (the hook of
+    `--draft_model PATH.gguf`: draft_model.DraftModelProposer, sharing the target's vocabulary),
+    over `draft` where it was loaded already (else loaded here)."""
+    if config.draft == PROMPT_LOOKUP:
+        return NgramProposer(MAX_NGRAM, config.num_pred_tokens)
+    if draft is None:
+        draft = load_draft(config, target)
+        assert draft is not None
+    else:
+        check_draft_model(target, draft.model)
+    shape = replace(draft_context(n_slots, n_ctx), n_threads=config.n_threads, n_threads_batch=config.n_threads_batch)
+    return DraftModelProposer(draft.model, shape, owns_model=draft.owned)
 
 
 def speculation(config: SpeculationConfig, target: Model, eligible: Callable[[Request], bool], n_slots: int,
-                max_ctx: int) -> Speculation:
-    """The engine's Speculation for `config` (`eligible`: the runner's Sampling.speculates)."""
-    # the draft's KV cells: one request of max_ctx, shared by the rows (unified), as llama-server's -md
-    # sizes its draft context like the target's; rows that find it full draft nothing until cells free
-    # (at max_ctx x the rows, Qwen3-0.6B's KV, 112 KiB a token, at 128K tokens and 16 rows: 240 GB)
-    source = proposer(config, target, n_slots, max_ctx)
+                max_ctx: int, draft: DraftModel | None = None) -> Speculation:
+    """The engine's Speculation for `config` (`eligible`: the runner's Sampling.speculates; `draft`:
+    its draft model where the server loaded it, or shares PFlash's)."""
+    source = proposer(config, target, n_slots, max_ctx, draft)
     policy = SpeculationPolicy(max_draft=config.num_pred_tokens, max_rows=config.max_rows)
     return Speculation(source, policy, eligible, config.max_step_drafts(n_slots))

@@ -19,14 +19,15 @@ from ... import plugins
 from ...engine.embedder import Embedder
 from ...engine.engine import Engine
 from ...engine.loader import MemoryBudget, build_engine, pool_fits, pool_tokens
+from ...engine.speculation.setup import PROMPT_LOOKUP, DraftModel, draft_context, load_draft
 from ...llama import Model
 from ...llama.devices import gpu_count, gpu_free_bytes, gpus_free_bytes
 from ...llama.gguf_cut import cached_cut
 from ...llama.placement import kv_share_on_main_gpu, splits_by_free_memory
 from ...pflash.compressor import CompressionWorker, Compressor
 from ...pflash.drafter import GPU_LANES, Drafter, DraftOptions, check_vocab, draft_lanes, scoring_layers
-from ...pflash.reserve import available_memory_bytes, drafter_reserve
-from ..config.llama_params import LlamaPlan, ModelPlan, bring_up, plan, resolve
+from ...pflash.reserve import available_memory_bytes, context_bytes, drafter_reserve
+from ..config.llama_params import LlamaPlan, ModelPlan, bring_up, plan, resolve, speculation_config
 from ..config.settings import ModelSettings
 from .prompts import Prompts, named_formatter
 
@@ -82,24 +83,34 @@ class MemoryProbe:
     drafter_on_gpu: bool = False
     # the drafter's reserve up to max_ctx with 1, 2, ... lanes (0: it runs on another device than the pool)
     reserves: tuple[int, ...] = ()
+    draft_bytes: int = 0  # a speculative draft model's need where the pool is (speculation_draft_bytes)
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     lanes: int  # drafter lanes (0: no drafter)
-    reserve: int  # bytes the KV pool leaves free for the drafter
+    reserve: int  # bytes the KV pool leaves free for the drafter and a speculative draft model
     pool_tokens: int
+
+
+DRAFT_HOLDER = "the draft model", "drop --draft_model"  # MemoryBudget's holder and remedy
 
 
 def size_memory(plan: ModelPlan, probe: MemoryProbe) -> MemoryPlan:
     """The drafter's lanes (the most whose reserve leaves a pool of max_ctx, unless asked for), its
-    reserve and the KV pool beside it; raises loader.MemoryReserveError where none fits."""
-    config, kv = plan.engine, probe.kv_bytes_per_token
+    reserve (and a speculative draft model's) and the KV pool beside it; raises
+    loader.MemoryReserveError where none fits. Without PFlash or a draft model the pool is the
+    configured or automatic size, not sized by the memory."""
+    config, kv, draft = plan.engine, probe.kv_bytes_per_token, probe.draft_bytes
     if not plan.pflash.on:
-        return MemoryPlan(0, 0, pool_tokens(config, kv))
+        if not draft:
+            return MemoryPlan(0, 0, pool_tokens(config, kv))
+        alone = MemoryBudget(draft, probe.available_bytes, probe.kv_share, *DRAFT_HOLDER)
+        return MemoryPlan(0, draft, pool_tokens(config, kv, alone))
 
     def budget(lanes: int) -> MemoryBudget:
-        return MemoryBudget(probe.reserves[lanes - 1], probe.available_bytes, probe.kv_share)
+        holder = ("the PFlash drafter and the draft model", "turn PFlash off or drop --draft_model") if draft else ()
+        return MemoryBudget(probe.reserves[lanes - 1] + draft, probe.available_bytes, probe.kv_share, *holder)
 
     lanes = draft_lanes(plan.pflash.lanes, probe.drafter_on_gpu, plan.pflash.windows,
                         lambda n: pool_fits(config, kv, budget(n)))
@@ -152,15 +163,17 @@ def assemble(settings: ModelSettings) -> Parts:
     bring_up(llama)
     path = model_file(llama.model_path)
     check_names(settings, llama)
-    devices = find_devices(llama, settings.pflash != "off")
+    spec = speculation_config(settings)
+    devices = find_devices(llama, settings.pflash != "off" or (spec is not None and spec.draft != PROMPT_LOOKUP))
     target = Model(path, llama.target, verbose=llama.verbose)
     if devices.on_gpu:
         devices = replace(devices, gpu_free=gpu_free_bytes(llama.target.main_gpu))
     served = resolve(settings, llama, llama.alias or llama.model_path or os.path.basename(path), target)
     drafter = open_drafter(served, target) if served.pflash.on else None
-    memory = size_memory(served, probe_memory(served, target, drafter, devices))
+    draft = speculation_draft(served, target, drafter)
+    memory = size_memory(served, probe_memory(served, target, drafter, devices, draft))
     compression = start_compression(served, target, drafter, memory) if drafter is not None else None
-    engine = build_engine(target, served.engine, served.name, compression, memory.pool_tokens)
+    engine = build_engine(target, served.engine, served.name, compression, memory.pool_tokens, draft)
     config = served.engine
     embedder = (Embedder(target, config.max_ctx, config.n_batch, config.n_threads_batch, config.max_queue)
                 if llama.embedding else None)
@@ -178,9 +191,10 @@ def check_names(settings: ModelSettings, llama: LlamaPlan) -> None:
     plugins.selector(settings.pflash_selector)
 
 
-def find_devices(llama: LlamaPlan, pflash: bool) -> Devices:
-    """Before the weights load: what llama.cpp is about to split the layers by, read only where it does."""
-    n_gpus = gpu_count() if pflash and llama.target.n_gpu_layers != 0 else 0
+def find_devices(llama: LlamaPlan, planned: bool) -> Devices:
+    """Before the weights load: what llama.cpp is about to split the layers by, read only where it
+    does and the memory is planned (`planned`: PFlash or a draft model reserves some of it)."""
+    n_gpus = gpu_count() if planned and llama.target.n_gpu_layers != 0 else 0
     return Devices(n_gpus, gpus_free_bytes() if splits_by_free_memory(llama.target, n_gpus) else [])
 
 
@@ -205,13 +219,49 @@ def load_drafter(plan: ModelPlan, path: str) -> Model:
     return Model(path, plan.llama.drafter, verbose=plan.llama.verbose)
 
 
-def probe_memory(plan: ModelPlan, target: Model, drafter: DrafterFile | None, devices: Devices) -> MemoryProbe:
+def speculation_draft(plan: ModelPlan, target: Model, drafter: DrafterFile | None) -> DraftModel | None:
+    """The speculative draft model, loaded before the memory is sized (so that it counts); PFlash's
+    drafter itself where it is that very GGUF and stays loaded whole (`--draft_model pflash` with a
+    persistent drafter not cut for scoring): its weights load once, and the engine's proposer only
+    borrows them (the served model holds the drafter for its whole life). None: no draft model."""
+    spec = plan.engine.speculation
+    if spec is None or spec.draft == PROMPT_LOOKUP:
+        return None
+    if (drafter is not None and drafter.path is not None and plan.pflash.persistent
+            and os.path.realpath(drafter.path) == os.path.realpath(spec.draft)):
+        return DraftModel(drafter.model, owned=False)
+    return load_draft(spec, target)
+
+
+def speculation_draft_bytes(plan: ModelPlan, draft: DraftModel | None, devices: Devices) -> int:
+    """What the draft model takes where the pool is: its context (max_ctx cells for all rows,
+    compute buffers) and its weights, unless PFlash's drafter lends them (its reserve counts them)."""
+    if draft is None or (devices.on_gpu and draft.model.n_gpu_layers == 0):  # none, or not where the pool is
+        return 0
+    shape = draft_context(plan.engine.n_slots, plan.engine.max_ctx)
+    context = context_bytes(draft.model, shape.batch_tokens, shape.n_ctx, devices.on_gpu)
+    return context + (draft.model.size_bytes if draft.owned else 0)
+
+
+def pool_memory(plan: ModelPlan, target: Model, devices: Devices) -> tuple[int, float]:
+    """Free bytes where the pool is (main_gpu once the target loaded, or RAM) and the fraction of
+    each token's KV there (a split by layers puts the rest on the other GPUs)."""
+    if devices.gpu_free is None:
+        return available_memory_bytes(), 1.0
+    return devices.gpu_free, kv_share_on_main_gpu(plan.engine.model, target.n_layer, devices.n_gpus,
+                                                  devices.free_at_load)
+
+
+def probe_memory(plan: ModelPlan, target: Model, drafter: DrafterFile | None, devices: Devices,
+                 draft: DraftModel | None = None) -> MemoryProbe:
     """The numbers `size_memory` decides from. The pool leaves the drafter's reserve free where the
     drafter runs: on main_gpu, which holds only its layers' share of the KV when the target is
-    split by layers, or in RAM; a drafter on another device than the pool reserves nothing of it."""
+    split by layers, or in RAM; a drafter on another device than the pool reserves nothing of it.
+    A speculative draft model (`draft`) runs where the target does: its need is reserved too."""
     kv = target.kv_bytes_per_token()
+    extra = speculation_draft_bytes(plan, draft, devices)
     if drafter is None:
-        return MemoryProbe(kv)
+        return MemoryProbe(kv, *pool_memory(plan, target, devices), draft_bytes=extra) if extra else MemoryProbe(kv)
     p = plan.pflash
     drafter_on_gpu = devices.on_gpu and drafter.model.n_gpu_layers != 0
     kv_tokens = p.windows.context_tokens(p.max_tokens)
@@ -220,10 +270,7 @@ def probe_memory(plan: ModelPlan, target: Model, drafter: DrafterFile | None, de
                         lanes=lanes, lane_cells=p.windows.sink + p.windows.window).bytes_for(p.max_tokens, kv_tokens)
         if drafter_on_gpu == devices.on_gpu else 0
         for lanes in range(1, max(GPU_LANES, p.lanes or 1) + 1))
-    if devices.gpu_free is None:
-        return MemoryProbe(kv, available_memory_bytes(), 1.0, drafter_on_gpu, reserves)
-    share = kv_share_on_main_gpu(plan.engine.model, target.n_layer, devices.n_gpus, devices.free_at_load)
-    return MemoryProbe(kv, devices.gpu_free, share, drafter_on_gpu, reserves)
+    return MemoryProbe(kv, *pool_memory(plan, target, devices), drafter_on_gpu, reserves, extra)
 
 
 def start_compression(plan: ModelPlan, target: Model, drafter: DrafterFile, memory: MemoryPlan) -> CompressionWorker:
