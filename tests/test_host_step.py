@@ -91,3 +91,18 @@ def test_a_sampled_token_reaches_its_text_event_uncopied(engine, monkeypatch):
     in_text = [t for e in events if isinstance(e, TextEvent) for t in e.tokens]
     assert len(in_text) == 8
     assert all(any(t is s for s in sampled) for t in in_text)
+
+
+def test_rows_without_a_constraint_never_reach_llguidance_s_masks(engine, monkeypatch):
+    """A step of unconstrained rows asks the constraints nothing per row (no mask pass, no commit)."""
+    from pflash_plugin.engine.constraints import Constraints
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the constraints were asked about unconstrained rows")
+
+    monkeypatch.setattr(Constraints, "apply", refuse)
+    monkeypatch.setattr(Constraints, "settle", refuse)
+    model, engine = engine
+    tokens = _tokens(model, engine, [SamplingParams(max_tokens=6, temperature=0.0, min_tokens=6),
+                                     SamplingParams(max_tokens=6, temperature=0.8, seed=1, min_tokens=6)])
+    assert [len(t) for t in tokens] == [6, 6]

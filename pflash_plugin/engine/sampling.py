@@ -93,11 +93,17 @@ class _Bound:
     chain: SamplerChain  # the host chain, or on the device path the chain the context runs
     rng: np.random.Generator  # the batch path's draws
     holds_eog: bool = False  # device path: the chain biases end-of-generation tokens to -inf
-    plain_greedy: bool = dataclasses.field(init=False)  # an argmax with no bias or penalties (`greedy_rows`)
+    # fixed by the parameters, asked every step: penalties (its chain keeps the window), an argmax with
+    # no bias or penalties (`greedy_rows`), a constraint (llguidance's mask)
+    penalizes: bool = dataclasses.field(init=False)
+    plain_greedy: bool = dataclasses.field(init=False)
+    constrained: bool = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         p = self.params
-        self.plain_greedy = p.temperature <= 0 and not p.logit_bias and not penalizes(p)
+        self.penalizes = penalizes(p)
+        self.plain_greedy = p.temperature <= 0 and not p.logit_bias and not self.penalizes
+        self.constrained = bool(p.constraint)
 
     @property
     def short_of_min_tokens(self) -> bool:
@@ -215,7 +221,8 @@ class Sampling:
                 host.append((k, bound, row))
         if not host and not verified:
             return outputs
-        self.constraints.fill_due(_running_slots(rows))
+        constrained = [(k, bound) for k, bound, _ in host if bound.constrained]
+        self.constraints.fill_due([bound.request.held_slot for _, bound in constrained])
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
         # min_tokens: end-of-generation at -inf before any sampler sees the rows (a grammar that allows
         # nothing else still ends the generation), one assignment for all (64 rows cost 0.3 ms row by row)
@@ -224,8 +231,9 @@ class Sampling:
             logits[np.ix_(held, self._eog())] = -np.inf
         # log-probabilities as llama.cpp's grammar path gave them: after min_tokens, before the mask
         raw = {k: logits[k].copy() for k, bound, _ in host if bound.params.logprobs is not None}
-        outputs.update(self._constrain(logits, [(k, bound) for k, bound, _ in host]))
-        host = [(k, bound, row) for k, bound, row in host if bound.request.request_id not in outputs]
+        if constrained:
+            outputs.update(self._constrain(logits, constrained))
+            host = [(k, bound, row) for k, bound, row in host if bound.request.request_id not in outputs]
         outputs.update(self._batch(logits, [(k, bound) for k, bound, _ in host if bound.path == "batch"], raw))
         for k, bound, row in host:
             if bound.request.request_id not in outputs:
@@ -233,7 +241,7 @@ class Sampling:
                     outputs[bound.request.request_id] = self._chain_token(bound, row, raw.get(k))
                 except Exception as error:
                     outputs[bound.request.request_id] = error
-        for k, bound, _ in host:
+        for k, bound in constrained:
             self._commit(bound, logits[k], raw.get(k), outputs)
         outputs.update(self.verifier.verify(logits, verified, drafts))
         return outputs
@@ -296,7 +304,7 @@ class Sampling:
         outputs: dict[int, TokenOutput | Exception] = {}
         for (k, bound), token in zip(plain + rows, tokens):
             if token is not None:
-                if penalizes(bound.params):
+                if bound.penalizes:
                     bound.chain.accept(token)
                 outputs[bound.request.request_id] = with_logprobs(token, raw.get(k), bound.params.logprobs)
         return outputs
