@@ -186,13 +186,25 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
                     for server in servers:
                         row = {"server": server.label, "kind": "throughput", "mode": mode, "rep": rep}
                         try:
+                            before = speculation(server)
                             row.update(asyncio.run(throughput(server, mode, clients, args, seed=100 * rep + clients)))
+                            after = speculation(server)
+                            if after:  # what a speculating server drafted and kept in this run (issue 47)
+                                row["speculation"] = {k: after[k] - before.get(k, 0) for k in ("drafted", "accepted")}
                         except Exception as error:  # one server's failure costs its own row only
                             row.update(clients=clients, error=f"{type(error).__name__}: {error}"[:1000])
                         record.add(row)
     finally:
         for server in servers:
             server.stop()
+
+
+def speculation(server: Server) -> dict[str, int]:
+    """Ours' speculation counts since start (/status; empty for a server that does not speculate)."""
+    if not server.ours:
+        return {}
+    models = httpx.get(server.url + "/status", timeout=10).json().get("models", {})
+    return next(iter(models.values()), {}).get("speculation") or {}
 
 
 def table(data: dict[str, Any]) -> str:
