@@ -13,7 +13,9 @@ so every row decodes to the end; arms interleaved per rep:
            judgement (acceptance against the measured step cost) keeps drafting off.
 Per arm: milliseconds a step (wall / decode steps), and the seconds spent inside the engine's
 speculation calls (Speculation.drafts, started, verified: timed by wrapping them), per step;
-drafted and accepted tokens. Medians over reps.
+drafted and accepted tokens. Medians over reps. First, what verifying one greedy row whose first
+draft is rejected costs at `--vocab` tokens (engine/speculation/verifier.py, random logits), by its
+number of drafts: the tiny model's 1,341-token vocabulary hides that part.
 
     python bench/spec_host.py [--rows 64 128] [--reps 5] [--tokens 96] [--out FILE]
 """
@@ -28,13 +30,16 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from harness import REPO, machine, run_to_end
 from pflash_plugin.engine.loader import EngineConfig, load_engine
-from pflash_plugin.engine.request import Request, SamplingParams
+from pflash_plugin.engine.request import Request, SamplingParams, TokenOutput
 from pflash_plugin.engine.speculation.drafting import Speculation
 from pflash_plugin.engine.speculation.setup import PROMPT_LOOKUP, SpeculationConfig
+from pflash_plugin.engine.speculation.verifier import Verifier
 from pflash_plugin.testing import cached_tiny_llama
 
 ARMS = ("off", "lookup", "rejected", "judged")
@@ -91,6 +96,34 @@ def one(arm: str, rows: int, tokens: int) -> dict:
         engine.stop()
 
 
+@dataclass
+class _Bound:
+    request: Request
+    params: SamplingParams
+    chain: None
+    rng: np.random.Generator
+
+
+def verify_us(vocab: int, drafts: int, reps: int = 200) -> float:
+    """Microseconds the Verifier takes for one greedy row whose first of `drafts` drafts is rejected,
+    at `vocab` tokens (random logits: what random weights give), the median of `reps` batches of 10."""
+    logits = np.random.default_rng(0).standard_normal((drafts + 2, vocab)).astype(np.float32)
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    request = Request([1], params)
+    request.output_tokens = [1]
+    wrong = (int(logits[1].argmax()) + 1) % vocab
+    rows = {request.request_id: (_Bound(request, params, None, np.random.default_rng(0)),
+                                 [(j, j) for j in range(1, drafts + 2)])}
+    verifier: Verifier[_Bound] = Verifier(lambda: [0], lambda bound, row: TokenOutput(0))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(10):
+            verifier.verify(logits, rows, {request.request_id: [wrong] * drafts})
+        times.append((time.perf_counter() - start) / 10)
+    return round(1e6 * statistics.median(times), 1)
+
+
 def summary(runs: list[dict], rows: list[int]) -> list[dict]:
     out = []
     for n in rows:
@@ -109,8 +142,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "spec_host.json")
+    parser.add_argument("--vocab", type=int, default=128_341, help="the verification's vocabulary (the H200 runs')")
     args = parser.parse_args()
     load = os.getloadavg()
+    verify = {k: verify_us(args.vocab, k) for k in (1, 3, 10)}
+    print("verify one rejected row, us by drafts:", verify, flush=True)
     runs = []
     for arm in ARMS:  # warm-up: the model's cache, the first load
         one(arm, min(args.rows), 8)
@@ -121,7 +157,7 @@ def main() -> None:
                 print(json.dumps(runs[-1]), flush=True)
     tree = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
-    result = {"summary": summary(runs, args.rows), "runs": runs, "tokens": args.tokens, "reps": args.reps,
+    result = {"summary": summary(runs, args.rows), "verify_us_by_drafts": verify, "vocab": args.vocab, "runs": runs, "tokens": args.tokens, "reps": args.reps,
               "load_at_start": load, "load_at_end": os.getloadavg(), "tree": tree, "machine": machine(),
               "config": dataclasses.asdict(SpeculationConfig(PROMPT_LOOKUP))}
     args.out.parent.mkdir(parents=True, exist_ok=True)

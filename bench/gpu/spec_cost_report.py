@@ -22,7 +22,11 @@ USAGE = """\
 `--draft_model PATH.gguf` drafts with a model of the target's vocabulary (another is refused at start,
 in one line); `--draft_model pflash` with the `--pflash_drafter` GGUF (the whole file, not the copy
 cut for scoring; refused where there is none). The draft model loads where the target does
-(`n_gpu_layers`, `main_gpu`) on its own context (engine/speculation/draft_model.py): per request a
+(`n_gpu_layers`, `main_gpu`), before the memory is sized: its weights, its context's KV (`max_ctx`
+cells) and compute buffers are reserved beside the KV pool (with PFlash on, on top of the drafter's
+reserve; a pool that no longer holds `max_ctx` is refused at start, naming the draft model). Where
+it is PFlash's own drafter, kept loaded whole (`draft_residency persistent`, the drafter not cut),
+the weights load once and both use them. It runs on its own context (engine/speculation/draft_model.py): per request a
 sequence kept in sync with what the slot holds (only new tokens decoded, rejected drafts' cells
 removed), k greedy tokens drafted for all speculating rows together, one decode a token. Greedy
 drafts are a one-hot proposal: a sampled row keeps a draft while it equals its own draw, which keeps
