@@ -4,10 +4,13 @@
 // same tokens here as on the numpy path. Why native: at a 128K vocabulary numpy spends ~0.3 ms a
 // row on whole-vocabulary passes (20 ms a step at 64 rows on an H200's host). Here one vector pass
 // reads the row and keeps the max of each block of 64 logits; the truncations then visit only the
-// blocks that reach their threshold, and sort their candidates alone.
+// blocks that reach their threshold, and sort their candidates alone. Tokens at -inf (a grammar's
+// mask: nearly the whole vocabulary at some steps of a JSON schema) have no probability and are never
+// candidates: a row with fewer allowed tokens than top-k orders only those, not the whole row.
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "pflash_ext.h"
@@ -26,6 +29,7 @@ inline bool ahead(const Candidate & a, const Candidate & b) {
 }
 
 constexpr float MAX_MARGIN = 1e6f;
+constexpr float FINITE = -std::numeric_limits<float>::max();  // the lowest threshold: -inf stays out
 constexpr int64_t BLOCK = 8 * LANES;
 
 inline float lanes_max(v8f v) {
@@ -108,13 +112,6 @@ struct Row {
         }
     }
 
-    void whole(std::vector<Candidate> & out) const {
-        out.resize(n);
-        for (int64_t i = 0; i < n; ++i) {
-            out[i] = {logits[i], (int32_t) i};
-        }
-    }
-
     // The sum of exp(x - peak) over the row, 8 lanes at a time.
     double exp_sum() const {
         v8f sum = v8f{};
@@ -133,20 +130,21 @@ struct Row {
     }
 };
 
-// Top-k: the k largest, largest first. The k-th largest block max bounds the k-th largest logit
-// from below (each of the k best blocks holds its max), so only the tokens at or above it, in the
-// blocks that reach it, are ordered.
+// Top-k: the k largest, largest first (fewer where fewer are above -inf: the others have no
+// probability). The k-th largest block max bounds the k-th largest logit from below (each of the k
+// best blocks holds its max), so only the tokens at or above it, in the blocks that reach it, are ordered.
 void top_k(const Row & row, int32_t k, std::vector<Candidate> & out) {
+    float threshold = FINITE;
     if (k <= row.blocks()) {
         thread_local std::vector<float> maxima;
         maxima.assign(row.block_max.begin(), row.block_max.end());
         std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
-        row.within(maxima[k - 1], out);
-    } else {
-        row.whole(out);
+        threshold = std::max(maxima[k - 1], FINITE);
     }
-    std::partial_sort(out.begin(), out.begin() + k, out.end(), ahead);
-    out.resize(k);
+    row.within(threshold, out);
+    const size_t keep = std::min(out.size(), (size_t) k);
+    std::partial_sort(out.begin(), out.begin() + (int64_t) keep, out.end(), ahead);
+    out.resize(keep);
 }
 
 // The shortest head of `sorted` (largest first) whose float32 cumulative probability reaches
@@ -178,11 +176,7 @@ void top_p_whole_row(const Row & row, float top_p, std::vector<Candidate> & out)
     const float total = (float) row.exp_sum();
     for (float margin = 1.0f;; margin *= 4.0f) {
         const bool last = margin >= MAX_MARGIN;
-        if (last) {
-            row.whole(out);
-        } else {
-            row.within(row.peak - margin, out);
-        }
+        row.within(last ? FINITE : row.peak - margin, out);
         if (!last && (int64_t) out.size() < row.n && exp_sum(out, row.peak) < top_p * total) {
             continue;  // too little mass within the margin: widen before sorting anything
         }
@@ -244,7 +238,7 @@ int32_t sample_one(const Row & row, const pfx_sample_row & p, std::vector<Candid
             c.resize(keep);
         }
     } else if (!ranked) {
-        row.whole(c);
+        row.within(FINITE, c);
     }
     if (p.min_p > 0.0f) {  // logits within log(min_p) of the best; the best always stays
         keep_min_p(c, p.min_p);

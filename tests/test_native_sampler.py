@@ -42,6 +42,25 @@ def test_native_rows_are_the_numpy_draws(case, spread):
     assert len(set(tokens.tolist())) > 1 or top_k == 1 or top_p == 0.0
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_rows_masked_by_a_grammar_draw_allowed_tokens_alike(case):
+    """Rows at -inf but for a few allowed tokens (a grammar's mask; fewer than top-k): both paths
+    draw the same allowed token, each uniform, 0 included, where the chain over the whole row drew
+    token 0 (at -inf, weight 0) at uniform 0 and sorted the whole row for top-k."""
+    rng = np.random.default_rng(17)
+    logits = np.full((32, N_VOCAB), -np.inf, dtype=np.float32)
+    for r in range(32):
+        allowed = rng.choice(np.arange(1, N_VOCAB), size=1 + r % 7, replace=False)
+        logits[r, allowed] = rng.standard_normal(allowed.size).astype(np.float32)
+    uniforms = rng.random(32)
+    uniforms[:4] = 0.0
+    tokens = native.sample_rows(logits, table(list(range(32)), case, uniforms), n_threads=2)
+    top_k, top_p, min_p, temperature = case
+    expected = [draw(logits[r], top_k, top_p, min_p, temperature, float(uniforms[r])) for r in range(32)]
+    assert tokens.tolist() == expected
+    assert all(np.isfinite(logits[r, t]) for r, t in enumerate(expected))
+
+
 def test_greedy_rows_take_the_first_maximum_and_leave_nan_rows():
     logits = np.random.default_rng(3).standard_normal((4, 1000)).astype(np.float32)
     logits[0, [700, 3, 999]] = 50.0  # ties: the first index

@@ -131,13 +131,16 @@ def _numpy_row(row: np.ndarray, entry: np.void) -> int | None:
 
 def top_k_candidates(row: np.ndarray, k: int, peak: float) -> np.ndarray:
     """The ids of the row's k largest logits, largest first: a margin below the max (`peak`) is
-    widened (counting only) until k tokens are in it, then those alone are sorted."""
+    widened (counting only) until k tokens are in it, then those alone are sorted. Tokens at -inf
+    (a grammar's mask) have no probability and are never candidates: a row with fewer allowed tokens
+    than k gives those (as ggml_ext/sample_cpu.cpp does; sorting the whole row cost ~1 ms at 128K)."""
+    k = min(k, int(np.count_nonzero(row > -np.inf)))
     margin = 1.0
     while np.count_nonzero(row >= peak - margin) < k and margin < 1e6:
         margin *= 4.0
     ids = np.flatnonzero(row >= peak - margin)
-    if ids.size < k:  # logits spread wider than any margin: take the whole row
-        ids = np.arange(row.size)
+    if ids.size < k:  # logits spread wider than any margin: every allowed token
+        ids = _allowed(row)
     if ids.size > k:
         ids = ids[np.argpartition(row[ids], -k)[-k:]]
     return ids[np.argsort(-row[ids], kind="stable")]
@@ -195,7 +198,13 @@ def _top_k(row: np.ndarray, k: int, peak: float, sort: bool) -> np.ndarray:
     top-p needs it sorted (min-p and the draw need no order)."""
     if 0 < k < row.size:
         return top_k_candidates(row, k, peak)
-    return np.argsort(-row, kind="stable") if sort else np.arange(row.size)
+    ids = _allowed(row)
+    return ids[np.argsort(-row[ids], kind="stable")] if sort else ids
+
+
+def _allowed(row: np.ndarray) -> np.ndarray:
+    """The ids of the row's tokens above -inf, ascending (the others have no probability)."""
+    return np.flatnonzero(row > -np.inf)
 
 
 def _truncate(row: np.ndarray, ids: np.ndarray, top_p: float, min_p: float,
