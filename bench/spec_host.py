@@ -18,6 +18,11 @@ draft is rejected costs at `--vocab` tokens (engine/speculation/verifier.py, ran
 number of drafts: the tiny model's 1,341-token vocabulary hides that part.
 
     python bench/spec_host.py [--rows 64 128] [--reps 5] [--tokens 96] [--out FILE]
+
+On the H200 (a line of bench/gpu/queue.sh's queue: bench/gpu/servers.sh passes --target, --drafter
+and --llama-server; the last two are not used): `bench/spec_host.py --n_gpu_layers -1 --threads 0
+--rows 16 64 128 --reps 3 --out /tmp/queue/spec_host_h200.json`: the random-weight target is
+loaded once, each arm's engine built on it and closed after.
 """
 from __future__ import annotations
 
@@ -33,9 +38,11 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
+import llama_cpp  # noqa: F401, I001  before numpy: numpy first made the CUDA model load segfault on the H200 machine
 import numpy as np
 from harness import REPO, machine, run_to_end
-from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.loader import EngineConfig, build_engine, load_model
+from pflash_plugin.llama import Model, ModelParams
 from pflash_plugin.engine.request import Request, SamplingParams, TokenOutput
 from pflash_plugin.engine.speculation.drafting import Speculation
 from pflash_plugin.engine.speculation.setup import PROMPT_LOOKUP, SpeculationConfig
@@ -73,11 +80,10 @@ def reject(spec: Speculation, n_vocab: int) -> None:
     spec.proposer.propose = wrong  # type: ignore[method-assign]
 
 
-def one(arm: str, rows: int, tokens: int) -> dict:
-    """One arm's run: `rows` requests of `tokens` tokens submitted together."""
+def one(model: Model, base: EngineConfig, arm: str, rows: int, tokens: int) -> dict:
+    """One arm's run: `rows` requests of `tokens` tokens submitted together, on an engine of its own."""
     spec = None if arm == "off" else SpeculationConfig(PROMPT_LOOKUP, max_rows=rows if arm == "judged" else 16)
-    config = EngineConfig(n_slots=rows, max_ctx=512, n_threads=1, n_threads_batch=1, speculation=spec)
-    model, engine = load_engine(cached_tiny_llama(), config)
+    engine = build_engine(model, dataclasses.replace(base, n_slots=rows, speculation=spec))
     try:
         speculation = engine.scheduler.steps.speculation
         if speculation is not None and arm in ("rejected", "judged"):
@@ -94,6 +100,7 @@ def one(arm: str, rows: int, tokens: int) -> dict:
                 "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0}
     finally:
         engine.stop()
+        engine.close()
 
 
 @dataclass
@@ -143,21 +150,30 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "spec_host.json")
     parser.add_argument("--vocab", type=int, default=128_341, help="the verification's vocabulary (the H200 runs')")
+    parser.add_argument("--target", help="the model's GGUF (default: the tiny generated model)")
+    parser.add_argument("--n_gpu_layers", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="n_threads and n_threads_batch (0: llama.cpp's)")
+    parser.add_argument("--drafter", help=argparse.SUPPRESS)  # bench/gpu/servers.sh's, not used
+    parser.add_argument("--llama-server", help=argparse.SUPPRESS)
     args = parser.parse_args()
     load = os.getloadavg()
     verify = {k: verify_us(args.vocab, k) for k in (1, 3, 10)}
     print("verify one rejected row, us by drafts:", verify, flush=True)
+    base = EngineConfig(max_ctx=512, n_threads=args.threads, n_threads_batch=args.threads,
+                        flash_attn=args.n_gpu_layers != 0, model=ModelParams(n_gpu_layers=args.n_gpu_layers))
+    model = load_model(args.target or cached_tiny_llama(), base)
     runs = []
-    for arm in ARMS:  # warm-up: the model's cache, the first load
-        one(arm, min(args.rows), 8)
+    for arm in ARMS:  # warm-up: the first context, the page cache
+        one(model, base, arm, min(args.rows), 8)
     for rep in range(args.reps):
         for n in args.rows:
             for arm in ARMS if rep % 2 == 0 else reversed(ARMS):
-                runs.append({"rep": rep, **one(arm, n, args.tokens)})
+                runs.append({"rep": rep, **one(model, base, arm, n, args.tokens)})
                 print(json.dumps(runs[-1]), flush=True)
-    tree = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    result = {"summary": summary(runs, args.rows), "verify_us_by_drafts": verify, "vocab": args.vocab, "runs": runs, "tokens": args.tokens, "reps": args.reps,
+    tree = os.environ.get("PFLASH_TREE") or subprocess.run(  # the device's copy has no git: queue.sh passes it
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"summary": summary(runs, args.rows), "verify_us_by_drafts": verify, "vocab": args.vocab,
+              "model": args.target or "tiny", "runs": runs, "tokens": args.tokens, "reps": args.reps,
               "load_at_start": load, "load_at_end": os.getloadavg(), "tree": tree, "machine": machine(),
               "config": dataclasses.asdict(SpeculationConfig(PROMPT_LOOKUP))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
