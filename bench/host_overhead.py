@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> dict:
             for arm, measure in engines[:: 1 if rep % 2 == 0 else -1]:  # each first in turn
                 rows.append({"arm": arm, "rep": rep, **measure()})
                 print(json.dumps(rows[-1]), flush=True)
-            for name, server in servers.items():
+            for name, server in list(servers.items())[:: 1 if rep % 2 == 0 else -1]:  # each first in turn
                 for stream in (False, True):
                     arm = f"{name}, {'streamed' if stream else 'non-streamed'}"
                     rows.append({"arm": arm, "rep": rep, "tok_s": round(asyncio.run(_clients(server.url, args, stream)))})
