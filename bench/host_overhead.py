@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 
@@ -53,24 +54,50 @@ def server_flags(args: argparse.Namespace) -> list[str]:
             "--verbose", "false"]
 
 
+# The engine's parts timed per step (exclusive of the parts they call): (what, object path, method).
+PHASES = (("plan", "scheduler", "schedule"), ("batch", "runner", "launch"), ("decode", "runner.ctx", "decode"),
+          ("sample", "runner", "collect"), ("take", "scheduler", "update"), ("text", "scheduler", "release_text"),
+          ("emit", "scheduler", "emit"), ("stats", "published", "stats_now"), ("stats", "published", "activity_now"))
+
+
+class PhaseTimer:
+    """Wraps the engine's parts (PHASES) so each call's time counts for its phase less the time of
+    the wrapped parts it calls (launch less the decode it runs: the batch; update less the text it
+    releases: taking the tokens). Only the engine thread calls them."""
+
+    def __init__(self, engine: object) -> None:
+        self.seconds: dict[str, float] = {}
+        self._stack: list[float] = []  # per open call, the time its wrapped callees took
+        for phase, owner, method in PHASES:
+            target = engine
+            for name in owner.split("."):
+                target = getattr(target, name)
+            if hasattr(target, method):  # an older tree may lack one
+                setattr(target, method, self._wrap(phase, getattr(target, method)))
+
+    def _wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._stack.append(0.0)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - start
+                inner = self._stack.pop()
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + spent - inner
+                if self._stack:
+                    self._stack[-1] += spent
+        return timed
+
+
 def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
     """The engine in this process (requests submitted together, sinks that count): tokens/s, and
-    per step its wall ms, llama_decode's ms (on the CPU the decode runs inside the call) and the
-    host's rest (`host_ms`: planning, the batch, sampling, text, events); `outputs`, a hash of
-    every request's tokens (greedy: the same in every tree)."""
+    per step its wall ms, llama_decode's ms (on the CPU the decode runs inside the call), the
+    host's rest (`host_ms`) and that rest by part (`phases_ms`: PHASES, "other" the engine loop's
+    own); `outputs`, a hash of every request's tokens (greedy: the same in every tree)."""
     config = EngineConfig(n_slots=args.slots, max_ctx=512, n_threads=1, n_threads_batch=1)
     model, engine = load_engine(model_path, config)
-    ctx, spent = engine.runner.ctx, [0.0]
-    decode = ctx.decode
-
-    def timed(batch: object) -> None:
-        start = time.perf_counter()
-        try:
-            decode(batch)
-        finally:
-            spent[0] += time.perf_counter() - start
-
-    ctx.decode = timed  # type: ignore[method-assign]
+    timer = PhaseTimer(engine)
     try:
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
                             SamplingParams(max_tokens=args.tokens, temperature=args.temperature, min_tokens=args.tokens))
@@ -80,9 +107,13 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
         steps = engine.steps - steps
     finally:
         engine.stop()
+    per_step = {phase: 1000 * seconds / steps for phase, seconds in timer.seconds.items()}
+    decode = per_step.pop("decode", 0.0)
+    host = 1000 * wall / steps - decode
+    per_step["other"] = host - sum(per_step.values())
     return {"tok_s": round(sum(len(r.output_tokens) for r in requests) / wall), "steps": steps,
-            "step_ms": round(1000 * wall / steps, 3), "decode_ms": round(1000 * spent[0] / steps, 3),
-            "host_ms": round(1000 * (wall - spent[0]) / steps, 3),
+            "step_ms": round(1000 * wall / steps, 3), "decode_ms": round(decode, 3), "host_ms": round(host, 3),
+            "phases_ms": {phase: round(ms, 3) for phase, ms in per_step.items()},
             "outputs": hash(tuple(tuple(r.output_tokens) for r in requests)) if args.temperature == 0 else None}
 
 
@@ -200,6 +231,19 @@ def step_table(result: dict) -> list[str]:
 
         lines.append(f"| {arm} | {med('tok_s'):,.0f} | {med('step_ms'):.2f} | {med('decode_ms'):.2f} | "
                      f"**{med('host_ms'):.2f}** | {', '.join(format(r['host_ms'], '.2f') for r in mine)} |")
+    phased = [r for r in rows if r.get("phases_ms")]
+    if phased:
+        arms = list(dict.fromkeys(r["arm"] for r in phased))
+        lines += ["", "The host's ms per step by part (medians; each part less the parts it calls): plan "
+                  "(Scheduler.schedule: admission, the step's rows), batch (the runner's launch less llama_decode), "
+                  "sample (the runner's collect), take (Scheduler.update: the tokens into their requests), text "
+                  "(release_text: detokenizing, stop strings), emit (the sinks), stats (the published stats and "
+                  "activity), other (the engine loop's own: its inbox, admission's messages, the step's hooks).", "",
+                  "| part | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
+        parts = list(dict.fromkeys(k for r in phased for k in r["phases_ms"]))
+        for part in parts:
+            cells = [statistics.median(r["phases_ms"].get(part, 0.0) for r in phased if r["arm"] == arm) for arm in arms]
+            lines.append(f"| {part} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     hashes = {r.get("outputs") for r in rows}
     if result["temperature"] == 0 and len(rows) > 1:
         lines += ["", f"Greedy tokens the same in every engine run: {len(hashes) == 1}."]
