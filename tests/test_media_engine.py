@@ -19,10 +19,11 @@ from pflash_plugin.engine.media_prompt import build_prompt, prefill_piece
 from pflash_plugin.engine.request import (ErrorEvent, ErrorKind, FinishEvent, Request, SamplingParams, TextEvent,
                                           TokenOutput)
 from pflash_plugin.engine.scheduler import AdmissionError
-from pflash_plugin.llama import Batch, Context, ContextConfig, Model
-from pflash_plugin.llama.media import MediaError, Projector, helper_eval, mtmd_available
+from pflash_plugin.llama import Model
+from pflash_plugin.llama.media import MediaError, Projector, mtmd_available
 from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
-from pflash_plugin.testing.media_files import wav
+from pflash_plugin.testing.media_files import ppm, wav
+from pflash_plugin.testing.mtmd_reference import compare, mtmd_reference
 
 from conftest import run_requests
 
@@ -32,12 +33,6 @@ if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
 OUTPUTS: dict[int, list[TokenOutput]] = {}
 FIRST_STEP: dict[int, int] = {}  # the engine's step count when a request's first text came out
 PROMPT = f"<s><|im_start|>user\nlook at {MEDIA_MARKER} the picture and tell<|im_end|>\n<|im_start|>assistant\n"
-
-
-def ppm(seed: int, width: int = 40, height: int = 30) -> bytes:
-    """A random binary PPM image (stb_image reads it; no imaging library needed)."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return f"P6\n{width} {height}\n255\n".encode() + pixels.tobytes()
 
 
 def image(seed: int) -> MediaInput:
@@ -72,49 +67,14 @@ def media_request(engine, media: MediaInput, max_tokens: int = 12) -> Request:
                    media=prompt.spans)
 
 
-def first_logprobs(model: Model, media: MediaInput, kind: str = "mlp") -> np.ndarray:
-    """The log-softmax of the logits after the prompt, by llama.cpp's own path."""
-    ctx = Context(model, ContextConfig(n_ctx=1024, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
-    projector = Projector(cached_tiny_projector(kind=kind), model)
-    try:
-        helper_eval(projector, ctx, PROMPT, [(media.kind, media.data)], n_batch=24)
-        logits = ctx.logits(-1).astype(np.float64)
-        return logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-    finally:
-        projector.close()
-        ctx.close()
-
-
 def assert_parity(model: Model, request: Request, media: MediaInput, kind: str = "mlp") -> None:
-    """Greedy tokens as llama.cpp's own path, and the first token's top-5 logprobs within 1e-3."""
-    assert request.output_tokens == reference(model, media, len(request.output_tokens), kind)
-    first = OUTPUTS[request.request_id][0]
-    expected = first_logprobs(model, media, kind)
-    assert first.top_logprobs and len(first.top_logprobs) == 5
-    for token, logprob in first.top_logprobs:
-        assert abs(logprob - expected[token]) < 1e-3, (token, logprob, expected[token])
-
-
-def reference(model: Model, media: MediaInput, n_tokens: int, kind: str = "mlp") -> list[int]:
-    """Greedy tokens by llama.cpp's own path: mtmd_helper_eval_chunks on a one-sequence context."""
-    ctx = Context(model, ContextConfig(n_ctx=1024, n_batch=24, n_ubatch=24, n_threads=1, n_threads_batch=1))
-    projector = Projector(cached_tiny_projector(kind=kind), model)
-    batch = Batch(1)
-    try:
-        pos = helper_eval(projector, ctx, PROMPT, [(media.kind, media.data)], n_batch=24)
-        out: list[int] = []
-        for _ in range(n_tokens):
-            token = int(np.argmax(ctx.logits(-1)))
-            out.append(token)
-            batch.clear()
-            batch.add(token, pos, 0, True)
-            ctx.decode(batch)
-            pos += 1
-        return out
-    finally:
-        batch.close()
-        projector.close()
-        ctx.close()
+    """Greedy tokens as llama.cpp's own path, and every step's top-5 logprobs within 1e-3."""
+    expected = mtmd_reference(model, cached_tiny_projector(kind=kind), PROMPT, [(media.kind, media.data)],
+                              len(request.output_tokens), n_batch=24)
+    outputs = OUTPUTS[request.request_id]
+    assert all(out.top_logprobs and len(out.top_logprobs) == 5 for out in outputs)
+    parity = compare(expected, outputs, tolerance=1e-3)
+    assert parity.tokens_equal and parity.ok, (parity, request.output_tokens, expected.tokens)
 
 
 def test_greedy_tokens_after_an_image_match_llama_cpps_own_path(engine):

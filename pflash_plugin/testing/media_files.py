@@ -1,4 +1,4 @@
-"""Small media files written in code for tests (issue 46): a real PNG (what libmtmd decodes), a
+"""Small media files written in code for tests (issue 46): a real PNG and a PPM (what libmtmd decodes), a
 WAV clip, and the headers of the other formats the server sniffs, so tests need no image library."""
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import base64
 import random
 import struct
 import zlib
+
+import numpy as np
 
 
 def png(width: int = 16, height: int = 16, seed: int = 0) -> bytes:
@@ -18,6 +20,12 @@ def png(width: int = 16, height: int = 16, seed: int = 0) -> bytes:
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def ppm(seed: int, width: int = 40, height: int = 30) -> bytes:
+    """A binary PPM of random pixels (libmtmd's stb_image reads it; no imaging library needed)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return f"P6\n{width} {height}\n255\n".encode() + pixels.tobytes()
 
 
 def wav(samples: int = 1600, rate: int = 16000) -> bytes:
