@@ -199,7 +199,9 @@ def run(args: argparse.Namespace) -> dict:
             server.stop()
         if tree is not None:
             remove_worktree(tree)
-    return {"rows": rows, "machine": at_start, "load_at_end": os.getloadavg(), "clients": args.slots,
+    this_tree = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                               text=True).stdout.strip() or os.environ.get("PFLASH_TREE", "unknown")
+    return {"rows": rows, "machine": at_start, "tree": this_tree, "load_at_end": os.getloadavg(), "clients": args.slots,
             "tokens": args.tokens, "baseline": args.baseline, "model": args.model, "temperature": args.temperature,
             "vocab_extra": args.vocab_extra}
 
@@ -257,7 +259,9 @@ def write_docs(result: dict, command: str) -> None:
              f"{result['clients']} slots, {result['clients']} clients x {result['tokens']} tokens (temperature "
              f"{result['temperature']}, `min_tokens` = `max_tokens`), {model_words(result)} on 1 decode thread. "
              "Medians over reps; "
-             "arms interleaved per rep.", "", "## Per step, the engine alone", "",
+             f"arms interleaved per rep, each first in turn. This tree: {result.get('tree', 'unknown')}"
+             + (f"; the baseline: {result['baseline']}." if result.get("baseline") else "."),
+             "", "## Per step, the engine alone", "",
              "The host's ms per step is the step's wall time less llama_decode's (on the CPU the decode runs "
              "inside the call): planning the step, the batch, sampling, the tokens' bookkeeping, text and events. "
              "On a GPU the decode returns while the device computes, and the text and events go out beside it.", "",
