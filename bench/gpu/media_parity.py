@@ -15,13 +15,17 @@ a near tie), the max |difference| of the first token's top-k logprobs and of eve
 a divergence. The text request beside gets the same comparison against the plain context: the
 device's noise floor for the batched engine with no media at all.
 
-Tolerance (`--tolerance`; default 1e-5 on the CPU, 5e-3 with GPU layers): on the CPU both paths
-run the same kernels and differ by float32 summation order only (measured 6e-9 to 7e-9). On CUDA
+Tolerance (`--tolerance`; default 1e-5 on the CPU, 1e-3 with GPU layers): on the CPU both paths
+run the same kernels and differ by float32 summation order only (measured 4e-8 at most). On CUDA
 the engine's rows and the reference's single token take different kernels (matrix-vector for one
-row, batched GEMM and other flash-attention tiles for several), and those keep intermediates in
-F16 (the KV cache, FA's K/V tiles): a relative 2^-11 on logprobs near log(n_vocab) = 7.2 for the
-tiny vocabulary is ~3.5e-3. A divergence of greedy tokens passes only as a near tie: the
-reference's two candidates within twice the tolerance. Exit status 1 when any kind is off.
+row; batched GEMM and other flash-attention kernels for several), some with F16 intermediates
+(2^-11 relative) on the tiny model's logits of spread ~4: the text arm measures that floor. The
+bound must stay under what a real fault moves: decoding Gemma 3's image causally moves the first
+logprobs by 1.9e-3 (measured on the CPU), M-RoPE text at its index instead of its position 4e-4
+to 6e-3 (the tiny model's attention is nearly uniform). A divergence of greedy tokens passes only
+as a near tie: the reference's two candidates within twice the tolerance (the tiny model's top
+two can be 5e-3 apart). Exit status 1 when any arm is off; a text arm off too says the floor, not
+the media path, is above the bound.
 
     PYTHONPATH=. python bench/gpu/media_parity.py --n_gpu_layers 0 --out /tmp/media_parity.json   # the CPU, seconds
 
@@ -151,21 +155,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kinds", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--n_gpu_layers", type=int, default=-1, help="the model's (the projector follows it)")
     parser.add_argument("--tokens", type=int, default=12, help="greedy tokens compared per request")
     parser.add_argument("--top_k", type=int, default=10, help="top logprobs compared per token")
-    parser.add_argument("--tolerance", type=float, help="max |logprob difference| (default: 1e-5 CPU, 5e-3 GPU)")
+    parser.add_argument("--tolerance", type=float, help="max |logprob difference| (default: 1e-5 CPU, 1e-3 GPU)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--timeout_s", type=float, default=120)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "media_parity.json")
     for ignored in ("--target", "--drafter", "--llama-server"):  # bench/gpu/servers.sh's, not used
         parser.add_argument(ignored, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     on_gpu = args.n_gpu_layers != 0 and gpu_count() > 0
-    tolerance = args.tolerance if args.tolerance is not None else (5e-3 if on_gpu else 1e-5)
+    tolerance = args.tolerance if args.tolerance is not None else (1e-3 if on_gpu else 1e-5)
     rows = [one(kind, CASES[kind], args, tolerance) for kind in args.kinds]
     ok = all(row[arm]["ok"] for row in rows for arm in ("media", "text"))
     tree = os.environ.get("PFLASH_TREE") or subprocess.run(  # the device's copy has no git: queue.sh passes it
