@@ -37,9 +37,12 @@ case "${1:-}" in
     # a machine that went cold comes back bare: say so at once rather than wait out the call
     [ -d "$DIR" ] || { echo "no queue was started (the machine went cold and came back bare?)"; exit 1; }
     end=$(( SECONDS + ${2:-570} ))
-    until [ -f "$DIR/rc" ] || [ $SECONDS -ge $end ]; do sleep 5; done
-    cp "$DIR"/*.json "$OUT/" 2>/dev/null || true  # at most 8 files come back: the logs as one
-    tar czf "$OUT/queue-logs.tar.gz" -C "$DIR" $(cd "$DIR" && ls ./*.log) 2>/dev/null || true
+    # results and logs copied every 10 s, so a call cut off by the device budget still brings back
+    # what finished (at most 8 files come back: the logs as one)
+    keep() { cp "$DIR"/*.json "$OUT/" 2>/dev/null || true
+             tar czf "$OUT/queue-logs.tar.gz" -C "$DIR" $(cd "$DIR" && ls ./*.log) 2>/dev/null || true; }
+    until [ -f "$DIR/rc" ] || [ $SECONDS -ge $end ]; do sleep 10; keep; done
+    keep
     cat "$DIR/queue.log"
     if [ -f "$DIR/rc" ]; then echo "queue done: exit $(cat "$DIR/rc")"; else echo "queue still running"; fi
     for log in "$DIR"/[0-9]*.log; do
