@@ -250,3 +250,19 @@ def test_a_sequence_is_written_into_the_batch_as_one_token_at_a_time_would_be():
     finally:
         one.close()
         whole.close()
+
+
+@pytest.mark.parametrize("given, gpu_layers, gpus, expected", [
+    ({}, -1, 1, 2048),  # a GPU model without n_batch: llama-server's
+    ({"n_batch": 512}, -1, 1, 512),  # given: kept
+    ({"n_batch": 4096}, -1, 1, 4096),
+    ({}, 0, 1, 512),  # layers on the CPU: stock's
+    ({}, -1, 0, 512),  # no GPU
+])
+def test_n_batch_defaults_to_llama_servers_on_a_gpu(monkeypatch, given, gpu_layers, gpus, expected):
+    from pflash_plugin.server.config import llama_params
+
+    monkeypatch.setattr(llama_params, "gpu_count", lambda: gpus)  # no GPU here: what a count of them picks
+    settings = ModelSettings(model="m.gguf", n_gpu_layers=gpu_layers, **given)
+    engine = llama_params.engine_config(settings, llama_params.ModelParams(n_gpu_layers=gpu_layers), 4096)
+    assert engine.n_batch == expected

@@ -59,6 +59,8 @@ OUR_MEANING = {
     "cache": "Keep the KV of prefixes evicted from the slots in host RAM and restore it for a prompt that "
     "extends one (the prefix cache in the KV pool is always on).",
     "cache_size": "Bytes of host RAM for --cache (saved sequence states, least recently used out first).",
+    "n_batch": "Tokens of one decode step (decode rows first, prefill chunks in the rest). Default: 2048 where the "
+    "model's layers run on a GPU (llama-server's), 512 on the CPU (stock's).",
 }
 
 
