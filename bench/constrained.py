@@ -5,10 +5,15 @@ object, and a larger one) against plain rows, through llama.cpp's grammar sample
     python bench/constrained.py                 # the demo model on the CPU, 4 clients, 3 reps
     python bench/constrained.py --table-only    # the docs table again from docs/data/constrained_cpu.json
 
-Each trial: C clients at once send one /v1/completions each (distinct prompts, seeded sampling at
-temperature 0.8; plain rows generate all of `--max-tokens` (min_tokens), schema rows until their
-JSON closes or `--max-tokens`); tokens/s is every completion token over the trial's wall time,
-ms/token the median over clients of each one's latency over its tokens (prefill included). All
+Each trial: C clients at once send one streamed /v1/completions each (distinct prompts, seeded
+sampling at temperature 0.8; plain rows generate all of `--max-tokens` (min_tokens), schema rows
+until their JSON closes or `--max-tokens`); tokens/s is every completion token over the trial's wall
+time, ms/token the median over clients of each one's latency over its tokens (prefill included),
+TTFT the median first text. /status is read before and after each trial: the engine's steps (decode
+ms/step = wall over steps: person rows end at ~40 tokens, plain ones at 128, so rows of different
+lengths compare by the step) and the constraint phases' ms a step (engine/constraints.py
+ConstraintCounts: bind, fill beside the decode and on the critical path, apply, settle/commit, the
+wait for the device's logits, host sampling; docs/metrics.md), masked rows a step, dense share. All
 servers loaded at once, one driven at a time, reps interleaved kind by kind and arm by arm; the
 load average before each trial and `uptime` at the start and end are kept. Medians over reps go
 to `--out` and to the table between the markers of `--docs`. bench/gpu/constrained_gpu.py runs it
@@ -53,6 +58,11 @@ ORDER = {"type": "object", "properties": {
 }, "required": ["id", "customer", "status", "items", "express"], "additionalProperties": False}
 KINDS = {"plain": None, "person": PERSON, "order": ORDER}
 MARK = "<!-- bench/constrained.py: {} -->"
+# /status's constraint phases (engine/constraints.py ConstraintCounts), reported in ms per engine step
+PHASES = ("bind_s", "fill_ahead_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
+PHASE_MS = [key.removesuffix("_s") + "_ms" for key in PHASES]
+MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", *PHASE_MS,
+           "masked_rows", "dense_share")
 
 
 def body(kind: str, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
@@ -65,25 +75,58 @@ def body(kind: str, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
 
 
 async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int, rep: int) -> dict[str, Any]:
-    """C clients at once; tokens/s over the wall time, median ms/token, JSON that parses."""
-    async def one(i: int, http: httpx.AsyncClient) -> tuple[int, float, bool]:
-        started = time.perf_counter()
-        reply = await http.post(server.url + "/v1/completions", json=body(
-            kind, f"Record {rep}.{i} of the shop's database, as JSON:", max_tokens, 1000 * (rep + 1) + i))
-        reply.raise_for_status()
-        answer = reply.json()
-        tokens = answer["usage"]["completion_tokens"]
-        return tokens, time.perf_counter() - started, _parses(answer["choices"][0]["text"])
+    """C clients at once, streamed; tokens/s over the wall time, median ms/token and TTFT, JSON that
+    parses, and from /status before and after: the engine's steps and the constraint phases' ms a step."""
+    async def one(i: int, http: httpx.AsyncClient) -> tuple[int, float, bool, float]:
+        request = {**body(kind, f"Record {rep}.{i} of the shop's database, as JSON:", max_tokens, 1000 * (rep + 1) + i),
+                   "stream": True, "stream_options": {"include_usage": True}}
+        started, first, text, tokens = time.perf_counter(), None, "", 0
+        async with http.stream("POST", server.url + "/v1/completions", json=request) as reply:
+            reply.raise_for_status()
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("choices"):
+                    text += chunk["choices"][0].get("text") or ""
+                    first = first or (time.perf_counter() if text else None)
+                tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
+        done = time.perf_counter()
+        return tokens, done - started, _parses(text), (first or done) - started
 
     async with httpx.AsyncClient(timeout=1800) as http:
         load = os.getloadavg()[0]
+        before = await engine_counts(http, server.url)
         start = time.perf_counter()
         results = await asyncio.gather(*(one(i, http) for i in range(clients)))
         wall = time.perf_counter() - start
+        after = await engine_counts(http, server.url)
     tokens = sum(r[0] for r in results)
     return {"tokens": tokens, "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 2),
-            "ms_per_token": round(statistics.median(1000 * s / max(t, 1) for t, s, _ in results), 1),
-            "valid_json": sum(ok for _, _, ok in results), "load_1m": load}
+            "ms_per_token": round(statistics.median(1000 * s / max(t, 1) for t, s, _, _ in results), 1),
+            "ttft_ms": round(1000 * statistics.median(r[3] for r in results), 1),
+            "valid_json": sum(r[2] for r in results), "load_1m": load, **per_step(before, after, wall)}
+
+
+async def engine_counts(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    """The served model's steps and constraint counters (sums since start) from /status."""
+    model = next(iter((await http.get(url + "/status")).json()["models"].values()))
+    return {"steps": model["steps"], **(model.get("constraints") or {})}
+
+
+def per_step(before: dict[str, Any], after: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The trial's engine steps, its wall ms a step, each phase's ms a step (PHASES), constrained
+    rows masked a step and the share of filled rows that were dense."""
+    steps = max(after["steps"] - before["steps"], 1)
+    row: dict[str, Any] = {"steps": after["steps"] - before["steps"], "step_ms": round(1000 * wall / steps, 2)}
+    for key in PHASES:
+        if key in after:
+            row[key.removesuffix("_s") + "_ms"] = round(1000 * (after[key] - before[key]) / steps, 3)
+    if "rows_masked" in after:
+        row["masked_rows"] = round((after["rows_masked"] - before["rows_masked"]) / steps, 1)
+        filled = after["rows_filled"] - before["rows_filled"]
+        row["dense_share"] = round((after["dense_rows"] - before["dense_rows"]) / filled, 3) if filled else 0.0
+    return row
 
 
 def _parses(text: str) -> bool:
@@ -120,7 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for server in servers.values():
             server.stop()
     medians = {f"{arm}/{kind}": {key: statistics.median(r[key] for r in rows if r["arm"] == arm and r["kind"] == kind)
-                                 for key in ("tok_s", "ms_per_token", "tokens", "valid_json")}
+                                 for key in MEDIANS if key in rows[0]}
                for arm in args.arms for kind in args.kinds}
     return {"command": " ".join(sys.argv), "clients": args.clients, "max_tokens": args.max_tokens,
             "reps": args.reps, "uptime_start": started, "uptime_end": uptime(), "machine": machine(),
@@ -128,21 +171,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The medians as a markdown table: per kind, each arm's tokens/s and ms/token, and the
-    schema rows' throughput against the plain rows' on the same arm."""
+    """The medians as a markdown table: per kind and arm, tokens/s and the engine's wall ms a step,
+    each against the plain rows' on the same arm (rows of different lengths compare by the step),
+    TTFT, and where the run has them the constraint phases' ms a step."""
     medians = result["medians"]
     arms = sorted({key.split("/")[0] for key in medians})
     kinds = [kind for kind in KINDS if any(key.endswith("/" + kind) for key in medians)]
-    lines = ["| rows | " + " | ".join(f"{arm}: tok/s | {arm}: ms/token | {arm}: x plain" for arm in arms) + " |",
-             "|---|" + "---:|" * (3 * len(arms))]
+    phases = [key for key in PHASE_MS if any(key in m for m in medians.values())]
+    lines = ["| rows | arm | tok/s | x plain | ms/token | decode ms/step | x plain | TTFT ms | steps | "
+             + " | ".join(phases) + (" | masked rows | dense |" if phases else ""),
+             "|---|---|" + "---:|" * (7 + len(phases) + (2 if phases else 0))]
     for kind in kinds:
-        cells = []
         for arm in arms:
             m, plain = medians.get(f"{arm}/{kind}"), medians.get(f"{arm}/plain")
-            ratio = f"{m['tok_s'] / plain['tok_s']:.2f}x" if m and plain else "-"
-            cells += [f"{m['tok_s']:.1f}", f"{m['ms_per_token']:.0f}", ratio] if m else ["-", "-", "-"]
-        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+            if not m:
+                continue
+            ratio = f"{m['tok_s'] / plain['tok_s']:.2f}x" if plain else "-"
+            step = f"{plain['step_ms'] / m['step_ms']:.2f}x" if plain and m.get("step_ms") else "-"
+            cells = [f"{m['tok_s']:.1f}", ratio, f"{m['ms_per_token']:.0f}", _cell(m, "step_ms", 2), step,
+                     _cell(m, "ttft_ms", 0), _cell(m, "steps", 0), *(_cell(m, key, 2) for key in phases)]
+            if phases:
+                cells += [_cell(m, "masked_rows", 1), _cell(m, "dense_share", 2)]
+            lines.append(f"| {kind} | {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cell(m: dict[str, Any], key: str, digits: int) -> str:
+    return f"{m[key]:.{digits}f}" if key in m else "-"
 
 
 def write_docs(result: dict[str, Any], docs: Path, name: str) -> None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from llama_cpp import llama_grammar
 
-from pflash_plugin.engine.constraints import compile_gbnf, compile_schema
+from pflash_plugin.engine.constraints import ConstraintCounts, compile_gbnf, compile_schema
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 
@@ -141,6 +141,26 @@ def test_json_schema_over_http_is_valid_json_from_four_clients_at_once(server):
         assert set(json.loads(answer.json()["choices"][0]["message"]["content"])) == {"name", "age", "ok"}
 
 
+def test_status_counts_the_constraint_phases_of_a_schema_request(server):
+    """/status's `constraints`: sums since start of the phases that bench/constrained.py splits a
+    step into (issue 49: where an H200 step of schema rows goes); one request's share of them."""
+    def counts() -> dict:
+        return next(iter(httpx.get(server.url + "/status", timeout=10).json()["models"].values()))["constraints"]
+
+    before = counts()
+    answer = httpx.post(server.url + "/v1/completions", json={
+        "prompt": "a person:", "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    after = counts()
+    tokens = answer.json()["usage"]["completion_tokens"]
+    grew = {key: after[key] - before[key] for key in after}
+    assert grew["binds"] == 1 and grew["bind_s"] > 0
+    assert grew["fills_due"] >= tokens and grew["rows_filled"] >= tokens and grew["fills_ahead"] == 0  # the CPU: serial
+    assert grew["rows_masked"] >= tokens and grew["commits"] >= tokens and grew["commit_s"] > 0
+    assert grew["dense_rows"] <= grew["rows_filled"] and grew["logits_waits"] >= tokens and grew["sample_s"] > 0
+
+
 def test_llama_grammar_json_still_converts():
     """json_object without a schema: llama_cpp's JSON grammar through the converter."""
     assert compile_gbnf(llama_grammar.JSON_GBNF)
@@ -167,6 +187,7 @@ def test_masks_leave_exactly_the_allowed_tokens(native_on, monkeypatch):
     masks[2] = -1
     engine = constraints.Constraints.__new__(constraints.Constraints)
     engine.n_vocab, engine._masks, engine._filled = n_vocab, masks, {7: 0, 8: 1, 9: 2}
+    engine.counts = constraints.ConstraintCounts()
     logits = rng.random((5, n_vocab), dtype=np.float32)
     before = logits.copy()
     engine.mask_rows(logits, [(7, 3), (8, 0), (9, 1)], n_threads=2)
@@ -175,6 +196,22 @@ def test_masks_leave_exactly_the_allowed_tokens(native_on, monkeypatch):
         assert np.array_equal(logits[row][allowed], before[row][allowed])
         assert np.all(np.isneginf(logits[row][~allowed]))
     assert np.array_equal(logits[[2, 4]], before[[2, 4]])
+    assert (engine.counts.applies, engine.counts.rows_masked) == (1, 3) and engine.counts.apply_s > 0
+
+
+def test_dense_rows_are_those_allowing_most_of_the_vocabulary():
+    """/status's dense_rows: a row allowing tokens across most mask words counts, a row of a few
+    allowed tokens (a JSON structure's next key) or none does not."""
+    import numpy as np
+
+    from pflash_plugin.engine.constraints import _dense
+
+    masks = np.zeros((5, 4000), dtype=np.int32)
+    masks[1] = -1  # everything (a string's characters)
+    masks[2, :100] = 1  # a few tokens
+    masks[3, :1000] = 7  # a quarter of the vocabulary
+    masks[4:, :3000] = -1  # three quarters
+    assert _dense(masks) == 2
 
 
 def test_masks_filled_beside_the_decode_give_the_serial_tokens(tiny_model, monkeypatch):
@@ -191,19 +228,22 @@ def test_masks_filled_beside_the_decode_give_the_serial_tokens(tiny_model, monke
 
     monkeypatch.setattr(Sampling, "beside_decode", spy)
 
-    def run_once(overlaps: bool) -> list[list[int]]:
+    def run_once(overlaps: bool) -> tuple[list[list[int]], ConstraintCounts]:
         model, engine = load_engine(tiny_model, EngineConfig(n_slots=3, max_ctx=256, n_threads=1, n_threads_batch=1))
         engine.runner.overlaps = overlaps
         try:
             requests = mixed(model, constrained=True)[:3]
             run(engine, requests)
-            return [r.output_tokens for r in requests]
+            return [r.output_tokens for r in requests], engine.runner.sampling.constraints.counts
         finally:
             engine.stop()
 
-    serial = run_once(False)
+    serial, counts = run_once(False)
     assert not filled_beside
-    assert run_once(True) == serial and filled_beside
+    assert counts.fills_due > 0 and counts.fill_due_s > 0 and counts.fills_ahead == 0  # /status's split
+    overlapped, counts = run_once(True)
+    assert overlapped == serial and filled_beside
+    assert counts.fills_ahead > 0 and counts.fill_ahead_s > 0 and counts.fills_due == 0
 
 
 def test_a_schema_row_keeps_stop_strings_logprobs_and_min_tokens(server):

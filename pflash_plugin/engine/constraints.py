@@ -16,6 +16,8 @@ server compiled and checked (`compile_schema`, `compile_gbnf`, `check_constraint
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import llguidance
@@ -91,6 +93,49 @@ def check_constraint(model: Model, grammar: str) -> None:
         raise ConstraintError(_worded(message))
 
 
+# a row is dense where over half of every DENSE_STRIDE-th mask word allows a token (a string's
+# characters: ~128K of a 128K vocabulary), counted on a sample of the words to stay cheap
+DENSE_STRIDE = 16
+
+
+@dataclass
+class ConstraintCounts:
+    """Sums since start of the constraint work's phases on the engine thread, for /status and
+    bench/constrained.py's per-step split (issue 49: where an H200 step of schema rows goes)."""
+
+    binds: int = 0  # matchers built for starting requests (on the engine thread)
+    bind_s: float = 0.0
+    fills_ahead: int = 0  # fills beside the device's decode (the runner's launch returned early)
+    fill_ahead_s: float = 0.0
+    fills_due: int = 0  # fills on the critical path: just before the step's sampling
+    fill_due_s: float = 0.0
+    rows_filled: int = 0
+    dense_rows: int = 0  # filled rows whose mask allows most of the vocabulary (DENSE_STRIDE)
+    applies: int = 0  # steps whose constrained rows' logits were masked
+    apply_s: float = 0.0
+    rows_masked: int = 0
+    commits: int = 0  # sampled tokens settled against their mask and committed to their matcher
+    commit_s: float = 0.0
+    logits_waits: int = 0  # host-sampled steps (any rows): the wait for the device's logits ...
+    logits_wait_s: float = 0.0  # ... after the fill (near 0 where a fill beside the decode outlasts it)
+    sample_s: float = 0.0  # those steps' host sampling after the logits arrived, masks included
+
+    def sampled(self, wait_s: float, sample_s: float) -> None:
+        """A host-sampled step: its wait for the device's logits and its sampling after."""
+        self.logits_waits += 1
+        self.logits_wait_s += wait_s
+        self.sample_s += sample_s
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(self).items()}
+
+
+def _dense(masks: np.ndarray) -> int:
+    """How many of these mask rows allow most of the vocabulary (sampled words, DENSE_STRIDE)."""
+    sample = masks[:, ::DENSE_STRIDE]
+    return int(np.count_nonzero(np.count_nonzero(sample, axis=1) * 2 > sample.shape[1]))
+
+
 def _executor_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -106,11 +151,15 @@ class Constraints:
         self._masks = np.zeros((0, 0), dtype=np.int32)
         self._filled: dict[int, int] = {}  # slot -> its row in _masks, for the step in flight
         self._ahead = False  # the step in flight's masks were filled beside its decode
+        self.counts = ConstraintCounts()
 
     def bind(self, slot: int, grammar: str) -> None:
         """A matcher for the slot's request (ConstraintError: llguidance refuses the grammar)."""
         self.unbind(slot)
+        start = time.perf_counter()
         matcher = llguidance.LLMatcher(guidance_tokenizer(self.model), grammar, log_level=0, limits=LIMITS)
+        self.counts.binds += 1
+        self.counts.bind_s += time.perf_counter() - start
         if matcher.is_error():
             raise ConstraintError(_worded(matcher.get_error()))
         self._matchers[slot] = matcher
@@ -122,13 +171,13 @@ class Constraints:
     def __contains__(self, slot: int) -> bool:
         return slot in self._matchers
 
-    def fill(self, slots: list[int]) -> None:
+    def fill(self, slots: list[int]) -> int:
         """The masks of these slots' next tokens, in one call over llguidance's threads (beside the
-        device's decode where the runner overlaps, else just before sampling)."""
+        device's decode where the runner overlaps, else just before sampling); the rows filled."""
         slots = [slot for slot in slots if slot in self._matchers]
         self._filled = {slot: k for k, slot in enumerate(slots)}
         if not slots:
-            return
+            return 0
         words = (self.n_vocab + 31) // 32
         if self._masks.shape[0] < len(slots) or self._masks.shape[1] != words:
             self._masks = np.zeros((max(len(slots), 2 * self._masks.shape[0]), words), dtype=np.int32)
@@ -136,18 +185,26 @@ class Constraints:
             self._executor = llguidance.LLExecutor(_executor_threads())
         self._executor.unsafe_compute_mask_ptr([(self._matchers[slot], k) for slot, k in self._filled.items()],
                                                self._masks.ctypes.data, words * 4, self._masks.shape[0])
+        self.counts.rows_filled += len(slots)
+        self.counts.dense_rows += _dense(self._masks[:len(slots)])
+        return len(slots)
 
     def fill_ahead(self, slots: list[int]) -> None:
         """`fill` beside the device's decode (the runner's launch returned early): the mask of a
         row's next token depends only on the tokens it has, so sampling need not wait for it."""
-        self.fill(slots)
+        start = time.perf_counter()
+        if self.fill(slots):
+            self.counts.fills_ahead += 1
+            self.counts.fill_ahead_s += time.perf_counter() - start
         self._ahead = True
 
     def fill_due(self, slots: list[int]) -> None:
         """`fill` for the step being sampled, unless `fill_ahead` did; the next step fills anew."""
         ahead, self._ahead = self._ahead, False
-        if not ahead:
-            self.fill(slots)
+        start = time.perf_counter()
+        if not ahead and self.fill(slots):
+            self.counts.fills_due += 1
+            self.counts.fill_due_s += time.perf_counter() - start
 
     def stale(self) -> None:
         """A new step is launched: masks filled ahead for one that was never sampled are stale."""
@@ -169,12 +226,16 @@ class Constraints:
         slots were filled; in C over n_threads where the native library is built."""
         if not rows:
             return
+        start = time.perf_counter()
         at = np.asarray([self._filled[slot] for slot, _ in rows], dtype=np.int64)
         where = np.asarray([row for _, row in rows], dtype=np.int64)
         threads = max(1, min(n_threads, len(rows) // ROWS_PER_THREAD))  # a row is ~0.15 ms of stores
         if not native.apply_bitmask(logits, where, self._masks, at, threads):
             for k, row in zip(at, where):
                 _mask_row(logits[row], self._masks[k], self.n_vocab)
+        self.counts.applies += 1
+        self.counts.rows_masked += len(rows)
+        self.counts.apply_s += time.perf_counter() - start
 
     def apply(self, logits: np.ndarray, rows: list[tuple[int, int]], n_threads: int = 1) -> dict[int, str]:
         """The filled masks of these (slot, logits row) pairs applied in place (rows of slots
@@ -197,10 +258,14 @@ class Constraints:
         """The token the slot's filled mask lets through: `token` where allowed, else the allowed one
         with the best logit in `row` (the samplers chose among tokens all at -inf: min_tokens holding
         back the end the grammar allows, say); None where nothing is allowed (the generation ends)."""
-        if self.allows(slot, token):
-            return token
-        ids = self.allowed(slot)
-        return int(ids[np.argmax(row[ids])]) if ids.size else None
+        start = time.perf_counter()
+        try:
+            if self.allows(slot, token):
+                return token
+            ids = self.allowed(slot)
+            return int(ids[np.argmax(row[ids])]) if ids.size else None
+        finally:
+            self.counts.commit_s += time.perf_counter() - start
 
     def error(self, slot: int) -> str | None:
         """Why the slot's matcher can go no further (a grammar error, a limit reached), if it cannot."""
@@ -210,7 +275,13 @@ class Constraints:
     def commit(self, slot: int, token: int) -> str | None:
         """The sampled token into the slot's matcher; the matcher's error where it refuses it."""
         matcher = self._matchers.get(slot)
-        if matcher is None or matcher.consume_token(token):
+        if matcher is None:
+            return None
+        start = time.perf_counter()
+        consumed = matcher.consume_token(token)
+        self.counts.commits += 1
+        self.counts.commit_s += time.perf_counter() - start
+        if consumed:
             return None
         return _worded(matcher.get_error()) or f"the grammar does not allow token {token} here"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -223,7 +224,9 @@ class Sampling:
             return outputs
         constrained = [(k, bound) for k, bound, _ in host if bound.constrained]
         self.constraints.fill_due([bound.request.held_slot for _, bound in constrained])
+        waited = time.perf_counter()  # the device's logits (llama_get_logits synchronizes), after the fill
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
+        landed = time.perf_counter()
         # min_tokens: end-of-generation at -inf before any sampler sees the rows (a grammar that allows
         # nothing else still ends the generation), one assignment for all (64 rows cost 0.3 ms row by row)
         held = [k for k, bound, _ in host if bound.short_of_min_tokens]
@@ -244,6 +247,7 @@ class Sampling:
         for k, bound in constrained:
             self._commit(bound, logits[k], raw.get(k), outputs)
         outputs.update(self.verifier.verify(logits, verified, drafts))
+        self.constraints.counts.sampled(landed - waited, time.perf_counter() - landed)
         return outputs
 
     def _constrain(self, logits: np.ndarray, rows: list[tuple[int, _Bound]]) -> dict[int, Exception]:

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ...chat.reasoning import requested_tags, think_tags
+from ...engine.runner import LlamaRunner
 from ...llama.devices import gpu_count
 from ...llama.guidance import guidance_tokenizer
 from ...pflash.payoff import Calibration
@@ -69,8 +70,11 @@ class ServedModel:
     def status(self) -> dict[str, Any]:
         """This model's entry in /status: its engine's last stats, its limits and what runs PFlash."""
         media = asdict(self.engine.media.stats()) if self.engine.media else None  # issue 46: the projector's encoder
+        runner = self.engine.runner  # issue 49: the constraint work's phases, sums since start
+        constraints = runner.sampling.constraints.counts.as_dict() if isinstance(runner, LlamaRunner) else None
         return self.engine.stats().as_dict() | {"max_ctx": self.max_ctx, "pflash_scorer": self.pflash_scorer,
                                                 "pflash_drafter": self.drafter_file, "media": media,
+                                                "constraints": constraints,
                                                 "cpu_path": self.model.cpu_path, **self.pflash_status()}
 
     def pflash_status(self) -> dict[str, Any]:
