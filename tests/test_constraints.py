@@ -155,10 +155,32 @@ def test_status_counts_the_constraint_phases_of_a_schema_request(server):
     after = counts()
     tokens = answer.json()["usage"]["completion_tokens"]
     grew = {key: after[key] - before[key] for key in after}
-    assert grew["binds"] == 1 and grew["bind_s"] > 0
+    assert grew["binds_prebuilt"] == 1 and grew["binds"] == 0  # built where the route checked it
     assert grew["fills_due"] >= tokens and grew["rows_filled"] >= tokens and grew["fills_ahead"] == 0  # the CPU: serial
     assert grew["rows_masked"] >= tokens and grew["commits"] >= tokens and grew["commit_s"] > 0
     assert grew["dense_rows"] <= grew["rows_filled"] and grew["logits_waits"] >= tokens and grew["sample_s"] > 0
+
+
+def test_a_checked_constraints_matcher_is_the_one_the_engine_binds(tiny_model):
+    """The route's check builds the matcher (on its thread, beside the engine), and the engine's bind
+    takes it instead of building another on the engine thread; one request per check; bounded."""
+    from pflash_plugin.engine.constraints import Constraints, Prebuilt, check_constraint
+    from pflash_plugin.engine.loader import load_model
+
+    model = load_model(tiny_model, EngineConfig(n_slots=1, max_ctx=256))
+    grammar = compile_schema(PERSON)
+    check_constraint(model, grammar)
+    constraints = Constraints(model)
+    constraints.bind(0, grammar)
+    assert (constraints.counts.binds_prebuilt, constraints.counts.binds) == (1, 0)
+    constraints.bind(1, grammar)  # no check for this one: built here
+    assert (constraints.counts.binds_prebuilt, constraints.counts.binds) == (1, 1)
+    constraints.fill([0, 1])
+    assert constraints.allowed(0).tolist() == constraints.allowed(1).tolist()  # both fresh: '{' alone
+    pool, other = Prebuilt(limit=2), compile_gbnf(LIST_GBNF)
+    for text in (grammar, other, other):
+        pool.put(model, text, constraints._matchers[0])
+    assert pool.take(model, grammar) is None and pool.take(model, other) is not None  # the oldest went
 
 
 def test_llama_grammar_json_still_converts():
