@@ -158,7 +158,8 @@ def test_status_counts_the_constraint_phases_of_a_schema_request(server):
     assert grew["binds_prebuilt"] == 1 and grew["binds"] == 0  # built where the route checked it
     assert grew["fills_due"] >= tokens and grew["rows_filled"] >= tokens and grew["fills_ahead"] == 0  # the CPU: serial
     assert grew["rows_masked"] >= tokens and grew["commits"] >= tokens and grew["commit_s"] > 0
-    assert grew["dense_rows"] <= grew["rows_filled"] and grew["logits_waits"] >= tokens and grew["sample_s"] > 0
+    assert after["fill_threads"] >= 1 and grew["dense_rows"] <= grew["rows_filled"]
+    assert grew["logits_waits"] >= tokens and grew["sample_s"] > 0
 
 
 def test_a_checked_constraints_matcher_is_the_one_the_engine_binds(tiny_model):

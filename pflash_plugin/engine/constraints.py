@@ -155,6 +155,7 @@ class ConstraintCounts:
     binds_prebuilt: int = 0  # starting requests' matchers built where the server checked them (Prebuilt)
     binds: int = 0  # those built on the engine thread instead (no check before: a second choice of n, a test)
     bind_s: float = 0.0
+    fill_threads: int = 0  # llguidance's executor threads (0: no fill yet)
     fills_ahead: int = 0  # fills beside the device's decode (the runner's launch returned early)
     fill_ahead_s: float = 0.0
     fills_due: int = 0  # fills on the critical path: just before the step's sampling
@@ -236,7 +237,8 @@ class Constraints:
         if self._masks.shape[0] < len(slots) or self._masks.shape[1] != words:
             self._masks = np.zeros((max(len(slots), 2 * self._masks.shape[0]), words), dtype=np.int32)
         if self._executor is None:
-            self._executor = llguidance.LLExecutor(_executor_threads())
+            self.counts.fill_threads = _executor_threads()
+            self._executor = llguidance.LLExecutor(self.counts.fill_threads)
         self._executor.unsafe_compute_mask_ptr([(self._matchers[slot], k) for slot, k in self._filled.items()],
                                                self._masks.ctypes.data, words * 4, self._masks.shape[0])
         self.counts.rows_filled += len(slots)
