@@ -123,6 +123,7 @@ def per_step(before: dict[str, Any], after: dict[str, Any], wall: float) -> dict
         if key in after:
             row[key.removesuffix("_s") + "_ms"] = round(1000 * (after[key] - before[key]) / steps, 3)
     if "rows_masked" in after:
+        row["fill_threads"] = after.get("fill_threads", 0)
         row["masked_rows"] = round((after["rows_masked"] - before["rows_masked"]) / steps, 1)
         filled = after["rows_filled"] - before["rows_filled"]
         row["dense_share"] = round((after["dense_rows"] - before["dense_rows"]) / filled, 3) if filled else 0.0
