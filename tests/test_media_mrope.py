@@ -17,8 +17,9 @@ from pflash_plugin.engine.positions import kv_position, position, whole_media
 from pflash_plugin.engine.prefixes import reusable
 from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
-from pflash_plugin.llama.media import SAME_POSITION, Projector, helper_decode_chunk, helper_eval, mtmd_available
+from pflash_plugin.llama.media import SAME_POSITION, Projector, helper_decode_chunk, mtmd_available
 from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
+from pflash_plugin.testing.mtmd_reference import mtmd_reference
 
 if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
     pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)", allow_module_level=True)
@@ -63,25 +64,8 @@ def media_request(eng, text: str, media: MediaInput, max_tokens: int = 10) -> Re
 def reference(model: Model, text: str, media: MediaInput, n_tokens: int) -> tuple[list[int], np.ndarray]:
     """llama.cpp's own path on a one-sequence context: the greedy tokens and the first one's
     log-softmax."""
-    ctx = Context(model, ContextConfig(n_ctx=512, n_batch=8, n_ubatch=8, n_threads=1, n_threads_batch=1))
-    projector = Projector(projector_path(), model)
-    batch = Batch(1)
-    try:
-        pos = helper_eval(projector, ctx, text, [(media.kind, media.data)], n_batch=8)
-        logits = ctx.logits(-1).astype(np.float64)
-        first = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-        out: list[int] = []
-        for _ in range(n_tokens):
-            out.append(int(np.argmax(ctx.logits(-1))))
-            batch.clear()
-            batch.add(out[-1], pos, 0, True)
-            ctx.decode(batch)
-            pos += 1
-        return out, first
-    finally:
-        batch.close()
-        projector.close()
-        ctx.close()
+    ref = mtmd_reference(model, projector_path(), text, [(media.kind, media.data)], n_tokens, n_batch=8, n_ctx=512)
+    return ref.tokens, ref.logprobs[0]
 
 
 def assert_parity(model: Model, request: Request, text: str, media: MediaInput) -> None:
