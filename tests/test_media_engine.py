@@ -188,7 +188,9 @@ def test_a_model_without_a_projector_refuses_media(tiny_model):
         engine.stop()
 
 
-def test_pflash_keeps_the_media_whole_and_scores_the_text_around_them(engine):
+def compressed_around(engine, media: MediaInput):
+    """PROMPT with eight notes before and after the picture, compressed by PFlash (keep 0.4, the
+    model its own drafter): the prompt, the compression's result and the media's span in its tokens."""
     from pflash_plugin.engine.media_prompt import relocated
     from pflash_plugin.pflash.compressor import Compressor, PflashConfig
     from pflash_plugin.pflash.drafter import Drafter, DraftOptions
@@ -197,14 +199,21 @@ def test_pflash_keeps_the_media_whole_and_scores_the_text_around_them(engine):
     model, eng = engine
     notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(8))
     text = PROMPT.replace("look at", notes + " look at").replace("the picture", "the picture " + notes)
-    prompt = eng.media.prompt(text, [image(1)])
+    prompt = eng.media.prompt(text, [media])
     config = PflashConfig(mode="always", threshold=16, keep_ratio=0.4, segment_min=4, segment_max=16)
     plan = Planner(config, model, True).plan(prompt.tokens, None)
     assert plan.job is not None  # the pseudo-ids are never read as text (Model.piece would refuse them)
     drafter = lambda: Drafter(model, [1], 1024, DraftOptions(n_batch=64))  # noqa: E731
     result = Compressor(config, model.piece, drafter, persistent=False).compress(plan.job)
+    [moved] = relocated(prompt.spans, result.tokens)
+    return prompt, result, moved
+
+
+def test_pflash_keeps_the_media_whole_and_scores_the_text_around_them(engine):
+    _, eng = engine
+    prompt, result, moved = compressed_around(engine, image(1))
     assert result.report.status == "compressed" and len(result.tokens) < len(prompt.tokens) - 60
-    [span], [moved] = prompt.spans, relocated(prompt.spans, result.tokens)
+    [span] = prompt.spans
     assert moved.start < span.start  # text before it was dropped; the run itself is whole
     assert result.tokens[moved.start : moved.end] == prompt.tokens[span.start : span.end]
     assert all(t >= 0 for t in result.tokens[: moved.start] + result.tokens[moved.end :])

@@ -9,22 +9,22 @@ import os
 
 import numpy as np
 import pytest
-from test_media_engine import FIRST_STEP, OUTPUTS, ppm, run
+from test_media_engine import FIRST_STEP, OUTPUTS, PROMPT, compressed_around, ppm, run
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
-from pflash_plugin.engine.media import MEDIA_MARKER, MediaInput
+from pflash_plugin.engine.media import MediaInput
 from pflash_plugin.engine.positions import kv_position, position, whole_media
 from pflash_plugin.engine.prefixes import reusable
 from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 from pflash_plugin.llama.media import SAME_POSITION, Projector, helper_decode_chunk, mtmd_available
 from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
-from pflash_plugin.testing.mtmd_reference import mtmd_reference
+from pflash_plugin.testing.mtmd_reference import log_softmax, mtmd_reference
 
 if os.environ.get("PFLASH_NO_MTMD") == "1" and not mtmd_available():
     pytest.skip("llama_cpp built without libmtmd on purpose (PFLASH_NO_MTMD=1)", allow_module_level=True)
 
-TURN = f"<s><|im_start|>user\nlook at {MEDIA_MARKER} the picture and tell<|im_end|>\n<|im_start|>assistant\n"
+TURN = PROMPT  # the same turn as test_media_engine (compressed_around reads it)
 # measured 4e-9 to 7e-9 apart; text after the image at its index instead of its position: 4e-4 to 6e-3
 # (the tiny model's attention is nearly uniform, so a position moves its logits little)
 TOLERANCE = 1e-5
@@ -145,22 +145,10 @@ def test_pflash_keeps_an_mrope_image_whole_and_the_engine_decodes_it_at_its_new_
     """PFlash drops text around the image; the engine prefills the kept tokens with the image at
     the position after the text kept before it, and the text after it n_pos further on: as
     llama.cpp's own decode of those tokens and that chunk (mtmd_helper_decode_image_chunk)."""
-    from pflash_plugin.engine.media_prompt import relocated
-    from pflash_plugin.pflash.compressor import Compressor, PflashConfig
-    from pflash_plugin.pflash.drafter import Drafter, DraftOptions
-    from pflash_plugin.pflash.planning import Planner
-
     model, eng = engine
-    notes = " ".join(f"Note {i}: the bridge opens at dawn." for i in range(8))
-    text = TURN.replace("look at", notes + " look at").replace("the picture", "the picture " + notes)
-    prompt = eng.media.prompt(text, [image(1)])
-    config = PflashConfig(mode="always", threshold=16, keep_ratio=0.4, segment_min=4, segment_max=16)
-    plan = Planner(config, model, True).plan(prompt.tokens, None)
-    assert plan.job is not None
-    drafter = lambda: Drafter(model, [1], 1024, DraftOptions(n_batch=64))  # noqa: E731
-    result = Compressor(config, model.piece, drafter, persistent=False).compress(plan.job)
+    prompt, result, moved = compressed_around(engine, image(1))
     assert result.report.status == "compressed" and len(result.tokens) < len(prompt.tokens) - 40
-    [span], [moved] = prompt.spans, relocated(prompt.spans, result.tokens)
+    [span] = prompt.spans
     assert moved.start < span.start and result.tokens[moved.start : moved.end] == prompt.tokens[span.start : span.end]
     request = Request(prompt.tokens, SamplingParams(max_tokens=6, temperature=0.0, logprobs=5),
                       prefill_tokens=result.tokens, media=(moved,))
@@ -180,8 +168,7 @@ def test_pflash_keeps_an_mrope_image_whole_and_the_engine_decodes_it_at_its_new_
         pos = helper_decode_chunk(projector, ctx, moved.chunk, pos, 8)
         text_at(result.tokens[moved.end :], pos)
         assert int(np.argmax(ctx.logits(-1))) == request.output_tokens[0]
-        logits = ctx.logits(-1).astype(np.float64)
-        expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        expected = log_softmax(ctx.logits(-1))
         for token, logprob in OUTPUTS[request.request_id][0].top_logprobs:
             assert abs(logprob - expected[token]) < TOLERANCE
     finally:
