@@ -132,10 +132,7 @@ class TinyLlama:
         w = gguf.GGUFWriter(path, self.arch)
         self._add_metadata(w, vocab)
         self._add_tensors(w, vocab)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish(w)
         return path
 
     def _add_metadata(self, w: Any, vocab: tuple[list[str], list[float], list[int]]) -> None:
@@ -232,6 +229,14 @@ class _Draw:
         return {"tensor": gguf.quants.quantize(array.astype(np.float32), qtype), "raw_dtype": qtype}
 
 
+def finish(w: Any) -> None:
+    """A gguf.GGUFWriter's file written out (header, metadata, tensors, in gguf's order) and closed."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_tiny_llama(path: str | os.PathLike[str], **spec: Any) -> pathlib.Path:
     """Write the TinyLlama of `spec` (its fields as keywords) to ``path`` and return it."""
     return TinyLlama(**spec).write(path)
@@ -261,10 +266,7 @@ def write_tiny_lora(
         # numpy shapes are ggml ne reversed: lora_a ne=[n_in, rank], lora_b ne=[rank, n_out]
         w.add_tensor(f"{name}.lora_a", (0.5 * rng.standard_normal((rank, n_embd))).astype(np.float32))
         w.add_tensor(f"{name}.lora_b", (0.5 * rng.standard_normal((n_out, rank))).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .tiny_gguf import cached_gguf
+from .tiny_gguf import cached_gguf, finish
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,7 @@ class TinyProjector:
         for name, array in self._tensors():
             matrix = array.ndim == 2 and name != "v.position_embd.weight"
             w.add_tensor(name, array.astype(np.float16) if self.f16 and matrix else array)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish(w)
         return path
 
     def _write_audio(self, w: Any, path: pathlib.Path) -> pathlib.Path:
@@ -120,10 +117,7 @@ class TinyProjector:
                     ("mm.a.fc.bias", draw(self.n_embd_text, scale=0.02))]
         for name, array in tensors:
             w.add_tensor(name, array)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish(w)
         return path
 
     def _tensors(self) -> list[tuple[str, np.ndarray[Any, Any]]]:
