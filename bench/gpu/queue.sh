@@ -21,6 +21,7 @@ case "${1:-}" in
     # the device's copy has no git: the commit comes from the caller's side, pasted into the command
     [ -n "${PFLASH_TREE:-}" ] || { echo "PFLASH_TREE is empty: pass the commit (git rev-parse --short HEAD, run here)" >&2; exit 2; }
     rm -rf "$DIR" && mkdir -p "$DIR" && cp "$2" "$DIR/queue"  # nothing of an earlier queue comes back
+    bash bench/gpu/unpack_build.sh  # a build carried in .gpu/ (bench/gpu/pack_build.sh) skips ~5.5 min
     setsid bash bench/gpu/queue.sh run > "$DIR/queue.log" 2>&1 < /dev/null &
     echo "queue started in the background (log $DIR/queue.log)" ;;
   run)  # the background part of `start`: its exit status goes into $DIR/rc, whatever ends it
