@@ -5,7 +5,7 @@ sequences there (`split_equal(sequential)`), and each ubatch reads all the weigh
 Per rep and arm, on a fresh engine (64 slots, `--kv_layout per_slot`): 64 warm-up requests of
 random lengths leave every slot a cache in a random order of use; then `--requests` requests
 decode together. Two scenarios, each with its two arms interleaved:
-- `new`: new prompts. `adjacent` (PrefixCache's rule) against `lru` (the same rule without its
+- `new`: new prompts. `adjacent` (SlotPlacement's rule) against `lru` (the same rule without its
   neighbour term: what it was before).
 - `chats`: each request is the next turn of a warm-up's conversation, whose cache is in its slot.
   `moved` (a lone slot's prefix copied beside the running ones) against `in_place` (reused where it is).
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness import demo_model_path, machine, run_to_end
 from pflash_plugin.engine.loader import EngineConfig, load_engine
-from pflash_plugin.engine.prefix_cache import PrefixCache
+from pflash_plugin.engine.slot_placement import SlotPlacement
 from pflash_plugin.engine.request import Request, SamplingParams
 from pflash_plugin.llama import ModelParams
 from pflash_plugin.testing import cached_tiny_llama
@@ -38,17 +38,17 @@ def runs(slots: list[int]) -> int:
     return 1 + sum(1 for a, b in zip(ordered, ordered[1:]) if b != a + 1)
 
 
-# per scenario: its two arms, the first PrefixCache's rule, the second what it was before
+# per scenario: its two arms, the first SlotPlacement's rule, the second what it was before
 ARMS = {"new": ("adjacent", "lru"), "chats": ("moved", "in_place")}
-WITHOUT = {"lru": ("_beside_running", lambda self, slot: 0),  # no neighbour term
-           "in_place": ("_lone_runs_move", lambda self, idle: False)}
+WITHOUT = {"lru": ("beside_running", lambda self, slot: 0),  # no neighbour term
+           "in_place": ("lone_runs_move", lambda self, idle, copying: False)}
 
 
 def one(path: str, arm: str, args: argparse.Namespace, seed: int) -> dict:
     name, replacement = WITHOUT.get(arm, (None, None))
-    rule = getattr(PrefixCache, name) if name else None
+    rule = getattr(SlotPlacement, name) if name else None
     if name:
-        setattr(PrefixCache, name, replacement)
+        setattr(SlotPlacement, name, replacement)
     model, engine = load_engine(path, EngineConfig(n_slots=SLOTS, max_ctx=256, kv_layout="per_slot",
                                                    backend_sampling="off", model=ModelParams(n_gpu_layers=0)))
     try:
@@ -70,7 +70,7 @@ def one(path: str, arm: str, args: argparse.Namespace, seed: int) -> dict:
         engine.close()
         model.close()
         if name:
-            setattr(PrefixCache, name, rule)
+            setattr(SlotPlacement, name, rule)
     return {"arm": arm, "slots": slots, "runs": runs(slots), "cached": sum(r.cached_tokens for r in requests),
             "ms_per_step": round(1000 * wall / steps, 2), "tok_s": round(args.requests * args.tokens / wall, 1)}
 

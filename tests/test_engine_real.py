@@ -372,7 +372,7 @@ def test_a_chat_turn_whose_cache_is_in_a_lone_slot_is_copied_beside_the_running_
     """Four slots, a KV stream each: a conversation's cache in slot 3 while two requests run in
     slots 0 and 1. Its next turn is copied into slot 2 (one run of sequences, one ubatch a step)
     and gives the tokens it gets where it reuses the cache in place."""
-    from pflash_plugin.engine.prefix_cache import PrefixCache
+    from pflash_plugin.engine.slot_placement import SlotPlacement
 
     def chat_turn() -> Request:
         model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=128, kv_layout="per_slot",
@@ -392,7 +392,7 @@ def test_a_chat_turn_whose_cache_is_in_a_lone_slot_is_copied_beside_the_running_
         return chat
 
     moved = chat_turn()
-    monkeypatch.setattr(PrefixCache, "_lone_runs_move", lambda self, idle: False)
+    monkeypatch.setattr(SlotPlacement, "lone_runs_move", lambda self, idle, copying: False)
     in_place = chat_turn()
     assert (moved.slot, in_place.slot) == (2, 3)
     assert moved.cached_tokens == in_place.cached_tokens > 0

@@ -16,18 +16,18 @@ Below both, an optional host-RAM tier (engine/host_cache.py) keeps the cells a s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from .host_tier import HostTier
 from .kv_pool import PagePool
 from .positions import kv_position
-from .prefixes import longest_prefix, reusable
+from .prefixes import longest_prefix
 from .request import Request
+from .slot_placement import Prefix, Slot, SlotPlacement
 from .stats import CacheStats, HostCacheStats
 
 if TYPE_CHECKING:
-    from .host_cache import HostCache, Saved
+    from .host_cache import HostCache
 
 
 class KVOps(Protocol):
@@ -40,42 +40,10 @@ class KVOps(Protocol):
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None: ...
 
 
-@dataclass
-class Slot:
-    index: int
-    pool: PagePool  # where its pages come from: every slot's one pool, or its stream's own
-    tokens: list[int] = field(default_factory=list)  # what its KV sequence holds
-    pages: list[int] = field(default_factory=list)
-    request: Request | None = None
-    last_used: float = 0.0
-    # the client's prompt whose compressed form is tokens[:source_len] (PFlash), while it is cached:
-    # a later prompt that extends it reuses those cells instead of being compressed again
-    source: list[int] | None = None
-    source_len: int = 0
-
-
-@dataclass(frozen=True)
-class _Prefix:
-    """The prefix a request reuses: `n` tokens in place, or from another slot, or a saved state."""
-
-    n: int
-    slot: Slot | None = None
-    saved: Saved | None = None
-
-    @property
-    def in_place(self) -> bool:
-        return self.slot is None and self.saved is None
-
-    @property
-    def kind(self) -> str:
-        return "in_place" if self.in_place else "copied" if self.slot is not None else "restored"
-
-
 class PrefixCache:
     """The slots and their pages. `pools` holds one PagePool for every slot (unified) or one per
-    slot (per-slot streams). A prefix is copied from another slot's stream only when it is at least
-    `min_copy_tokens` longer than what the chosen slot reuses in place (a stream copy moves the
-    whole stream, whatever the prefix's length)."""
+    slot (per-slot streams). Which slot and prefix a request gets is SlotPlacement's choice
+    (`min_copy_tokens`: how much longer a prefix in another stream must be to be copied)."""
 
     def __init__(self, kv: KVOps, pools: list[PagePool], clock: Callable[[], float],
                  min_copy_tokens: int = 0, reuse_compressed: bool = False, host: HostCache | None = None) -> None:
@@ -86,8 +54,8 @@ class PrefixCache:
         self.slots = [Slot(i, pool) for i, pool in enumerate(pools)]
         self.pools = list({id(p): p for p in pools}.values())
         self.per_slot = len(self.pools) > 1
-        self.min_copy_tokens = min_copy_tokens
         self.reuse_compressed = reuse_compressed
+        self.placement = SlotPlacement(self.slots, self.per_slot, min_copy_tokens, host)
         self.page_size = self.pools[0].page_size
         self.pages_for = self.pools[0].pages_for
         self.slot_capacity = self.pools[0].n_pages * self.page_size  # the most KV tokens one request can hold
@@ -122,69 +90,20 @@ class PrefixCache:
 
     # ---- placing a request -------------------------------------------------------------------
     def place(self, request: Request) -> bool:
-        """Bind an idle slot holding the best prefix to the request, evicting idle caches LRU
-        until its pages fit; False (nothing changed but evictions) if they never do."""
+        """Bind an idle slot holding the best prefix to the request (SlotPlacement's choice),
+        evicting idle caches LRU until its pages fit; False (nothing changed but evictions) if they
+        never do."""
         idle = [s for s in self.slots if s.request is None]
         if not idle:
             return False
-        tokens = request.prefill_tokens
-        usable = [reusable(slot.tokens, tokens) for slot in self.slots]  # by slot index
-        # in place: the idle slot with the longest prefix (where it would decode as a run of its own,
-        # only a prefix worth a stream copy beside the running slots counts); on a tie one beside
-        # running slots, then an empty one (no cache lost), then the least recently used
-        lone = self._lone_runs_move(idle)
-
-        def counted(s: Slot) -> int:
-            n = usable[s.index]
-            return n if not lone or n >= self.min_copy_tokens or self._beside_running(s) else 0
-
-        in_place = max(idle, key=lambda s: (counted(s), self._beside_running(s), not s.tokens, -s.last_used))
-        own = _Prefix(usable[in_place.index])
-        prefix = self._best_source(tokens, in_place, own.n, usable)
-        if lone and prefix.in_place and own.n >= max(self.min_copy_tokens, 1) and not self._beside_running(in_place) \
-                and in_place.index not in self._copying:
-            prefix = _Prefix(own.n, slot=in_place)  # copied beside the running slots; in_place keeps its cache
-        # a prefix from elsewhere goes beside running slots, else into an empty or the least recently
-        # used idle slot; a restore or a moved prefix never into one whose stream a copy llama.cpp
-        # has not made yet reads or writes
-        careful = prefix.saved is not None or prefix.slot is in_place
-        targets = [s for s in idle if s is not prefix.slot and not (careful and s.index in self._copying)]
-        if not targets:
-            prefix = own
-        dst = in_place if prefix.in_place else min(
-            targets, key=lambda s: (-self._beside_running(s), bool(s.tokens), s.last_used))
-        if self._fit(request, dst, prefix, idle):
-            if prefix.slot is in_place:  # moved: dst holds the prefix now, and the turn after it once it
-                in_place.last_used = -math.inf  # ends; the old copy is the first cache to give up
+        choice = self.placement.choose(request.prefill_tokens, idle, self._copying)
+        if self._fit(request, choice.dst, choice.prefix, idle):
+            if choice.moved is not None:  # dst holds the prefix now, and the turn after it once it
+                choice.moved.last_used = -math.inf  # ends; the old copy is the first cache to give up
             return True
-        # a restore writes the whole saved sequence before its tail is trimmed, a moved prefix takes
-        # pages of another stream: if that never fits beside the running requests, reuse in place
-        return (prefix.saved is not None or prefix.slot is in_place) and self._fit(request, in_place, own, idle)
+        return choice.fallback is not None and self._fit(request, *choice.fallback, idle)
 
-    def _lone_runs_move(self, idle: list[Slot]) -> bool:
-        """Whether a request whose slot has no running neighbour goes beside the running slots
-        instead (per-slot streams, something running, an idle slot beside it that no stream copy
-        is due on): there it adds no ubatch, where a run of its own adds a pass over all the
-        weights to every step it decodes beside the others. A chat's next turn finds its cache in
-        its last slot, wherever that is: a prefix worth a stream copy is copied across (the copy
-        costs once what a few prompt tokens do: demo model, 2 CPU cores, a 5,120-cell stream as
-        12-22 tokens), a shorter one is prefilled there."""
-        return self.per_slot and any(s.request is not None for s in self.slots) and any(
-            self._beside_running(s) and s.index not in self._copying for s in idle)
-
-    def _beside_running(self, slot: Slot) -> int:
-        """How many of `slot`'s two neighbours hold a request, with a KV stream per slot (else 0).
-        There llama.cpp splits a batch into one ubatch per run of consecutive sequences
-        (`split_equal(sequential)`), and each ubatch reads all the weights again. On an H200, 8
-        clients ran 902 tok/s on a fresh server (slots 0-7) and 278 once every slot held a cache
-        (scattered LRU picks); bench/slot_placement.py: 7 runs took 1.6x as long a step as 1 on the
-        CPU. A slot beside a run adds no ubatch; one between two runs saves one."""
-        if not self.per_slot:
-            return 0
-        return sum(1 for i in (slot.index - 1, slot.index + 1)
-                   if 0 <= i < len(self.slots) and self.slots[i].request is not None)
-
-    def _fit(self, request: Request, dst: Slot, prefix: _Prefix, idle: list[Slot]) -> bool:
+    def _fit(self, request: Request, dst: Slot, prefix: Prefix, idle: list[Slot]) -> bool:
         """Bind `dst` with `prefix` once its pages fit, evicting other idle caches of its pool LRU;
         False if they never do."""
         needed = self.pages_for(request.reserve_tokens)
@@ -201,24 +120,7 @@ class PrefixCache:
                 return False
             self.evict(victims.pop(0))
 
-    def _best_source(self, tokens: list[int], in_place: Slot, own: int, usable: list[int]) -> _Prefix:
-        """The longest prefix for `tokens`: `in_place`'s own `own` tokens, another slot's (`usable`
-        of each slot; shared in one pool, copied across streams only when it is min_copy_tokens
-        longer), or a saved state's (restored when it is the host tier's min_tokens longer)."""
-        best = _Prefix(own)
-        n = max(usable)
-        src = self.slots[usable.index(n)] if n > 0 else None  # the first longest, as best_prefix
-        if src is not None and src is not in_place:
-            copied = src.pool is not in_place.pool  # across streams: a copy of the whole stream
-            if n - own >= max(self.min_copy_tokens if copied else 0, 1):
-                best = _Prefix(n, slot=src)
-        if self.host is not None:
-            saved, n = self.host.best(tokens)
-            if saved is not None and n - best.n >= max(self.host.min_tokens, 1):
-                best = _Prefix(n, saved=saved)
-        return best
-
-    def _bind(self, request: Request, dst: Slot, prefix: _Prefix, needed: int) -> None:
+    def _bind(self, request: Request, dst: Slot, prefix: Prefix, needed: int) -> None:
         """Give `dst` to the request with the prefix's tokens in its KV."""
         kept = _reused_pages(dst, prefix)
         self._save(dst, prefix.n if prefix.in_place else 0)
@@ -237,7 +139,7 @@ class PrefixCache:
                     self._copying |= {prefix.slot.index, dst.index}
             elif prefix.saved is not None and self.tier is not None:
                 restored = self.tier.restore(dst.index, prefix.saved, prefix.n)
-                prefix = prefix if restored else _Prefix(0)
+                prefix = prefix if restored else Prefix(0)
         self.reused_tokens[prefix.kind] += prefix.n
         dst.pages += dst.pool.allocate(needed - len(dst.pages))
         dst.tokens = list(request.prefill_tokens[:prefix.n])
@@ -322,7 +224,7 @@ class PrefixCache:
         )
 
 
-def _reused_pages(dst: Slot, prefix: _Prefix) -> int:
+def _reused_pages(dst: Slot, prefix: Prefix) -> int:
     """Pages `dst` keeps (in place) or shares (from a slot in the same pool) for the prefix; a
     prefix copied from another stream or restored takes fresh pages.
 
