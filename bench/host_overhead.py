@@ -55,9 +55,12 @@ def server_flags(args: argparse.Namespace) -> list[str]:
 
 
 # The engine's parts timed per step (exclusive of the parts they call): (what, object path, method).
+# "wait": the collect blocked on the device's outputs (llama_get_logits and llama_synchronize wait for
+# the decode on a GPU; on the CPU the decode has ended inside llama_decode, so it is ~0 there).
 PHASES = (("plan", "scheduler", "schedule"), ("batch", "runner", "launch"), ("decode", "runner.ctx", "decode"),
-          ("sample", "runner", "collect"), ("take", "scheduler", "update"), ("text", "scheduler", "release_text"),
-          ("emit", "scheduler", "emit"), ("stats", "published", "stats_now"), ("stats", "published", "activity_now"))
+          ("sample", "runner", "collect"), ("wait", "runner.ctx", "output_logits"),
+          ("wait", "runner.ctx", "synchronize"), ("take", "scheduler", "update"), ("text", "scheduler", "release_text"),
+          ("emit", "scheduler", "emit"), ("stats", "published", "stats_now"), ("activity", "published", "activity_now"))
 
 
 class PhaseTimer:
@@ -89,6 +92,13 @@ class PhaseTimer:
                     self._stack[-1] += spent
         return timed
 
+    def per_step(self, steps: int, wall_s: float) -> dict[str, float]:
+        """Each part's ms per step over `steps` steps of `wall_s` seconds, and "other": the rest of the
+        step (the engine loop's own: its inbox, admission's messages, the step's hooks)."""
+        parts = {phase: 1000 * seconds / steps for phase, seconds in self.seconds.items()}
+        parts["other"] = 1000 * wall_s / steps - sum(parts.values())
+        return parts
+
 
 def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
     """The engine in this process (requests submitted together, sinks that count): tokens/s, and
@@ -107,10 +117,9 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
         steps = engine.steps - steps
     finally:
         engine.stop()
-    per_step = {phase: 1000 * seconds / steps for phase, seconds in timer.seconds.items()}
+    per_step = timer.per_step(steps, wall)
     decode = per_step.pop("decode", 0.0)
     host = 1000 * wall / steps - decode
-    per_step["other"] = host - sum(per_step.values())
     return {"tok_s": round(sum(len(r.output_tokens) for r in requests) / wall), "steps": steps,
             "step_ms": round(1000 * wall / steps, 3), "decode_ms": round(decode, 3), "host_ms": round(host, 3),
             "phases_ms": {phase: round(ms, 3) for phase, ms in per_step.items()},
@@ -238,9 +247,10 @@ def step_table(result: dict) -> list[str]:
         arms = list(dict.fromkeys(r["arm"] for r in phased))
         lines += ["", "The host's ms per step by part (medians; each part less the parts it calls): plan "
                   "(Scheduler.schedule: admission, the step's rows), batch (the runner's launch less llama_decode), "
-                  "sample (the runner's collect), take (Scheduler.update: the tokens into their requests), text "
-                  "(release_text: detokenizing, stop strings), emit (the sinks), stats (the published stats and "
-                  "activity), other (the engine loop's own: its inbox, admission's messages, the step's hooks).", "",
+                  "sample (the runner's collect less its wait), take (Scheduler.update: the tokens into their requests), text "
+                  "(release_text: detokenizing, stop strings), emit (the sinks), stats (the published stats), activity "
+                  "(what background work is told, before each step), wait (the collect blocked on the device: ~0 on "
+                  "the CPU), other (the engine loop's own: its inbox, admission's messages, the step's hooks).", "",
                   "| part | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
         parts = list(dict.fromkeys(k for r in phased for k in r["phases_ms"]))
         for part in parts:

@@ -112,10 +112,17 @@ async def throughput(server: Server, mode: str, clients: int, args: argparse.Nam
 
 def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: bool, tracer: Any = None) -> dict[str, Any]:
     """Our engine in this process: tok/s, and per step the wall time; without `overlap` also the
-    decode's (llama_decode and its synchronization) and the host's rest. With `tracer` (cupti.Tracer)
-    the run is traced: per step the GPU's busy time, its kernels, copies and the host's CUDA calls."""
+    decode's (llama_decode and its synchronization) and the host's rest. Per step also its parts
+    (`parts_ms`, host_overhead.PhaseTimer: "decode" the llama_decode call alone, which on a GPU
+    returns once the step is launched; "wait" the collect blocked on the device's outputs; the rest
+    host work), `serial_host_ms` (the step less the wait and less what runs beside the device where it
+    overlaps: text, emit, stats; the host time the device idles through) and llama.cpp's graph reuses
+    per step (1.0: every step's ubatch ran on the graph built before, so CUDA graphs replay it).
+    With `tracer` (cupti.Tracer) the run is traced: per step the GPU's busy time, its kernels, copies
+    and the host's CUDA calls."""
     from pflash_plugin.engine.loader import EngineConfig, load_engine
     from harness import run_to_end
+    from host_overhead import PhaseTimer
     from pflash_plugin.engine.request import Request, SamplingParams
     from pflash_plugin.llama import ModelParams
 
@@ -134,19 +141,20 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
 
     if not overlap:
         ctx.decode = timed  # type: ignore[method-assign]
+    timer = PhaseTimer(engine)
     try:
         rng = random.Random(5)
         fields = {"top_k": 40, "min_p": 0.0, "top_p": 1.0, **MODES[mode]}
         requests = [Request(token_ids(32, rng), SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens,
                                                                **{**fields, "seed": i if "seed" in fields else None}))
                     for i in range(args.slots)]
-        steps = engine.steps
+        steps, reused = engine.steps, ctx.graph_reuses()
         if tracer is None:
             wall, trace = run_to_end(engine, requests, args.limit_s), None
         else:
             wall, trace = tracer.record(lambda: run_to_end(engine, requests, args.limit_s),
                                         lambda _: engine.steps - steps, Path(f"/tmp/trace-{mode}-{overlap}.txt"))
-        steps = engine.steps - steps
+        steps, reused = engine.steps - steps, ctx.graph_reuses() - reused
     finally:
         engine.stop()
         engine.close()
@@ -155,6 +163,10 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     outputs = hash(tuple(tuple(r.output_tokens) for r in requests))  # greedy: the same with the device on and off
     row = {"mode": mode, "backend_sampling": backend, "overlap": overlap, "outputs": outputs,
            "tok_s": round(tokens / wall, 1), "steps": steps, "step_ms": round(1000 * wall / steps, 3)}
+    parts = timer.per_step(steps, wall)
+    beside = sum(parts.get(part, 0.0) for part in ("text", "emit", "stats")) if overlap else 0.0
+    row.update(parts_ms={part: round(ms, 3) for part, ms in parts.items()}, graph_reuses_per_step=round(reused / steps, 3),
+               serial_host_ms=round(1000 * wall / steps - parts.get("wait", 0.0) - beside, 3))
     if not overlap:
         row.update(decode_ms=round(1000 * decode_s[0] / steps, 3), host_ms=round(1000 * (wall - decode_s[0]) / steps, 3))
     if trace is not None:
@@ -219,10 +231,18 @@ def table(data: dict[str, Any]) -> str:
     steps = [r for r in data["results"].get("engine", []) if "step_ms" in r and "trace" not in r]
     if steps:
         greedy = {(r["backend_sampling"], r.get("overlap")): r["outputs"] for r in steps if r["mode"] == "greedy"}
-        lines += ["", "| engine: mode | backend sampling | overlap | tok/s | ms/step | decode ms | host ms |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "| engine: mode | backend sampling | overlap | tok/s | ms/step | decode ms | host ms | serial host ms "
+                  "| graph reuses/step |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r['tok_s']:,.0f} | {r['step_ms']} | "
-                  f"{r.get('decode_ms', '-')} | {r.get('host_ms', '-')} |" for r in steps]
+                  f"{r.get('decode_ms', '-')} | {r.get('host_ms', '-')} | {r.get('serial_host_ms', '-')} | "
+                  f"{r.get('graph_reuses_per_step', '-')} |" for r in steps]
+        parted = [r for r in steps if r.get("parts_ms")]
+        if parted:
+            names = list(dict.fromkeys(p for r in parted for p in r["parts_ms"]))
+            lines += ["", "| engine: mode | backend sampling | overlap | " + " | ".join(f"{p} ms" for p in names) + " |",
+                      "|---|---|---|" + "---|" * len(names)]
+            lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | "
+                      + " | ".join(str(r["parts_ms"].get(p, "-")) for p in names) + " |" for r in parted]
         lines += ["", f"greedy tokens the same in every engine arm: {len(set(greedy.values())) == 1}"]
     return "\n".join(lines)
 
@@ -243,6 +263,9 @@ def main() -> None:
     parser.add_argument("--limit-s", dest="limit_s", type=float, default=180.0)
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--engine-sampling", dest="engine_sampling", nargs="+", default=["off"],
+                        choices=["off", "on", "auto"], help="the engine arm's --backend_sampling settings (each "
+                        "interleaved with the others in a rep; on: greedy rows too are sampled on the device)")
     parser.add_argument("--trace", help="cupti_trace.so (built as in draft_profile.sh): after the engine arm's reps, "
                         "one more run per mode and overlap, traced")
     args = parser.parse_args()
@@ -252,7 +275,8 @@ def main() -> None:
             for rep in range(args.reps):
                 for mode in args.modes:
                     for overlap in (True, False)[::1 if rep % 2 == 0 else -1]:  # each first in turn
-                        record.add({**engine_steps(args, mode, "off", overlap), "rep": rep})
+                        for backend in args.engine_sampling:
+                            record.add({**engine_steps(args, mode, backend, overlap), "rep": rep})
             if args.trace:
                 from cupti import Tracer
                 tracer = Tracer(args.trace)

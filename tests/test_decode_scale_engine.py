@@ -1,0 +1,30 @@
+"""bench/gpu/decode_scale.py's engine arm on the CPU with the tiny model: each step's parts (the
+llama_decode call, the wait for the device, the host's work) add up to the step, and llama.cpp's graph
+reuses per step are counted (a decode step of the same slots runs on the graph built before)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from report_pages import bench_module
+
+from pflash_plugin.testing import cached_tiny_llama
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_engine_arm_splits_each_step(overlap: bool) -> None:
+    decode_scale = bench_module("gpu/decode_scale.py")
+    args = argparse.Namespace(target=str(cached_tiny_llama()), slots=8, tokens=24, gpu_layers=0, limit_s=120.0)
+    row = decode_scale.engine_steps(args, "greedy", "off", overlap)
+    parts = row["parts_ms"]
+    assert {"plan", "batch", "decode", "wait", "sample", "take", "text", "emit", "stats", "activity",
+            "other"} <= set(parts)
+    assert sum(parts.values()) == pytest.approx(row["step_ms"], abs=0.01)
+    assert parts["decode"] > 0 and parts["sample"] > 0
+    # every step past the prompts' prefill decodes the same 8 slots: llama.cpp keeps its graph
+    assert row["graph_reuses_per_step"] >= (row["steps"] - 4) / row["steps"], row
+    beside = sum(parts[p] for p in ("text", "emit", "stats")) if overlap else 0.0
+    assert row["serial_host_ms"] == pytest.approx(row["step_ms"] - parts["wait"] - beside, abs=0.01)
+    assert "decode_ms" in row if not overlap else "decode_ms" not in row
+    table = decode_scale.table({"results": {"engine": [row]}})
+    assert "graph reuses/step" in table and "| wait ms |" in table
