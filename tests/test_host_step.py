@@ -106,3 +106,25 @@ def test_rows_without_a_constraint_never_reach_llguidance_s_masks(engine, monkey
     tokens = _tokens(model, engine, [SamplingParams(max_tokens=6, temperature=0.0, min_tokens=6),
                                      SamplingParams(max_tokens=6, temperature=0.8, seed=1, min_tokens=6)])
     assert [len(t) for t in tokens] == [6, 6]
+
+
+def test_sampling_reads_the_logits_on_the_threads_the_decode_ran_on(tiny_model, monkeypatch):
+    """The host's pass over a step's logits (the argmax of its greedy rows) runs on as many threads as
+    the step's decode ran its batch on (the wide count on a GPU), not on the narrow count alone."""
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=4, max_ctx=256, n_threads=1, n_threads_batch=2,
+                                                         backend_sampling="off"))
+    seen: list[tuple[int, int]] = []
+    real = native.sample_rows
+
+    def spied(logits, table, n_threads):
+        seen.append((n_threads, engine.runner.ctx.host_threads))
+        return real(logits, table, n_threads)
+
+    monkeypatch.setattr(native, "sample_rows", spied)
+    try:
+        tokens = _tokens(model, engine, [SamplingParams(max_tokens=6, temperature=0.0, min_tokens=6) for _ in range(3)])
+    finally:
+        engine.stop()
+    assert [len(t) for t in tokens] == [6, 6, 6]
+    assert seen and all(passed == ran for passed, ran in seen)
+    assert any(passed == 2 for passed, _ in seen)  # the prompts' step ran its batch on the wide count

@@ -298,13 +298,13 @@ class Sampling:
         windows stay whole for such a row (a chain without penalties keeps no history)."""
         plain = [(k, bound) for k, bound in rows if bound.plain_greedy]
         rows = [(k, bound) for k, bound in rows if not bound.plain_greedy] if plain else rows
-        tokens = greedy_rows(logits, np.asarray([k for k, _ in plain], dtype=np.int64), self.ctx.n_threads) \
+        tokens = greedy_rows(logits, np.asarray([k for k, _ in plain], dtype=np.int64), self.ctx.host_threads) \
             if plain else []
         if rows:
             rp = RowParams.of([(k, bound.params, bound.request.output_tokens, bound.rng) for k, bound in rows])
             bias_rows(logits, rp)
             penalize_rows(logits, rp)
-            tokens += sample_rows(logits, rp, self.ctx.n_threads)
+            tokens += sample_rows(logits, rp, self.ctx.host_threads)
         outputs: dict[int, TokenOutput | Exception] = {}
         for (k, bound), token in zip(plain + rows, tokens):
             if token is not None:

@@ -141,6 +141,16 @@ class Context:
             C.llama_set_n_threads(self.ptr, n_threads, n_threads_batch)
             self._threads_now = (n_threads, n_threads_batch)
 
+    @property
+    def host_threads(self) -> int:
+        """Threads for the host's passes over the last decode's outputs (sampling's argmax and draws,
+        grammar masks): as many as that decode ran its batch on (`use_threads`), whose CPU is free
+        while the step's outputs are sampled. On a GPU that is the wide count (engine/threads.py keeps
+        it there): the argmax of 64 rows of 128K logits, fresh from the device in host memory, reads
+        32 MB, as fast as the cores reading it can; on the CPU the count measured fastest under the
+        current load."""
+        return self._threads_now[1]
+
     def decode(self, batch: Batch | Decodable) -> None:
         if batch.n_tokens > self.n_batch:
             raise ValueError(f"{batch.n_tokens} tokens exceed n_batch {self.n_batch}")
