@@ -233,6 +233,9 @@ class MockRunner:
     def set_abort(self, should_abort: Callable[[], bool]) -> None:
         """llama.cpp's abort callback: the mock never polls it (tests that do replace this)."""
 
+    def kv_tokens(self, slot: int) -> int:
+        return self.seq_pos_max(slot) + 1
+
     def close(self) -> None:
         pass
 

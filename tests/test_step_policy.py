@@ -61,11 +61,33 @@ def test_aging_moves_a_long_prompt_ahead_of_newer_short_ones():
     assert aged.chunks == (("long", 64),) and aged.left_out == ("short",)
 
 
-def test_only_a_prompt_prefilling_alone_past_the_preempt_chunk_is_preemptible():
+def test_a_step_whose_prefill_chunks_together_pass_the_preempt_chunk_is_preemptible():
+    """One prompt or several (the step's decode rows are not passed: they do not count)."""
     policy = StepPolicy(max_batch_tokens=512, preempt_chunk=128)
-    assert policy.preemptible([512])
-    assert not policy.preemptible([128]) and not policy.preemptible([511, 1]) and not policy.preemptible([])
+    assert policy.preemptible([512]) and policy.preemptible([100, 29]) and policy.preemptible([64, 64, 64])
+    assert not policy.preemptible([128]) and not policy.preemptible([64, 64]) and not policy.preemptible([])
     assert not StepPolicy(max_batch_tokens=512, prefill_chunk=128).preemptible([512])  # the cap alone: never
+
+
+def test_only_a_newcomer_whose_prompt_fits_a_step_gains_from_a_cut():
+    policy = StepPolicy(max_batch_tokens=2048, preempt_chunk=512)
+    assert policy.newcomer_gains(32) and policy.newcomer_gains(2048)
+    assert not policy.newcomer_gains(2049)  # it would wait behind the prompts ahead of it anyway
+    assert not StepPolicy(max_batch_tokens=2048).newcomer_gains(32)  # no preemption at all
+
+
+def test_a_step_of_decode_rows_and_several_prompts_chunks_is_preemptible_in_the_scheduler():
+    """What the composer passes the policy: the prefill chunks of the step, whatever else it holds."""
+    sched, runner = make_scheduler(n_slots=3, n_pages=256, max_batch_tokens=64, max_ctx=1024, preempt_chunk=16,
+                                   per_slot=True)
+    chat = make_request([900, 901, 902], max_tokens=8)
+    sched.submit(chat)
+    step_once(sched, runner)  # its prompt: it decodes from now on
+    a, b = make_request(list(range(1, 31)), max_tokens=2), make_request(list(range(100, 125)), max_tokens=2)
+    sched.submit(a, b)
+    step = sched.schedule()
+    assert sorted(len(item.tokens) for item in step.items) == [1, 25, 30]
+    assert sched.steps.preemptible(step)
 
 
 def test_with_no_cap_a_prefill_takes_the_whole_step_after_the_decode_rows():

@@ -6,7 +6,7 @@ from pflash_plugin.engine.failures import Failures
 from pflash_plugin.engine.published import Published
 from pflash_plugin.engine.stepping import Stepping
 from pflash_plugin.llama import DecodeError
-from tests.mock_runner import default_piece, make_request, make_scheduler, sink_of
+from tests.mock_runner import check_scheduler, default_piece, make_request, make_scheduler, sink_of
 
 
 def default_text(tokens: list[int]) -> str:
@@ -67,3 +67,47 @@ def test_an_abort_without_a_newcomer_counts_toward_the_failures():
     runner.fail_steps[1] = (DecodeError(2), False)
     stepping.run(sched.schedule())
     assert failures.aborts == 1 and long.status.running
+
+
+def test_a_cut_step_keeps_what_its_computed_ubatches_wrote_of_each_prompt_and_redoes_its_decode_rows():
+    """llama.cpp keeps the cells of the ubatches computed before the abort: those of the prompts'
+    chunks stay prefilled (a finishing prompt's last token again, its logits were lost); a decode
+    row's token was never sampled, so its cell goes and the row is redone."""
+    sched, runner = make_scheduler(n_slots=3, n_pages=64, max_batch_tokens=64, max_ctx=128, preempt_chunk=8,
+                                   per_slot=True)
+    failures = Failures(sched, "test")
+    stepping = Stepping(sched, runner, failures, Published(sched))
+    chat = make_request([900, 901, 902], max_tokens=4)
+    sched.submit(chat)
+    stepping.run(sched.schedule())
+    long, short = make_request(list(range(1, 41)), max_tokens=2), make_request(list(range(100, 110)), max_tokens=2)
+    sched.submit(long, short)
+    step = sched.schedule()
+    assert sorted(len(item.tokens) for item in step.items) == [1, 10, 40] and sched.steps.preemptible(step)
+
+    def cut(step):  # the ubatches before the abort wrote 12 of long's, all of short's, chat's row
+        for item, n in ((i, {1: 1, 10: 10, 40: 12}[len(i.tokens)]) for i in step.items):
+            runner._write(item.request.slot, item.tokens[:n], item.start_pos)
+        raise DecodeError(2)
+
+    runner.execute, plain = cut, runner.execute
+    stepping.arrived([make_request([5, 6, 7])])  # a newcomer whose prompt fits a step
+    stepping.run(step)
+    runner.execute = plain
+    assert failures.aborts == 0 and (long.n_prefilled, short.n_prefilled) == (12, 9)
+    assert len(chat.output_tokens) == 1 and len(sched.slots[chat.slot].tokens) == 3
+    check_scheduler(sched, runner)  # the KV holds exactly what the slots say
+    stepping.arrival.clear()
+    while sched.has_work:
+        stepping.run(sched.schedule())
+    assert len(long.output_tokens) == len(short.output_tokens) == 2 and len(chat.output_tokens) == 4
+    assert runner.items_of(long.request_id)[0].start_pos == 12  # resumed where the cut step's ubatches ended
+    check_scheduler(sched, runner)
+
+
+def test_only_a_newcomer_whose_prompt_fits_a_step_signals_an_arrival():
+    _, _, _, stepping = setup(overlaps=False, max_batch_tokens=64, preempt_chunk=8)
+    stepping.arrived([make_request(list(range(1, 66)))])
+    assert not stepping.arrival.is_set()  # 65 tokens: it would wait for the prompts ahead anyway
+    stepping.arrived([make_request(list(range(1, 66))), make_request([1, 2])])
+    assert stepping.arrival.is_set()

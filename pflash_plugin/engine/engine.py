@@ -127,7 +127,7 @@ class Engine:
             if self._closing:
                 raise AdmissionError.unavailable(SHUTTING_DOWN)
             self._post(message)
-        self.stepping.arrival.set()
+        self.stepping.arrived(requests)
         return message.answer
 
     def cancel(self, request: Request) -> None:

@@ -65,6 +65,10 @@ class LlamaRunner:
     def set_abort(self, should_abort: Callable[[], bool]) -> None:
         self.ctx.set_abort(should_abort)
 
+    def kv_tokens(self, slot: int) -> int:
+        """The KV positions `slot` holds (after an aborted decode: those its computed ubatches wrote)."""
+        return self.ctx.seq_pos_max(slot) + 1
+
     def close(self) -> None:
         """Free the samplers, the batch and the context (the model belongs to whoever loaded it)."""
         self.sampling.close()
@@ -87,6 +91,10 @@ class LlamaRunner:
         batch.clear()
         self._rows = []
         self._drafts = {}
+        # decode rows only (a speculating row's drafts too): the thread count measured fastest for its
+        # tokens; and no abort polls, since only a prompt's long chunk alone is preempted (StepPolicy.preemptible)
+        decoding = all(len(item.tokens) == 1 + item.drafts for item in step.items)
+        self.ctx.arm_abort(not decoding)
         self._decode_media(step)
         for item in step.items:
             if item.media is not None:  # decoded above
@@ -97,8 +105,6 @@ class LlamaRunner:
                 self._rows.extend((item.request, at) for at in range(row - item.drafts, row + 1))
             if item.drafts:
                 self._drafts[item.request.request_id] = item.tokens[-item.drafts:]
-        # decode rows only (a speculating row's drafts too): the thread count measured fastest for its tokens
-        decoding = all(len(item.tokens) == 1 + item.drafts for item in step.items)
         threads = self.decode_threads.threads(step.n_tokens) if decoding else None
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
         self.sampling.before_decode(self._rows)

@@ -1,6 +1,15 @@
 """One step on the runner, on the engine thread: the launch, the last step's text and events beside
-the decode where the runner overlaps, the tokens taken; a step that prefills one long prompt alone
-aborted for a newcomer; a failed step's cost routed to failures.py.
+the decode where the runner overlaps, the tokens taken; a step of long prefill chunks cut short for
+a newcomer (step_policy.py says which steps and which newcomers); a failed step's cost routed to
+failures.py.
+
+The cut is llama.cpp's abort callback, polled between graph nodes on the CPU backend only (llama.h:
+"currently works only with CPU execution"; ggml-cuda never polls it). On a GPU it still cuts a step
+between ubatches: each ubatch's graph opens with the token embeddings' lookup, which stays on the
+CPU (llama-model.cpp keeps the input layer there; ggml-cuda never offloads GET_ROWS), so the poll
+runs as each ubatch is set up, while the GPU computes the one before. llama.cpp then removes the
+aborted ubatch's cells and keeps those of the ubatches before it, which the step keeps too
+(Steps.preempted).
 
 Where the runner overlaps (the output layer on a GPU: `llama_decode` returns while the device
 computes), the last step's text, stats and events go out between the launch and the collect, so
@@ -11,10 +20,12 @@ else a short request's first token, decoded beside a long prompt, would reach it
 from __future__ import annotations
 
 import threading
+from typing import Sequence
 
 from ..llama import DecodeError
 from .failures import Failures
 from .published import Published
+from .request import Request
 from .scheduler import Scheduler, Step
 from .seams import Runner
 
@@ -26,11 +37,19 @@ class Stepping:
     def __init__(self, scheduler: Scheduler, runner: Runner, failures: Failures, published: Published) -> None:
         self.scheduler, self.runner, self.failures, self.published = scheduler, runner, failures, published
         self.count = 0
-        # a step that prefills one long prompt alone is preempted when a new request arrives, so
-        # the newcomer does not wait for the whole step (the next step caps that prompt's chunk)
+        # a step of long prefill chunks is cut short when a newcomer that gains arrives, so its
+        # first token does not wait for the rest of the step (`arrived`)
         self._preemptible = False
         self.arrival = threading.Event()
         runner.set_abort(lambda: self._preemptible and self.arrival.is_set())
+
+    def arrived(self, requests: Sequence[Request]) -> None:
+        """Requests were submitted (any thread): a step in flight that is preemptible is cut short
+        if one of them gains (StepPolicy.newcomer_gains: its whole prompt fits the next step; a
+        compressed one goes to the compressor first)."""
+        policy = self.scheduler.steps.policy
+        if any(r.compression is None and policy.newcomer_gains(len(r.prompt_tokens)) for r in requests):
+            self.arrival.set()
 
     def run(self, step: Step) -> None:
         """One step, counted once it has run (whatever became of it)."""
@@ -51,7 +70,7 @@ class Stepping:
             self.runner.launch(step)
         except DecodeError as error:
             if error.code == 2 and self._preemptible and self.arrival.is_set():
-                steps.rollback(step)  # preempted for a newcomer: redo with it next step
+                steps.preempted(step, self.runner.kv_tokens)  # for a newcomer: it goes next step
             else:
                 self.failures.decode_error(step, error)
             return

@@ -3,7 +3,7 @@ requests, their slots' KV and the batch a runner decodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from .live_text import LiveText
 from .media_prompt import MediaRows, mrope_partial, piece_left, prefill_piece
@@ -100,8 +100,25 @@ class Steps:
         return self.speculation.stats() if self.speculation else None
 
     def preemptible(self, step: Step) -> bool:
-        """A step worth aborting for a newcomer (StepPolicy.preemptible)."""
-        return self.policy.preemptible([len(item.tokens) for item in step.items])
+        """A step worth aborting for a newcomer (StepPolicy.preemptible): its prefill chunks."""
+        return self.policy.preemptible([len(item.tokens) for item in step.items
+                                        if item.request.status is RequestStatus.PREFILLING])
+
+    def preempted(self, step: Step, kv_tokens: Callable[[int], int]) -> None:
+        """The step was aborted for a newcomer: llama.cpp kept the ubatches it computed before the
+        abort, so what they hold of each text prompt's chunk stays prefilled (`kv_tokens(slot)`: the
+        slot's KV cells now), less a last token whose logits the abort lost; the rest, decode rows
+        included, is rolled back and redone."""
+        for item in step.items:
+            request = item.request
+            if request.status is not RequestStatus.PREFILLING or request.media:
+                continue  # a decode row's token was not sampled; a media prompt's positions: rollback
+            slot = self.cache.slots[request.held_slot]
+            landed = min(kv_tokens(slot.index) - len(slot.tokens), len(item.tokens) - item.wants_logits)
+            if landed > 0:
+                slot.tokens.extend(item.tokens[:landed])
+                request.n_prefilled += landed
+        self.rollback(step)
 
     def rollback(self, step: Step) -> None:
         """A decode was aborted: drop whatever it wrote past each slot's known tokens (earlier
