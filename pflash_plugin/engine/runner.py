@@ -91,6 +91,10 @@ class LlamaRunner:
         batch.clear()
         self._rows = []
         self._drafts = {}
+        # decode rows only (a speculating row's drafts too): the thread count measured fastest for its
+        # tokens; and no abort polls, since only a step with prefill chunks is cut short (StepPolicy.preemptible)
+        decoding = all(len(item.tokens) == 1 + item.drafts for item in step.items)
+        self.ctx.arm_abort(not decoding)
         self._decode_media(step)
         for item in step.items:
             if item.media is not None:  # decoded above
@@ -101,8 +105,6 @@ class LlamaRunner:
                 self._rows.extend((item.request, at) for at in range(row - item.drafts, row + 1))
             if item.drafts:
                 self._drafts[item.request.request_id] = item.tokens[-item.drafts:]
-        # decode rows only (a speculating row's drafts too): the thread count measured fastest for its tokens
-        decoding = all(len(item.tokens) == 1 + item.drafts for item in step.items)
         threads = self.decode_threads.threads(step.n_tokens) if decoding else None
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
         self.sampling.before_decode(self._rows)

@@ -103,6 +103,8 @@ class Context:
         self.n_threads_batch: int = C.llama_n_threads_batch(self.ptr)
         self._threads_now = (self.n_threads, self.n_threads_batch)
         self._aborting = False  # the abort callback asked to abort the decode in flight
+        self._abort: Any = None  # the abort callback (set_abort), kept referenced while llama.cpp holds it
+        self._abort_armed = False  # whether llama.cpp polls it (arm_abort)
 
     def _apply_loras(self) -> None:
         """The model's LoRA adapters, on this context as on every other context of the model."""
@@ -133,6 +135,18 @@ class Context:
 
         self._abort = C.ggml_abort_callback(poll)
         C.llama_set_abort_callback(self.ptr, self._abort, None)
+        self._abort_armed = True
+
+    def arm_abort(self, armed: bool) -> None:
+        """Whether llama.cpp polls the abort callback (`set_abort`) in the next decodes. It polls after
+        every node that the CPU computes, each poll a call into Python that takes the GIL inside
+        llama_decode (waiting its turn while another thread holds it): about 800 a decode step of the
+        demo model on the CPU, and on a GPU one, after the token rows are gathered on the CPU, before
+        the device's graph is launched. A step that nothing may abort need not pay them."""
+        if self._abort is None or armed == self._abort_armed:
+            return
+        C.llama_set_abort_callback(self.ptr, self._abort if armed else C.ggml_abort_callback(), None)
+        self._abort_armed = armed
 
     def use_threads(self, n_threads: int, n_threads_batch: int) -> None:
         """The thread counts of the next decodes: llama.cpp runs a ubatch of one token on
