@@ -55,11 +55,13 @@ def server_flags(args: argparse.Namespace) -> list[str]:
 
 
 # The engine's parts timed per step (exclusive of the parts they call): (what, object path, method).
-# "wait": the collect blocked on the device's outputs (llama_get_logits and llama_synchronize wait for
-# the decode on a GPU; on the CPU the decode has ended inside llama_decode, so it is ~0 there).
+# "wait": the collect blocked on the device's outputs (llama_get_logits, the first device-sampled token
+# and llama_synchronize wait for the decode on a GPU; on the CPU the decode has ended inside
+# llama_decode, so it is ~0 there).
 PHASES = (("plan", "scheduler", "schedule"), ("batch", "runner", "launch"), ("decode", "runner.ctx", "decode"),
           ("sample", "runner", "collect"), ("wait", "runner.ctx", "output_logits"),
-          ("wait", "runner.ctx", "synchronize"), ("take", "scheduler", "update"), ("text", "scheduler", "release_text"),
+          ("wait", "runner.ctx", "sampled_token"), ("wait", "runner.ctx", "synchronize"),
+          ("take", "scheduler", "update"), ("text", "scheduler", "release_text"),
           ("emit", "scheduler", "emit"), ("stats", "published", "stats_now"), ("activity", "published", "activity_now"))
 
 
