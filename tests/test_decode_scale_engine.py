@@ -28,3 +28,16 @@ def test_engine_arm_splits_each_step(overlap: bool) -> None:
     assert "decode_ms" in row if not overlap else "decode_ms" not in row
     table = decode_scale.table({"results": {"engine": [row]}})
     assert "graph reuses/step" in table and "| wait ms |" in table
+
+
+def test_engine_arm_over_two_contexts_gives_the_same_greedy_tokens():
+    """The slots split over two contexts of one model, each with its engine thread: every request runs to
+    its end with the tokens one context gives, each context steps its half, both on their graphs."""
+    decode_scale = bench_module("gpu/decode_scale.py")
+    args = argparse.Namespace(target=str(cached_tiny_llama()), slots=8, tokens=16, gpu_layers=0, limit_s=120.0)
+    one = decode_scale.engine_steps(args, "greedy", "off", True)
+    two = decode_scale.engine_contexts(args, "greedy", 2)
+    assert two["outputs"] == one["outputs"] and two["contexts"] == 2
+    assert len(two["steps_per_context"]) == 2 and all(n >= 16 for n in two["steps_per_context"])
+    assert two["graph_reuses_per_step"] >= 0.8
+    assert "| greedy | 2 |" in decode_scale.table({"results": {"engine": [one, two]}})

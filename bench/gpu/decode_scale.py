@@ -20,7 +20,10 @@ streamed (`*_streamed`: tokens from the last chunk's usage, or all of them where
 Engine arm (`--arms engine`): our engine in this process, 64 requests at once, host sampling, with the
 host's work between steps overlapping the next decode (the GPU default) and without: ms per step;
 without the overlap each llama_decode is also timed with its synchronization (the decode, and the
-host's rest; timing it so would end the overlap).
+host's rest; timing it so would end the overlap). Each step is also split by part (the llama_decode
+call, the wait for the device, the host's parts) with llama.cpp's graph reuses per step;
+`--engine-sampling off on` adds greedy rows sampled on the device; `--engine-contexts 2` splits the
+slots over two contexts of the model, each stepped by its own engine thread (issue 48 item 5).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import json
 import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -123,7 +127,6 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     from pflash_plugin.engine.loader import EngineConfig, load_engine
     from harness import run_to_end
     from host_overhead import PhaseTimer
-    from pflash_plugin.engine.request import Request, SamplingParams
     from pflash_plugin.llama import ModelParams
 
     config = EngineConfig(n_slots=args.slots, max_ctx=512, flash_attn=True, backend_sampling=backend,
@@ -143,11 +146,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
         ctx.decode = timed  # type: ignore[method-assign]
     timer = PhaseTimer(engine)
     try:
-        rng = random.Random(5)
-        fields = {"top_k": 40, "min_p": 0.0, "top_p": 1.0, **MODES[mode]}
-        requests = [Request(token_ids(32, rng), SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens,
-                                                               **{**fields, "seed": i if "seed" in fields else None}))
-                    for i in range(args.slots)]
+        requests = engine_requests(args, mode)
         steps, reused = engine.steps, ctx.graph_reuses()
         if tracer is None:
             wall, trace = run_to_end(engine, requests, args.limit_s), None
@@ -172,6 +171,56 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     if trace is not None:
         row.update(slots=args.slots, trace=trace)
     return row
+
+
+def engine_requests(args: argparse.Namespace, mode: str) -> list[Any]:
+    """The engine arm's requests: one per slot, a random 32-token prompt, every token generated."""
+    from pflash_plugin.engine.request import Request, SamplingParams
+
+    rng = random.Random(5)
+    fields = {"top_k": 40, "min_p": 0.0, "top_p": 1.0, **MODES[mode]}
+    return [Request(token_ids(32, rng), SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens,
+                                                       **{**fields, "seed": i if "seed" in fields else None}))
+            for i in range(args.slots)]
+
+
+def engine_contexts(args: argparse.Namespace, mode: str, contexts: int) -> dict[str, Any]:
+    """The slots split over `contexts` engines on one loaded model (each its own llama.cpp context, KV,
+    graph, CUDA stream and engine thread), the requests dealt out among them and submitted at once:
+    whether one context's host work between its decodes runs beside another's kernels. Host sampling,
+    the overlap on; tok/s over all, and per context its steps, ms per step and graph reuses per step."""
+    from pflash_plugin.engine.loader import EngineConfig, build_engine, load_model
+    from pflash_plugin.engine.request import ErrorEvent, FinishEvent
+    from pflash_plugin.llama import ModelParams
+
+    config = EngineConfig(n_slots=args.slots // contexts, max_ctx=512, flash_attn=True, backend_sampling="off",
+                          model=ModelParams(n_gpu_layers=args.gpu_layers))
+    model = load_model(args.target, config)
+    engines = [build_engine(model, config, name=f"engine-{i}") for i in range(contexts)]
+    requests = engine_requests(args, mode)[: config.n_slots * contexts]
+    done = threading.Semaphore(0)
+    for request in requests:
+        request.sink = lambda event: done.release() if isinstance(event, (FinishEvent, ErrorEvent)) else None
+    try:
+        steps, reused = [e.steps for e in engines], [e.runner.ctx.graph_reuses() for e in engines]
+        start = time.perf_counter()
+        for i, engine in enumerate(engines):
+            engine.submit(*requests[i::contexts])
+        for _ in requests:
+            assert done.acquire(timeout=args.limit_s), "the engines did not finish"
+        wall = time.perf_counter() - start
+        steps = [e.steps - n for e, n in zip(engines, steps)]
+        reused = [e.runner.ctx.graph_reuses() - n for e, n in zip(engines, reused)]
+    finally:
+        for engine in engines:
+            engine.stop()
+            engine.close()
+        model.close()
+    tokens = sum(len(r.output_tokens) for r in requests)
+    return {"mode": mode, "backend_sampling": "off", "overlap": True, "contexts": contexts, "tok_s": round(tokens / wall, 1),
+            "outputs": hash(tuple(tuple(r.output_tokens) for r in requests)), "steps_per_context": steps,
+            "step_ms_per_context": [round(1000 * wall / n, 3) for n in steps],
+            "graph_reuses_per_step": round(sum(reused) / sum(steps), 3)}
 
 
 SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream", "ours-lookup")
@@ -230,7 +279,6 @@ def table(data: dict[str, Any]) -> str:
         lines.append(f"| {mode} | {clients} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
     steps = [r for r in data["results"].get("engine", []) if "step_ms" in r and "trace" not in r]
     if steps:
-        greedy = {(r["backend_sampling"], r.get("overlap")): r["outputs"] for r in steps if r["mode"] == "greedy"}
         lines += ["", "| engine: mode | backend sampling | overlap | tok/s | ms/step | decode ms | host ms | serial host ms "
                   "| graph reuses/step |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r['tok_s']:,.0f} | {r['step_ms']} | "
@@ -243,7 +291,14 @@ def table(data: dict[str, Any]) -> str:
                       "|---|---|---|" + "---|" * len(names)]
             lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | "
                       + " | ".join(str(r["parts_ms"].get(p, "-")) for p in names) + " |" for r in parted]
-        lines += ["", f"greedy tokens the same in every engine arm: {len(set(greedy.values())) == 1}"]
+    split = [r for r in data["results"].get("engine", []) if "contexts" in r]
+    if split:
+        lines += ["", "| engine: mode | contexts | tok/s | ms/step per context | graph reuses/step |", "|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['contexts']} | {r['tok_s']:,.0f} | {r['step_ms_per_context']} | "
+                  f"{r['graph_reuses_per_step']} |" for r in split]
+    greedy = {r["outputs"] for r in steps + split if r["mode"] == "greedy"}
+    if greedy:
+        lines += ["", f"greedy tokens the same in every engine arm: {len(greedy) == 1}"]
     return "\n".join(lines)
 
 
@@ -266,6 +321,9 @@ def main() -> None:
     parser.add_argument("--engine-sampling", dest="engine_sampling", nargs="+", default=["off"],
                         choices=["off", "on", "auto"], help="the engine arm's --backend_sampling settings (each "
                         "interleaved with the others in a rep; on: greedy rows too are sampled on the device)")
+    parser.add_argument("--engine-contexts", dest="engine_contexts", nargs="*", type=int, default=[],
+                        help="the engine arm also splits the slots over so many contexts of one model, each "
+                        "stepped by its own engine thread (e.g. 2: two contexts of 32 slots), in every rep")
     parser.add_argument("--trace", help="cupti_trace.so (built as in draft_profile.sh): after the engine arm's reps, "
                         "one more run per mode and overlap, traced")
     args = parser.parse_args()
@@ -277,6 +335,8 @@ def main() -> None:
                     for overlap in (True, False)[::1 if rep % 2 == 0 else -1]:  # each first in turn
                         for backend in args.engine_sampling:
                             record.add({**engine_steps(args, mode, backend, overlap), "rep": rep})
+                    for contexts in args.engine_contexts:
+                        record.add({**engine_contexts(args, mode, contexts), "rep": rep})
             if args.trace:
                 from cupti import Tracer
                 tracer = Tracer(args.trace)
