@@ -3,8 +3,8 @@ engine (issue 48, item 4).
 
 mix8 on the H200 sends 4 long prompts and 4 short streamed ones at once; the short ones' first token
 reached the client 0.04 s after the engine made it. Here the same shape on 2 CPU cores, with the
-tiny generated model (its decode is cheap, so the host's path shows) and 8 slots (no short request
-queues for a slot): 4 long bodies sent first, then 4 short streamed ones, at once. Workloads:
+tiny generated model (its decode is cheap, so the host's path shows) and 8 slots (`--slots`; no short
+request queues for a slot): 4 long bodies sent first, then 4 short streamed ones, at once. Workloads:
 - `ids`: mix8's own bodies, /v1/completions with 22,528 token ids each (about 130 KB of JSON);
 - `chat`: /v1/chat/completions with `--long_chars` characters of chat content each.
 The long requests run until every short one has finished, then are cancelled (their prefill is not
@@ -21,8 +21,13 @@ Arm `floor` (bench/asgi_floor.py) is the least an ASGI app on uvicorn does for t
 `--baseline REV` runs a server of another git revision (a temporary worktree) beside this tree's,
 arms interleaved per rep, order alternating. The servers decode on 1 thread (`--n_threads 1`): the
 other core is the HTTP side's, as a GPU host's cores are.
+`--steps gpu` gives the servers the H200's step shape (`--n_batch 2048 --n_ubatch 512 --prefill_chunk
+2048`: a long prompt's chunk takes the whole step beside the decode rows, 4 ubatches, as with no cap
+on a GPU; the tiny model's first such steps take 75-190 ms on one core, the H200's 40-60 ms) and
+`--slots 4` mix8's slots (a short request gets one from a long prompt that lends it): the engine's
+part of the short requests' TTFT, which a step in flight sets (step_policy.py's preemption).
 
-    python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat]
+    python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat] [--steps gpu --slots 4]
 
 Writes docs/data/first_token_cpu.json and docs/first_token_cpu.md (`--page_only`: the page again
 from the data) and prints the medians.
@@ -46,7 +51,7 @@ from harness import REPO, ServerProcess, machine, sse_events
 from host_overhead import remove_worktree, worktree
 from pflash_plugin.testing import cached_tiny_llama
 
-SLOTS = 8
+STEPS = {"cpu": [], "gpu": ["--n_batch", "2048", "--n_ubatch", "512", "--prefill_chunk", "2048"]}
 LONG_IDS = 22528  # mix8's long prompts (tokens)
 WORDS = ("the river runs past old stone bridges while traders count their coins and children chase dogs "
          "through narrow lanes under a grey sky").split()
@@ -140,8 +145,8 @@ async def idle(url: str, timeout_s: float = 120.0) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model = cached_tiny_llama(n_ctx_train=131072)
-    flags = ["--model", str(model), "--max_concurrency", str(SLOTS), "--n_ctx", str(args.n_ctx),
-             "--verbose", "false", "--pflash", "off", "--n_threads", "1", "--n_threads_batch", "1"]
+    flags = ["--model", str(model), "--max_concurrency", str(args.slots), "--n_ctx", str(args.n_ctx),
+             "--verbose", "false", "--pflash", "off", "--n_threads", "1", "--n_threads_batch", "1", *STEPS[args.steps]]
     servers = {"this": ServerProcess("first-token-this", flags)}
     tree = worktree(args.baseline) if args.baseline else None
     if tree is not None:
@@ -167,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if tree is not None:
             remove_worktree(tree)
     return {"rows": rows, "medians": medians(rows), "machine": machine(), "baseline": args.baseline,
-            "long_chars": args.long_chars, "long_ids": LONG_IDS, "slots": SLOTS,
+            "long_chars": args.long_chars, "long_ids": LONG_IDS, "slots": args.slots, "steps": args.steps,
             "command": "python bench/first_token.py " + " ".join(sys.argv[1:])}
 
 
@@ -215,6 +220,9 @@ def main() -> None:
     parser.add_argument("--long_chars", type=int, default=200_000, help="chat: each long prompt's characters")
     parser.add_argument("--n_ctx", type=int, default=131072, help="each slot's context (a long chat prompt fits)")
     parser.add_argument("--baseline", help="a git revision whose server runs beside this tree's")
+    parser.add_argument("--slots", type=int, default=8, help="the servers' --max_concurrency (mix8: 4)")
+    parser.add_argument("--steps", choices=sorted(STEPS), default="cpu",
+                        help="the servers' step shape: the CPU's defaults, or the H200's (n_batch 2048, no cap)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "first_token_cpu.json")
     parser.add_argument("--page", type=Path, default=REPO / "docs" / "first_token_cpu.md")
     parser.add_argument("--page_only", action="store_true", help="write the page from --out's data, run nothing")

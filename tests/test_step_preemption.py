@@ -28,7 +28,7 @@ def request(prompt: list[int], max_tokens: int = 6) -> Request:
 class Rig:
     """An engine's step machinery over a real context, driven round by round (no thread). `cut_at`:
     the abort poll (one per graph node on the CPU) at which a newcomer arrives, inside the first
-    step, which prefills two prompts."""
+    step that prefills two prompts."""
 
     def __init__(self, model: Model, cut_at: int | None) -> None:
         self.ctx = Context(model, ContextConfig(n_ctx=SLOTS * SLOT_CTX, n_batch=N_BATCH, n_ubatch=N_UBATCH,
@@ -41,12 +41,12 @@ class Rig:
         polls: list = []
         self.runner.set_abort = polls.append  # type: ignore[method-assign]  # the engine's callback, wrapped below
         self.stepping = Stepping(self.sched, self.runner, Failures(self.sched, "test"), Published(self.sched))
-        self.cut_at, self.polls, self.cut = cut_at, 0, False
+        self.cut_at, self.polls, self.armed, self.cut = cut_at, 0, False, False
         self.newcomer: Request | None = None
         self.ctx.set_abort(lambda: self.poll(polls[0]))
 
     def poll(self, engine_says: object) -> bool:
-        if self.cut_at is not None and not self.cut:
+        if self.armed and self.cut_at is not None:
             self.polls += 1
             if self.polls == self.cut_at:
                 self.stepping.arrived([self.newcomer])  # as Engine.submit does from a server thread
@@ -54,27 +54,33 @@ class Rig:
         self.cut |= aborted
         return aborted
 
-    def run(self, first: list[Request], newcomer: Request, then: Request) -> list[int]:
-        """Submit `first` (two prompts that prefill in one step), then the newcomer once that step
-        ran (or was cut: the newcomer's arrival cut it), then `then` once all three ended. Returns
-        what the two-prompt step left prefilled of each of `first`."""
+    def round(self) -> None:
+        """One engine round: schedule, step, events out."""
+        self.stepping.run(self.sched.schedule())
+        self.sched.emit()
+
+    def run(self, a: Request, b: Request, newcomer: Request, then: Request) -> list[int]:
+        """`a` prefills a step alone, then `b` comes: the next step finishes both prompts (the cut
+        one, where `cut_at` is set: the newcomer arrives inside it), then the newcomer is admitted,
+        and `then` once all three ended. Returns what the two-prompt step left prefilled of a, b."""
         self.newcomer = newcomer
-        self.sched.submit(*first)
-        kept: list[int] = []
+        self.sched.submit(a)
+        self.round()
+        self.sched.submit(b)
+        step = self.sched.schedule()
+        assert sorted(len(item.tokens) for item in step.items) == [len(b.prompt_tokens), a.prefill_left]
+        self.armed = True
+        self.stepping.run(step)
+        self.armed = False
+        assert self.cut == (self.cut_at is not None), "the step of two prompts was cut, or not"
+        kept = [a.n_prefilled, b.n_prefilled]
+        self.stepping.arrival.clear()  # the engine's next round
+        self.sched.submit(newcomer)
         while self.sched.has_work:
-            step = self.sched.schedule()
-            two = not kept and len(step.items) == 2
-            self.stepping.run(step)
-            self.sched.emit()
-            if two:
-                assert self.cut == (self.cut_at is not None), "the step of two prompts was cut, or not"
-                kept = [r.n_prefilled for r in first]
-                self.stepping.arrival.clear()  # the engine's next round
-                self.sched.submit(newcomer)
+            self.round()
         self.sched.submit(then)
         while self.sched.has_work:
-            self.stepping.run(self.sched.schedule())
-            self.sched.emit()
+            self.round()
         return kept
 
     def close(self) -> None:
@@ -88,31 +94,33 @@ def model(tiny_model: Path):
     loaded.close()
 
 
-def prompts() -> tuple[list[Request], Request, Request]:
-    """Two prompts that finish their prefill in one step, a newcomer, and a prompt that extends the
-    first one (it reuses that slot's cache in place)."""
-    return ([request(list(range(100, 140))), request(list(range(300, 320)))], request(list(range(500, 505))),
-            request([*range(100, 140), 7, 8, 9]))
+def prompts() -> tuple[Request, Request, Request, Request]:
+    """A prompt longer than a step, one that finishes its prefill beside the first one's rest, a
+    newcomer, and a prompt that extends the first one (it reuses that slot's cache in place)."""
+    return (request(list(range(100, 200))), request(list(range(300, 320))), request(list(range(500, 505))),
+            request([*range(100, 200), 7, 8, 9]))
 
 
-@pytest.mark.parametrize("cut_at", [100, 200])  # polls: 2 or 5 ubatches of the 60-token step computed
+@pytest.mark.parametrize("cut_at", [60, 160])  # polls: 1 or 4 of the 56-token step's ubatches computed
 def test_a_step_of_two_prompts_cut_for_a_newcomer_keeps_what_it_computed_and_the_tokens(model, cut_at):
     reference = Rig(model, cut_at=None)
     try:
-        (a, b), c, d = prompts()
-        reference.run([a, b], c, d)
-        expected = [r.output_tokens for r in (a, b, c, d)]
+        requests = prompts()
+        assert reference.run(*requests) == [100, 20]
+        expected = [r.output_tokens for r in requests]
     finally:
         reference.close()
-    rig = Rig(model, cut_at=40)  # some ubatches of the 60-token step computed, not all
+    rig = Rig(model, cut_at=cut_at)
     try:
-        (a, b), c, d = prompts()
-        kept = rig.run([a, b], c, d)
-        assert 0 < sum(kept) < 60, f"the cut step kept {kept} of its 40 + 20 tokens"
+        requests = a, b, c, d = prompts()
+        kept = rig.run(*requests)
+        # a keeps what the computed ubatches wrote of its chunk; b had prefilled nothing into its
+        # slot (it could still lend it): rolled back
+        assert 64 < kept[0] < 100 and kept[1] == 0, kept
         # greedy, with and without the cut; d reads a's cache, written partly by the cut step
-        assert [r.output_tokens for r in (a, b, c, d)] == expected
-        assert d.cached_tokens == 40
-        assert all(r.status is RequestStatus.FINISHED_LENGTH for r in (a, b, c, d))
+        assert [r.output_tokens for r in requests] == expected
+        assert d.cached_tokens == 100
+        assert all(r.status is RequestStatus.FINISHED_LENGTH for r in requests)
         check_cache_exact(rig)
     finally:
         rig.close()

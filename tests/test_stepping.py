@@ -69,10 +69,10 @@ def test_an_abort_without_a_newcomer_counts_toward_the_failures():
     assert failures.aborts == 1 and long.status.running
 
 
-def test_a_cut_step_keeps_what_its_computed_ubatches_wrote_of_each_prompt_and_redoes_its_decode_rows():
-    """llama.cpp keeps the cells of the ubatches computed before the abort: those of the prompts'
-    chunks stay prefilled (a finishing prompt's last token again, its logits were lost); a decode
-    row's token was never sampled, so its cell goes and the row is redone."""
+def test_a_cut_step_keeps_what_its_computed_ubatches_wrote_of_a_prompt_under_way_and_redoes_the_rest():
+    """llama.cpp keeps the cells of the ubatches computed before the abort: those of the chunk of a
+    prompt that had prefilled into its slot stay prefilled; a prompt's first chunk (it may still
+    lend its slot to the newcomer) and a decode row (its token was not sampled) are redone."""
     sched, runner = make_scheduler(n_slots=3, n_pages=64, max_batch_tokens=64, max_ctx=128, preempt_chunk=8,
                                    per_slot=True)
     failures = Failures(sched, "test")
@@ -80,28 +80,31 @@ def test_a_cut_step_keeps_what_its_computed_ubatches_wrote_of_each_prompt_and_re
     chat = make_request([900, 901, 902], max_tokens=4)
     sched.submit(chat)
     stepping.run(sched.schedule())
-    long, short = make_request(list(range(1, 41)), max_tokens=2), make_request(list(range(100, 110)), max_tokens=2)
-    sched.submit(long, short)
+    long = make_request(list(range(1, 101)), max_tokens=2)
+    sched.submit(long)
+    stepping.run(sched.schedule())  # chat's row and 63 of long's tokens
+    short = make_request(list(range(200, 210)), max_tokens=2)
+    sched.submit(short)
     step = sched.schedule()
-    assert sorted(len(item.tokens) for item in step.items) == [1, 10, 40] and sched.steps.preemptible(step)
+    assert sorted(len(item.tokens) for item in step.items) == [1, 10, 37] and sched.steps.preemptible(step)
 
-    def cut(step):  # the ubatches before the abort wrote 12 of long's, all of short's, chat's row
-        for item, n in ((i, {1: 1, 10: 10, 40: 12}[len(i.tokens)]) for i in step.items):
-            runner._write(item.request.slot, item.tokens[:n], item.start_pos)
+    def cut(step):  # the ubatches before the abort wrote chat's row, all of short's, 12 of long's
+        for item in step.items:
+            runner._write(item.request.slot, item.tokens[:12], item.start_pos)
         raise DecodeError(2)
 
     runner.execute, plain = cut, runner.execute
     stepping.arrived([make_request([5, 6, 7])])  # a newcomer whose prompt fits a step
     stepping.run(step)
     runner.execute = plain
-    assert failures.aborts == 0 and (long.n_prefilled, short.n_prefilled) == (12, 9)
-    assert len(chat.output_tokens) == 1 and len(sched.slots[chat.slot].tokens) == 3
+    assert failures.aborts == 0 and (long.n_prefilled, short.n_prefilled) == (75, 0)
+    assert len(chat.output_tokens) == 2 and len(sched.slots[chat.slot].tokens) == 4
     check_scheduler(sched, runner)  # the KV holds exactly what the slots say
     stepping.arrival.clear()
     while sched.has_work:
         stepping.run(sched.schedule())
     assert len(long.output_tokens) == len(short.output_tokens) == 2 and len(chat.output_tokens) == 4
-    assert runner.items_of(long.request_id)[0].start_pos == 12  # resumed where the cut step's ubatches ended
+    assert [item.start_pos for item in runner.items_of(long.request_id)] == [0, 75, 100]  # resumed past the kept 12
     check_scheduler(sched, runner)
 
 

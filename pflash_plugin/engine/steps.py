@@ -107,12 +107,15 @@ class Steps:
     def preempted(self, step: Step, kv_tokens: Callable[[int], int]) -> None:
         """The step was aborted for a newcomer: llama.cpp kept the ubatches it computed before the
         abort, so what they hold of each text prompt's chunk stays prefilled (`kv_tokens(slot)`: the
-        slot's KV cells now), less a last token whose logits the abort lost; the rest, decode rows
-        included, is rolled back and redone."""
+        slot's KV cells now), less a last token whose logits the abort lost; the rest is rolled back
+        and redone: decode rows (their tokens were not sampled), media prompts (positions.py), and a
+        prompt that had prefilled nothing into its slot, which may still lend it to the newcomer
+        (lending.py; mix8's fourth short chat waited for a slot otherwise: seconds, not a step)."""
         for item in step.items:
             request = item.request
-            if request.status is not RequestStatus.PREFILLING or request.media:
-                continue  # a decode row's token was not sampled; a media prompt's positions: rollback
+            if (request.status is not RequestStatus.PREFILLING or request.media
+                    or request.n_prefilled == request.cached_tokens):
+                continue
             slot = self.cache.slots[request.held_slot]
             landed = min(kv_tokens(slot.index) - len(slot.tokens), len(item.tokens) - item.wants_logits)
             if landed > 0:
