@@ -41,3 +41,24 @@ def test_engine_arm_over_two_contexts_gives_the_same_greedy_tokens():
     assert len(two["steps_per_context"]) == 2 and all(n >= 16 for n in two["steps_per_context"])
     assert two["graph_reuses_per_step"] >= 0.8
     assert "| greedy | 2 |" in decode_scale.table({"results": {"engine": [one, two]}})
+
+
+def test_engine_arm_samples_on_the_threads_it_is_given(monkeypatch):
+    """`--engine-sample-threads`: the run's argmax takes that many threads (the same tokens), and the
+    engine's own count comes back afterwards."""
+    from pflash_plugin.llama import native
+    from pflash_plugin.llama.context import Context
+
+    decode_scale = bench_module("gpu/decode_scale.py")
+    args = argparse.Namespace(target=str(cached_tiny_llama()), slots=4, tokens=8, gpu_layers=0, limit_s=120.0)
+    own = Context.host_threads
+    passed: list[int] = []
+    real = native.sample_rows
+    monkeypatch.setattr(native, "sample_rows", lambda logits, table, n: passed.append(n) or real(logits, table, n))
+    given = decode_scale.engine_steps(args, "greedy", "off", True, threads=3)
+    assert set(passed) == {3} and given["sample_threads"] == 3
+    assert Context.host_threads is own
+    passed.clear()
+    plain = decode_scale.engine_steps(args, "greedy", "off", True)
+    assert plain["outputs"] == given["outputs"] and 3 not in passed
+    assert plain["sample_threads"] in passed

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -36,7 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -114,7 +115,22 @@ async def throughput(server: Server, mode: str, clients: int, args: argparse.Nam
     return {"clients": clients, "tokens": sum(counts), "wall_s": round(wall, 3), "tok_s": round(sum(counts) / wall, 1)}
 
 
-def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: bool, tracer: Any = None) -> dict[str, Any]:
+@contextlib.contextmanager
+def sample_threads(count: int | None) -> Iterator[None]:
+    """Sampling's host pass on `count` threads (None: the engine's own, Context.host_threads) while inside."""
+    from pflash_plugin.llama.context import Context
+
+    own = Context.host_threads
+    if count:
+        Context.host_threads = property(lambda _: count)  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        Context.host_threads = own  # type: ignore[method-assign]
+
+
+def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: bool, tracer: Any = None,
+                 threads: int | None = None) -> dict[str, Any]:
     """Our engine in this process: tok/s, and per step the wall time; without `overlap` also the
     decode's (llama_decode and its synchronization) and the host's rest. Per step also its parts
     (`parts_ms`, host_overhead.PhaseTimer: "decode" the llama_decode call alone, which on a GPU
@@ -123,7 +139,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     overlaps: text, emit, stats; the host time the device idles through) and llama.cpp's graph reuses
     per step (1.0: every step's ubatch ran on the graph built before, so CUDA graphs replay it).
     With `tracer` (cupti.Tracer) the run is traced: per step the GPU's busy time, its kernels, copies
-    and the host's CUDA calls."""
+    and the host's CUDA calls. `threads`: sampling's host pass on so many threads (None: the engine's)."""
     from pflash_plugin.engine.loader import EngineConfig, load_engine
     from harness import run_to_end
     from host_overhead import PhaseTimer
@@ -149,7 +165,9 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
         requests = engine_requests(args, mode)
         steps, reused = engine.steps, ctx.graph_reuses()
         if tracer is None:
-            wall, trace = run_to_end(engine, requests, args.limit_s), None
+            with sample_threads(threads):
+                wall, trace = run_to_end(engine, requests, args.limit_s), None
+                threads = ctx.host_threads
         else:
             wall, trace = tracer.record(lambda: run_to_end(engine, requests, args.limit_s),
                                         lambda _: engine.steps - steps, Path(f"/tmp/trace-{mode}-{overlap}.txt"))
@@ -160,7 +178,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
         model.close()
     tokens = sum(len(r.output_tokens) for r in requests)
     outputs = hash(tuple(tuple(r.output_tokens) for r in requests))  # greedy: the same with the device on and off
-    row = {"mode": mode, "backend_sampling": backend, "overlap": overlap, "outputs": outputs,
+    row = {"mode": mode, "backend_sampling": backend, "overlap": overlap, "outputs": outputs, "sample_threads": threads,
            "tok_s": round(tokens / wall, 1), "steps": steps, "step_ms": round(1000 * wall / steps, 3)}
     parts = timer.per_step(steps, wall)
     beside = sum(parts.get(part, 0.0) for part in ("text", "emit", "stats")) if overlap else 0.0
@@ -279,17 +297,17 @@ def table(data: dict[str, Any]) -> str:
         lines.append(f"| {mode} | {clients} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
     steps = [r for r in data["results"].get("engine", []) if "step_ms" in r and "trace" not in r]
     if steps:
-        lines += ["", "| engine: mode | backend sampling | overlap | tok/s | ms/step | decode ms | host ms | serial host ms "
-                  "| graph reuses/step |", "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r['tok_s']:,.0f} | {r['step_ms']} | "
-                  f"{r.get('decode_ms', '-')} | {r.get('host_ms', '-')} | {r.get('serial_host_ms', '-')} | "
-                  f"{r.get('graph_reuses_per_step', '-')} |" for r in steps]
+        lines += ["", "| engine: mode | backend sampling | overlap | sample threads | tok/s | ms/step | decode ms | host ms "
+                  "| serial host ms | graph reuses/step |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r.get('sample_threads', '-')} | "
+                  f"{r['tok_s']:,.0f} | {r['step_ms']} | {r.get('decode_ms', '-')} | {r.get('host_ms', '-')} | "
+                  f"{r.get('serial_host_ms', '-')} | {r.get('graph_reuses_per_step', '-')} |" for r in steps]
         parted = [r for r in steps if r.get("parts_ms")]
         if parted:
             names = list(dict.fromkeys(p for r in parted for p in r["parts_ms"]))
-            lines += ["", "| engine: mode | backend sampling | overlap | " + " | ".join(f"{p} ms" for p in names) + " |",
-                      "|---|---|---|" + "---|" * len(names)]
-            lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | "
+            lines += ["", "| engine: mode | backend sampling | overlap | sample threads | " + " | ".join(f"{p} ms" for p in names)
+                      + " |", "|---|---|---|---|" + "---|" * len(names)]
+            lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r.get('sample_threads', '-')} | "
                       + " | ".join(str(r["parts_ms"].get(p, "-")) for p in names) + " |" for r in parted]
     split = [r for r in data["results"].get("engine", []) if "contexts" in r]
     if split:
@@ -321,6 +339,9 @@ def main() -> None:
     parser.add_argument("--engine-sampling", dest="engine_sampling", nargs="+", default=["off"],
                         choices=["off", "on", "auto"], help="the engine arm's --backend_sampling settings (each "
                         "interleaved with the others in a rep; on: greedy rows too are sampled on the device)")
+    parser.add_argument("--engine-sample-threads", dest="engine_sample_threads", nargs="*", type=int, default=[],
+                        help="the engine arm also runs with sampling's host pass (the greedy rows' argmax) on so "
+                        "many threads, each count once a rep (overlap on, host sampling)")
     parser.add_argument("--engine-contexts", dest="engine_contexts", nargs="*", type=int, default=[],
                         help="the engine arm also splits the slots over so many contexts of one model, each "
                         "stepped by its own engine thread (e.g. 2: two contexts of 32 slots), in every rep")
@@ -335,6 +356,8 @@ def main() -> None:
                     for overlap in (True, False)[::1 if rep % 2 == 0 else -1]:  # each first in turn
                         for backend in args.engine_sampling:
                             record.add({**engine_steps(args, mode, backend, overlap), "rep": rep})
+                    for threads in args.engine_sample_threads:
+                        record.add({**engine_steps(args, mode, "off", True, threads=threads), "rep": rep})
                     for contexts in args.engine_contexts:
                         record.add({**engine_contexts(args, mode, contexts), "rep": rep})
             if args.trace:
