@@ -6,7 +6,7 @@ from typing import Callable
 
 from ..llama import Batch, Context, Model
 from ..llama.media import MediaDecoder, MediaPiece
-from .request import Request, TokenOutput
+from .request import Request, RequestStatus, TokenOutput
 from .sampling import Sampling, output_on_gpu
 from .scheduler import Step
 from .threads import DecodeThreads
@@ -91,10 +91,9 @@ class LlamaRunner:
         batch.clear()
         self._rows = []
         self._drafts = {}
-        # decode rows only (a speculating row's drafts too): the thread count measured fastest for its
-        # tokens; and no abort polls, since only a step with prefill chunks is cut short (StepPolicy.preemptible)
-        decoding = all(len(item.tokens) == 1 + item.drafts for item in step.items)
-        self.ctx.arm_abort(not decoding)
+        # llama.cpp polls the abort callback only in a step with prefill chunks, the one kind cut short
+        # for a newcomer (Steps.preemptible)
+        self.ctx.arm_abort(any(item.request.status is RequestStatus.PREFILLING for item in step.items))
         self._decode_media(step)
         for item in step.items:
             if item.media is not None:  # decoded above
@@ -105,6 +104,8 @@ class LlamaRunner:
                 self._rows.extend((item.request, at) for at in range(row - item.drafts, row + 1))
             if item.drafts:
                 self._drafts[item.request.request_id] = item.tokens[-item.drafts:]
+        # decode rows only (a speculating row's drafts too): the thread count measured fastest for its tokens
+        decoding = all(len(item.tokens) == 1 + item.drafts for item in step.items)
         threads = self.decode_threads.threads(step.n_tokens) if decoding else None
         self.ctx.use_threads(threads or self.ctx.n_threads, threads or self.ctx.n_threads_batch)
         self.sampling.before_decode(self._rows)
