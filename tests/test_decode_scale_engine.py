@@ -26,6 +26,7 @@ def test_engine_arm_splits_each_step(overlap: bool) -> None:
     beside = sum(parts[p] for p in ("text", "emit", "stats")) if overlap else 0.0
     assert row["serial_host_ms"] == pytest.approx(row["step_ms"] - parts["wait"] - beside, abs=0.01)
     assert "decode_ms" in row if not overlap else "decode_ms" not in row
+    assert row["kv_unified"] is False  # a stream per slot: the layout whose graph every decode step keeps
     table = decode_scale.table({"results": {"engine": [row]}})
     assert "graph reuses/step" in table and "| wait ms |" in table
 

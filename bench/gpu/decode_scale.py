@@ -183,6 +183,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     parts = timer.per_step(steps, wall)
     beside = sum(parts.get(part, 0.0) for part in ("text", "emit", "stats")) if overlap else 0.0
     row.update(parts_ms={part: round(ms, 3) for part, ms in parts.items()}, graph_reuses_per_step=round(reused / steps, 3),
+               kv_unified=ctx.config.kv_unified,
                serial_host_ms=round(1000 * wall / steps - parts.get("wait", 0.0) - beside, 3))
     if not overlap:
         row.update(decode_ms=round(1000 * decode_s[0] / steps, 3), host_ms=round(1000 * (wall - decode_s[0]) / steps, 3))
