@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pflash_plugin.engine.failures import Failures
 from pflash_plugin.engine.published import Published
+from pflash_plugin.engine.request import RequestStatus
 from pflash_plugin.engine.stepping import Stepping
 from pflash_plugin.llama import DecodeError
 from tests.mock_runner import check_scheduler, default_piece, make_request, make_scheduler, sink_of
@@ -94,16 +95,22 @@ def test_a_cut_step_keeps_what_its_computed_ubatches_wrote_of_a_prompt_under_way
         raise DecodeError(2)
 
     runner.execute, plain = cut, runner.execute
-    stepping.arrived([make_request([5, 6, 7])])  # a newcomer whose prompt fits a step
+    newcomer = make_request([5, 6, 7], max_tokens=2)
+    stepping.arrived([newcomer])  # a newcomer whose prompt fits a step, while every slot is held
     stepping.run(step)
     runner.execute = plain
     assert failures.aborts == 0 and (long.n_prefilled, short.n_prefilled) == (75, 0)
     assert len(chat.output_tokens) == 2 and len(sched.slots[chat.slot].tokens) == 4
     check_scheduler(sched, runner)  # the KV holds exactly what the slots say
     stepping.arrival.clear()
+    sched.submit(newcomer)
+    step = sched.schedule()  # short got nothing of the cut step: it lends its slot to the newcomer at once
+    assert newcomer in [item.request for item in step.items] and short.status is RequestStatus.WAITING
+    stepping.run(step)
     while sched.has_work:
         stepping.run(sched.schedule())
-    assert len(long.output_tokens) == len(short.output_tokens) == 2 and len(chat.output_tokens) == 4
+    assert len(long.output_tokens) == len(short.output_tokens) == len(newcomer.output_tokens) == 2
+    assert len(chat.output_tokens) == 4
     assert [item.start_pos for item in runner.items_of(long.request_id)] == [0, 75, 100]  # resumed past the kept 12
     check_scheduler(sched, runner)
 

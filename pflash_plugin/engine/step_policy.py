@@ -12,9 +12,10 @@ A step whose prefill chunks together pass `preempt_chunk` (one prompt or several
 rows or not) is cut short by a newcomer whose whole prompt fits a step (`newcomer_gains`): its
 first token then comes from the next step instead of after the rest of the step in flight (on an
 H200, mix8's short chats waited 45-63 ms on the long prompts' 2,048-token steps). What the cut
-step computed of each prompt stays (engine/steps.py `preempted`), so the cut costs the long prompts
-about nothing; the newcomer's step goes first, then their chunks resume. A shrinking prefill budget
-(Sarathi, vLLM's chunked prefill) cannot do this: the step in flight was composed before the
+step's computed ubatches wrote of each prompt under way stays (engine/steps.py `preempted`), so the
+cut costs the long prompts the aborted ubatch at most (on a GPU not even that: llama.cpp polls
+before launching it); the newcomer's step goes first, then their chunks resume. A shrinking prefill
+budget (Sarathi, vLLM's chunked prefill) cannot do this: the step in flight was composed before the
 newcomer came, and capping every step for arrivals that may come cost mix8/qa8/cd4 3-28% on the
 H200 (loader.step_chunks).
 
