@@ -123,12 +123,26 @@ def phases(before: dict[str, Any] | None, after: dict[str, Any] | None, wall: fl
            "media_rows_per_call": round(d.get("decode_rows", 0) / calls, 1),
            "media_decode_ms_per_call": round(1000 * d.get("decode_s", 0) / calls, 2),
            "media_decode_share": round(d.get("decode_s", 0) / wall, 3),
-           "engine_steps": d["steps"], "wall_ms_per_step": round(1000 * wall / steps, 2)}
+           "engine_steps": d["steps"], "wall_ms_per_step": round(1000 * wall / steps, 2),
+           **prepare_split(d)}
     for key in ("prepare_ms", "queue_ms", "prefill_ms", "decode_ms"):
         values = sorted(t["timings"][key] for t in done if key in t["timings"])
         if values:
             out[f"median_{key}"] = values[len(values) // 2]
     return out
+
+
+PREPARE_PARTS = ("upload", "parse", "wait", "media", "tokenize", "work", "back")
+
+
+def prepare_split(d: dict[str, Any]) -> dict[str, Any]:
+    """A media request's preparation in parts, ms per request (/status media's prepare_* sums):
+    the body's upload (headers to its last part read), its JSON parsed and validated, the wait for a preparation thread, the items read
+    (base64, checks), libmtmd's tokenize, the thread's whole work (those two in it), the hop back."""
+    n = d.get("prepared", 0)
+    if not n:
+        return {}
+    return {f"prepare_{part}_ms": round(1000 * d.get(f"prepare_{part}_s", 0) / n, 2) for part in PREPARE_PARTS}
 
 
 async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, Any]:
@@ -195,10 +209,14 @@ def main() -> None:
     ap.add_argument("--one-at-a-time", dest="one_at_a_time", action="store_true",
                     help="one server up at a time, its reps back to back (a GPU's memory holds one), "
                          "instead of all arms up and their reps interleaved")
+    ap.add_argument("--image-side", dest="image_side", type=int, default=0,
+                    help="the PNGs' side in pixels (default: the projector's; 336 with --shape tiny sends the "
+                         "real shape's bodies, ~450 KB, to the tiny model)")
     ap.add_argument("--target", "--drafter", dest="unused", help="(bench/gpu/servers.sh passes them; --shape writes its models)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "vision.json")
     args = ap.parse_args()
     model, mmproj, side = models(args.shape)
+    side = args.image_side or side
     rows: list[dict[str, Any]] = []
     for slots in args.clients:
         arms = servers(args, model, mmproj, slots)

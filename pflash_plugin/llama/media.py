@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Iterator, Sequence
 
 import llama_cpp.llama_cpp as C
@@ -48,6 +49,27 @@ SAME_POSITION = -(1 << 31)
 # this directory (NULL: $PATH): one that holds none, so a client's bytes never reach a subprocess
 _NO_FFMPEG = b"/nonexistent/pflash-no-ffmpeg"
 
+# libmtmd's small calls (a getter, a free, a chunk's copy), made holding the GIL. ctypes releases it
+# around every foreign call, and taking it back waits out the switch interval (5 ms) while another
+# thread runs Python (the engine thread, the event loop, other requests' preparation): a tokenize
+# (20 calls) took 2 ms alone and 55 ms beside two busy Python threads, 18 ms with these held; an
+# M-RoPE image's positions are two calls per token. The calls that decode, resize or encode media
+# still release it (they run for ms and scale over cores).
+_HELD = ("mtmd_input_chunks_init", "mtmd_input_chunks_free", "mtmd_input_chunks_size", "mtmd_input_chunks_get",
+         "mtmd_input_chunk_get_type", "mtmd_input_chunk_get_tokens_text", "mtmd_input_chunk_copy",
+         "mtmd_input_chunk_free", "mtmd_input_chunk_get_n_tokens", "mtmd_input_chunk_get_n_pos",
+         "mtmd_input_chunk_get_tokens_image", "mtmd_image_tokens_get_decoder_pos", "mtmd_decode_use_non_causal",
+         "mtmd_bitmap_free", "mtmd_helper_init_opt_default", "mtmd_get_output_embd")
+
+
+def holding_gil(function: Any) -> Any:
+    """A ctypes function of a CDLL as one that keeps the GIL through the call (PYFUNCTYPE)."""
+    prototype = ctypes.PYFUNCTYPE(function.restype, *(function.argtypes or ()))
+    return prototype(ctypes.cast(function, ctypes.c_void_p).value or 0)
+
+
+Q: Any = SimpleNamespace(**{name: holding_gil(getattr(M, name)) for name in _HELD}) if M is not None else None
+
 
 def mtmd_available() -> bool:
     """Whether this llama_cpp build has libmtmd (it has unless built with LLAVA off)."""
@@ -72,10 +94,10 @@ class MediaChunk:
 
     def __init__(self, raw: Any, kind: str, key: str, non_causal: bool, mrope: bool = False) -> None:
         self.raw, self.kind, self.key, self.non_causal = raw, kind, key, non_causal
-        self.n_tokens: int = M.mtmd_input_chunk_get_n_tokens(raw)
-        self.n_pos: int = M.mtmd_input_chunk_get_n_pos(raw)
+        self.n_tokens: int = Q.mtmd_input_chunk_get_n_tokens(raw)
+        self.n_pos: int = Q.mtmd_input_chunk_get_n_pos(raw)
         self.n_sections = 4 if mrope else 1  # positions per embedding (llama.cpp's n_pos_per_embd)
-        self._free = weakref.finalize(self, M.mtmd_input_chunk_free, raw)
+        self._free = weakref.finalize(self, Q.mtmd_input_chunk_free, raw)
         # an M-RoPE image's positions from its first: (t, y, x, z) = base + pos_0 * slope, per token
         self._mrope: tuple[np.ndarray, np.ndarray] | None = (
             _mrope_positions(raw, self.n_tokens) if mrope and kind == "image" else None)
@@ -112,11 +134,11 @@ def _mrope_positions(raw: Any, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """libmtmd's decoder positions of an image's tokens at pos_0 0 and 1, as (t, y, x, z) rows:
     the positions at any pos_0 are base + pos_0 * slope (each section is pos_0 plus a constant,
     or a constant)."""
-    image = M.mtmd_input_chunk_get_tokens_image(raw)
+    image = Q.mtmd_input_chunk_get_tokens_image(raw)
     at = np.empty((2, 4, n_tokens), dtype=np.int32)
     for pos_0 in (0, 1):
         for i in range(n_tokens):
-            p = M.mtmd_image_tokens_get_decoder_pos(image, pos_0, i)
+            p = Q.mtmd_image_tokens_get_decoder_pos(image, pos_0, i)
             at[pos_0, :, i] = (p.t, p.y, p.x, p.z)
     return at[0], at[1] - at[0]
 
@@ -187,7 +209,7 @@ class Projector:
         if text.count(MARKER) != len(media):
             raise MediaError(f"the prompt has {text.count(MARKER)} media markers for {len(media)} media items")
         bitmaps: list[Any] = []
-        chunks = M.mtmd_input_chunks_init()
+        chunks = Q.mtmd_input_chunks_init()
         try:
             bitmaps += [self._bitmap(kind, data, i) for i, (kind, data) in enumerate(media)]
             encoded = text.encode()
@@ -199,9 +221,9 @@ class Projector:
                 raise MediaError(f"libmtmd could not preprocess the media (error {code})")
             yield chunks
         finally:
-            M.mtmd_input_chunks_free(chunks)
+            Q.mtmd_input_chunks_free(chunks)
             for bitmap in bitmaps:
-                M.mtmd_bitmap_free(bitmap)
+                Q.mtmd_bitmap_free(bitmap)
 
     def _check_kinds(self, media: Sequence[tuple[str, bytes]]) -> None:
         for kind, _ in media:
@@ -210,7 +232,7 @@ class Projector:
 
     def _bitmap(self, kind: str, data: bytes, index: int) -> Any:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        opt = M.mtmd_helper_init_opt_default()
+        opt = Q.mtmd_helper_init_opt_default()
         opt.video_params.ffmpeg_bin_dir = _NO_FFMPEG  # never run ffmpeg/ffprobe on a client's bytes
         wrapper = M.mtmd_helper_bitmap_init_from_buf_wrapper(self.ptr, buf, len(data), False, opt)
         if wrapper.video_ctx:
@@ -225,18 +247,18 @@ class Projector:
     def _chunks(self, chunks: Any, keys: list[str]) -> list[Chunk]:
         out: list[Chunk] = []
         media = iter(keys)
-        for i in range(M.mtmd_input_chunks_size(chunks)):
-            raw = M.mtmd_input_chunks_get(chunks, i)
-            kind = M.mtmd_input_chunk_get_type(raw)
+        for i in range(Q.mtmd_input_chunks_size(chunks)):
+            raw = Q.mtmd_input_chunks_get(chunks, i)
+            kind = Q.mtmd_input_chunk_get_type(raw)
             if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 n = ctypes.c_size_t()
-                tokens = M.mtmd_input_chunk_get_tokens_text(raw, ctypes.byref(n))
+                tokens = Q.mtmd_input_chunk_get_tokens_text(raw, ctypes.byref(n))
                 if n.value:
                     out.append(TextChunk([int(tokens[j]) for j in range(n.value)]))
                 continue
             name = "image" if kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE else "audio"
-            chunk = MediaChunk(M.mtmd_input_chunk_copy(raw), name, next(media),
-                               bool(M.mtmd_decode_use_non_causal(self.ptr, raw)), self.mrope)
+            chunk = MediaChunk(Q.mtmd_input_chunk_copy(raw), name, next(media),
+                               bool(Q.mtmd_decode_use_non_causal(self.ptr, raw)), self.mrope)
             if chunk.non_causal and chunk.n_tokens > self.n_ubatch:
                 raise MediaError(f"this {name} takes {chunk.n_tokens} tokens, decoded in one ubatch: "
                                  f"more than n_ubatch ({self.n_ubatch})")
@@ -249,7 +271,7 @@ class Projector:
             self.encoded += 1
             if M.mtmd_encode_chunk(self.ptr, chunk.raw) != 0:
                 raise MediaError(f"libmtmd failed to encode the {chunk.kind}")
-            out = M.mtmd_get_output_embd(self.ptr)
+            out = Q.mtmd_get_output_embd(self.ptr)
             flat = np.ctypeslib.as_array(out, shape=(chunk.n_tokens * self.n_embd,))
             return flat.reshape(chunk.n_tokens, self.n_embd).copy()
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 
 from ..output.dispatch import respond
 from ..output.presenters import Presenter
 from ..preparation.inline import inline
 from ..preparation.prepare import prepare_chat
+from ..runtime.media_prepare import prepared
 from ..runtime.context import ServerContext
 from ..runtime.generation import Generation
 from ..wire.protocol import ChatCompletionRequest, RequestError
@@ -23,7 +23,8 @@ async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
     refusal names the client's field where `fields` maps the chat field it was found in."""
     served = ctx.models.get(chat.model)
     try:
-        generation = prepare_chat(served, chat) if inline(chat) else await run_in_threadpool(prepare_chat, served, chat)
+        generation = prepare_chat(served, chat) if inline(chat) else await prepared(
+            http, served.media_preparation, chat, prepare_chat, served, chat)
         return await respond(http, ctx, generation, bool(chat.stream), presenter(generation))
     except RequestError as error:  # a refusal, before any byte of the answer
         raise renamed(error, fields) from None

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from ..output.dispatch import respond
 from ..preparation.inline import inline
 from ..preparation.prepare import prepare_chat, prepare_completion
+from ..runtime.media_prepare import prepared
 from ..runtime.context import ServerContext, get_context
 from ..wire.errors import OpenAIRoute
 from ..wire.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RequestError
@@ -40,7 +41,8 @@ async def create_completion(http: Request, body: CompletionRequest, ctx: ServerC
 async def create_chat_completion(http: Request, body: ChatCompletionRequest,
                                  ctx: ServerContext = Depends(get_context)) -> Any:
     served = ctx.models.get(body.model)
-    generation = prepare_chat(served, body) if inline(body) else await run_in_threadpool(prepare_chat, served, body)
+    generation = prepare_chat(served, body) if inline(body) else await prepared(
+        http, served.media_preparation, body, prepare_chat, served, body)
     return await respond(http, ctx, generation, body.stream)
 
 

@@ -7,11 +7,13 @@ item by item it gives the same tokens for the same text (tests/test_media_api.py
 against `engine.media.prompt`). What libmtmd cannot take is the client's 400."""
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from ...engine.media import MEDIA_MARKER
 from ...engine.media_prompt import MediaSpan
 from ...llama.media import MediaChunk, MediaError
+from ..runtime.media_prepare import mark
 from ..runtime.models import ServedModel
 from ..runtime.prompts import ChatPrompt
 from ..wire.protocol import RequestError
@@ -26,6 +28,7 @@ def media_tokens(served: ServedModel, rendered: ChatPrompt) -> ChatPrompt:
         raise RequestError(400, "this model has no multimodal projector (--mmproj)", param="messages")
     tokens: list[int] = list(rendered.pieces[0])
     spans: list[MediaSpan] = []
+    start = time.perf_counter()
     try:
         for item, piece in zip(rendered.media, rendered.pieces[1:]):
             for chunk in encoder.projector.tokenize(MEDIA_MARKER, [(item.kind, item.data)]):
@@ -37,6 +40,8 @@ def media_tokens(served: ServedModel, rendered: ChatPrompt) -> ChatPrompt:
             tokens += piece
     except MediaError as error:
         raise RequestError(400, f"messages: {error}", param="messages") from None
+    finally:
+        mark("tokenize_s", time.perf_counter() - start)
     if tokens and tokens[-1] < 0:  # the row after the prompt's last token gives the first token's logits
         raise RequestError(400, "messages: the prompt ends with a media item: some text must follow it",
                            param="messages")

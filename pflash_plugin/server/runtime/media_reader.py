@@ -5,6 +5,7 @@ against the kind and the MIME type the client declared, and an image's pixels fr
 before libmtmd decodes anything. Every refusal is a 400 naming the client's field."""
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
@@ -16,6 +17,7 @@ from ..operations.media_fetch import FetchLimits, Fetched, fetch
 from ..wire.media_bytes import canonical, data_url, decoded_base64, image_size, sniff
 from ..wire.media_parts import MediaSource
 from ..wire.protocol import RequestError
+from .media_prepare import mark
 
 FORMATS = "PNG, JPEG, GIF or BMP images; WAV, MP3 or FLAC audio"
 # recognised, but libmtmd's decoder (stb_image) has none for them: refused before it fails on them
@@ -56,6 +58,13 @@ class MediaReader:
     def read(self, sources: Sequence[MediaSource]) -> tuple[MediaInput, ...]:
         if not sources:
             return ()
+        start = time.perf_counter()
+        try:
+            return self._read(sources)
+        finally:
+            mark("media_s", time.perf_counter() - start)
+
+    def _read(self, sources: Sequence[MediaSource]) -> tuple[MediaInput, ...]:
         if not self.kinds:
             first = sources[0]
             raise _refuse(first.where, f"this model has no multimodal projector, so it takes no {first.kind}: "

@@ -17,6 +17,7 @@ from ..config.settings import ModelSettings
 from ..wire.protocol import RequestError
 from .assembly import assemble
 from .calibrate import calibrate
+from .media_prepare import MediaPreparation
 from .media_reader import MediaLimits, MediaReader, media_kinds
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class ServedModel:
             if tags is not None:
                 self.model.render_tokens(tags.markers)
         self.media = MediaReader(MediaLimits.of(settings), media_kinds(self.engine.media))  # issue 46
+        self.media_preparation = MediaPreparation() if self.engine.media else None  # media chats' own pool
         self.pflash = self.plan.pflash.config
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         if self.pflash_scorer == "numpy" and self.plan.pflash.scorer == "auto":
@@ -69,7 +71,9 @@ class ServedModel:
 
     def status(self) -> dict[str, Any]:
         """This model's entry in /status: its engine's last stats, its limits and what runs PFlash."""
-        media = asdict(self.engine.media.stats()) if self.engine.media else None  # issue 46: the projector's encoder
+        media = None  # issue 46: the projector's encoder, and the media requests' preparation
+        if self.engine.media and self.media_preparation:
+            media = asdict(self.engine.media.stats()) | self.media_preparation.counts()
         runner = self.engine.runner  # issue 49: the constraint work's phases, sums since start
         constraints = runner.sampling.constraints.counts.as_dict() if isinstance(runner, LlamaRunner) else None
         return self.engine.stats().as_dict() | {"max_ctx": self.max_ctx, "pflash_scorer": self.pflash_scorer,
@@ -124,6 +128,8 @@ class ServedModel:
         self.engine.close()
         if self.embedder is not None:
             self.embedder.close()
+        if self.media_preparation is not None:
+            self.media_preparation.close()
 
 
 class ModelRegistry:
