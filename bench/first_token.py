@@ -26,6 +26,8 @@ other core is the HTTP side's, as a GPU host's cores are.
 on a GPU; the tiny model's first such steps take 75-190 ms on one core, the H200's 40-60 ms) and
 `--slots 4` mix8's slots (a short request gets one from a long prompt that lends it): the engine's
 part of the short requests' TTFT, which a step in flight sets (step_policy.py's preemption).
+`--short_gap_ms G` sends the short requests G ms apart rather than at once: the later ones then
+arrive while the earlier ones decode beside a long chunk (an online load's arrivals, not mix8's).
 
     python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat] [--steps gpu --slots 4]
 
@@ -79,8 +81,9 @@ def encoded(path: str, body: dict[str, Any]) -> tuple[str, bytes]:
     return path, json.dumps(full).encode()
 
 
-async def short(http: httpx.AsyncClient, url: str, request: tuple[str, bytes]) -> dict[str, Any]:
+async def short(http: httpx.AsyncClient, url: str, request: tuple[str, bytes], after_s: float = 0.0) -> dict[str, Any]:
     path, body = request
+    await asyncio.sleep(after_s)
     start = time.perf_counter()
     head = first = None
     usage: dict[str, Any] = {}
@@ -115,15 +118,17 @@ async def long(http: httpx.AsyncClient, url: str, request: tuple[str, bytes]) ->
             pass
 
 
-async def workload(url: str, kind: str, seed: str, chars: int, n_long: int = 4) -> list[dict[str, Any]]:
-    """The long requests, then the short ones, at once; the long ones cancelled once the short ones end."""
+async def workload(url: str, kind: str, seed: str, chars: int, gap_s: float = 0.0,
+                   n_long: int = 4) -> list[dict[str, Any]]:
+    """The long requests, then the short ones, at once (or the short ones `gap_s` apart); the long
+    ones cancelled once the short ones end."""
     rng = random.Random(seed)
     longs = [encoded(*long_body(kind, rng, chars)) for _ in range(n_long)]
     shorts = [encoded(*short_body(kind, rng)) for _ in range(4)]
     limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         pending = [asyncio.ensure_future(long(http, url, r)) for r in longs]
-        rows = await asyncio.gather(*(short(http, url, r) for r in shorts))
+        rows = await asyncio.gather(*(short(http, url, r, i * gap_s) for i, r in enumerate(shorts)))
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -158,12 +163,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for server in servers.values():
             server.start()
             asyncio.run(workload(server.url, "ids", "warm-up", args.long_chars))
+        gap_s = args.short_gap_ms / 1000
         for rep in range(args.reps):
             order = list(servers.items())[::1 if rep % 2 == 0 else -1]
             for kind in args.workloads:
                 for name, server in order:
                     load = os.getloadavg()[0]
-                    for i, row in enumerate(asyncio.run(workload(server.url, kind, f"{kind}/{rep}", args.long_chars))):
+                    shorts = asyncio.run(workload(server.url, kind, f"{kind}/{rep}", args.long_chars, gap_s))
+                    for i, row in enumerate(shorts):
                         rows.append({"arm": name, "workload": kind, "rep": rep, "short": i, "load": load, **row})
                     print(json.dumps(rows[-4:]), flush=True)
     finally:
@@ -173,6 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             remove_worktree(tree)
     return {"rows": rows, "medians": medians(rows), "machine": machine(), "baseline": args.baseline,
             "long_chars": args.long_chars, "long_ids": LONG_IDS, "slots": args.slots, "steps": args.steps,
+            "short_gap_ms": args.short_gap_ms,
             "command": "python bench/first_token.py " + " ".join(sys.argv[1:])}
 
 
@@ -220,6 +228,8 @@ def main() -> None:
     parser.add_argument("--long_chars", type=int, default=200_000, help="chat: each long prompt's characters")
     parser.add_argument("--n_ctx", type=int, default=131072, help="each slot's context (a long chat prompt fits)")
     parser.add_argument("--baseline", help="a git revision whose server runs beside this tree's")
+    parser.add_argument("--short_gap_ms", type=float, default=0.0,
+                        help="the short requests sent this far apart (0: at once, as mix8)")
     parser.add_argument("--slots", type=int, default=8, help="the servers' --max_concurrency (mix8: 4)")
     parser.add_argument("--steps", choices=sorted(STEPS), default="cpu",
                         help="the servers' step shape: the CPU's defaults, or the H200's (n_batch 2048, no cap)")

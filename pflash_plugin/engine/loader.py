@@ -191,13 +191,13 @@ class StepChunks(NamedTuple):
 
 
 def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
-    """The prefill a step gives each prompt while others decode, and the lone prefill step past
+    """The prefill a step gives each prompt while others decode, and the step's prefill past
     which a newcomer aborts it. On the CPU (2 cores) each chunk's time adds to every decoding
     request's step: 128 for both. On a GPU, by default, no cap: the step's whole budget after the
     decode rows, as llama-server does. On an H200 (issue 28, docs/concurrent_gpu.md) a cap of 128
     made the seed's cd4 (4 x 84K prompts, full prefill) take 1.28x llama-server's time; 512 left
     mix8, qa8 and cd4 1.03-1.06x behind it; the whole step (2,048) brought all three within 1.04x, at
-    llama-server's time per token for the decoding answers. A lone step past 512 tokens is still
+    llama-server's time per token for the decoding answers. A step prefilling past 512 tokens is
     cut short for a newcomer (a 512-token step costs little on a GPU); an explicit chunk below
     that is the threshold too."""
     interactive = 512 if on_gpu else 128

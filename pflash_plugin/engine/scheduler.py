@@ -75,8 +75,8 @@ class SchedulerConfig:
     # all of it to the shortest first, so steps stay short and the decoding ones keep their latency
     # (None: no cap)
     prefill_chunk: int | None = None
-    # a prompt prefilling alone in a step of more tokens than this is aborted for a newcomer, so
-    # the newcomer's first token need not wait for the whole step (None: never)
+    # a step prefilling more tokens than this (one prompt or several) is aborted for a newcomer
+    # whose prompt fits a step, so its first token need not wait for the whole step (None: never)
     preempt_chunk: int | None = None
     # each step a prefilling prompt is left out of counts as this many fewer tokens left, so a
     # long prompt gets through a steady stream of short ones
