@@ -12,8 +12,9 @@ time, ms/token the median over clients of each one's latency over its tokens (pr
 TTFT the median first text. /status is read before and after each trial: the engine's steps (decode
 ms/step = wall over steps: person rows end at ~40 tokens, plain ones at 128, so rows of different
 lengths compare by the step) and the constraint phases' ms a step (engine/constraints.py
-ConstraintCounts: bind, fill beside the decode and on the critical path, apply, settle/commit, the
-wait for the device's logits, host sampling; docs/metrics.md), masked rows a step, dense share. All
+ConstraintCounts: bind, fill beside the decode (on its own thread) and the sampling's wait for it,
+fill on the critical path, apply, settle/commit, the wait for the device's logits, host sampling;
+docs/metrics.md), masked rows a step, dense share. All
 servers loaded at once, one driven at a time, reps interleaved kind by kind and arm by arm; the
 load average before each trial and `uptime` at the start and end are kept. Medians over reps go
 to `--out` and to the table between the markers of `--docs`. bench/gpu/constrained_gpu.py runs it
@@ -59,7 +60,7 @@ ORDER = {"type": "object", "properties": {
 KINDS = {"plain": None, "person": PERSON, "order": ORDER}
 MARK = "<!-- bench/constrained.py: {} -->"
 # /status's constraint phases (engine/constraints.py ConstraintCounts), reported in ms per engine step
-PHASES = ("bind_s", "fill_ahead_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
+PHASES = ("bind_s", "fill_ahead_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
 PHASE_MS = [key.removesuffix("_s") + "_ms" for key in PHASES]
 MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", *PHASE_MS,
            "masked_rows", "dense_share")

@@ -269,6 +269,95 @@ def test_masks_filled_beside_the_decode_give_the_serial_tokens(tiny_model, monke
     assert counts.fills_ahead > 0 and counts.fill_ahead_s > 0 and counts.fills_due == 0
 
 
+def test_a_fill_beside_the_decode_runs_while_the_engine_thread_releases_the_last_steps_text(tiny_model, monkeypatch):
+    """Beside the decode the masks fill on their own thread, and the engine thread goes on meanwhile
+    to the last step's text and events (Stepping.release_last; on an H200 the fill was 6 ms of the
+    engine thread a step before it): each such fill sees that release begin before it ends. The
+    tokens are the serial order's."""
+    from pflash_plugin.engine.constraints import Constraints
+    from pflash_plugin.engine.stepping import Stepping
+
+    released, overlapped, engine_thread = threading.Event(), [], []
+    fill, release = Constraints._fill_thread, Stepping.release_last
+
+    def waiting_fill(self, jobs, masks):
+        elsewhere = threading.current_thread() not in engine_thread
+        overlapped.append(elsewhere and released.wait(2 if all(overlapped) else 0))
+        released.clear()
+        return fill(self, jobs, masks)
+
+    def spy(self):
+        engine_thread[:] = [threading.current_thread()]
+        released.set()
+        release(self)
+
+    def run_once(overlaps: bool) -> list[list[int]]:
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=3, max_ctx=256, n_threads=1, n_threads_batch=1))
+        engine.runner.overlaps = overlaps
+        try:
+            requests = mixed(model, constrained=True)[:3]
+            run(engine, requests)
+            return [r.output_tokens for r in requests]
+        finally:
+            engine.stop()
+
+    serial = run_once(False)
+    monkeypatch.setattr(Constraints, "_fill_thread", waiting_fill)
+    monkeypatch.setattr(Stepping, "release_last", spy)
+    assert run_once(True) == serial
+    assert len(overlapped) > 10 and all(overlapped)
+
+
+def test_string_slices_fit_the_vocabulary():
+    """llguidance's slices with a bound at each string length that many tokens have (here 2,000
+    of 2,013 tokens spell 12 characters), llguidance's own where none is crowded."""
+    import llguidance
+
+    from pflash_plugin.llama.guidance import string_slices
+
+    general = llguidance.LLTokenizer.general_slices()
+    assert string_slices([b"a", b"bc", b'"quoted"', *[b"\xff"] * 640]) == general  # no length has 1/64 of them
+    pieces = [b"<extra_%d>" % i for i in range(1000, 3000)] + [b"x" * n for n in range(1, 14)]
+    fitted = string_slices(pieces)
+    assert fitted == [*general[:2], general[1].replace("10", "12"), *general[2:]]
+
+
+def test_the_tokenizer_fitted_slices_give_the_general_slices_masks(monkeypatch):
+    """The model's llguidance tokenizer is built with slices fitted to its vocabulary (at a 128K
+    vocabulary of 11-14-character tokens, a bounded string's masks 2-15x faster), and the masks
+    through seeded answers of a bounded-string schema are those of llguidance's own slices."""
+    import llguidance
+    import numpy as np
+
+    from pflash_plugin.engine.constraints import LIMITS, _allowed_ids
+    from pflash_plugin.llama import Model
+    from pflash_plugin.llama.guidance import _VocabTokenizer, guidance_tokenizer, string_slices
+    from pflash_plugin.testing import cached_tiny_llama
+
+    model = Model(cached_tiny_llama(vocab_extra=20000))
+    built = []
+    real = llguidance.LLTokenizer
+    monkeypatch.setattr(llguidance, "LLTokenizer",
+                        lambda *args, **kwargs: built.append(kwargs) or real(*args, **kwargs))
+    fitted = guidance_tokenizer(model)
+    assert built and built[0]["slices"] == string_slices(_VocabTokenizer(model).pieces) != real.general_slices()
+    general = fitted.with_slices(real.general_slices())
+    grammar = compile_schema({"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                                               "note": {"type": "string", "maxLength": 15}},
+                              "required": ["name", "note"]})
+    words = (model.n_vocab + 31) // 32
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        pair = [llguidance.LLMatcher(t, grammar, log_level=0, limits=LIMITS) for t in (fitted, general)]
+        masks = np.zeros((2, words), dtype=np.int32)
+        while not pair[0].is_stopped():
+            for matcher, mask in zip(pair, masks):
+                matcher.unsafe_compute_mask_ptr(mask.ctypes.data, words * 4)
+            assert np.array_equal(masks[0], masks[1])
+            token = int(rng.choice(_allowed_ids(masks[0], model.n_vocab)))
+            assert all(matcher.consume_token(token) for matcher in pair)
+
+
 def test_a_schema_row_keeps_stop_strings_logprobs_and_min_tokens(server):
     """A constrained row's other fields as on any row: its stop string ends it, its log-probabilities
     come from the row before the mask (the top alternatives need not be allowed ones), and

@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -156,8 +157,9 @@ class ConstraintCounts:
     binds: int = 0  # those built on the engine thread instead (no check before: a second choice of n, a test)
     bind_s: float = 0.0
     fill_threads: int = 0  # llguidance's executor threads (0: no fill yet)
-    fills_ahead: int = 0  # fills beside the device's decode (the runner's launch returned early)
-    fill_ahead_s: float = 0.0
+    fills_ahead: int = 0  # fills beside the device's decode (the runner's launch returned early) ...
+    fill_ahead_s: float = 0.0  # ... on the fill thread, beside the engine thread's own work too
+    fill_wait_s: float = 0.0  # the sampling step's wait for a fill beside the decode (its critical-path share)
     fills_due: int = 0  # fills on the critical path: just before the step's sampling
     fill_due_s: float = 0.0
     rows_filled: int = 0
@@ -192,16 +194,23 @@ def _executor_threads() -> int:
 
 
 class Constraints:
-    """The matchers of one context's constrained slots, and their masks for the step in flight."""
+    """The matchers of one context's constrained slots, and their masks for the step in flight.
+
+    The masks are filled on a thread of their own (`_fill_thread`, which owns llguidance's executor)
+    and the engine thread waits for them only where it needs them: beside the device's decode,
+    `fill_ahead` hands the fill over and returns, so the last step's text and events go out while
+    the masks fill (llguidance's executor runs without the GIL), and `fill_due` waits for it."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
         self.n_vocab = model.n_vocab
         self._matchers: dict[int, llguidance.LLMatcher] = {}
-        self._executor: llguidance.LLExecutor | None = None  # its threads start on first use
+        self._thread: ThreadPoolExecutor | None = None  # the fill thread, started on first use
+        self._executor: llguidance.LLExecutor | None = None  # its threads start on first use (fill thread only)
         self._masks = np.zeros((0, 0), dtype=np.int32)
         self._filled: dict[int, int] = {}  # slot -> its row in _masks, for the step in flight
         self._ahead = False  # the step in flight's masks were filled beside its decode
+        self._pending: Future[tuple[float, int]] | None = None  # a fill beside the decode, until waited for
         self.counts = ConstraintCounts()
 
     def bind(self, slot: int, grammar: str) -> None:
@@ -220,50 +229,89 @@ class Constraints:
         self._matchers[slot] = matcher
 
     def unbind(self, slot: int) -> None:
+        """The slot's matcher let go (a fill in flight keeps its own reference until it ends)."""
         self._matchers.pop(slot, None)
         self._filled.pop(slot, None)
 
     def __contains__(self, slot: int) -> bool:
         return slot in self._matchers
 
+    def close(self) -> None:
+        """The fill thread stopped (after a fill in flight)."""
+        self._wait()
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
     def fill(self, slots: list[int]) -> int:
-        """The masks of these slots' next tokens, in one call over llguidance's threads (beside the
-        device's decode where the runner overlaps, else just before sampling); the rows filled."""
+        """The masks of these slots' next tokens, in one call over llguidance's threads, waited for
+        here (just before sampling); the rows filled."""
+        pending = self._start(slots)
+        if pending is None:
+            return 0
+        self._count(pending.result())
+        return len(self._filled)
+
+    def _start(self, slots: list[int]) -> Future[tuple[float, int]] | None:
+        """The fill of these slots' masks handed to the fill thread (None: none is constrained)."""
+        self._wait()
         slots = [slot for slot in slots if slot in self._matchers]
         self._filled = {slot: k for k, slot in enumerate(slots)}
         if not slots:
-            return 0
+            return None
         words = (self.n_vocab + 31) // 32
         if self._masks.shape[0] < len(slots) or self._masks.shape[1] != words:
             self._masks = np.zeros((max(len(slots), 2 * self._masks.shape[0]), words), dtype=np.int32)
-        if self._executor is None:
+        if self._thread is None:
             self.counts.fill_threads = _executor_threads()
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="constraint-fill")
+        jobs = [(self._matchers[slot], k) for slot, k in self._filled.items()]
+        return self._thread.submit(self._fill_thread, jobs, self._masks)
+
+    def _fill_thread(self, jobs: list[tuple[llguidance.LLMatcher, int]], masks: np.ndarray) -> tuple[float, int]:
+        """On the fill thread: the masks of `jobs` into `masks`' rows; its seconds and dense rows."""
+        start = time.perf_counter()
+        if self._executor is None:
             self._executor = llguidance.LLExecutor(self.counts.fill_threads)
-        self._executor.unsafe_compute_mask_ptr([(self._matchers[slot], k) for slot, k in self._filled.items()],
-                                               self._masks.ctypes.data, words * 4, self._masks.shape[0])
-        self.counts.rows_filled += len(slots)
-        self.counts.dense_rows += _dense(self._masks[:len(slots)])
-        return len(slots)
+        self._executor.unsafe_compute_mask_ptr(jobs, masks.ctypes.data, masks.shape[1] * 4, masks.shape[0])
+        return time.perf_counter() - start, _dense(masks[:len(jobs)])
+
+    def _count(self, done: tuple[float, int]) -> float:
+        seconds, dense = done
+        self.counts.rows_filled += len(self._filled)
+        self.counts.dense_rows += dense
+        return seconds
+
+    def _wait(self) -> tuple[float, int] | None:
+        """The fill in flight, waited for (the masks' buffer and matchers are the fill thread's until then)."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
 
     def fill_ahead(self, slots: list[int]) -> None:
-        """`fill` beside the device's decode (the runner's launch returned early): the mask of a
-        row's next token depends only on the tokens it has, so sampling need not wait for it."""
-        start = time.perf_counter()
-        if self.fill(slots):
-            self.counts.fills_ahead += 1
-            self.counts.fill_ahead_s += time.perf_counter() - start
+        """`fill` beside the device's decode (the runner's launch returned early), on the fill
+        thread: the mask of a row's next token depends only on the tokens it has, so sampling need
+        not wait for it, and the engine thread need not either until it samples (`fill_due`)."""
+        self._pending = self._start(slots)
         self._ahead = True
 
     def fill_due(self, slots: list[int]) -> None:
-        """`fill` for the step being sampled, unless `fill_ahead` did; the next step fills anew."""
+        """`fill` for the step being sampled, unless `fill_ahead` did (then its wait); the next
+        step fills anew."""
         ahead, self._ahead = self._ahead, False
         start = time.perf_counter()
-        if not ahead and self.fill(slots):
+        if ahead:
+            done = self._wait()
+            if done is not None:
+                self.counts.fills_ahead += 1
+                self.counts.fill_ahead_s += self._count(done)
+                self.counts.fill_wait_s += time.perf_counter() - start
+        elif self.fill(slots):
             self.counts.fills_due += 1
             self.counts.fill_due_s += time.perf_counter() - start
 
     def stale(self) -> None:
         """A new step is launched: masks filled ahead for one that was never sampled are stale."""
+        self._wait()
         self._ahead = False
 
     def filled(self, slot: int) -> bool:

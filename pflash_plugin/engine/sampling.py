@@ -166,6 +166,7 @@ class Sampling:
     def close(self) -> None:
         for slot in list(self._slots):
             self.unbind(slot)
+        self.constraints.close()
 
     # ---- one step --------------------------------------------------------------------------
     def before_decode(self, rows: list[tuple[Request, int]]) -> None:
@@ -189,7 +190,8 @@ class Sampling:
 
     def beside_decode(self, rows: list[tuple[Request, int]]) -> None:
         """The constrained rows' masks, while the device decodes (the runner calls it where its
-        launch returns early): the mask of a row's next token depends only on the tokens it has."""
+        launch returns early): the mask of a row's next token depends only on the tokens it has.
+        They fill on their own thread while the engine thread goes on (`sample` waits for them)."""
         self.constraints.fill_ahead(_running_slots(rows))
 
     def landed(self) -> None:
