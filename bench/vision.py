@@ -119,6 +119,7 @@ def phases(before: dict[str, Any] | None, after: dict[str, Any] | None, wall: fl
            "encode_wait_ms_per_image": round(1000 * d.get("encode_wait_s", 0) / encoded, 2),
            "encode_busy_share": round(d.get("encode_s", 0) / wall / max(after.get("encoders") or 1, 1), 3),
            "tokenize_ms_per_image": round(1000 * d.get("tokenize_s", 0) / max(d.get("tokenized", 0), 1), 2),
+           "media_tokens": d.get("media_tokens"), "media_decode_rows": d.get("decode_rows"),  # more rows: redone
            "media_decode_calls": d.get("decode_calls"), "media_pieces": d.get("decode_pieces"),
            "media_rows_per_call": round(d.get("decode_rows", 0) / calls, 1),
            "media_decode_ms_per_call": round(1000 * d.get("decode_s", 0) / calls, 2),
