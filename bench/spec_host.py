@@ -47,6 +47,7 @@ from pflash_plugin.engine.request import Request, SamplingParams, TokenOutput
 from pflash_plugin.engine.speculation.drafting import Speculation
 from pflash_plugin.engine.speculation.setup import PROMPT_LOOKUP, SpeculationConfig
 from pflash_plugin.engine.speculation.verifier import Verifier
+from pflash_plugin.engine.stats import SpeculationStats
 from pflash_plugin.testing import cached_tiny_llama
 
 ARMS = ("off", "lookup", "rejected", "judged")
@@ -97,10 +98,23 @@ def one(model: Model, base: EngineConfig, arm: str, rows: int, tokens: int) -> d
         return {"arm": arm, "rows": rows, "steps": steps, "tok_s": round(rows * tokens / wall, 1),
                 "ms_per_step": round(1e3 * wall / steps, 4),
                 "spec_us_per_step": round(1e6 * timed.seconds / steps, 2) if timed else 0.0,
-                "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0}
+                "drafted": stats.drafted if stats else 0, "accepted": stats.accepted if stats else 0,
+                **budget(stats)}
     finally:
         engine.stop()
         engine.close()
+
+
+def budget(stats: SpeculationStats | None) -> dict[str, float]:
+    """Where speculation's step time went (speculation/budget.py): steps with drafts, the plain steps
+    after them, the other plain steps (count, ms), probes, and the drafts' unpaid ms."""
+    if stats is None:
+        return {}
+    return {"draft_steps": stats.draft_steps, "draft_ms": round(1e3 * stats.draft_step_seconds, 2),
+            "settle_steps": stats.settle_steps, "settle_ms": round(1e3 * stats.settle_step_seconds, 2),
+            "plain_steps": stats.plain_steps, "plain_ms": round(1e3 * stats.plain_step_seconds, 2),
+            "probes": stats.probes, "excess_ms": round(1e3 * stats.excess_seconds, 2),
+            "unpaid_ms": round(1e3 * stats.unpaid_seconds, 2)}
 
 
 @dataclass
@@ -139,7 +153,8 @@ def summary(runs: list[dict], rows: list[int]) -> list[dict]:
             out.append({"rows": n, "arm": arm, "tok_s": round(statistics.median(r["tok_s"] for r in mine), 1),
                         "ms_per_step": round(statistics.median(r["ms_per_step"] for r in mine), 4),
                         "spec_us_per_step": round(statistics.median(r["spec_us_per_step"] for r in mine), 2),
-                        "drafted": sum(r["drafted"] for r in mine), "accepted": sum(r["accepted"] for r in mine)})
+                        "drafted": sum(r["drafted"] for r in mine), "accepted": sum(r["accepted"] for r in mine),
+                        **{k: sum(r.get(k, 0) for r in mine) for k in ("probes", "draft_steps", "unpaid_ms")}})
     return out
 
 

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from pflash_plugin.engine.engine import Engine
 from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.llama import Model
 from pflash_plugin.engine.request import Request, SamplingParams
 from pflash_plugin.engine.speculation.setup import PROMPT_LOOKUP, SpeculationConfig
 from test_engine_real import run_texts
+from test_speculation_policy import free
 
 COPY = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. Every cloud has a silver "
         "lining. ") * 3 + "The same text, word for word:"
@@ -25,9 +28,18 @@ def config(speculate: bool, slots: int = 4) -> EngineConfig:
                         speculation=SpeculationConfig(PROMPT_LOOKUP) if speculate else None)
 
 
+def load(path: Path, speculate: bool) -> tuple[Model, Engine]:
+    """The engine, every step of it free to draft (the budget would stop drafts that do not pay
+    after a probe: the equality is tested with drafts kept and rejected)."""
+    model, engine = load_engine(path, config(speculate))
+    if engine.scheduler.steps.speculation is not None:
+        engine.scheduler.steps.speculation.policy.budget = free()
+    return model, engine
+
+
 def outcomes(path: Path, speculate: bool, params: list[SamplingParams], prompts: list[str] = PROMPTS):
     """Each request's (text, finish reason, tokens), all submitted together; the engine's stats."""
-    model, engine = load_engine(path, config(speculate))
+    model, engine = load(path, speculate)
     try:
         requests = [Request(model.tokenize(p), q) for p, q in zip(prompts, params)]
         texts = run_texts(engine, requests)
@@ -67,7 +79,7 @@ def test_rejected_drafts_leave_no_kv_cells_and_the_prefix_cache_stays_exact(tiny
     continues exactly as an engine that never speculated."""
     follow = []
     for speculate in (False, True):
-        model, engine = load_engine(tiny_model, config(speculate))
+        model, engine = load(tiny_model, speculate)
         try:
             firsts = [Request(model.tokenize(p), GREEDY) for p in PROMPTS]
             run_texts(engine, firsts)

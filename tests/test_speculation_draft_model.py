@@ -11,6 +11,7 @@ import httpx
 import pytest
 from conftest import live_server
 from test_engine_real import run_texts
+from test_speculation_policy import free
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import Request, SamplingParams
@@ -44,6 +45,9 @@ def outcomes(target: Path, draft: Path | None, prompts: list[str]):
         if spec:
             speculation = engine.scheduler.steps.speculation
             assert speculation is not None and speculation.proposer.model.params.use_mmap is False
+            # every step may draft: a draft model as dear as the tiny target never pays, and the budget
+            # (test_speculation_budget.py) would stop it after a probe, leaving the equality untested
+            speculation.policy.budget = free()
         requests = [Request(model.tokenize(p), GREEDY) for p in prompts]
         run_texts(engine, requests)
         if spec:  # the policy prices a draft token with what the draft model's decodes cost

@@ -44,12 +44,14 @@ def test_stock_prompt_lookup_flags_serve_the_same_greedy_text(tiny_model):
             assert got["choices"][0]["text"] == expected["choices"][0]["text"]
             assert got["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
             spec = fast.status()["speculation"]
-            assert spec["accepted"] > 0 and spec["tokens_per_row_step"] > 1.0
+            assert spec["accepted"] > 0 and spec["tokens_per_row_step"] > 1.0, spec
             assert "speculation" not in plain.status()
             metrics = b.get("/metrics").text
             assert _metric(metrics, "pflash_spec_decode_num_accepted_tokens_total") == spec["accepted"]
             assert _metric(metrics, "pflash_spec_decode_num_draft_tokens_total") == spec["drafted"]
             assert _metric(metrics, "pflash_spec_decode_tokens_per_step") > 1.0
+            assert _metric(metrics, "pflash_spec_decode_probes_total") == spec["probes"] >= 1  # budget.py's
+            assert spec["draft_steps"] >= 1 and spec["draft_step_seconds"] > 0 and spec["plain_steps"] >= 1
             assert "pflash_spec_decode" not in a.get("/metrics").text
             bad = b.post("/v1/completions", json={**body, "speculative": "sometimes"})
             assert bad.status_code == 400 and "speculative" in bad.text

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pflash_plugin.engine.request import Request, SamplingParams, TokenOutput
+from pflash_plugin.engine.speculation.budget import DraftBudget
 from pflash_plugin.engine.speculation.drafting import Joined, Speculation
 from pflash_plugin.engine.speculation.ngram import NgramProposer
 from pflash_plugin.engine.speculation.policy import SpeculationPolicy, StepCost
@@ -73,7 +74,7 @@ def test_step_cost_fits_the_line_and_prices_a_token_by_the_batch_size():
 
 
 def test_policy_drafts_longer_the_more_is_accepted_and_stops_at_a_large_batch():
-    policy = SpeculationPolicy(max_draft=10, max_rows=16)
+    policy = SpeculationPolicy(max_draft=10, max_rows=16, max_misses=1000)  # the row cap: its own test
     for tokens in (1, 11) * 3:
         policy.cost.observe(tokens, 0.017 + 0.007 * tokens)
     new = policy.draft_tokens(1, rows=1)
@@ -86,7 +87,7 @@ def test_policy_drafts_longer_the_more_is_accepted_and_stops_at_a_large_batch():
         policy.drafted(2, 10, 0)
     assert policy.draft_tokens(2, rows=1) == 0  # nothing accepted: off for that row alone
     for _ in range(200):
-        policy.drafted(2, 0, 0)  # steps without drafts drift back towards the rows' shared rate: it tries again
+        policy.stepped(False)  # steps without drafts drift back towards the rows' shared rate: it tries again
     assert policy.rate(2) == pytest.approx(policy.shared, rel=1e-3)
     assert policy.draft_tokens(2, rows=1) == policy.draft_tokens(3, rows=1)  # a new row starts there
     policy.cost = StepCost()
@@ -116,6 +117,11 @@ def test_where_nothing_is_accepted_new_rows_do_not_draft_and_probes_are_rare():
         steps += 1
     assert steps >= policy.recover  # without the shared rate: 10 steps at the prior's drift
     assert all(policy.draft_tokens(key, rows=8) <= 2 for key in range(8))  # a probe is short
+
+
+def free() -> DraftBudget:
+    """A budget that lets every step draft (the row choice under test, not the budget: test_draft_budget.py)."""
+    return DraftBudget(fraction=1e9, backoff=0, min_plain=0, probe=1 << 20)
 
 
 def make_request(prompt: list[int], output: list[int], **params) -> Request:
@@ -151,7 +157,7 @@ def test_speculation_picks_rows_caps_drafts_counts_and_forgets():
     caps the total; stats count what the verification kept; a request that left is forgotten."""
     clock = iter(range(100)).__next__
     source = Recorder([7, 7, 7, 7])
-    spec = Speculation(source, SpeculationPolicy(max_draft=4, prior=1.0), lambda r: r.params.top_k != 1,
+    spec = Speculation(source, SpeculationPolicy(max_draft=4, prior=1.0, budget=free()), lambda r: r.params.top_k != 1,
                        max_step_drafts=6, clock=lambda: float(clock()))
     a, b = make_request([1, 2], [3]), make_request([4], [5])
     off, ineligible = make_request([1], [2], speculative=False), make_request([1], [2], top_k=1)
@@ -202,7 +208,7 @@ def test_a_step_beyond_max_rows_costs_no_work_per_row():
     the batch was small is forgotten when it leaves, whatever the batch's size then."""
     clock = iter(range(100)).__next__
     source = Recorder([7])
-    spec = Speculation(source, SpeculationPolicy(max_draft=1, max_rows=2, prior=1.0), lambda r: True,
+    spec = Speculation(source, SpeculationPolicy(max_draft=1, max_rows=2, prior=1.0, budget=free()), lambda r: True,
                        max_step_drafts=10, clock=lambda: float(clock()))
     small = make_request([1], [2])
     assert spec.drafts([small], [small], room=10) == {small.request_id: [7]}

@@ -270,13 +270,20 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
                             row.update(asyncio.run(throughput(server, mode, clients, args, seed=100 * rep + clients)))
                             after = speculation(server)
                             if after:  # what a speculating server drafted and kept in this run (issue 47)
-                                row["speculation"] = {k: after[k] - before.get(k, 0) for k in ("drafted", "accepted")}
+                                row["speculation"] = {k: round(after.get(k, 0) - before.get(k, 0), 4)
+                                                      for k in SPEC_COUNTS}
                         except Exception as error:  # one server's failure costs its own row only
                             row.update(clients=clients, error=f"{type(error).__name__}: {error}"[:1000])
                         record.add(row)
     finally:
         for server in servers:
             server.stop()
+
+
+# /status speculation counters a run's row shows: drafts, and where the steps' time went (steps with
+# drafts, the plain steps right after them, other plain steps; probes; unpaid: speculation/budget.py)
+SPEC_COUNTS = ("drafted", "accepted", "probes", "draft_steps", "draft_step_seconds", "settle_steps",
+               "settle_step_seconds", "plain_steps", "plain_step_seconds", "excess_seconds", "unpaid_seconds")
 
 
 def speculation(server: Server) -> dict[str, int]:

@@ -67,9 +67,22 @@ class SpeculationStats:
     rows: int
     tokens: int
     speculating_rows: int  # rows that carried drafts
+    # where the time went (speculation/budget.py): steps with drafts, the plain steps right after them
+    # (their shape change paid back), other steps; episodes of drafting begun (probes); the drafted and
+    # settle steps' measured excess over plain steps of as many rows, and what accepted tokens left unpaid
+    draft_steps: int = 0
+    draft_step_seconds: float = 0.0
+    settle_steps: int = 0
+    settle_step_seconds: float = 0.0
+    plain_steps: int = 0
+    plain_step_seconds: float = 0.0
+    probes: int = 0
+    excess_seconds: float = 0.0
+    unpaid_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tokens_per_row_step": round(self.tokens / self.rows, 4) if self.rows else 0.0}
+        out = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        return {**out, "tokens_per_row_step": round(self.tokens / self.rows, 4) if self.rows else 0.0}
 
 
 @dataclass(frozen=True)

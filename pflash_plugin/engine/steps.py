@@ -49,7 +49,7 @@ class Steps:
         slots = self.cache.slots
         plan = self.policy.plan(self.seats(running))
         room = self.policy.max_batch_tokens - len(plan.decode) - sum(n for _, n in plan.chunks)
-        drafts = self.speculation.drafts(running, plan.decode, room) if self.speculation else {}
+        drafts = self.speculation.drafts(running, plan.decode, room, bool(plan.chunks)) if self.speculation else {}
         # a row's position: its first token's index in the slot, less an M-RoPE image's cells (positions.py)
         items = [BatchItem(r, [r.output_tokens[-1], *drafts.get(r.request_id, ())],
                            position(r.media, len(slots[r.held_slot].tokens)), True, len(drafts.get(r.request_id, ())))

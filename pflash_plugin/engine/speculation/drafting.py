@@ -85,36 +85,49 @@ class Speculation:
         self.counts = _Counts()
         self._keys: set[int] = set()  # requests the proposer or the policy may hold state for
         self._plan = (0, 0)  # the composed step's decode rows and its tokens (theirs and their drafts')
-        self._step: tuple[float, int] | None = None  # a decode-only step's start and tokens
+        self._proposing = 0.0  # seconds the proposer took for the composed step's drafts
+        self._step: tuple[float, bool] | None = None  # the step's start, and whether it only decodes
 
-    def drafts(self, running: Sequence[Request], decode: Sequence[Request], room: int) -> dict[int, list[int]]:
+    def drafts(self, running: Sequence[Request], decode: Sequence[Request], room: int,
+               prefill: bool = False) -> dict[int, list[int]]:
         """Per request id, the draft tokens its decode row carries this step (none: not listed);
-        `room`: tokens the step may still take. A step the policy leaves inactive (more rows than
-        `max_rows`) costs no work per row: no proposer call, no bookkeeping."""
+        `room`: tokens the step may still take; `prefill`: the step carries prefill chunks too (no
+        drafts: such a step's time says nothing of what drafts cost, DraftBudget could not judge
+        them). A step the policy leaves inactive (more rows than `max_rows`) or the budget refuses
+        costs no work per row: no proposer call, no bookkeeping."""
         if self._keys:
             self._forget_departed(running)
         rows = len(decode)
         self._plan = (rows, rows)
-        if not self.policy.active(rows):
+        self._proposing = 0.0
+        if prefill or not self.policy.active(rows):
             return {}
-        drafts = self._wanted(decode, min(room, self.max_step_drafts))
+        most = self.policy.budget.allows(rows)
+        if not most:
+            return {}
+        drafts = self._wanted(decode, min(room, self.max_step_drafts), most)
         self._plan = (rows, rows + sum(map(len, drafts.values())))
         return drafts
 
-    def _wanted(self, decode: Sequence[Request], room: int) -> dict[int, list[int]]:
-        """The proposer's drafts for the rows the policy lets draft, `room` tokens in all at most."""
+    def _wanted(self, decode: Sequence[Request], room: int, most: int) -> dict[int, list[int]]:
+        """The proposer's drafts for the rows the policy lets draft, `most` tokens a row and `room`
+        in all at most."""
         rows = len(decode)
         self.policy.drafting = self.proposer.draft_cost()
         price = self.policy.price(rows)
         wanted: list[DraftRow] = []
         for request in decode:
-            k = min(self.policy.draft_tokens(request.request_id, rows, price), room,
+            k = min(self.policy.draft_tokens(request.request_id, rows, price), most, room,
                     request.params.max_tokens - len(request.output_tokens) - 1)
             if k > 0 and self._may_draft(request):
                 wanted.append(DraftRow(request.request_id, Joined(request.prefill_tokens, request.output_tokens), k))
                 self._keys.add(request.request_id)
                 room -= k
-        proposed = self.proposer.propose(wanted) if wanted else []
+        if not wanted:
+            return {}
+        start = self.clock()
+        proposed = self.proposer.propose(wanted)
+        self._proposing = self.clock() - start
         return {row.key: list(draft[:row.k]) for row, draft in zip(wanted, proposed) if draft}
 
     def _may_draft(self, request: Request) -> bool:
@@ -124,23 +137,40 @@ class Speculation:
                 and (self.proposer.reads_media or not request.media))
 
     def started(self, step: Step) -> None:
-        """The step is about to run: timed if it only decodes (the policy's step cost); the plan
-        of `drafts` says so (every item a decode row) without a pass over the rows."""
-        rows, tokens = self._plan
-        self._step = (self.clock(), tokens) if rows and len(step.items) == rows else None
+        """The step is about to run: timed (the budget counts every step's time; one that only
+        decodes also feeds the policy's step cost); the plan of `drafts` says whether it only
+        decodes (every item a decode row) without a pass over the rows."""
+        rows, _ = self._plan
+        self._step = (self.clock(), bool(rows) and len(step.items) == rows)
 
     def verified(self, step: Step, outputs: Mapping[int, TokenOutput | Exception]) -> None:
         """The step's rows were sampled: acceptance and the step's cost measured."""
-        if self._step is not None:
-            start, tokens = self._step
-            self.policy.cost.observe(tokens, self.clock() - start)
-            self._step = None
-        counts, (rows, _) = self.counts, self._plan
-        if not self.policy.active(rows):  # no row drafted: the counts alone, no pass over 128 rows
+        seconds, decoding = self._timed()
+        counts, (rows, tokens) = self.counts, self._plan
+        if decoding:
+            self.policy.cost.observe(tokens, seconds)
+        if tokens == rows:  # no row drafted: the counts alone, no pass over the rows (128, or 16 refused)
+            active = self.policy.active(rows)
+            if active:
+                self.policy.stepped(False)
+            self.policy.budget.observe(rows, seconds, track=decoding and active)
             counts.rows += rows
             counts.tokens += rows
             return
-        drafted = False
+        accepted = self._count(step, outputs)
+        self.policy.budget.observe(rows, seconds + self._proposing, tokens - rows, accepted, track=decoding)
+
+    def _timed(self) -> tuple[float, bool]:
+        """The step's seconds since `started` and whether it only decoded ((0, False) untimed)."""
+        if self._step is None:
+            return 0.0, False
+        start, decoding = self._step
+        self._step = None
+        return self.clock() - start, decoding
+
+    def _count(self, step: Step, outputs: Mapping[int, TokenOutput | Exception]) -> int:
+        """Each row's acceptance into the policy and the counts; the step's accepted draft tokens."""
+        counts, drafted, total = self.counts, False, 0
         for item in step.items:
             if not item.request.output_tokens:
                 continue
@@ -155,15 +185,19 @@ class Speculation:
                 counts.speculating += 1
                 counts.drafted += item.drafts
                 counts.accepted += accepted
+                total += accepted
         self.policy.stepped(drafted)
+        return total
 
     def close(self) -> None:
         """Free the proposer's state (a draft model's context and weights); the engine has stopped."""
         self.proposer.close()
 
     def stats(self) -> SpeculationStats:
-        c = self.counts
-        return SpeculationStats(c.drafted, c.accepted, c.rows, c.tokens, c.speculating)
+        c, b = self.counts, self.policy.budget.counts
+        return SpeculationStats(c.drafted, c.accepted, c.rows, c.tokens, c.speculating, b.draft_steps,
+                                b.draft_seconds, b.settle_steps, b.settle_seconds, b.plain_steps, b.plain_seconds,
+                                b.probes, b.excess_seconds, b.unpaid_seconds)
 
     def _forget_departed(self, running: Sequence[Request]) -> None:
         live = {r.request_id for r in running}

@@ -27,6 +27,11 @@ gone would keep drafting off for good). With one size alone the last fit's ratio
 to the fixed cost stands in (before any fit, `prior_slope`), moving halfway back to the prior every
 `horizon` steps that drafting stays off, so a request tries again now and then, not every 64 steps
 (on 2 cores, probes at the prior's price made SmolLM2 0.81x as fast as without speculation).
+
+Two caps bound what drafts that are never accepted cost: the step-level DraftBudget (budget.py: a
+step drafts only where the measured cost of drafted steps, graph rebuilds included, was paid back,
+within 2% of the decode time, and probes back off exponentially), and per row `max_misses` drafted
+steps that accepted nothing, after which a row that never had a draft accepted drafts no more.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from .budget import DraftBudget
 
 @dataclass
 class StepCost:
@@ -98,9 +104,13 @@ class SpeculationPolicy:
     drafting: float = 0.0  # seconds a draft token costs the proposer (Proposer.draft_cost), set each step
     shared_alpha: float = 0.1  # weight of a row's newest measurement in the shared rate
     recover: int = 64  # steps without any draft after which the shared rate moves halfway to the prior
-    _rates: dict[int, float] = field(default_factory=dict)
+    max_misses: int = 4  # drafted steps a request may have with nothing accepted, before any acceptance
+    budget: DraftBudget = field(default_factory=DraftBudget)  # whether a step may draft at all (budget.py)
+    _rates: dict[int, tuple[float, int]] = field(default_factory=dict)  # row -> its rate, the step it was set
+    _misses: dict[int, int] = field(default_factory=dict)  # row -> its drafts' misses (-1: it accepted some)
     _shared: float | None = None  # acceptance across rows (None: the prior)
     _idle: int = 0  # steps since a row last drafted
+    _steps: int = 0  # steps verified (`stepped`): a row's drift is applied when its rate is read
 
     def active(self, rows: int) -> bool:
         """Whether a step of `rows` decoding rows may speculate at all: beyond `max_rows` the engine
@@ -119,9 +129,9 @@ class SpeculationPolicy:
     def draft_tokens(self, key: int, rows: int, price: float | None = None) -> int:
         """Draft tokens for row `key` in a step of `rows` decoding rows (0: do not speculate);
         `price`: the step's `price(rows)`, where the caller asks for many rows (one fit a step)."""
-        if not self.active(rows):
+        if not self.active(rows) or self._misses.get(key, 0) >= self.max_misses:
             return 0
-        rate = self._rates.get(key, self.shared)
+        rate = self.rate(key)
         price = self.price(rows) if price is None else price
         if rate <= price or rate <= 0.0:
             return 0
@@ -130,24 +140,33 @@ class SpeculationPolicy:
         return min(self.max_draft, int(math.log(max(price, 1e-9)) / math.log(rate)))
 
     def drafted(self, key: int, drafted: int, accepted: int) -> None:
-        """A row's verified draft (drafted 0: it did not draft this step; its rate drifts to the shared rate)."""
-        shared = self.shared
-        rate = self._rates.get(key, shared)
-        if drafted:
-            rate += self.alpha * (accepted / drafted - rate)
-            self._shared = shared + self.shared_alpha * (accepted / drafted - shared)
-        else:
-            rate += self.drift * (shared - rate)
-        self._rates[key] = rate
+        """A row's verified draft (drafted 0: nothing to learn; a row not drafting drifts towards the
+        shared rate by `drift` a step, applied when its rate is read, so a step without drafts needs
+        no pass over its rows)."""
+        if not drafted:
+            return
+        shared, rate = self.shared, self.rate(key)
+        misses = self._misses.get(key, 0)
+        self._misses[key] = -1 if accepted or misses < 0 else misses + 1
+        self._rates[key] = (rate + self.alpha * (accepted / drafted - rate), self._steps)
+        self._shared = shared + self.shared_alpha * (accepted / drafted - shared)
 
     def stepped(self, drafted: bool) -> None:
         """A step of at most `max_rows` rows was verified (`drafted`: some row carried drafts)."""
+        self._steps += 1
         self._idle = 0 if drafted else self._idle + 1
         if self._idle and self._idle % self.recover == 0:
             self._shared = (self.shared + self.prior) / 2  # nothing drafted for a while: back towards trying
 
     def forget(self, key: int) -> None:
         self._rates.pop(key, None)
+        self._misses.pop(key, None)
 
     def rate(self, key: int) -> float:
-        return self._rates.get(key, self.shared)
+        """Row `key`'s acceptance: its last measured rate, drifted towards the shared rate by `drift`
+        for each step since (the shared rate for a row that never drafted)."""
+        shared = self.shared
+        if key not in self._rates:
+            return shared
+        rate, at = self._rates[key]
+        return shared + (rate - shared) * (1.0 - self.drift) ** (self._steps - at)

@@ -149,6 +149,13 @@ def _speculation(engines: dict[str, SchedulerStats]) -> Iterator[GaugeMetricFami
                                    labels=label)
     per_step = GaugeMetricFamily("pflash_spec_decode_tokens_per_step", "Tokens a decoding request took per step, "
                                  "since start (1 without speculation)", labels=label)
+    probes = CounterMetricFamily("pflash_spec_decode_probes", "Episodes of drafting begun (speculation/budget.py)",
+                                 labels=label)
+    seconds = CounterMetricFamily("pflash_spec_decode_step_seconds", "Decode steps' wall time: with drafts "
+                                  "(draft), the plain steps right after them (settle), the others (plain)",
+                                  labels=[*label, "kind"])
+    unpaid = CounterMetricFamily("pflash_spec_decode_unpaid_seconds", "Drafted steps' measured excess over plain "
+                                 "steps that accepted tokens did not pay back", labels=label)
     speculating = {name: stats.speculation for name, stats in engines.items() if stats.speculation is not None}
     if not speculating:  # no family without samples: a scraper reading each family's first sample finds one
         return
@@ -157,4 +164,9 @@ def _speculation(engines: dict[str, SchedulerStats]) -> Iterator[GaugeMetricFami
         drafted.add_metric([name], spec.drafted)
         accepted.add_metric([name], spec.accepted)
         per_step.add_metric([name], spec.tokens / spec.rows if spec.rows else 1.0)
-    yield from (drafts, drafted, accepted, per_step)
+        probes.add_metric([name], spec.probes)
+        for kind, value in (("draft", spec.draft_step_seconds), ("settle", spec.settle_step_seconds),
+                            ("plain", spec.plain_step_seconds)):
+            seconds.add_metric([name, kind], value)
+        unpaid.add_metric([name], spec.unpaid_seconds)
+    yield from (drafts, drafted, accepted, per_step, probes, seconds, unpaid)

@@ -1,0 +1,147 @@
+"""Whether a step may carry drafts at all, from what drafted steps were measured to cost: a pure rule
+over step wall times and accepted counts (no llama.cpp), so a test drives it with plain values.
+
+Why a step-level gate beside the per-row price (policy.py): a step with drafts has a new shape (more
+tokens, more logits rows), and llama.cpp rebuilds its graph for any change of the ubatch's token
+count or n_outputs (llama-graph.h `allow_reuse`; llama-context.cpp keeps the one previous graph), so
+the plain step after it rebuilds again; ggml-cuda re-keys its CUDA graph on every node's shape and
+runs eagerly until two calls agree, then captures (ggml-cuda.cu `warmup_complete`). A rare probe
+thus pays for itself and the `settle` plain steps after it, a price the per-token line of StepCost
+never sees (it fits steady shapes and forgets sizes not seen for a while). Here the price is
+measured: a drafted step's wall time (plus its proposer's) against the median plain step at the same
+row count (`window` recent ones, never expiring), plus the settle steps' excess, less the accepted
+tokens' worth (a plain step's time per row each). Consecutive drafted steps and their settle steps
+form an episode; it goes on while its net is paid, and an episode that closes unpaid adds its loss
+to `unpaid` and doubles the wait before the next one (`backoff` steps, then 2x, 4x, ...; reset by
+an episode that paid). A new episode also needs the budget: unpaid seconds plus the last loss at
+most `fraction` of all the steps' time, plus `grace` losses (an unlucky first probe of a copy-heavy
+request on a fresh server would otherwise keep it from drafting until the decode time covers it).
+So at acceptance 0 the drafts' whole cost stays within `fraction` of the decode time plus `grace`
+episodes' losses, and probes thin out exponentially. A probe drafts
+`probe` token(s) a row, and each paid step of an episode doubles that (a probe at 10 tokens cost
+the demo model 3.5 plain steps on the CPU, at one token 0.75).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+
+
+@dataclass
+class BudgetCounts:
+    """Where speculation's time went (/status): steps with drafts and the plain steps right after
+    them (`settle`, which pay the shape change back), the other plain steps, episodes begun, the
+    measured excess of drafted and settle steps over plain ones, and what was not paid back."""
+
+    draft_steps: int = 0
+    draft_seconds: float = 0.0
+    settle_steps: int = 0
+    settle_seconds: float = 0.0
+    plain_steps: int = 0
+    plain_seconds: float = 0.0
+    probes: int = 0
+    excess_seconds: float = 0.0
+    unpaid_seconds: float = 0.0
+
+
+@dataclass
+class DraftBudget:
+    fraction: float = 0.01  # unpaid draft time allowed, of all the steps' time
+    settle: int = 2  # plain steps after a drafted one that still pay its shape (graph rebuild, CUDA graph warmup)
+    backoff: int = 16  # steps an unpaid episode makes the next one wait; doubled per unpaid episode in a row
+    max_backoff: int = 1 << 16
+    window: int = 15  # plain steps per row count whose median is a plain step's time there
+    min_plain: int = 3  # plain steps at a row count before a step of that many rows may draft
+    probe: int = 1  # draft tokens a row may carry in an episode's first step (a probe costs least)
+    grace: int = 4  # episodes' losses allowed beyond `fraction` (before the decode time covers a probe)
+    counts: BudgetCounts = field(default_factory=BudgetCounts)
+    _plain: dict[int, deque[float]] = field(default_factory=dict)  # rows -> recent clean plain step times
+    _steps: int = 0
+    _total: float = 0.0  # seconds of every step observed
+    _net: float | None = None  # the open episode's cost less its worth (None: no episode open)
+    _rows: int = 0  # the open episode's row count
+    _length: int = 0  # its drafted steps
+    _settling: int = 0  # plain steps since its last drafted step
+    _next: int = 0  # the step from which a new episode may begin
+    _failures: int = 0  # unpaid episodes in a row
+    _last_loss: float = 0.0
+
+    def allows(self, rows: int) -> int:
+        """Draft tokens a row may carry in a step of `rows` decoding rows (0: the step drafts nothing):
+        `probe` in an episode's first step, doubled each step it goes on paid."""
+        if self._net is not None and rows != self._rows:
+            self._close()  # another row count: a new shape (a rebuild) whether it drafts or not
+        if self._net is not None:  # an episode goes on while it is paid
+            return self.probe << min(self._length, 30) if self._net <= 0.0 else 0
+        if self._steps < self._next or len(self._plain.get(rows, ())) < self.min_plain:
+            return 0
+        allowed = self.fraction * self._total + (self.grace - 1) * self._last_loss
+        return self.probe if self.counts.unpaid_seconds + self._last_loss <= allowed else 0
+
+    def observe(self, rows: int, seconds: float, drafted: int = 0, accepted: int = 0, track: bool = True) -> None:
+        """A step ran: `rows` decoding rows took `seconds` (its proposer's time included), carrying
+        `drafted` draft tokens of which `accepted` were kept; `track`: a decode-only step of a row count
+        that may draft (its time is a plain step's, for the median); otherwise only counted."""
+        self._steps += 1
+        self._total += seconds
+        if drafted:
+            self._drafted(rows, seconds, drafted, accepted)
+            return
+        if self._net is not None:
+            if track and rows == self._rows and self._settling < self.settle:
+                self._settle_step(rows, seconds)
+                return
+            self._close()
+        self.counts.plain_steps += 1
+        self.counts.plain_seconds += seconds
+        if track:
+            self._plain.setdefault(rows, deque(maxlen=self.window)).append(seconds)
+
+    def _drafted(self, rows: int, seconds: float, drafted: int, accepted: int) -> None:
+        if self._net is not None and rows != self._rows:
+            self._close()
+        if self._net is None:
+            self._net, self._rows, self._length = 0.0, rows, 0
+            self.counts.probes += 1
+        self._length += 1
+        plain = self.plain(rows)
+        plain = seconds * rows / (rows + drafted) if plain is None else plain  # unmeasured: a token's share
+        self._net += seconds - plain - accepted * plain / rows
+        self._settling = 0
+        self.counts.draft_steps += 1
+        self.counts.draft_seconds += seconds
+        self.counts.excess_seconds += seconds - plain
+
+    def _settle_step(self, rows: int, seconds: float) -> None:
+        assert self._net is not None
+        plain = self.plain(rows)
+        excess = 0.0 if plain is None else seconds - plain
+        self._net += excess
+        self._settling += 1
+        self.counts.settle_steps += 1
+        self.counts.settle_seconds += seconds
+        self.counts.excess_seconds += excess
+        if self._settling == self.settle:
+            self._close()
+
+    def _close(self) -> None:
+        """The open episode ends: a loss is charged and backs the next one off; a gain resets the wait."""
+        loss = max(self._net or 0.0, 0.0)
+        self._net = None
+        if loss > 0.0:
+            self.counts.unpaid_seconds += loss
+            self._last_loss = loss
+            self._next = self._steps + min(self.backoff << self._failures, self.max_backoff)
+            self._failures = min(self._failures + 1, 62)
+        else:
+            self._failures = 0
+
+    def plain(self, rows: int) -> float | None:
+        """A plain step's time at `rows` rows: the median of the recent ones (None before any)."""
+        times = self._plain.get(rows)
+        return median(times) if times else None
+
+    @property
+    def total_seconds(self) -> float:
+        return self._total

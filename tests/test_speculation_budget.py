@@ -1,0 +1,211 @@
+"""What drafts that are never accepted may cost (issue 47, "never slower"): the engine's speculation
+driven without a model, over plain step times whose shape changes cost what llama.cpp's do (a new
+token count rebuilds the graph; ggml-cuda runs the new shape eagerly, then captures it), and plain
+acceptance counts. At acceptance 0 drafting stops after one probe, the probes back off exponentially,
+their measured cost (the settle steps after them included) stays within the budget; drafts that pay
+go on every step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from pflash_plugin.engine.request import Request, SamplingParams, TokenOutput
+from pflash_plugin.engine.speculation.budget import DraftBudget
+from pflash_plugin.engine.speculation.drafting import Speculation
+from pflash_plugin.engine.speculation.policy import SpeculationPolicy
+from pflash_plugin.engine.steps import BatchItem, Step
+from test_speculation_policy import Untouched
+
+
+class Clock:
+    """Seconds the test advances by hand: a step takes what its shape costs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Lookup:
+    """A proposer that drafts a run of one token (what it drafts is never read here)."""
+
+    reads_media = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, rows):
+        self.calls += 1
+        return [[7] * row.k for row in rows]
+
+    def forget(self, key):
+        pass
+
+    def draft_cost(self):
+        return 0.0
+
+    def close(self):
+        pass
+
+
+@dataclass
+class Device:
+    """A step's seconds: a fixed part and a part per token (the H200's 8B at one row: 6 ms, verify of
+    1-8 drafts 8.6-10 ms), plus a graph rebuild where the token count changed and a capture on the
+    second step of a new count (llama-context.cpp graph reuse; ggml-cuda's CUDA graph warmup)."""
+
+    base: float = 0.0058
+    per_token: float = 0.0002
+    rebuild: float = 0.004
+    capture: float = 0.003
+    shapes: list[int] = field(default_factory=lambda: [0, 0])
+
+    def seconds(self, tokens: int) -> float:
+        last, before = self.shapes[-1], self.shapes[-2]
+        extra = self.rebuild if tokens != last else self.capture if tokens != before else 0.0
+        self.shapes = [last, tokens]
+        return self.base + self.per_token * tokens + extra
+
+
+def run(spec: Speculation, steps: int, rows: int = 1, accept: float = 0.0, renew: int = 256,
+        device: Device | None = None) -> tuple[list[int], float]:
+    """`steps` decode steps of `rows` requests (replaced by new ones every `renew` steps), each draft
+    token accepted at rate `accept`; the draft tokens of each step and all the steps' seconds."""
+    device, clock = device or Device(), spec.clock
+    assert isinstance(clock, Clock)
+    requests: list[Request] = []
+    drafted: list[int] = []
+    for at in range(steps):
+        if at % renew == 0:
+            requests = [Request([1, 2, 3], SamplingParams(max_tokens=10**6)) for _ in range(rows)]
+            for request in requests:
+                request.output_tokens = [4]
+        drafts = spec.drafts(requests, requests, room=10**6)
+        step = Step([BatchItem(r, [4, *drafts.get(r.request_id, [])], 0, True, len(drafts.get(r.request_id, [])))
+                     for r in requests])
+        spec.started(step)
+        clock.now += device.seconds(step.n_tokens)
+        spec.verified(step, {r.request_id: TokenOutput(9, accepted=tuple(drafts.get(r.request_id, []))[
+            :int(accept * len(drafts.get(r.request_id, [])))]) for r in requests})
+        drafted.append(step.n_tokens - rows)
+    return drafted, clock.now
+
+
+def speculation(policy: SpeculationPolicy | None = None) -> Speculation:
+    return Speculation(Lookup(), policy or SpeculationPolicy(max_draft=8), lambda r: True,
+                       max_step_drafts=128, clock=Clock())
+
+
+def test_one_row_at_acceptance_zero_probes_exponentially_rarely_within_the_budget():
+    """One client, random weights: before, the shared rate drifted back to the prior every 64 steps
+    and each new request drafted again (6-25 draft tokens a run on the H200, 2-7% slower). Now the
+    first probe's measured loss (its step and the two plain steps after it, slowed by the rebuilds)
+    backs the next off 16, 32, 64, ... steps, and the unpaid time stays within 2% of the decode time."""
+    spec = speculation()
+    drafted, total = run(spec, 20_000)
+    probes = [at for at, n in enumerate(drafted) if n]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert 1 <= len(probes) <= 12  # log2(20,000 / 16) + 1: without the budget, hundreds
+    backoff = spec.policy.budget.backoff
+    assert all(gap >= backoff << i for i, gap in enumerate(gaps)), gaps  # 16, 32, 64, ... steps at least
+    counts = spec.policy.budget.counts
+    assert counts.probes == len(probes) and counts.draft_steps == len(probes)
+    assert 0 < counts.unpaid_seconds <= spec.policy.budget.fraction * total
+    assert counts.settle_steps == 2 * len(probes) and counts.settle_seconds > 2 * len(probes) * Device().base
+
+
+def test_the_steps_after_a_probe_are_charged_to_it():
+    """A drafted step as fast as a plain one (no cost per token, no rebuild) still loses where a plain
+    step after it pays the capture of the shape it returns to: its episode closes unpaid, by that
+    step's excess, and the next requests (one every 5 steps) wait out the backoff."""
+    spec = speculation(SpeculationPolicy(max_draft=1, max_misses=1))  # a request drafts once
+    device = Device(per_token=0.0, rebuild=0.0, capture=0.005)
+    drafted, _ = run(spec, 40, renew=5, device=device)
+    probes = [at for at, n in enumerate(drafted) if n]
+    counts = spec.policy.budget.counts
+    assert counts.unpaid_seconds > 0.004 and counts.excess_seconds > 0.004
+    budget = spec.policy.budget  # charged nothing (free drafts), each request would probe: 8 of them
+    assert probes[0] == budget.min_plain and len(probes) == 2 and probes[1] - probes[0] > budget.backoff
+
+
+def test_the_budget_alone_bounds_the_spend():
+    """Without the backoff (0 steps) the budget is the bound: unpaid time at most `fraction` (1%) of
+    all the steps' time plus `grace` episodes' losses, at 1 and at 16 rows."""
+    for rows in (1, 16):
+        spec = speculation(SpeculationPolicy(max_draft=8, max_misses=10**6, budget=DraftBudget(backoff=0)))
+        drafted, total = run(spec, 5_000, rows=rows)
+        counts = spec.policy.budget.counts
+        loss = counts.unpaid_seconds / counts.probes
+        fraction = spec.policy.budget.fraction
+        grace = spec.policy.budget.grace
+        assert counts.probes > 3 and counts.unpaid_seconds <= fraction * total + (grace + 1) * loss, (rows, counts)
+        assert sum(map(bool, drafted)) < 0.05 * len(drafted)
+
+
+def test_drafts_that_pay_go_on_every_step():
+    """A copy-heavy row (every draft accepted): after the plain steps that measure a plain step at
+    its row count, it drafts each step, one episode, nothing unpaid; the probe is a token, each
+    paid step doubles it up to the policy's."""
+    spec = speculation()
+    drafted, _ = run(spec, 200, accept=1.0, renew=10**6)
+    first = next(at for at, n in enumerate(drafted) if n)
+    assert first == spec.policy.budget.min_plain and all(drafted[first:])
+    assert drafted[first:first + 5] == [1, 2, 4, 8, 8]
+    assert spec.policy.budget.counts.probes == 1 and spec.policy.budget.counts.unpaid_seconds == 0.0
+
+
+def test_a_row_that_never_had_a_draft_accepted_stops_after_max_misses():
+    """The per-request cap, with the budget out of the way: a row drafts `max_misses` times with
+    nothing accepted, then no more; one that had a draft accepted once is not capped."""
+    free = DraftBudget(fraction=1e9, backoff=0, min_plain=0, probe=1 << 20)
+    # every row back at the shared rate each step, which stays 1.0: only the cap stops a row
+    policy = SpeculationPolicy(max_draft=4, prior=1.0, drift=1.0, shared_alpha=0.0, budget=free)
+    drafts = []
+    for _ in range(10):
+        drafts.append(policy.draft_tokens(1, rows=1))
+        policy.drafted(1, drafts[-1], 0)
+        policy.drafted(2, 4, 1 if policy.draft_tokens(2, rows=1) else 0)
+        policy.stepped(True)
+    assert drafts == [4] * policy.max_misses + [0] * (10 - policy.max_misses)
+    assert policy.draft_tokens(2, rows=1) > 0
+    policy.forget(1)
+    assert policy.draft_tokens(1, rows=1) > 0  # a new request of the same id starts afresh
+
+
+def test_a_step_with_prefill_or_refused_by_the_budget_asks_the_proposer_nothing():
+    """A step with prefill chunks carries no drafts (its time says nothing of theirs); one the budget
+    refuses (a row count without plain steps measured) costs no proposer call; /status's counts."""
+    spec = speculation()
+    requests = [Request([1, 2, 3], SamplingParams(max_tokens=100))]
+    requests[0].output_tokens = [4]
+    assert spec.drafts(requests, requests, room=100) == {} and spec.proposer.calls == 0  # no plain step yet
+    run(spec, 4, accept=1.0)
+    assert spec.drafts(requests, requests, room=100, prefill=True) == {}
+    stats = spec.stats().as_dict()
+    assert (stats["plain_steps"], stats["draft_steps"], stats["probes"]) == (3, 1, 1)
+    assert stats["draft_step_seconds"] > 0 and stats["unpaid_seconds"] == 0.0
+
+
+def test_a_step_without_drafts_makes_no_pass_over_its_rows():
+    """16 rows the budget keeps from drafting (acceptance 0): the step's rows are not visited (before,
+    each row's rate was moved towards the shared rate every step, ~50 us a step at 16 rows on the
+    CPU); a row's drift is applied when its rate is read, as many steps' worth as went by."""
+    spec = speculation()
+    run(spec, 3_000, rows=16)
+    requests = [Request([1], SamplingParams(max_tokens=100)) for _ in range(16)]
+    for request in requests:
+        request.output_tokens = [4]
+    decode = Untouched(requests)
+    assert spec.drafts(requests, decode, room=100) == {} and decode.visits == 0
+    step = Step(Untouched(BatchItem(r, [4], 0, True) for r in requests))
+    spec.started(step)
+    spec.verified(step, {r.request_id: TokenOutput(9) for r in requests})
+    assert step.items.visits == 0
+    policy = SpeculationPolicy(max_misses=10**6)
+    policy.drafted(1, 4, 0)
+    low = policy.rate(1)
+    for _ in range(10):
+        policy.stepped(False)
+    assert policy.rate(1) - policy.shared == pytest.approx((low - policy.shared) * (1 - policy.drift) ** 10)
