@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import threading
+import time
 
 import pytest
 
@@ -86,3 +87,30 @@ def test_tokenize_releases_the_gil_only_for_libmtmd_heavy_calls(monkeypatch):
     assert released == ["mtmd_helper_bitmap_init_from_buf_wrapper", "mtmd_tokenize"]
     held = media.Q.mtmd_input_chunk_get_n_tokens
     assert type(held)._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # a PYFUNCTYPE: ctypes keeps the GIL through it
+
+
+def test_image_rows_are_decoded_once_while_image_chats_keep_arriving():
+    """Each arrival may cut a step of long prefill for its first token (Steps.preemptible); a step
+    with media pieces is never cut: its token batch's abort would roll back the embedding calls
+    that landed before it, and the image's rows would be decoded again."""
+    model = {"model": str(cached_tiny_llama()), "model_alias": "vision", "mmproj": str(cached_tiny_projector()),
+             "n_ctx": 512, "max_concurrency": 16, "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model]) as live:
+        before = live.status("vision")["media"]
+        results: list[int] = []
+
+        def chat(seed: int) -> None:
+            time.sleep(0.003 * seed)  # arriving one after another, while the first ones prefill
+            with live.client() as client:
+                response = client.post("/v1/chat/completions", json=image_chat(png(64, 64, 100 + seed)))
+            results.append(response.status_code)
+
+        threads = [threading.Thread(target=chat, args=(i,)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        after = live.status("vision")["media"]
+    assert results == [200] * 16
+    tokens = after["media_tokens"] - before["media_tokens"]
+    assert tokens == 16 * 64 and after["decode_rows"] - before["decode_rows"] == tokens

@@ -100,7 +100,12 @@ class Steps:
         return self.speculation.stats() if self.speculation else None
 
     def preemptible(self, step: Step) -> bool:
-        """A step worth aborting for a newcomer (StepPolicy.preemptible): its prefill chunks."""
+        """A step worth aborting for a newcomer (StepPolicy.preemptible): its prefill chunks. Never
+        a step with media pieces: its embedding calls land before its token batch, whose abort
+        (on a GPU at its first poll) would roll them back to be decoded again (`preempted`): 144 ms
+        of an H200's 2048 rows, 9-40% more rows decoded at 32 image chats on the CPU."""
+        if any(item.media is not None for item in step.items):
+            return False
         return self.policy.preemptible([len(item.tokens) for item in step.items
                                         if item.request.status is RequestStatus.PREFILLING])
 
