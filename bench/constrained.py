@@ -14,9 +14,12 @@ ms/step = wall over steps: person rows end at ~40 tokens, plain ones at 128, so 
 lengths compare by the step) and the constraint phases' ms a step (engine/constraints.py
 ConstraintCounts: bind, fill beside the decode (on its own thread) and the sampling's wait for it,
 fill on the critical path, apply, settle/commit, the wait for the device's logits, host sampling;
-docs/metrics.md), masked rows a step, dense share. All
-servers loaded at once, one driven at a time, reps interleaved kind by kind and arm by arm; the
-load average before each trial and `uptime` at the start and end are kept. Medians over reps go
+docs/metrics.md), masked rows a step, dense share; and once every client has its first text, again:
+"all started: ms/step" is the wall from there to the end over the steps from there, the decode
+alone (wall over all steps carries the arrivals and prefills, over 40 steps for person rows and
+128 for plain ones). All servers loaded at once, one driven at a time, reps interleaved kind by
+kind (each rep starting at the next kind) and arm by arm; the load average before each trial and
+`uptime` at the start and end are kept. Medians over reps go
 to `--out` and to the table between the markers of `--docs`. bench/gpu/constrained_gpu.py runs it
 on a GPU at 64 clients.
 """
@@ -62,7 +65,7 @@ MARK = "<!-- bench/constrained.py: {} -->"
 # /status's constraint phases (engine/constraints.py ConstraintCounts), reported in ms per engine step
 PHASES = ("bind_s", "fill_ahead_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
 PHASE_MS = [key.removesuffix("_s") + "_ms" for key in PHASES]
-MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", *PHASE_MS,
+MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", "decode_step_ms", *PHASE_MS,
            "masked_rows", "dense_share")
 
 
@@ -77,7 +80,13 @@ def body(kind: str, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
 
 async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int, rep: int) -> dict[str, Any]:
     """C clients at once, streamed; tokens/s over the wall time, median ms/token and TTFT, JSON that
-    parses, and from /status before and after: the engine's steps and the constraint phases' ms a step."""
+    parses, and from /status before and after: the engine's steps and the constraint phases' ms a
+    step; and once every client has its first text, /status again: the decode's ms a step from there
+    to the end (`decode_step_ms`), without the arrivals and prefills, which a trial of short rows
+    spreads over fewer steps."""
+    all_started = asyncio.Event()
+    firsts: list[float] = []
+
     async def one(i: int, http: httpx.AsyncClient) -> tuple[int, float, bool, float]:
         request = {**body(kind, f"Record {rep}.{i} of the shop's database, as JSON:", max_tokens, 1000 * (rep + 1) + i),
                    "stream": True, "stream_options": {"include_usage": True}}
@@ -90,23 +99,39 @@ async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int,
                 chunk = json.loads(line[6:])
                 if chunk.get("choices"):
                     text += chunk["choices"][0].get("text") or ""
-                    first = first or (time.perf_counter() if text else None)
+                    if first is None and text:
+                        first = time.perf_counter()
+                        firsts.append(first)
+                        if len(firsts) == clients:
+                            all_started.set()
                 tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
         done = time.perf_counter()
         return tokens, done - started, _parses(text), (first or done) - started
+
+    async def decoding(http: httpx.AsyncClient) -> tuple[float, dict[str, Any]]:
+        await all_started.wait()
+        return time.perf_counter(), await engine_counts(http, server.url)
 
     async with httpx.AsyncClient(timeout=1800) as http:
         load = os.getloadavg()[0]
         before = await engine_counts(http, server.url)
         start = time.perf_counter()
+        mark = asyncio.create_task(decoding(http))
         results = await asyncio.gather(*(one(i, http) for i in range(clients)))
         wall = time.perf_counter() - start
         after = await engine_counts(http, server.url)
+        if not mark.done():  # a client without text
+            mark.cancel()
     tokens = sum(r[0] for r in results)
-    return {"tokens": tokens, "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 2),
-            "ms_per_token": round(statistics.median(1000 * s / max(t, 1) for t, s, _, _ in results), 1),
-            "ttft_ms": round(1000 * statistics.median(r[3] for r in results), 1),
-            "valid_json": sum(r[2] for r in results), "load_1m": load, **per_step(before, after, wall)}
+    row = {"tokens": tokens, "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 2),
+           "ms_per_token": round(statistics.median(1000 * s / max(t, 1) for t, s, _, _ in results), 1),
+           "ttft_ms": round(1000 * statistics.median(r[3] for r in results), 1),
+           "valid_json": sum(r[2] for r in results), "load_1m": load, **per_step(before, after, wall)}
+    if mark.done() and not mark.cancelled():
+        at, middle = mark.result()
+        steps = after["steps"] - middle["steps"]
+        row["decode_step_ms"] = round(1000 * (start + wall - at) / steps, 2) if steps > 0 else None
+    return row
 
 
 async def engine_counts(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
@@ -155,7 +180,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for kind in args.kinds:  # warm-up: the tokenizer, the schema's compile, the first decode
                 asyncio.run(trial(server, kind, 1, 8, -1))
         for rep in range(args.reps):
-            for kind in args.kinds:
+            turn = rep % len(args.kinds)  # each kind first after another in turn (the KV and caches the last left)
+            for kind in args.kinds[turn:] + args.kinds[:turn]:
                 for arm, server in servers.items():
                     row = {"arm": arm, "kind": kind, "rep": rep,
                            **asyncio.run(trial(server, kind, args.clients, args.max_tokens, rep))}
@@ -164,12 +190,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for server in servers.values():
             server.stop()
-    medians = {f"{arm}/{kind}": {key: statistics.median(r[key] for r in rows if r["arm"] == arm and r["kind"] == kind)
-                                 for key in MEDIANS if key in rows[0]}
+    medians = {f"{arm}/{kind}": _medians([r for r in rows if r["arm"] == arm and r["kind"] == kind])
                for arm in args.arms for kind in args.kinds}
     return {"command": " ".join(sys.argv), "clients": args.clients, "max_tokens": args.max_tokens,
             "reps": args.reps, "uptime_start": started, "uptime_end": uptime(), "machine": machine(),
             "medians": medians, "rows": rows}
+
+
+def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each of MEDIANS' median over the trials that have it."""
+    values = {key: [r[key] for r in rows if r.get(key) is not None] for key in MEDIANS}
+    return {key: statistics.median(found) for key, found in values.items() if found}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -180,22 +211,27 @@ def table(result: dict[str, Any]) -> str:
     arms = sorted({key.split("/")[0] for key in medians})
     kinds = [kind for kind in KINDS if any(key.endswith("/" + kind) for key in medians)]
     phases = [key for key in PHASE_MS if any(key in m for m in medians.values())]
-    lines = ["| rows | arm | tok/s | x plain | ms/token | decode ms/step | x plain | TTFT ms | steps | "
-             + " | ".join(phases) + (" | masked rows | dense |" if phases else ""),
-             "|---|---|" + "---:|" * (7 + len(phases) + (2 if phases else 0))]
+    lines = ["| rows | arm | tok/s | x plain | ms/token | decode ms/step | x plain | all started: ms/step | x plain "
+             "| TTFT ms | steps | " + " | ".join(phases) + (" | masked rows | dense |" if phases else ""),
+             "|---|---|" + "---:|" * (9 + len(phases) + (2 if phases else 0))]
     for kind in kinds:
         for arm in arms:
             m, plain = medians.get(f"{arm}/{kind}"), medians.get(f"{arm}/plain")
             if not m:
                 continue
             ratio = f"{m['tok_s'] / plain['tok_s']:.2f}x" if plain else "-"
-            step = f"{plain['step_ms'] / m['step_ms']:.2f}x" if plain and m.get("step_ms") else "-"
-            cells = [f"{m['tok_s']:.1f}", ratio, f"{m['ms_per_token']:.0f}", _cell(m, "step_ms", 2), step,
+            cells = [f"{m['tok_s']:.1f}", ratio, f"{m['ms_per_token']:.0f}", _cell(m, "step_ms", 2),
+                     _by_step(m, plain, "step_ms"), _cell(m, "decode_step_ms", 2), _by_step(m, plain, "decode_step_ms"),
                      _cell(m, "ttft_ms", 0), _cell(m, "steps", 0), *(_cell(m, key, 2) for key in phases)]
             if phases:
                 cells += [_cell(m, "masked_rows", 1), _cell(m, "dense_share", 2)]
             lines.append(f"| {kind} | {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _by_step(m: dict[str, Any], plain: dict[str, Any] | None, key: str) -> str:
+    """Plain rows' ms a step over these rows' (a speed: >1 faster than plain)."""
+    return f"{plain[key] / m[key]:.2f}x" if plain and plain.get(key) and m.get(key) else "-"
 
 
 def _cell(m: dict[str, Any], key: str, digits: int) -> str:
