@@ -66,7 +66,7 @@ MARK = "<!-- bench/constrained.py: {} -->"
 PHASES = ("bind_s", "fill_ahead_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
 PHASE_MS = [key.removesuffix("_s") + "_ms" for key in PHASES]
 MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", "decode_step_ms", *PHASE_MS,
-           "masked_rows", "dense_share")
+           "masked_rows", "dense_share", "forced_share")
 
 
 def body(kind: str, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
@@ -142,7 +142,7 @@ async def engine_counts(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
 
 def per_step(before: dict[str, Any], after: dict[str, Any], wall: float) -> dict[str, Any]:
     """The trial's engine steps, its wall ms a step, each phase's ms a step (PHASES), constrained
-    rows masked a step and the share of filled rows that were dense."""
+    rows masked a step and the shares of filled rows that were dense and forced (one token allowed)."""
     steps = max(after["steps"] - before["steps"], 1)
     row: dict[str, Any] = {"steps": after["steps"] - before["steps"], "step_ms": round(1000 * wall / steps, 2)}
     for key in PHASES:
@@ -153,6 +153,8 @@ def per_step(before: dict[str, Any], after: dict[str, Any], wall: float) -> dict
         row["masked_rows"] = round((after["rows_masked"] - before["rows_masked"]) / steps, 1)
         filled = after["rows_filled"] - before["rows_filled"]
         row["dense_share"] = round((after["dense_rows"] - before["dense_rows"]) / filled, 3) if filled else 0.0
+        if "rows_forced" in after:
+            row["forced_share"] = round((after["rows_forced"] - before["rows_forced"]) / filled, 3) if filled else 0.0
     return row
 
 
@@ -212,8 +214,8 @@ def table(result: dict[str, Any]) -> str:
     kinds = [kind for kind in KINDS if any(key.endswith("/" + kind) for key in medians)]
     phases = [key for key in PHASE_MS if any(key in m for m in medians.values())]
     lines = ["| rows | arm | tok/s | x plain | ms/token | decode ms/step | x plain | all started: ms/step | x plain "
-             "| TTFT ms | steps | " + " | ".join(phases) + (" | masked rows | dense |" if phases else ""),
-             "|---|---|" + "---:|" * (9 + len(phases) + (2 if phases else 0))]
+             "| TTFT ms | steps | " + " | ".join(phases) + (" | masked rows | dense | forced |" if phases else ""),
+             "|---|---|" + "---:|" * (9 + len(phases) + (3 if phases else 0))]
     for kind in kinds:
         for arm in arms:
             m, plain = medians.get(f"{arm}/{kind}"), medians.get(f"{arm}/plain")
@@ -224,7 +226,7 @@ def table(result: dict[str, Any]) -> str:
                      _by_step(m, plain, "step_ms"), _cell(m, "decode_step_ms", 2), _by_step(m, plain, "decode_step_ms"),
                      _cell(m, "ttft_ms", 0), _cell(m, "steps", 0), *(_cell(m, key, 2) for key in phases)]
             if phases:
-                cells += [_cell(m, "masked_rows", 1), _cell(m, "dense_share", 2)]
+                cells += [_cell(m, "masked_rows", 1), _cell(m, "dense_share", 2), _cell(m, "forced_share", 2)]
             lines.append(f"| {kind} | {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -157,7 +157,8 @@ def test_status_counts_the_constraint_phases_of_a_schema_request(server):
     grew = {key: after[key] - before[key] for key in after}
     assert grew["binds_prebuilt"] == 1 and grew["binds"] == 0  # built where the route checked it
     assert grew["fills_due"] >= tokens and grew["rows_filled"] >= tokens and grew["fills_ahead"] == 0  # the CPU: serial
-    assert grew["rows_masked"] >= tokens and grew["commits"] >= tokens and grew["commit_s"] > 0
+    assert grew["rows_masked"] + grew["rows_forced"] >= tokens and grew["commits"] >= tokens and grew["commit_s"] > 0
+    assert 0 < grew["rows_forced"] < tokens  # a key's or a bracket's token: no mask, no sampler
     assert after["fill_threads"] >= 1 and grew["dense_rows"] <= grew["rows_filled"]
     assert grew["logits_waits"] >= tokens and grew["sample_s"] > 0
 
@@ -267,6 +268,30 @@ def test_masks_filled_beside_the_decode_give_the_serial_tokens(tiny_model, monke
     overlapped, counts = run_once(True)
     assert overlapped == serial and filled_beside
     assert counts.fills_ahead > 0 and counts.fill_ahead_s > 0 and counts.fills_due == 0
+
+
+def test_rows_that_their_mask_forces_skip_mask_and_sampler_for_the_same_tokens(tiny_model, monkeypatch):
+    """A constrained row whose mask allows one token alone (a JSON key, a bracket) takes it without
+    its logits masked or sampled: every filled row is masked or forced, and the tokens (greedy,
+    seeded at 0.9 with a penalty) are those of the masked path."""
+    from pflash_plugin.engine.constraints import Constraints
+
+    def run_once() -> tuple[list[list[int]], ConstraintCounts]:
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=3, max_ctx=256, n_threads=1, n_threads_batch=1))
+        try:
+            requests = mixed(model, constrained=True)[:2]
+            requests.append(Request(model.tokenize("Person:"), SamplingParams(
+                max_tokens=48, temperature=0.9, seed=3, repeat_penalty=1.3, constraint=compile_schema(PERSON))))
+            run(engine, requests)
+            return [r.output_tokens for r in requests], engine.runner.sampling.constraints.counts
+        finally:
+            engine.stop()
+
+    forced, counts = run_once()
+    assert counts.rows_forced > 0 and counts.rows_masked + counts.rows_forced == counts.rows_filled
+    monkeypatch.setattr(Constraints, "forced", lambda self, slot: None)
+    masked, counts = run_once()
+    assert counts.rows_masked == counts.rows_filled and forced == masked
 
 
 def test_a_fill_beside_the_decode_runs_while_the_engine_thread_releases_the_last_steps_text(tiny_model, monkeypatch):

@@ -35,6 +35,9 @@ from ..llama.guidance import guidance_tokenizer
 # prints the parser's state and the grammar back to the client)
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
+# a fill's seconds, its dense rows and its rows' forced tokens (_forced)
+_Filled = tuple[float, int, np.ndarray]
+
 # rows of masks per thread at least: on 2 busy cores a second thread made 4 rows 5x slower (2.8
 # against 0.56 ms at a 262K vocabulary), and 64 rows 1.5x
 ROWS_PER_THREAD = 16
@@ -163,6 +166,7 @@ class ConstraintCounts:
     fills_due: int = 0  # fills on the critical path: just before the step's sampling
     fill_due_s: float = 0.0
     rows_filled: int = 0
+    rows_forced: int = 0  # filled rows whose mask allows one token alone: taken without mask or sampler
     dense_rows: int = 0  # filled rows whose mask allows most of the vocabulary (DENSE_STRIDE)
     applies: int = 0  # steps whose constrained rows' logits were masked
     apply_s: float = 0.0
@@ -189,6 +193,21 @@ def _dense(masks: np.ndarray) -> int:
     return int(np.count_nonzero(np.count_nonzero(sample, axis=1) * 2 > sample.shape[1]))
 
 
+def _forced(masks: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Per mask row, the one token it allows, or -1 where it allows none or several (a JSON
+    structure's next key or punctuation: about half of a schema answer's tokens)."""
+    nonzero = masks != 0
+    out = np.full(masks.shape[0], -1, dtype=np.int64)
+    rows = np.flatnonzero(np.count_nonzero(nonzero, axis=1) == 1)
+    if rows.size:
+        words = nonzero[rows].argmax(axis=1)
+        bits = masks[rows, words].astype(np.int64) & 0xFFFFFFFF
+        one = (bits & (bits - 1)) == 0
+        tokens = words[one] * 32 + np.log2(bits[one]).astype(np.int64)  # a power of two: exact
+        out[rows[one]] = np.where(tokens < n_vocab, tokens, -1)
+    return out
+
+
 def _executor_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -210,7 +229,8 @@ class Constraints:
         self._masks = np.zeros((0, 0), dtype=np.int32)
         self._filled: dict[int, int] = {}  # slot -> its row in _masks, for the step in flight
         self._ahead = False  # the step in flight's masks were filled beside its decode
-        self._pending: Future[tuple[float, int]] | None = None  # a fill beside the decode, until waited for
+        self._pending: Future[_Filled] | None = None  # a fill beside the decode, until waited for
+        self._forced = np.zeros(0, dtype=np.int64)  # per row of _masks: the one token it allows, else -1
         self.counts = ConstraintCounts()
 
     def bind(self, slot: int, grammar: str) -> None:
@@ -252,7 +272,7 @@ class Constraints:
         self._count(pending.result())
         return len(self._filled)
 
-    def _start(self, slots: list[int]) -> Future[tuple[float, int]] | None:
+    def _start(self, slots: list[int]) -> Future[_Filled] | None:
         """The fill of these slots' masks handed to the fill thread (None: none is constrained)."""
         self._wait()
         slots = [slot for slot in slots if slot in self._matchers]
@@ -268,21 +288,24 @@ class Constraints:
         jobs = [(self._matchers[slot], k) for slot, k in self._filled.items()]
         return self._thread.submit(self._fill_thread, jobs, self._masks)
 
-    def _fill_thread(self, jobs: list[tuple[llguidance.LLMatcher, int]], masks: np.ndarray) -> tuple[float, int]:
-        """On the fill thread: the masks of `jobs` into `masks`' rows; its seconds and dense rows."""
+    def _fill_thread(self, jobs: list[tuple[llguidance.LLMatcher, int]], masks: np.ndarray) -> _Filled:
+        """On the fill thread: the masks of `jobs` into `masks`' rows; its seconds, dense rows and
+        forced tokens (read here, off the engine thread)."""
         start = time.perf_counter()
         if self._executor is None:
             self._executor = llguidance.LLExecutor(self.counts.fill_threads)
         self._executor.unsafe_compute_mask_ptr(jobs, masks.ctypes.data, masks.shape[1] * 4, masks.shape[0])
-        return time.perf_counter() - start, _dense(masks[:len(jobs)])
+        filled = masks[:len(jobs)]
+        return time.perf_counter() - start, _dense(filled), _forced(filled, self.n_vocab)
 
-    def _count(self, done: tuple[float, int]) -> float:
-        seconds, dense = done
+    def _count(self, done: _Filled) -> float:
+        seconds, dense, self._forced = done
         self.counts.rows_filled += len(self._filled)
         self.counts.dense_rows += dense
+        self.counts.rows_forced += int(np.count_nonzero(self._forced >= 0))
         return seconds
 
-    def _wait(self) -> tuple[float, int] | None:
+    def _wait(self) -> _Filled | None:
         """The fill in flight, waited for (the masks' buffer and matchers are the fill thread's until then)."""
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else None
@@ -317,6 +340,13 @@ class Constraints:
     def filled(self, slot: int) -> bool:
         return slot in self._filled
 
+    def forced(self, slot: int) -> int | None:
+        """The one token the slot's filled mask allows, if it allows one alone: the row needs no
+        mask and no sampler (its matcher still takes it: `commit`)."""
+        at = self._filled.get(slot)
+        token = int(self._forced[at]) if at is not None else -1
+        return token if token >= 0 else None
+
     def allows(self, slot: int, token: int) -> bool:
         """Whether the slot's filled mask allows `token` (one bit: no unpacking)."""
         return bool((int(self._masks[self._filled[slot], token >> 5]) >> (token & 31)) & 1)
@@ -341,10 +371,11 @@ class Constraints:
         self.counts.rows_masked += len(rows)
         self.counts.apply_s += time.perf_counter() - start
 
-    def apply(self, logits: np.ndarray, rows: list[tuple[int, int]], n_threads: int = 1) -> dict[int, str]:
+    def apply(self, logits: np.ndarray, rows: list[tuple[int, int]], n_threads: int = 1,
+              unmasked: frozenset[int] = frozenset()) -> dict[int, str]:
         """The filled masks of these (slot, logits row) pairs applied in place (rows of slots
-        without a matcher left alone); the slots whose matcher can go no further (its grammar broke
-        a limit of llguidance's), with why: their rows are not masked."""
+        without a matcher, and `unmasked` slots, left alone); the slots whose matcher can go no
+        further (its grammar broke a limit of llguidance's), with why: their rows are not masked."""
         broken: dict[int, str] = {}
         masked = []
         for slot, row in rows:
@@ -353,7 +384,7 @@ class Constraints:
             why = self.error(slot)
             if why is not None:
                 broken[slot] = why
-            elif slot in self._filled:
+            elif slot in self._filled and slot not in unmasked:
                 masked.append((slot, row))
         self.mask_rows(logits, masked, n_threads)
         return broken

@@ -237,7 +237,7 @@ class Sampling:
         # log-probabilities as llama.cpp's grammar path gave them: after min_tokens, before the mask
         raw = {k: logits[k].copy() for k, bound, _ in host if bound.params.logprobs is not None}
         if constrained:
-            outputs.update(self._constrain(logits, constrained))
+            outputs.update(self._constrain(logits, constrained, raw))
             host = [(k, bound, row) for k, bound, row in host if bound.request.request_id not in outputs]
         outputs.update(self._batch(logits, [(k, bound) for k, bound, _ in host if bound.path == "batch"], raw))
         for k, bound, row in host:
@@ -252,12 +252,36 @@ class Sampling:
         self.constraints.counts.sampled(landed - waited, time.perf_counter() - landed)
         return outputs
 
-    def _constrain(self, logits: np.ndarray, rows: list[tuple[int, _Bound]]) -> dict[int, Exception]:
+    def _constrain(self, logits: np.ndarray, rows: list[tuple[int, _Bound]],
+                   raw: dict[int, np.ndarray]) -> dict[int, TokenOutput | Exception]:
         """The constrained rows' masks applied in place; a row whose matcher can go no further
-        gets its request's error instead."""
-        broken = self.constraints.apply(logits, [(b.request.held_slot, k) for k, b in rows], self.ctx.n_threads)
-        return {b.request.request_id: RequestRefused(f"the grammar cannot go on: {broken[b.request.held_slot]}")
-                for _, b in rows if b.request.held_slot in broken}
+        gets its request's error instead, and a batch-path row whose mask allows one token alone
+        (a JSON key, a bracket) that token, with neither mask nor sampler (a 128K row's store and
+        scan each): the token either would give, its generator drawn from as the sampler would."""
+        forced = {}
+        for k, bound in rows:
+            token = self.constraints.forced(bound.request.held_slot) if bound.path == "batch" else None
+            if token is not None:
+                forced[k] = token
+        broken = self.constraints.apply(logits, [(b.request.held_slot, k) for k, b in rows], self.ctx.n_threads,
+                                        frozenset(b.request.held_slot for k, b in rows if k in forced))
+        outputs: dict[int, TokenOutput | Exception] = {
+            b.request.request_id: RequestRefused(f"the grammar cannot go on: {broken[b.request.held_slot]}")
+            for _, b in rows if b.request.held_slot in broken}
+        for k, bound in rows:
+            if k in forced and bound.request.request_id not in outputs:
+                outputs[bound.request.request_id] = self._forced_token(bound, forced[k], raw.get(k))
+        return outputs
+
+    @staticmethod
+    def _forced_token(bound: _Bound, token: int, raw: np.ndarray | None) -> TokenOutput:
+        """What the batch path gives a row whose mask allows `token` alone: its generator's draw spent
+        (so the row's later draws are the same), its penalties' window extended."""
+        if bound.params.temperature > 0:
+            bound.rng.random()
+        if bound.penalizes:
+            bound.chain.accept(token)
+        return with_logprobs(token, raw, bound.params.logprobs)
 
     def _commit(self, bound: _Bound, row: np.ndarray, raw: np.ndarray | None,
                 outputs: dict[int, TokenOutput | Exception]) -> None:
