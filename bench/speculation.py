@@ -192,16 +192,38 @@ USAGE = [
     "and such a step costs the host no work per row (no proposer, no bookkeeping: ~10 us a step at 64 and 128 "
     "rows, below). A new request starts from the acceptance measured across requests (the prior, 0.6, before "
     "any), and one that stopped drafting drifts back towards it; it moves halfway back to the prior every 64 "
-    "steps in which nothing was drafted. So where nothing is accepted (random weights) new requests draft "
-    "nothing and rows probe with a token or two every few dozen steps.",
+    "steps in which nothing was drafted.",
+    "",
+    "What drafts that are never accepted may cost (engine/speculation/budget.py): a step with drafts has a new "
+    "shape, and llama.cpp rebuilds its graph for any change of the ubatch's token count or `n_outputs` "
+    "(llama-graph.h `allow_reuse`; llama-context.cpp keeps only the previous graph, so the plain step after it "
+    "rebuilds again), and ggml-cuda, keying its CUDA graph on every node's shape, runs a new shape eagerly and "
+    "captures it on its second call (`warmup_complete`). A probe thus costs its own step and the two plain "
+    "steps after it, a price the per-token line above never sees. So each step may draft only as the measured "
+    "step times allow: a drafted step's wall time (its proposer's included) and the 2 plain steps after it "
+    "against the median plain step at the same row count (kept per row count, not expiring), less the accepted "
+    "tokens' worth (a plain step's time per row each). Consecutive drafted steps are an episode, which goes on "
+    "while it is paid; one that closes unpaid doubles the wait before the next (16, 32, 64, ... steps), and a "
+    "new one also needs the unpaid seconds so far within 1% of all the steps' time (the first probe is free). "
+    "A probe drafts one token a row, doubled each paid step (1, 2, 4, 8, 10). With prompt lookup, whose drafts "
+    "cost next to nothing, a step that does not draft asks it for one token for up to 4 rows and checks them "
+    "against the tokens the model chose (shadow drafts): a new episode needs that first-token acceptance at "
+    "0.5 or more, so where nothing would be accepted (random weights) no probe is ever paid for, and a copy "
+    "starts drafting a few steps in. A step with prefill chunks drafts nothing (its time cannot judge drafts), "
+    "and a request whose drafts were never accepted stops after 4 drafted steps. At acceptance 0 the drafts' "
+    "whole cost is thus at most 1% of the decode time plus one probe, and probes thin out exponentially "
+    "(tests/test_speculation_budget.py); a step that drafts nothing makes no pass over its rows.",
     "",
     "Per request: `\"speculative\": false` in a completion or chat body turns it off for that request. Rows that "
     "do not speculate: with `logprobs`, a grammar or `response_format` (llama.cpp's or llguidance's), typical-p "
     "or mirostat, a reasoning budget (`thinking_budget_tokens`), or sampled inside the decode "
     "(`--backend_sampling on`). /metrics: `pflash_spec_decode_num_drafts_total`, "
     "`pflash_spec_decode_num_draft_tokens_total`, `pflash_spec_decode_num_accepted_tokens_total`, "
-    "`pflash_spec_decode_tokens_per_step`; /status: `speculation` (drafted, accepted, rows, tokens, "
-    "tokens_per_row_step).",
+    "`pflash_spec_decode_tokens_per_step`, `pflash_spec_decode_probes_total`, "
+    "`pflash_spec_decode_step_seconds_total{kind=draft|settle|plain}`, `pflash_spec_decode_unpaid_seconds_total`; "
+    "/status: `speculation` (drafted, accepted, rows, tokens, tokens_per_row_step; where the steps' time went: "
+    "draft_steps, draft_step_seconds, settle_steps, settle_step_seconds (the 2 plain steps after drafts), "
+    "plain_steps, plain_step_seconds, probes, excess_seconds, unpaid_seconds).",
     "",
     "Limits: a draft run on a model with sliding-window layers is exact with the full-size SWA cache llama.cpp "
     "gives these contexts (`using full-size SWA cache` at load); the context holds one logits row per draft "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from test_media_engine import PROMPT, image, run
+from test_speculation_policy import free
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams
@@ -21,6 +22,7 @@ def test_a_draft_model_never_gets_an_image_row_and_the_text_rows_beside_it_keep_
     config = EngineConfig(n_slots=3, max_ctx=512, n_threads=1, n_threads_batch=1, speculation=spec,
                           mmproj=str(cached_tiny_projector()))
     model, engine = load_engine(cached_tiny_llama(), config)
+    engine.scheduler.steps.speculation.policy.budget = free()  # every step may draft: the rows given to it
     try:
         prompt = engine.media.prompt(PROMPT, [image(1)])
         pictured = Request(prompt.tokens, GREEDY, media=prompt.spans)

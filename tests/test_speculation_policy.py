@@ -134,6 +134,7 @@ class Recorder:
     """A proposer that drafts a fixed run and records what it was asked and told to forget."""
 
     reads_media = True
+    cheap = False  # no shadow drafts (test_speculation_budget.py has those)
 
     def __init__(self, run: list[int]) -> None:
         self.run, self.asked, self.forgot = run, [], []

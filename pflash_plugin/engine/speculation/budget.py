@@ -54,7 +54,9 @@ class DraftBudget:
     window: int = 15  # plain steps per row count whose median is a plain step's time there
     min_plain: int = 3  # plain steps at a row count before a step of that many rows may draft
     probe: int = 1  # draft tokens a row may carry in an episode's first step (a probe costs least)
-    grace: int = 4  # episodes' losses allowed beyond `fraction` (before the decode time covers a probe)
+    grace: int = 2  # episodes' losses allowed beyond `fraction` (before the decode time covers a probe)
+    shadow_min: float = 0.5  # first-draft acceptance a new episode needs, where it is measured (`shadowed`)
+    shadow_alpha: float = 0.2  # weight of a step's measurement in it
     counts: BudgetCounts = field(default_factory=BudgetCounts)
     _plain: dict[int, deque[float]] = field(default_factory=dict)  # rows -> recent clean plain step times
     _steps: int = 0
@@ -66,6 +68,7 @@ class DraftBudget:
     _next: int = 0  # the step from which a new episode may begin
     _failures: int = 0  # unpaid episodes in a row
     _last_loss: float = 0.0
+    _shadow: float | None = None  # the rows' first draft tokens' acceptance (None: not measured, no condition)
 
     def allows(self, rows: int) -> int:
         """Draft tokens a row may carry in a step of `rows` decoding rows (0: the step drafts nothing):
@@ -75,6 +78,8 @@ class DraftBudget:
         if self._net is not None:  # an episode goes on while it is paid
             return self.probe << min(self._length, 30) if self._net <= 0.0 else 0
         if self._steps < self._next or len(self._plain.get(rows, ())) < self.min_plain:
+            return 0
+        if self._shadow is not None and self._shadow < self.shadow_min:
             return 0
         allowed = self.fraction * self._total + (self.grace - 1) * self._last_loss
         return self.probe if self.counts.unpaid_seconds + self._last_loss <= allowed else 0
@@ -136,6 +141,13 @@ class DraftBudget:
             self._failures = min(self._failures + 1, 62)
         else:
             self._failures = 0
+
+    def shadowed(self, hits: int, rows: int) -> None:
+        """`hits` of `rows` rows' first draft token were the token the target chose (a shadow draft
+        of a step that did not draft, or a real one): the acceptance a new episode needs measured
+        without paying for a verification. The first call turns the condition on (from 0)."""
+        shadow = self._shadow or 0.0
+        self._shadow = shadow + self.shadow_alpha * (hits / rows - shadow)
 
     def plain(self, rows: int) -> float | None:
         """A plain step's time at `rows` rows: the median of the recent ones (None before any)."""

@@ -90,6 +90,7 @@ class DraftModelProposer:
     """A `Proposer` over a draft model; `close` frees its context (and the model where it owns it)."""
 
     reads_media = False  # a pseudo-token is no id of its vocabulary: the decode of every row with it fails
+    cheap = False  # a decode a draft token
 
     def __init__(self, model: Model, config: DraftModelConfig, owns_model: bool = False) -> None:
         self.model, self.owns_model = model, owns_model

@@ -15,6 +15,8 @@ from ..stats import SpeculationStats
 from .policy import SpeculationPolicy
 from .proposer import DraftRow, Proposer
 
+SHADOW_ROWS = 4  # rows a step that does not draft asks a cheap proposer for a shadow draft token
+
 
 class Item(Protocol):
     """A step's row as speculation reads it (steps.BatchItem; steps imports this package, not back)."""
@@ -86,6 +88,7 @@ class Speculation:
         self._keys: set[int] = set()  # requests the proposer or the policy may hold state for
         self._plan = (0, 0)  # the composed step's decode rows and its tokens (theirs and their drafts')
         self._proposing = 0.0  # seconds the proposer took for the composed step's drafts
+        self._shadows: dict[int, int] = {}  # request id -> the token a cheap proposer would have drafted
         self._step: tuple[float, bool] | None = None  # the step's start, and whether it only decodes
 
     def drafts(self, running: Sequence[Request], decode: Sequence[Request], room: int,
@@ -102,8 +105,11 @@ class Speculation:
         self._proposing = 0.0
         if prefill or not self.policy.active(rows):
             return {}
+        self._shadows = {}
         most = self.policy.budget.allows(rows)
         if not most:
+            if self.proposer.cheap:
+                self._shadow(decode)
             return {}
         drafts = self._wanted(decode, min(room, self.max_step_drafts), most)
         self._plan = (rows, rows + sum(map(len, drafts.values())))
@@ -130,6 +136,18 @@ class Speculation:
         self._proposing = self.clock() - start
         return {row.key: list(draft[:row.k]) for row, draft in zip(wanted, proposed) if draft}
 
+    def _shadow(self, decode: Sequence[Request]) -> None:
+        """A step that does not draft: a cheap proposer's next token for its first SHADOW_ROWS rows,
+        checked against the target's choice in `verified` (DraftBudget.shadowed): whether drafts
+        would be accepted, measured at no cost to the step (where nothing would be, as with random
+        weights, no probe is ever paid for)."""
+        rows = [DraftRow(r.request_id, Joined(r.prefill_tokens, r.output_tokens), 1)
+                for r in decode[:SHADOW_ROWS] if self._may_draft(r)]
+        for row, draft in zip(rows, self.proposer.propose(rows) if rows else []):
+            self._keys.add(row.key)
+            if draft:
+                self._shadows[row.key] = draft[0]
+
     def _may_draft(self, request: Request) -> bool:
         """The request allows drafts, its sampling path verifies them, and the proposer can read
         its tokens (a draft model cannot decode media pseudo-tokens: Proposer.reads_media)."""
@@ -154,6 +172,10 @@ class Speculation:
             if active:
                 self.policy.stepped(False)
             self.policy.budget.observe(rows, seconds, track=decoding and active)
+            if self._shadows:
+                hits = sum(isinstance(out := outputs.get(key), TokenOutput) and out.token == token
+                           for key, token in self._shadows.items())
+                self.policy.budget.shadowed(hits, len(self._shadows))
             counts.rows += rows
             counts.tokens += rows
             return
@@ -170,7 +192,8 @@ class Speculation:
 
     def _count(self, step: Step, outputs: Mapping[int, TokenOutput | Exception]) -> int:
         """Each row's acceptance into the policy and the counts; the step's accepted draft tokens."""
-        counts, drafted, total = self.counts, False, 0
+        counts, drafted, total, first = self.counts, False, 0, 0
+        before = counts.speculating
         for item in step.items:
             if not item.request.output_tokens:
                 continue
@@ -186,6 +209,9 @@ class Speculation:
                 counts.drafted += item.drafts
                 counts.accepted += accepted
                 total += accepted
+                first += accepted > 0
+        if self.proposer.cheap and counts.speculating > before:  # the drafts' first tokens, as the shadows'
+            self.policy.budget.shadowed(first, counts.speculating - before)
         self.policy.stepped(drafted)
         return total
 

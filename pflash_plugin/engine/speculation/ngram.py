@@ -31,6 +31,7 @@ class NgramProposer:
     """Prompt lookup: the row's last `max_ngram_size` tokens (then fewer) looked up in its index."""
 
     reads_media = True  # a draft stops at a media item's pseudo-ids (`_draft`)
+    cheap = True  # an index lookup a row
 
     def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10) -> None:
         if max_ngram_size < 1 or num_pred_tokens < 1:

@@ -37,6 +37,12 @@ class Proposer(Protocol):
         engine/media_prompt.py): a lookup skips them, a draft model cannot decode them."""
         ...
 
+    @property
+    def cheap(self) -> bool:
+        """Whether a draft costs next to nothing (a lookup, not a draft model's decodes): then steps
+        that do not draft still ask it for a token a row, to measure acceptance for free (drafting.py)."""
+        ...
+
     def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]:
         """One draft (at most ``row.k`` tokens, maybe empty) per row, in order."""
         ...
