@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +42,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import httpx
 from harness import REPO, ServerProcess, demo_model_path, machine
+from host_overhead import remove_worktree, worktree
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -174,6 +176,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     flags = ["--model", args.model or demo_model_path(), "--n_ctx", str(args.n_ctx), "--max_concurrency",
              str(args.slots), "--n_gpu_layers", str(args.gpu_layers), "--verbose", "false", *args.server_flags]
     servers = {arm: ServerProcess(f"constrained-{arm}", [*flags, "--constraint_engine", arm]) for arm in args.arms}
+    tree = baseline_tree(args.baseline) if args.baseline else None
+    if tree is not None:  # the same arms on another revision's code, for a before/after in one run
+        servers.update({f"{arm}@{args.baseline}": ServerProcess(f"constrained-{arm}-base", [
+            *flags, "--constraint_engine", arm], cwd=tree) for arm in args.arms})
     rows: list[dict[str, Any]] = []
     started = uptime()
     try:
@@ -184,7 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for rep in range(args.reps):
             turn = rep % len(args.kinds)  # each kind first after another in turn (the KV and caches the last left)
             for kind in args.kinds[turn:] + args.kinds[:turn]:
-                for arm, server in servers.items():
+                for arm, server in list(servers.items())[:: 1 if rep % 2 == 0 else -1]:  # each first in turn
                     row = {"arm": arm, "kind": kind, "rep": rep,
                            **asyncio.run(trial(server, kind, args.clients, args.max_tokens, rep))}
                     rows.append(row)
@@ -192,11 +198,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for server in servers.values():
             server.stop()
+        if tree is not None:
+            remove_worktree(tree)
     medians = {f"{arm}/{kind}": _medians([r for r in rows if r["arm"] == arm and r["kind"] == kind])
-               for arm in args.arms for kind in args.kinds}
+               for arm in servers for kind in args.kinds}
     return {"command": " ".join(sys.argv), "clients": args.clients, "max_tokens": args.max_tokens,
             "reps": args.reps, "uptime_start": started, "uptime_end": uptime(), "machine": machine(),
             "medians": medians, "rows": rows}
+
+
+def baseline_tree(rev: str) -> Path:
+    """A temporary checkout of `rev` whose servers run its code, with this tree's native library
+    where it has none built (host_overhead.worktree; removed after the run)."""
+    tree = worktree(rev)
+    for built in (REPO / "pflash_plugin").glob("_pflash_ext*"):
+        if not (tree / "pflash_plugin" / built.name).exists():
+            shutil.copy2(built, tree / "pflash_plugin" / built.name)
+    return tree
 
 
 def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -260,6 +278,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--baseline", help="also each arm on this git revision's code (arm@REV), trials interleaved")
     p.add_argument("--n-ctx", dest="n_ctx", type=int, default=4096)
     p.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=0)
     p.add_argument("--server-flags", dest="server_flags", nargs=argparse.REMAINDER, default=[],

@@ -33,10 +33,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=-1)
+    parser.add_argument("--baseline", help="also llguidance on this git revision's code (before/after in one run)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     run_args = constrained.parser().parse_args([])
-    for key in ("arms", "kinds", "clients", "slots", "max_tokens", "reps", "gpu_layers"):
+    for key in ("arms", "kinds", "clients", "slots", "max_tokens", "reps", "gpu_layers", "baseline"):
         setattr(run_args, key, getattr(args, key))
     # ours' --n_ctx is one slot's context (the KV pool holds slots x n_ctx): a slot's prompt and answer.
     # slots x (max_tokens + 64) here made each server's pool 786K tokens and the second one failed to start
@@ -44,7 +45,8 @@ def main() -> None:
     result = constrained.run(run_args)
     ratios = {f"{arm}/{kind}": round(result["medians"][f"{arm}/{kind}"]["tok_s"]
                                      / result["medians"][f"{arm}/plain"]["tok_s"], 3)
-              for arm in args.arms for kind in args.kinds if kind != "plain" and "plain" in args.kinds}
+              for arm in sorted({key.split("/")[0] for key in result["medians"]})
+              for kind in args.kinds if kind != "plain" and "plain" in args.kinds}
     result["schema_over_plain"] = ratios
     # per engine step (decode ms/step, plain's over the schema rows'): person rows end at ~40 tokens, plain at 128
     result["schema_over_plain_by_step"] = by_step(result["medians"], ratios, "step_ms")
