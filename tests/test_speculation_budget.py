@@ -232,3 +232,14 @@ def test_a_lookup_whose_shadow_drafts_match_drafts_within_a_few_steps():
     drafted, _ = run(spec, 100, accept=1.0, renew=10**6)
     first = next(at for at, n in enumerate(drafted) if n)
     assert first <= spec.policy.budget.min_plain + 4 and all(drafted[first:])
+
+
+def test_an_accepted_probe_ramps_up_before_its_net_counts():
+    """Where a 1-token draft costs more than the token it yields (a rebuild of 8 ms on a 6 ms step;
+    on the CPU the demo model's output layer makes a draft token 0.75 of a step), a probe whose
+    drafts are accepted still goes on to 2, 4, 8 tokens, which pay (ramp)."""
+    spec = speculation()
+    drafted, _ = run(spec, 60, accept=1.0, renew=10**6, device=Device(rebuild=0.008, shapes=[1, 1]))
+    first = next(at for at, n in enumerate(drafted) if n)
+    assert drafted[first:first + 4] == [1, 2, 4, 8] and all(drafted[first:])
+    assert spec.policy.budget.counts.unpaid_seconds == 0.0

@@ -18,8 +18,11 @@ most `fraction` of all the steps' time, plus `grace` losses (an unlucky first pr
 request on a fresh server would otherwise keep it from drafting until the decode time covers it).
 So at acceptance 0 the drafts' whole cost stays within `fraction` of the decode time plus `grace`
 episodes' losses, and probes thin out exponentially. A probe drafts
-`probe` token(s) a row, and each paid step of an episode doubles that (a probe at 10 tokens cost
-the demo model 3.5 plain steps on the CPU, at one token 0.75).
+`probe` token(s) a row, and each step of an episode doubles that (a probe at 10 tokens cost the
+demo model 3.5 plain steps on the CPU, at one token 0.75); for its first `ramp` steps an episode
+whose drafts are mostly accepted goes on even while its net is not paid yet (on the CPU a 1-token
+draft costs 0.75 of a step and yields at most one: the net shows only once drafts are longer), so a
+losing episode with its drafts accepted (a draft model as dear as the target) costs `ramp` steps.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ class DraftBudget:
     min_plain: int = 3  # plain steps at a row count before a step of that many rows may draft
     probe: int = 1  # draft tokens a row may carry in an episode's first step (a probe costs least)
     grace: int = 2  # episodes' losses allowed beyond `fraction` (before the decode time covers a probe)
+    ramp: int = 4  # drafted steps an episode whose drafts are accepted (shadow_min) goes on before its net counts
     shadow_min: float = 0.5  # first-draft acceptance a new episode needs, where it is measured (`shadowed`)
     shadow_alpha: float = 0.2  # weight of a step's measurement in it
     counts: BudgetCounts = field(default_factory=BudgetCounts)
@@ -64,6 +68,8 @@ class DraftBudget:
     _net: float | None = None  # the open episode's cost less its worth (None: no episode open)
     _rows: int = 0  # the open episode's row count
     _length: int = 0  # its drafted steps
+    _tokens: int = 0  # its draft tokens
+    _kept: int = 0  # and those accepted
     _settling: int = 0  # plain steps since its last drafted step
     _next: int = 0  # the step from which a new episode may begin
     _failures: int = 0  # unpaid episodes in a row
@@ -75,8 +81,9 @@ class DraftBudget:
         `probe` in an episode's first step, doubled each step it goes on paid."""
         if self._net is not None and rows != self._rows:
             self._close()  # another row count: a new shape (a rebuild) whether it drafts or not
-        if self._net is not None:  # an episode goes on while it is paid
-            return self.probe << min(self._length, 30) if self._net <= 0.0 else 0
+        if self._net is not None:  # an episode goes on while it is paid, or ramps up while its drafts are accepted
+            ramping = self._length < self.ramp and self._kept >= self.shadow_min * self._tokens
+            return self.probe << min(self._length, 30) if self._net <= 0.0 or ramping else 0
         if self._steps < self._next or len(self._plain.get(rows, ())) < self.min_plain:
             return 0
         if self._shadow is not None and self._shadow < self.shadow_min:
@@ -107,9 +114,11 @@ class DraftBudget:
         if self._net is not None and rows != self._rows:
             self._close()
         if self._net is None:
-            self._net, self._rows, self._length = 0.0, rows, 0
+            self._net, self._rows, self._length, self._tokens, self._kept = 0.0, rows, 0, 0, 0
             self.counts.probes += 1
         self._length += 1
+        self._tokens += drafted
+        self._kept += accepted
         plain = self.plain(rows)
         plain = seconds * rows / (rows + drafted) if plain is None else plain  # unmeasured: a token's share
         self._net += seconds - plain - accepted * plain / rows
