@@ -11,18 +11,20 @@ never sees (it fits steady shapes and forgets sizes not seen for a while). Here 
 measured: a drafted step's wall time (plus its proposer's) against the median plain step at the same
 row count (`window` recent ones, never expiring), plus the settle steps' excess, less the accepted
 tokens' worth (a plain step's time per row each). Consecutive drafted steps and their settle steps
-form an episode; it goes on while its net is paid, and an episode that closes unpaid adds its loss
-to `unpaid` and doubles the wait before the next one (`backoff` steps, then 2x, 4x, ...; reset by
-an episode that paid). A new episode also needs the budget: unpaid seconds plus the last loss at
-most `fraction` of all the steps' time, plus `grace` losses (an unlucky first probe of a copy-heavy
-request on a fresh server would otherwise keep it from drafting until the decode time covers it).
-So at acceptance 0 the drafts' whole cost stays within `fraction` of the decode time plus `grace`
-episodes' losses, and probes thin out exponentially. A probe drafts
-`probe` token(s) a row, and each step of an episode doubles that (a probe at 10 tokens cost the
-demo model 3.5 plain steps on the CPU, at one token 0.75); for its first `ramp` steps an episode
-whose drafts are mostly accepted goes on even while its net is not paid yet (on the CPU a 1-token
-draft costs 0.75 of a step and yields at most one: the net shows only once drafts are longer), so a
-losing episode with its drafts accepted (a draft model as dear as the target) costs `ramp` steps.
+form an episode; it goes on while its net is paid (within the plain steps' own spread, `_margin`: a
+loaded CPU's steps vary by half their time), and an episode that closes unpaid beyond that adds its
+loss to `unpaid` and doubles the wait before the next one (`backoff` steps, then 2x, 4x, ...; reset
+by an episode that paid). A new episode also needs the budget: unpaid seconds plus the last loss at
+most `fraction` of all the steps' time, plus `grace` losses (the first probe is free). So at
+acceptance 0 the drafts' whole cost stays within `fraction` of the decode time plus `grace - 1`
+episodes' losses, and probes thin out exponentially. A probe drafts `probe` token(s) a row, and
+each step of an episode doubles that (a probe at 10 tokens cost the demo model 3.5 plain steps on
+the CPU, at one token 0.75); for its first `ramp` steps an episode whose drafts are mostly accepted
+goes on even while its net is not paid yet (on the CPU a 1-token draft costs 0.75 of a step and
+yields at most one: the net shows only once drafts are longer), so a losing episode with its drafts
+accepted (a draft model as dear as the target) costs `ramp` steps. Where the proposer is cheap
+(prompt lookup), acceptance is also measured in the shadow (`shadowed`, drafting.py) and a new
+episode needs it at `shadow_min`: at acceptance 0 no probe is paid for at all.
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ class DraftBudget:
             self._close()  # another row count: a new shape (a rebuild) whether it drafts or not
         if self._net is not None:  # an episode goes on while it is paid, or ramps up while its drafts are accepted
             ramping = self._length < self.ramp and self._kept >= self.shadow_min * self._tokens
-            return self.probe << min(self._length, 30) if self._net <= 0.0 or ramping else 0
+            return self.probe << min(self._length, 30) if self._net <= self._margin() or ramping else 0
         if self._steps < self._next or len(self._plain.get(rows, ())) < self.min_plain:
             return 0
         if self._shadow is not None and self._shadow < self.shadow_min:
@@ -141,7 +143,8 @@ class DraftBudget:
 
     def _close(self) -> None:
         """The open episode ends: a loss is charged and backs the next one off; a gain resets the wait."""
-        loss = max(self._net or 0.0, 0.0)
+        loss = self._net or 0.0
+        loss = loss if loss > self._margin() else 0.0  # within the plain steps' noise: not judged a loss
         self._net = None
         if loss > 0.0:
             self.counts.unpaid_seconds += loss
@@ -150,6 +153,16 @@ class DraftBudget:
             self._failures = min(self._failures + 1, 62)
         else:
             self._failures = 0
+
+    def _margin(self) -> float:
+        """What the open episode's net may be off by from the steps' noise alone: twice the plain
+        steps' median absolute deviation at its row count, by the root of its steps (a loaded CPU's
+        steps vary by half their time, the H200's by a few percent)."""
+        times = self._plain.get(self._rows)
+        if not times:
+            return 0.0
+        mid = median(times)
+        return 2.0 * median(abs(t - mid) for t in times) * (self._length + self._settling) ** 0.5
 
     def shadowed(self, hits: int, rows: int) -> None:
         """`hits` of `rows` rows' first draft token were the token the target chose (a shadow draft
