@@ -175,7 +175,3 @@ class DraftBudget:
         """A plain step's time at `rows` rows: the median of the recent ones (None before any)."""
         times = self._plain.get(rows)
         return median(times) if times else None
-
-    @property
-    def total_seconds(self) -> float:
-        return self._total

@@ -103,9 +103,10 @@ class Speculation:
         rows = len(decode)
         self._plan = (rows, rows)
         self._proposing = 0.0
+        if self._shadows:
+            self._shadows = {}
         if prefill or not self.policy.active(rows):
             return {}
-        self._shadows = {}
         most = self.policy.budget.allows(rows)
         if not most:
             if self.proposer.cheap:
