@@ -115,16 +115,13 @@ class Steps:
         slot's KV cells now), less a last token whose logits the abort lost; the rest is rolled back
         and redone: decode rows (their tokens were not sampled), media prompts (positions.py), and a
         prompt that had prefilled nothing into its slot, which may still lend it to the newcomer
-        (lending.py; mix8's fourth short chat waited for a slot otherwise: seconds, not a step). The
-        step gave that prompt nothing, so it counts as left out: it lends at once, not a step later."""
+        (lending.py; mix8's fourth short chat waited for a slot otherwise: seconds, not a step). It
+        is not counted as left out: aged, a prompt shorter than a step plus `aging` would go ahead of
+        the newcomer it was cut for."""
         for item in step.items:
             request = item.request
-            if request.status is not RequestStatus.PREFILLING:
-                continue
-            if request.n_prefilled == request.cached_tokens:
-                self.text.left_out(request)
-                continue
-            if request.media:
+            if (request.status is not RequestStatus.PREFILLING or request.media
+                    or request.n_prefilled == request.cached_tokens):
                 continue
             slot = self.cache.slots[request.held_slot]
             landed = min(kv_tokens(slot.index) - len(slot.tokens), len(item.tokens) - item.wants_logits)
