@@ -258,3 +258,17 @@ def test_a_loss_within_the_plain_steps_spread_is_not_charged():
         budget.observe(1, plain)
         budget.observe(1, plain)
         assert (budget.counts.unpaid_seconds > 0) is charged and (budget.allows(1) == 0) is charged
+
+
+def test_a_spike_of_other_work_is_charged_at_most_clip_plain_steps():
+    """A settle step that other work on the machine held up for 50 plain steps is charged as `clip`
+    plain steps (on 2 loaded cores one such step kept a copy, every draft accepted, from drafting for
+    good): the copy's episode stays paid."""
+    budget = DraftBudget()
+    for _ in range(15):
+        budget.observe(1, 0.010)
+    for k in (1, 2, 4, 8):
+        budget.observe(1, 0.010 + 0.004 * k, drafted=k, accepted=k)
+    budget.observe(1, 0.500)  # a settle step held up by other work
+    budget.observe(1, 0.010)
+    assert budget.counts.unpaid_seconds == 0.0 and budget.allows(1) == 1
