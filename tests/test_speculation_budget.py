@@ -272,3 +272,17 @@ def test_a_spike_of_other_work_is_charged_at_most_clip_plain_steps():
     budget.observe(1, 0.500)  # a settle step held up by other work
     budget.observe(1, 0.010)
     assert budget.counts.unpaid_seconds == 0.0 and budget.allows(1) == 1
+
+
+def test_with_shadow_drafts_even_the_first_probe_waits_for_their_evidence():
+    """A cheap proposer's budget needs shadow acceptance from the start: a row whose lookup finds
+    nothing in its first steps does not probe unmeasured once it finds something."""
+    assert speculation(cheap=True).policy.budget._shadow == 0.0
+    budget = DraftBudget()
+    budget.shadowing()
+    for _ in range(5):
+        budget.observe(1, 0.006)
+    assert budget.allows(1) == 0
+    for _ in range(4):
+        budget.shadowed(1, 1)
+    assert budget.allows(1) == 1

@@ -169,10 +169,16 @@ class DraftBudget:
         mid = median(times)
         return 2.0 * median(abs(t - mid) for t in times) * (self._length + self._settling) ** 0.5
 
+    def shadowing(self) -> None:
+        """Acceptance will be measured in the shadow (a cheap proposer): from now a new episode needs
+        it, the first probe too."""
+        if self._shadow is None:
+            self._shadow = 0.0
+
     def shadowed(self, hits: int, rows: int) -> None:
         """`hits` of `rows` rows' first draft token were the token the target chose (a shadow draft
         of a step that did not draft, or a real one): the acceptance a new episode needs measured
-        without paying for a verification. The first call turns the condition on (from 0)."""
+        without paying for a verification."""
         shadow = self._shadow or 0.0
         self._shadow = shadow + self.shadow_alpha * (hits / rows - shadow)
 

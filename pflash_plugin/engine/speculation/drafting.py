@@ -85,6 +85,8 @@ class Speculation:
         self.proposer, self.policy, self.eligible = proposer, policy, eligible
         self.max_step_drafts, self.clock = max_step_drafts, clock
         self.counts = _Counts()
+        if proposer.cheap:
+            policy.budget.shadowing()
         self._keys: set[int] = set()  # requests the proposer or the policy may hold state for
         self._plan = (0, 0)  # the composed step's decode rows and its tokens (theirs and their drafts')
         self._proposing = 0.0  # seconds the proposer took for the composed step's drafts
