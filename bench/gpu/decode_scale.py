@@ -242,7 +242,7 @@ def engine_contexts(args: argparse.Namespace, mode: str, contexts: int) -> dict[
             "graph_reuses_per_step": round(sum(reused) / sum(steps), 3)}
 
 
-SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream", "ours-lookup")
+SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream", "ours-lookup", "ours-gil")
 
 
 def side_by_side(args: argparse.Namespace, record: Record) -> None:
@@ -251,7 +251,8 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
         servers += [llama_server("llama-server", args.port + 2, args),
                     llama_server("llama-server-bs", args.port + 3, args, "-bs")]
     servers += [upstream("upstream", args.port + 4, args),
-                ours("ours-lookup", args.port + 5, args, "off", "--draft_model", "prompt-lookup-decoding")]
+                ours("ours-lookup", args.port + 5, args, "off", "--draft_model", "prompt-lookup-decoding"),
+                ours("ours-gil", args.port + 6, args, "off", "--gil_switch_ms", "0.5")]
     servers = [server for server in servers if server.label in args.servers]
     try:
         for server in servers:
@@ -336,7 +337,8 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", default=list(SERVERS[:4]), choices=SERVERS,
                         help="ours: --backend_sampling on; ours-host-sampling: off (what auto picks with the native "
                         "sampler); upstream: llama-cpp-python's example server (bench/upstream.py); ours-lookup: "
-                        "host sampling with prompt lookup speculation (--draft_model prompt-lookup-decoding, issue 47)")
+                        "host sampling with prompt lookup speculation (--draft_model prompt-lookup-decoding, issue 47); ours-gil: "
+                        "host sampling with --gil_switch_ms 0.5")
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)

@@ -8,6 +8,7 @@ so they can be mounted into another FastAPI app as well (`attach(app, context)` 
 """
 from __future__ import annotations
 
+import sys
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Iterable
 
@@ -39,6 +40,8 @@ def create_app(
 ) -> FastAPI:
     """An app serving `model_settings` (or an existing registry of loaded `models`), with the
     routers that plugins add after ours."""
+    if server_settings.gil_switch_ms is not None:  # process-wide: the engine threads' wait for the GIL
+        sys.setswitchinterval(server_settings.gil_switch_ms / 1000)
     context = ServerContext.build(server_settings, models or ModelRegistry(model_settings))
 
     @asynccontextmanager

@@ -233,6 +233,12 @@ class ServerSettings(StockServerSettings):
         description="On SIGTERM/SIGINT: new requests get 503 at once; requests in flight get this long to "
         "finish, then are cancelled, before the compression threads stop and the models are freed.",
     )
+    gil_switch_ms: Optional[float] = Field(
+        default=None, gt=0.0,
+        description="Python's thread switch interval in ms (sys.setswitchinterval). The engine thread, back from "
+        "a decode or the device's wait (which run without the GIL), waits up to this long for the GIL while the event "
+        "loop or a preparation thread runs Python. Unset: Python's 5 ms.",
+    )
     sse_ping_seconds: float = Field(
         default=5.0, gt=0, description="Seconds between SSE keep-alive comments (while queued or compressed)."
     )
