@@ -230,6 +230,10 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
         four = ours("ours-4", args.port, args, SLOTS)
         first = Phase([four], [Arm("full", four, "off"), Arm("pflash", four, "always")])
         phases = [first]
+        if args.gil_arm:  # beside ours-4: the same with a 0.5 ms thread switch interval (--gil_switch_ms)
+            gil = ours("ours-4-gil", args.port + 8, args, SLOTS, "--gil_switch_ms", "0.5")
+            first.servers.append(gil)
+            first.arms += [Arm("full-gil", gil, "off"), Arm("pflash-gil", gil, "always")]
         if group == "seed":
             serial = ours_serial(args)
             phases.append(Phase([four, serial], [Arm("serial-pflash", serial, "always")]))
@@ -270,6 +274,8 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
+    parser.add_argument("--gil_arm", action="store_true",
+                        help="seed and peer: ours-4 with --gil_switch_ms 0.5 beside ours-4 (arms full-gil, pflash-gil)")
     parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")
     parser.add_argument("--llama_server_apart", action="store_true",
                         help="seed: llama-server in a phase of its own (should ours-4 and it not fit the GPU together)")
