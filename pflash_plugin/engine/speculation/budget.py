@@ -22,7 +22,10 @@ each step of an episode doubles that (a probe at 10 tokens cost the demo model 3
 the CPU, at one token 0.75); for its first `ramp` steps an episode whose drafts are mostly accepted
 goes on even while its net is not paid yet (on the CPU a 1-token draft costs 0.75 of a step and
 yields at most one: the net shows only once drafts are longer), so a losing episode with its drafts
-accepted (a draft model as dear as the target) costs `ramp` steps. Where the proposer is cheap
+accepted below `sure` costs `ramp` steps; one whose drafts are accepted at
+`sure` (a copy) goes on whatever its measured net says (on 2 loaded cores a copy's net read as a loss
+after its ramp, all 15 drafts accepted; such acceptance pays wherever a draft token costs less than
+0.8 of what it yields, and the per-row price, policy.py, still sizes the drafts). Where the proposer is cheap
 (prompt lookup), acceptance is also measured in the shadow (`shadowed`, drafting.py) and a new
 episode needs it at `shadow_min`: at acceptance 0 no probe is paid for at all.
 """
@@ -61,6 +64,7 @@ class DraftBudget:
     probe: int = 1  # draft tokens a row may carry in an episode's first step (a probe costs least)
     grace: int = 2  # episodes' losses allowed beyond `fraction` (before the decode time covers a probe)
     ramp: int = 4  # drafted steps an episode whose drafts are accepted (shadow_min) goes on before its net counts
+    sure: float = 0.8  # an episode whose drafts are accepted at this rate goes on whatever its measured net
     shadow_min: float = 0.5  # first-draft acceptance a new episode needs, where it is measured (`shadowed`)
     shadow_alpha: float = 0.2  # weight of a step's measurement in it
     # a drafted step is charged at most `clip` x what its tokens cost at a plain step's rate, a settle step
@@ -88,8 +92,9 @@ class DraftBudget:
         if self._net is not None and rows != self._rows:
             self._close()  # another row count: a new shape (a rebuild) whether it drafts or not
         if self._net is not None:  # an episode goes on while it is paid, or ramps up while its drafts are accepted
-            ramping = self._length < self.ramp and self._kept >= self.shadow_min * self._tokens
-            return self.probe << min(self._length, 30) if self._net <= self._margin() or ramping else 0
+            kept = self._kept / self._tokens if self._tokens else 0.0
+            going = kept >= self.sure or (kept >= self.shadow_min and self._length < self.ramp)
+            return self.probe << min(self._length, 30) if going or self._net <= self._margin() else 0
         if self._steps < self._next or len(self._plain.get(rows, ())) < self.min_plain:
             return 0
         if self._shadow is not None and self._shadow < self.shadow_min:
