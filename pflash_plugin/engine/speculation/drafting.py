@@ -98,8 +98,9 @@ class Speculation:
         """Per request id, the draft tokens its decode row carries this step (none: not listed);
         `room`: tokens the step may still take; `prefill`: the step carries prefill chunks too (no
         drafts: such a step's time says nothing of what drafts cost, DraftBudget could not judge
-        them). A step the policy leaves inactive (more rows than `max_rows`) or the budget refuses
-        costs no work per row: no proposer call, no bookkeeping."""
+        them). A step the policy leaves inactive (more rows than `max_rows`) costs no work per row: no
+        proposer call, no bookkeeping; one the budget refuses asks a cheap proposer for a shadow token
+        for SHADOW_ROWS rows at most (`_shadow`)."""
         if self._keys:
             self._forget_departed(running)
         rows = len(decode)
