@@ -12,7 +12,7 @@ import pytest
 
 from pflash_plugin.engine.request import Request, SamplingParams, TokenOutput
 from pflash_plugin.engine.speculation.budget import DraftBudget
-from pflash_plugin.engine.speculation.drafting import SHADOW_ROWS, Speculation
+from pflash_plugin.engine.speculation.drafting import Speculation
 from pflash_plugin.engine.speculation.policy import SpeculationPolicy
 from pflash_plugin.engine.steps import BatchItem, Step
 from test_speculation_policy import Untouched
@@ -215,14 +215,14 @@ def test_a_step_without_drafts_makes_no_pass_over_its_rows():
 
 
 def test_a_lookup_at_acceptance_zero_never_pays_for_a_probe():
-    """A cheap proposer (prompt lookup) is asked, in steps that do not draft, for a token for a few
-    rows, checked against the target's choice: where none would be accepted (random weights) no
-    step ever drafts, at 1 row or 16, and each such step asks for SHADOW_ROWS rows at most."""
+    """A cheap proposer (prompt lookup) is asked, in steps that do not draft, for a token for one
+    row (each in turn), checked against the target's choice: where none would be accepted (random
+    weights) no step ever drafts, at 1 row or 16."""
     for rows in (1, 16):
         spec = speculation(cheap=True)
         drafted, _ = run(spec, 5_000, rows=rows)
         assert not any(drafted) and spec.policy.budget.counts.probes == 0
-        assert spec.proposer.calls > 4_000 and spec.proposer.rows == min(rows, SHADOW_ROWS)
+        assert spec.proposer.calls > 4_000 and spec.proposer.rows == 1
 
 
 def test_a_lookup_whose_shadow_drafts_match_drafts_within_a_few_steps():
