@@ -78,7 +78,10 @@ class StepPolicy:
     max_batch_tokens: int  # tokens of one step
     prefill_chunk: int | None = None  # prefill tokens per prompt prefilling while others decode (None: no cap)
     aging: int = 128  # each step a prompt is left out of counts as this many fewer tokens left
-    preempt_chunk: int | None = None  # a prompt prefilling alone past this many tokens is cut short for a newcomer
+    preempt_chunk: int | None = None  # a step prefilling past this many tokens is cut short for a newcomer
+    # only a step of one prompt prefilling alone is cut (the GPU's default: an H200 server of 128 slots
+    # hung at 128 clients once several prompts' steps could be cut; issue 48's note)
+    preempt_alone: bool = False
 
     def urgency(self, seat: Seat[K]) -> int:
         """Tokens left to prefill, fewer for every step the prompt was left out of."""
@@ -105,11 +108,13 @@ class StepPolicy:
         left_out = tuple(s.key for s in prefilling if all(s is not t for t in served))
         return Plan(decode, tuple(chunks), left_out)
 
-    def preemptible(self, prefill_chunks: Sequence[int]) -> bool:
+    def preemptible(self, prefill_chunks: Sequence[int], decode_rows: int = 0) -> bool:
         """A step worth cutting short for a newcomer: its prefill chunks (of one prompt or several;
         its decode rows aside) together more than a newcomer should wait for (`preempt_chunk`;
-        None: never)."""
+        None: never); with `preempt_alone`, only one prompt's chunk with no decode rows beside."""
         chunk = self.preempt_chunk
+        if self.preempt_alone and (len(prefill_chunks) != 1 or decode_rows):
+            return False
         return chunk is not None and sum(prefill_chunks) > chunk
 
     def newcomer_gains(self, prompt_tokens: int) -> bool:
