@@ -13,8 +13,7 @@
 #                                         # done (570 s at most), copies its results and logs into $OUT
 # A line of QUEUE is a bench script and its arguments, given to bench/gpu/servers.sh (so --target,
 # --drafter and --llama-server come from the setup); `--out /tmp/queue/NAME.json` keeps a result.
-# A line naming a .sh script runs it as it is (`bench/gpu/pack_build.sh /tmp/queue`: the build's pieces
-# come back with the results). Lines starting with # are skipped. VOCAB_EXTRA defaults to 127000 (the 128K-vocabulary models).
+# A line naming a .sh script runs it as it is. Lines starting with # are skipped. VOCAB_EXTRA defaults to 127000 (the 128K-vocabulary models).
 set -euo pipefail
 DIR=/tmp/queue
 case "${1:-}" in
@@ -22,7 +21,6 @@ case "${1:-}" in
     # the device's copy has no git: the commit comes from the caller's side, pasted into the command
     [ -n "${PFLASH_TREE:-}" ] || { echo "PFLASH_TREE is empty: pass the commit (git rev-parse --short HEAD, run here)" >&2; exit 2; }
     rm -rf "$DIR" && mkdir -p "$DIR" && cp "$2" "$DIR/queue"  # nothing of an earlier queue comes back
-    bash bench/gpu/unpack_build.sh  # a build carried in .gpu/ (bench/gpu/pack_build.sh) skips ~5.5 min
     setsid bash bench/gpu/queue.sh run > "$DIR/queue.log" 2>&1 < /dev/null &
     echo "queue started in the background (log $DIR/queue.log)" ;;
   run)  # the background part of `start`: its exit status goes into $DIR/rc, whatever ends it
@@ -32,7 +30,7 @@ case "${1:-}" in
     grep -v '^\s*\(#\|$\)' "$DIR/queue" | while read -r line; do
       n=$((n + 1)); start=$(date +%s)
       # shellcheck disable=SC2086  # a line is words
-      case "${line%% *}" in  # a shell script runs as it is (pack_build.sh); a bench through servers.sh
+      case "${line%% *}" in  # a shell script runs as it is; a bench through servers.sh
         *.sh) cmd="bash $line" ;;
         *) cmd="bash bench/gpu/servers.sh $line" ;;
       esac
@@ -44,9 +42,8 @@ case "${1:-}" in
     [ -d "$DIR" ] || { echo "no queue was started (the machine went cold and came back bare?)"; exit 1; }
     end=$(( SECONDS + ${2:-570} ))
     # results and logs copied every 10 s, so a call cut off by the device budget still brings back
-    # what finished (at most 8 files come back: the results and logs as one, a packed build's pieces)
-    keep() { tar czf "$OUT/queue-results.tar.gz" -C "$DIR" $(cd "$DIR" && ls ./*.json ./*.log 2>/dev/null) 2>/dev/null || true
-             cp "$DIR"/prebuilt.* "$OUT/" 2>/dev/null || true; }
+    # what finished (at most 8 files come back: the results and logs as one)
+    keep() { tar czf "$OUT/queue-results.tar.gz" -C "$DIR" $(cd "$DIR" && ls ./*.json ./*.log 2>/dev/null) 2>/dev/null || true; }
     until [ -f "$DIR/rc" ] || [ $SECONDS -ge $end ]; do sleep 10; keep; done
     keep
     cat "$DIR/queue.log"
