@@ -9,10 +9,11 @@ go alone, so a long chunk never delays their first token. A prompt prefilling al
 step.
 
 A step whose prefill chunks together pass `preempt_chunk` (one prompt or several, beside decode
-rows or not) is cut short by a newcomer whose whole prompt fits a step (`newcomer_gains`): its
-first token then comes from the next step instead of after the rest of the step in flight (on the
-CPU with the H200's step shape, short requests sent 100 ms apart beside long prompts: engine TTFT
-p90 186 -> 21 ms, docs/first_token_cpu.md). What the cut
+rows or not; with `preempt_alone`, a GPU's default, only one prompt prefilling alone) is cut short
+by a newcomer whose whole prompt fits a step (`newcomer_gains`): its first token then comes from
+the next step instead of after the rest of the step in flight (on the CPU with the H200's step
+shape, short requests sent 100 ms apart beside long prompts: engine TTFT p90 186 -> 21 ms,
+docs/first_token_cpu.md). What the cut
 step's computed ubatches wrote of each prompt under way stays (engine/steps.py `preempted`), so the
 cut costs the long prompts the aborted ubatch at most (on a GPU not even that: llama.cpp polls
 before launching it); the newcomer's step goes first, then their chunks resume. A shrinking prefill
