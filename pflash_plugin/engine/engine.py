@@ -195,6 +195,7 @@ class Engine:
     def _loop(self) -> None:
         """Rounds until a shutdown has drained everything; the watchdog times each busy one whole."""
         running = True
+        self.watchdog.thread = threading.get_ident()
         while running:
             self.stepping.arrival.clear()
             self.watchdog.started = time.monotonic()
