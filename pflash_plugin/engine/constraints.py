@@ -21,7 +21,7 @@ import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -30,6 +30,7 @@ from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
 from ..llama import Model, native
 from ..llama.guidance import guidance_tokenizer
+from .stats import rounded
 
 # llguidance's own bounds, the same on any machine (its defaults, errors kept short: a verbose error
 # prints the parser's state and the grammar back to the client)
@@ -184,7 +185,7 @@ class ConstraintCounts:
         self.sample_s += sample_s
 
     def as_dict(self) -> dict[str, float | int]:
-        return {key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(self).items()}
+        return rounded(self)
 
 
 def _dense(masks: np.ndarray) -> int:

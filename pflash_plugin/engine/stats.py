@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 
+def rounded(record: Any) -> dict[str, Any]:
+    """A dataclass of counters as /status shows it: its fields, seconds to the microsecond."""
+    return {key: round(value, 6) if isinstance(value, float) else value for key, value in asdict(record).items()}
+
+
 @dataclass(frozen=True)
 class SlotStats:
     id: int
@@ -81,8 +86,7 @@ class SpeculationStats:
     unpaid_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
-        return {**out, "tokens_per_row_step": round(self.tokens / self.rows, 4) if self.rows else 0.0}
+        return {**rounded(self), "tokens_per_row_step": round(self.tokens / self.rows, 4) if self.rows else 0.0}
 
 
 @dataclass(frozen=True)

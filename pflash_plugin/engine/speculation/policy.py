@@ -30,8 +30,9 @@ to the fixed cost stands in (before any fit, `prior_slope`), moving halfway back
 
 Two caps bound what drafts that are never accepted cost: the step-level DraftBudget (budget.py: a
 step drafts only where the measured cost of drafted steps, graph rebuilds included, was paid back,
-within 2% of the decode time, and probes back off exponentially), and per row `max_misses` drafted
-steps that accepted nothing, after which a row that never had a draft accepted drafts no more.
+within 1% of the decode time (`DraftBudget.fraction`), and probes back off exponentially), and per
+row `max_misses` drafted steps that accepted nothing, after which a row that never had a draft
+accepted drafts no more.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .budget import DraftBudget
+
 
 @dataclass
 class StepCost:

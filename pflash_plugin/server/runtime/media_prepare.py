@@ -14,12 +14,13 @@ import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from ...engine.stats import rounded
 from ..operations.received import body_read, received
 from ..wire.media_parts import CHAT_MEDIA, MediaPart
 from ..wire.protocol import ChatCompletionRequest
@@ -122,8 +123,7 @@ class MediaPreparation:
 
     def counts(self) -> dict[str, Any]:
         with self._lock:
-            return {key: round(value, 6) if isinstance(value, float) else value
-                    for key, value in asdict(self._counts).items()}
+            return rounded(self._counts)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
