@@ -62,7 +62,11 @@ ORDER = {"type": "object", "properties": {
     "notes": {"type": "string", "maxLength": 40},
     "discount": {"type": "number", "minimum": 0, "maximum": 1},
 }, "required": ["id", "customer", "status", "items", "express"], "additionalProperties": False}
-KINDS = {"plain": None, "person": PERSON, "order": ORDER}
+# plain_as_person: plain rows each as long as the same client's person row of the same rep on the same
+# server (run right after it), so the two trials have the same answer lengths and the same rows
+# ending step by step: the fair plain for person rows, which end at ~40 tokens against plain's 128
+KINDS = {"plain": None, "person": PERSON, "order": ORDER, "plain_as_person": None}
+SAME_LENGTHS = {"plain_as_person": "person"}
 MARK = "<!-- bench/constrained.py: {} -->"
 # /status's constraint phases (engine/constraints.py ConstraintCounts), reported in ms per engine step
 PHASES = ("bind_s", "fill_ahead_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
@@ -71,26 +75,41 @@ MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", 
            "masked_rows", "dense_share", "forced_share")
 
 
-def body(kind: str, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
-    """One client's request: a plain row generates every token, a schema row until its JSON closes."""
+def body(kind: str, prompt: str, max_tokens: int, seed: int, llama_server: bool = False) -> dict[str, Any]:
+    """One client's request: a plain row generates every token, a schema row until its JSON closes.
+    llama-server takes the schema as `json_schema` on /v1/completions (its `response_format` is read on
+    chat only) and generates every token with `ignore_eos`."""
     request: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.8, "seed": seed}
     schema = KINDS[kind]
+    if llama_server:
+        return {**request, "cache_prompt": False, **({"ignore_eos": True} if schema is None else {"json_schema": schema})}
     if schema is None:
         return {**request, "min_tokens": max_tokens}
     return {**request, "response_format": {"type": "json_schema", "json_schema": {"name": kind, "schema": schema}}}
 
 
-async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int, rep: int) -> dict[str, Any]:
+def is_llama_server(server: ServerProcess) -> bool:
+    """llama.cpp's llama-server (`--llama-server`): no /status, its own request fields."""
+    return server.program is not None
+
+
+async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int, rep: int,
+                lengths: list[int] | None = None) -> dict[str, Any]:
     """C clients at once, streamed; tokens/s over the wall time, median ms/token and TTFT, JSON that
     parses, and from /status before and after: the engine's steps and the constraint phases' ms a
     step; and once every client has its first text, /status again: the decode's ms a step from there
     to the end (`decode_step_ms`), without the arrivals and prefills, which a trial of short rows
-    spreads over fewer steps."""
+    spreads over fewer steps. `lengths`: client i asks for lengths[i] tokens (plain_as_person);
+    each client's tokens are kept (`lengths`) for such a trial after this one. llama-server has no
+    /status: tokens/s, ms/token and TTFT only."""
     all_started = asyncio.Event()
     firsts: list[float] = []
+    ours = not is_llama_server(server)
 
     async def one(i: int, http: httpx.AsyncClient) -> tuple[int, float, bool, float]:
-        request = {**body(kind, f"Record {rep}.{i} of the shop's database, as JSON:", max_tokens, 1000 * (rep + 1) + i),
+        wanted = lengths[i] if lengths else max_tokens
+        request = {**body(kind, f"Record {rep}.{i} of the shop's database, as JSON:", wanted, 1000 * (rep + 1) + i,
+                          not ours),
                    "stream": True, "stream_options": {"include_usage": True}}
         started, first, text, tokens = time.perf_counter(), None, "", 0
         async with http.stream("POST", server.url + "/v1/completions", json=request) as reply:
@@ -116,20 +135,21 @@ async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int,
 
     async with httpx.AsyncClient(timeout=1800) as http:
         load = os.getloadavg()[0]
-        before = await engine_counts(http, server.url)
+        before = await engine_counts(http, server.url) if ours else {}
         start = time.perf_counter()
-        mark = asyncio.create_task(decoding(http))
+        mark = asyncio.create_task(decoding(http)) if ours else None
         results = await asyncio.gather(*(one(i, http) for i in range(clients)))
         wall = time.perf_counter() - start
-        after = await engine_counts(http, server.url)
-        if not mark.done():  # a client without text
+        after = await engine_counts(http, server.url) if ours else {}
+        if mark is not None and not mark.done():  # a client without text
             mark.cancel()
     tokens = sum(r[0] for r in results)
     row = {"tokens": tokens, "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 2),
            "ms_per_token": round(statistics.median(1000 * s / max(t, 1) for t, s, _, _ in results), 1),
            "ttft_ms": round(1000 * statistics.median(r[3] for r in results), 1),
-           "valid_json": sum(r[2] for r in results), "load_1m": load, **per_step(before, after, wall)}
-    if mark.done() and not mark.cancelled():
+           "valid_json": sum(r[2] for r in results), "load_1m": load, "lengths": [r[0] for r in results],
+           **(per_step(before, after, wall) if ours else {})}
+    if mark is not None and mark.done() and not mark.cancelled():
         at, middle = mark.result()
         steps = after["steps"] - middle["steps"]
         row["decode_step_ms"] = round(1000 * (start + wall - at) / steps, 2) if steps > 0 else None
@@ -173,13 +193,18 @@ def uptime() -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    flags = ["--model", args.model or demo_model_path(), "--n_ctx", str(args.n_ctx), "--max_concurrency",
+    model = args.model or demo_model_path()
+    flags = ["--model", model, "--n_ctx", str(args.n_ctx), "--max_concurrency",
              str(args.slots), "--n_gpu_layers", str(args.gpu_layers), "--verbose", "false", *args.server_flags]
-    servers = {arm: ServerProcess(f"constrained-{arm}", [*flags, "--constraint_engine", arm]) for arm in args.arms}
+    ours = [arm for arm in args.arms if arm != "llama-server"]
+    servers = {arm: ServerProcess(f"constrained-{arm}", [*flags, "--constraint_engine", arm]) for arm in ours}
+    if "llama-server" in args.arms:
+        servers.update(llama_server(args, model))
     tree = baseline_tree(args.baseline) if args.baseline else None
     if tree is not None:  # the same arms on another revision's code, for a before/after in one run
         servers.update({f"{arm}@{args.baseline}": ServerProcess(f"constrained-{arm}-base", [
-            *flags, "--constraint_engine", arm], cwd=tree) for arm in args.arms})
+            *flags, "--constraint_engine", arm], cwd=tree) for arm in ours})
+    check_kinds(args.kinds)
     rows: list[dict[str, Any]] = []
     started = uptime()
     try:
@@ -188,13 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for kind in args.kinds:  # warm-up: the tokenizer, the schema's compile, the first decode
                 asyncio.run(trial(server, kind, 1, 8, -1))
         for rep in range(args.reps):
-            turn = rep % len(args.kinds)  # each kind first after another in turn (the KV and caches the last left)
-            for kind in args.kinds[turn:] + args.kinds[:turn]:
-                for arm, server in list(servers.items())[:: 1 if rep % 2 == 0 else -1]:  # each first in turn
-                    row = {"arm": arm, "kind": kind, "rep": rep,
-                           **asyncio.run(trial(server, kind, args.clients, args.max_tokens, rep))}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+            rows += one_rep(args, servers, rep)
     finally:
         for server in servers.values():
             server.stop()
@@ -205,6 +224,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"command": " ".join(sys.argv), "clients": args.clients, "max_tokens": args.max_tokens,
             "reps": args.reps, "uptime_start": started, "uptime_end": uptime(), "machine": machine(),
             "medians": medians, "rows": rows}
+
+
+def check_kinds(kinds: list[str]) -> None:
+    """A same-lengths kind needs the kind whose lengths it takes (SAME_LENGTHS)."""
+    for kind, source in SAME_LENGTHS.items():
+        if kind in kinds and source not in kinds:
+            raise SystemExit(f"--kinds {kind} takes its lengths from {source}: add {source}")
+
+
+def one_rep(args: argparse.Namespace, servers: dict[str, ServerProcess], rep: int) -> list[dict[str, Any]]:
+    """Every kind on every server once: each kind first after another in turn (the KV and caches the
+    last left), each server first in turn; a same-lengths kind right after its source on the same
+    server, with the lengths its clients got (SAME_LENGTHS)."""
+    kinds = [kind for kind in args.kinds if kind not in SAME_LENGTHS]
+    turn = rep % len(kinds)
+    rows: list[dict[str, Any]] = []
+    for kind in kinds[turn:] + kinds[:turn]:
+        for arm, server in list(servers.items())[:: 1 if rep % 2 == 0 else -1]:
+            lengths = None
+            for name in [kind, *(k for k in args.kinds if SAME_LENGTHS.get(k) == kind)]:
+                row = {"arm": arm, "kind": name, "rep": rep,
+                       **asyncio.run(trial(server, name, args.clients, args.max_tokens, rep, lengths))}
+                lengths = row["lengths"]
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "lengths"}), flush=True)
+    return rows
+
+
+def llama_server(args: argparse.Namespace, model: str) -> dict[str, ServerProcess]:
+    """llama.cpp's llama-server (`--llama-server PATH`) with as many slots and cells a slot as ours,
+    its schema through its own grammar sampler; none (and a message) without a binary here."""
+    path = getattr(args, "llama_server", None)
+    program = shutil.which(path) if path and path != "none" else None
+    if program is None:
+        print(f"llama-server arm skipped: no llama-server binary ({path or 'no --llama-server'})", file=sys.stderr)
+        return {}
+    layers = 999 if args.gpu_layers < 0 else args.gpu_layers
+    return {"llama-server": ServerProcess("constrained-llama-server", [
+        "-m", model, "--host", "127.0.0.1", "-c", str(args.slots * args.n_ctx), "-np", str(args.slots),
+        "-ngl", str(layers), "-fa", "on", "--cache-ram", "0"], program=[program], ready_paths=("/health",))}
 
 
 def baseline_tree(rev: str) -> Path:
@@ -226,21 +285,26 @@ def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     """The medians as a markdown table: per kind and arm, tokens/s and the engine's wall ms a step,
     each against the plain rows' on the same arm (rows of different lengths compare by the step),
+    and against plain rows of the same lengths (SAME_LENGTHS: person rows against plain_as_person),
     TTFT, and where the run has them the constraint phases' ms a step."""
     medians = result["medians"]
     arms = sorted({key.split("/")[0] for key in medians})
     kinds = [kind for kind in KINDS if any(key.endswith("/" + kind) for key in medians)]
     phases = [key for key in PHASE_MS if any(key in m for m in medians.values())]
-    lines = ["| rows | arm | tok/s | x plain | ms/token | decode ms/step | x plain | all started: ms/step | x plain "
-             "| TTFT ms | steps | " + " | ".join(phases) + (" | masked rows | dense | forced |" if phases else ""),
-             "|---|---|" + "---:|" * (9 + len(phases) + (3 if phases else 0))]
+    same = {source: kind for kind, source in SAME_LENGTHS.items()}
+    lines = ["| rows | arm | tok/s | x plain | x plain, same lengths | ms/token | decode ms/step | x plain "
+             "| all started: ms/step | x plain | TTFT ms | steps | " + " | ".join(phases)
+             + (" | masked rows | dense | forced |" if phases else ""),
+             "|---|---|" + "---:|" * (10 + len(phases) + (3 if phases else 0))]
     for kind in kinds:
         for arm in arms:
             m, plain = medians.get(f"{arm}/{kind}"), medians.get(f"{arm}/plain")
             if not m:
                 continue
             ratio = f"{m['tok_s'] / plain['tok_s']:.2f}x" if plain else "-"
-            cells = [f"{m['tok_s']:.1f}", ratio, f"{m['ms_per_token']:.0f}", _cell(m, "step_ms", 2),
+            twin = medians.get(f"{arm}/{same[kind]}") if kind in same else None
+            cells = [f"{m['tok_s']:.1f}", ratio, f"{m['tok_s'] / twin['tok_s']:.2f}x" if twin else "-",
+                     f"{m['ms_per_token']:.0f}", _cell(m, "step_ms", 2),
                      _by_step(m, plain, "step_ms"), _cell(m, "decode_step_ms", 2), _by_step(m, plain, "decode_step_ms"),
                      _cell(m, "ttft_ms", 0), _cell(m, "steps", 0), *(_cell(m, key, 2) for key in phases)]
             if phases:
@@ -272,7 +336,8 @@ def write_docs(result: dict[str, Any], docs: Path, name: str) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="GGUF (default: the demo model)")
-    p.add_argument("--arms", nargs="+", default=["llama", "llguidance"], choices=["llama", "llguidance"])
+    p.add_argument("--arms", nargs="+", default=["llama", "llguidance"], choices=["llama", "llguidance", "llama-server"])
+    p.add_argument("--llama-server", dest="llama_server", help="llama-server's binary, for the llama-server arm")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--slots", type=int, default=4)
