@@ -20,8 +20,9 @@ def setup(overlaps: bool, **kw):
     return sched, runner, failures, Stepping(sched, runner, failures, Published(sched))
 
 
-def test_overlapped_a_step_s_text_goes_out_beside_the_next_decode():
-    """Between the next launch and its collect (the GPU's order): never before that launch."""
+def test_overlapped_a_step_s_text_goes_out_beside_the_next_decode_and_a_first_token_s_before_it():
+    """Between the next launch and its collect (the GPU's order): never before that launch; but a
+    request's first token goes out before the next launch (its client waits for nothing else)."""
     sched, runner, _, stepping = setup(overlaps=True)
     request = make_request([1, 2, 3], max_tokens=4)
     runner.scripts[request.request_id] = [10, 11, 12, 13]
@@ -30,10 +31,31 @@ def test_overlapped_a_step_s_text_goes_out_beside_the_next_decode():
     runner.hook = lambda index, step: seen_at_launch.append(sink_of(request).text)
     for _ in range(3):
         stepping.run(sched.schedule())
-    # the prompt's step samples 10; its text is out during the third launch, not the second
-    assert seen_at_launch[:2] == ["", ""]
+    # the prompt's step samples 10: out before the second launch; 11 (the second step's) is out
+    # during the third launch, not before it
+    assert seen_at_launch == ["", default_text([10]), default_text([10])]
     assert sink_of(request).text == default_text([10, 11])
     assert stepping.count == 3
+
+
+def test_overlapped_a_first_token_goes_out_before_the_launch_and_the_others_beside_it():
+    """Of two running requests, the one whose first token the last step sampled has its text out
+    before the next launch; the other's text (a later token) still waits for the launch."""
+    sched, runner, _, stepping = setup(overlaps=True)
+    old = make_request([1, 2, 3], max_tokens=8)
+    runner.scripts[old.request_id] = [10, 11, 12, 13, 14, 15, 16, 17]
+    sched.submit(old)
+    stepping.run(sched.schedule())
+    stepping.run(sched.schedule())  # old's first token (10) went out before this launch
+    new = make_request([4, 5], max_tokens=4)
+    runner.scripts[new.request_id] = [20, 21, 22, 23]
+    sched.submit(new)
+    stepping.run(sched.schedule())  # new's prompt and old's third row: samples 20 and 12
+    seen_at_launch: list[tuple[str, str]] = []
+    runner.hook = lambda index, step: seen_at_launch.append((sink_of(old).text, sink_of(new).text))
+    stepping.run(sched.schedule())
+    assert seen_at_launch == [(default_text([10, 11]), default_text([20]))]
+    assert sink_of(old).text == default_text([10, 11, 12])
 
 
 def test_not_overlapped_a_step_s_text_waits_in_the_outbox_for_the_engine_s_emit():

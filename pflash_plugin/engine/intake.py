@@ -9,6 +9,8 @@ place; an end-of-generation token ends the request (stop) without being kept; a 
 `max_tokens` ends it (length, or stop where the text it releases hits a stop string). The text
 waits for `release` (on a GPU, beside the next decode), unless a request with stop strings took
 several tokens in one step: a stop string among them ends it there, before the rest are kept.
+A request's first token is `fresh` until released: on a GPU its text goes out before the next
+launch, not beside it (stepping.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Intake:
 
     def __init__(self, text: LiveText, is_eog: Callable[[int], bool], finish: Finish, fail: Fail) -> None:
         self.text, self.is_eog, self.finish, self.fail = text, is_eog, finish, fail
+        self.fresh: list[Request] = []  # their first token taken, its text not yet released
 
     def take(self, request: Request, out: TokenOutput | Exception | None, now: float) -> None:
         """One row's outcome (its logits were asked for) at time `now`."""
@@ -39,6 +42,7 @@ class Intake:
         assert out is not None, f"no sampled token for request {request.request_id}"
         if request.timings.first_token is None:
             request.timings.first_token = now
+            self.fresh.append(request)
         request.timings.last_token = now
         taken = out.unrolled() if out.accepted else (out,)  # a copy per token costs 1 µs a row
         for n, one in enumerate(taken, 1):
@@ -64,9 +68,14 @@ class Intake:
             return False
         return True
 
-    def release(self, running: Iterable[Request]) -> None:
+    def release(self, running: Iterable[Request], fresh_only: bool = False) -> None:
         """The text of the tokens taken since the last call, as events; a request whose text
-        reaches a stop string finishes (stop). A failure there fails its request alone."""
+        reaches a stop string finishes (stop). A failure there fails its request alone.
+        `fresh_only`: only the requests whose first token is among them (those `running` holds)."""
+        fresh, self.fresh = self.fresh, []
+        if fresh_only:
+            live = set(map(id, running))
+            running = [r for r in fresh if id(r) in live]
         for request in [r for r in running if self.text.unread(r)]:
             try:
                 if self.text.release(request):

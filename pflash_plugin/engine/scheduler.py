@@ -260,12 +260,13 @@ class Scheduler:
         if item.wants_logits:
             self.intake.take(request, out, now)
 
-    def release_text(self) -> None:
+    def release_text(self, fresh_only: bool = False) -> None:
         """The text of the tokens taken since the last call, as events (Intake.release); a request
         whose text reaches a stop string finishes. The engine calls it while the next step's decode
         runs on a GPU (a step after the stop then has a row for the finished request: `update` drops
-        what it wrote), right after `update` otherwise."""
-        self.intake.release(self.running)
+        what it wrote), right after `update` otherwise. `fresh_only`: the requests' whose first
+        token is among them (a GPU's engine sends those before the next launch)."""
+        self.intake.release(self.running, fresh_only)
 
     # ---- the end of a request ----------------------------------------------------------------
     def finish(self, request: Request, status: RequestStatus, error: ErrorEvent | None = None,

@@ -16,6 +16,10 @@ computes), the last step's text, stats and events go out between the launch and 
 that host work runs beside the device. A step of more tokens than one ubatch returns from its
 launch only as its last ubatch computes (runner.returns_early): its text goes out before the launch,
 else a short request's first token, decoded beside a long prompt, would reach its client a step late.
+A request's first token goes out as its step is collected, not beside the next decode: that waits
+for the next round's admissions and planning and the launch's host work (inputs, the graph); mix8's
+short requests' first text left the H200's engine 6-24 ms after their token (`release_ms`, issue 48;
+0.1-0.2 ms on the CPU, which does not overlap).
 """
 from __future__ import annotations
 
@@ -59,7 +63,7 @@ class Stepping:
     def _run(self, step: Step) -> None:
         """Launch the step's decode; where it runs beside the host (a GPU), release the last step's
         text and events meanwhile, or before the launch where the launch itself would wait for
-        most of the step (runner.returns_early); then take its tokens."""
+        most of the step (runner.returns_early); then take its tokens, a first token's text out at once."""
         steps = self.scheduler.steps
         beside = self.runner.returns_early(step)
         if self.runner.overlaps and not beside:
@@ -90,11 +94,13 @@ class Stepping:
             return
         steps.verified(step, outputs)
         self.scheduler.update(step, outputs, release=not self.runner.overlaps)
+        if self.runner.overlaps and self.scheduler.intake.fresh:  # not after the next round's admissions and launch
+            self.release_last(fresh_only=True)
 
-    def release_last(self) -> None:
+    def release_last(self, fresh_only: bool = False) -> None:
         """Where the runner overlaps: the last step's text and events, after the stats (built again
-        only where this round's are stale)."""
-        self.scheduler.release_text()
+        only where this round's are stale); `fresh_only`: of the requests that got their first token."""
+        self.scheduler.release_text(fresh_only)
         if self.published.stale():
             self.published.stats_now(self.count)
         self.scheduler.emit()
