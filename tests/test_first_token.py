@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -148,3 +149,32 @@ def test_the_usage_timings_mark_the_request_before_and_after_the_engine(tiny_ser
             timings = http.post("/v1/completions", json=body).json()["usage"]["timings"]
     assert timings["prepare_ms"] > 0 and timings["release_ms"] > 0
     assert (timings["emit_ms"] > 0) == stream
+
+
+def test_the_usage_clock_marks_each_stage_on_the_host_s_clock(tiny_model):
+    """With --usage_clock, the timings carry each mark in seconds of the server's time.perf_counter
+    (the host's monotonic clock): in the request's order, and inside the client's own send and
+    receipt on the same clock. Without it, none."""
+    from tests.conftest import live_server
+
+    model = {"model": str(tiny_model), "model_alias": "tiny", "n_ctx": 512, "max_concurrency": 2,
+             "n_threads": 1, "n_threads_batch": 1}
+    body = {"prompt": [5, 6, 7], "max_tokens": 4, "min_tokens": 4, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    for clock in (True, False):
+        with live_server([model], usage_clock=clock) as server, httpx.Client(timeout=60) as http:
+            sent = time.perf_counter()
+            with http.stream("POST", server.url + "/v1/completions", json=body) as reply:
+                chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+            got = time.perf_counter()
+        timings = next(c["usage"] for c in chunks if c.get("usage"))["timings"]
+        if not clock:
+            assert "clock" not in timings
+            continue
+        marks = timings["clock"]
+        way = ["received", "body_read", "arrival", "admitted", "first_token", "first_released", "first_written"]
+        assert list(marks) == [*way, "finished"]
+        at = [marks[mark] for mark in way]
+        assert sent <= at[0] and at == sorted(at) and at[-1] <= got  # the engine may finish before its text is out
+        assert marks["first_token"] <= marks["finished"] <= got
+        assert round(1000 * (marks["first_token"] - marks["arrival"]), 3) == pytest.approx(timings["ttft_ms"], abs=0.01)

@@ -86,6 +86,7 @@ class Timings:
 
     arrival: float = field(default_factory=time.perf_counter)
     received: float | None = None  # its headers reached the server (set there; None in-process)
+    body_read: float | None = None  # its body's last part was read (set there)
     handed: float | None = None  # to the compression thread
     resumed: float | None = None  # back from it
     admitted: float | None = None
@@ -112,6 +113,13 @@ class Timings:
             emit_ms=ms(self.first_released, self.first_written),
         )
 
+    def clock(self) -> dict[str, float]:
+        """The marks set, as time.perf_counter seconds (the host's monotonic clock on Linux: a
+        client on the same host places them on its own timeline, issue 48)."""
+        marks = ("received", "body_read", "arrival", "admitted", "first_token", "first_released", "first_written",
+                 "finished")
+        return {mark: round(at, 6) for mark in marks if (at := getattr(self, mark)) is not None}
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -123,6 +131,7 @@ class Usage:
     latency: Latency
     pflash: Report | None = None  # the compression report, if compression was asked for
     media_tokens: int = 0  # of prompt_tokens, its media's tokens (issue 46; not an M-RoPE image's positions)
+    clock: dict[str, float] | None = None  # Timings.clock, where a server reports it (--usage_clock)
 
 
 @dataclass

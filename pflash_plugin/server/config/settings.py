@@ -239,6 +239,12 @@ class ServerSettings(StockServerSettings):
         "a decode or the device's wait (which run without the GIL), waits up to this long for the GIL while the event "
         "loop or a preparation thread runs Python. Unset: Python's 5 ms.",
     )
+    usage_clock: bool = Field(
+        default=False,
+        description="usage.timings.clock: each request's marks (headers in, body read, engine arrival, admitted, "
+        "first token, its text leaving the engine and written, finished) in seconds of the server's time.perf_counter, "
+        "the host's monotonic clock: a client on the same host places them on its own (bench/first_token.py).",
+    )
     sse_ping_seconds: float = Field(
         default=5.0, gt=0, description="Seconds between SSE keep-alive comments (while queued or compressed)."
     )

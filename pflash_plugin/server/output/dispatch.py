@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from ...engine.request import ErrorEvent, Event, FinishEvent, TextEvent, Timings, Usage
 from ...engine.request import Request as EngineRequest
-from ..operations.received import received
+from ..operations.received import body_read, received
 from ..runtime.context import ServerContext
 from ..runtime.generation import Generation
 from ..wire.errors import client_event, http_of
@@ -91,8 +91,9 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     http.state.presenter = shown  # what shapes the answer if the server's shutdown cuts it (shutdown_cut.py)
     mailbox = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue = asyncio.Queue()
+    gen.clock = ctx.settings.usage_clock
     for index, request in enumerate(gen.requests):
-        request.timings.received = received(http)
+        request.timings.received, request.timings.body_read = received(http), body_read(http)
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
             if isinstance(event, (FinishEvent, ErrorEvent)):  # counted whether or not the client still listens
                 _count(ctx, gen, event)
@@ -134,15 +135,17 @@ def _count(ctx: ServerContext, gen: Generation, event: FinishEvent | ErrorEvent)
 
 
 def _usage(gen: Generation, usages: dict[int, Usage]) -> Totals:
-    return totals([_marked(usages[i], gen.requests[i].timings) for i in sorted(usages)], gen.prompt_tokens)
+    return totals([_marked(usages[i], gen.requests[i].timings, gen.clock) for i in sorted(usages)],
+                  gen.prompt_tokens)
 
 
-def _marked(usage: Usage, marks: Timings) -> Usage:
+def _marked(usage: Usage, marks: Timings, clock: bool) -> Usage:
     """The usage with release_ms and emit_ms as the event loop knows them at the answer's end: the
     engine thread built it at the request's finish, maybe before its first text left the engine or
-    reached the client (then the two read 0)."""
+    reached the client (then the two read 0); with the marks themselves where `clock`."""
     latency = marks.latency()
-    return replace(usage, latency=replace(usage.latency, release_ms=latency.release_ms, emit_ms=latency.emit_ms))
+    return replace(usage, latency=replace(usage.latency, release_ms=latency.release_ms, emit_ms=latency.emit_ms),
+                   clock=marks.clock() if clock else None)
 
 
 async def _collect(http: Request, gen: Generation, shown: Presenter, events: asyncio.Queue) -> Response | dict:

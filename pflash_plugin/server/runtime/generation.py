@@ -23,6 +23,7 @@ class Generation:
     rid: str = ""
     done: set[int] = field(default_factory=set)  # choices whose request finished or failed
     compression_counted: bool = False  # the n choices share one compression: the metrics count it once
+    clock: bool = False  # usage's timings carry the marks on the server's clock (--usage_clock)
 
     def cancel_unfinished(self) -> None:
         """Cancel every request not finished yet, once: the client left or its answer ended."""

@@ -45,6 +45,8 @@ def _timings(usage: Usage) -> dict[str, Any]:
         timings["media_tokens"] = usage.media_tokens
     if usage.pflash is not None:
         timings["pflash"] = usage.pflash.to_json()
+    if usage.clock is not None:
+        timings["clock"] = usage.clock
     return timings
 
 
