@@ -6,6 +6,7 @@ the app's handler)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable, Coroutine, Iterator, NamedTuple, Sequence
 
 from fastapi import HTTPException, Request
@@ -145,24 +146,78 @@ def unencodable_field(body: Any) -> str | None:
     return None
 
 
+# the start of a \uD800-\uDFFF escape, searched for only where the body has a backslash at all
+# (memchr: 4 us on a 450 KB image body, where `b"\ud" in raw` took 0.3 ms, and as much for "\uD")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD]")
+
+
 def may_hold_lone_surrogate(raw: bytes) -> bool:
     """Whether a JSON body may decode to a lone surrogate: through a \\uD800-\\uDFFF escape, or
     raw bytes json.loads lets through ('surrogatepass'): UTF-8's surrogate range begins with 0xED,
     and UTF-16 or UTF-32 JSON holds zero bytes. False for plain token ids and most text."""
-    return b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw or b"\x00" in raw
+    return b"\xed" in raw or b"\x00" in raw or b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None
 
 
-LOOP_PARSE_BYTES = 64 * 1024  # a body over this is parsed on a worker thread
+def more_than(raw: bytes, chars: bytes, limit: int) -> bool:
+    """Whether `raw` holds over `limit` of `chars` (single bytes), counted with find (memchr) up to
+    limit + 1: bytes.count of two brackets took 0.25 ms of the event loop on a 450 KB image body."""
+    seen = 0
+    for char in chars:
+        at = raw.find(char)
+        while at >= 0:
+            seen += 1
+            if seen > limit:
+                return True
+            at = raw.find(char, at + 1)
+    return False
+
+
+class BodyRefused(Exception):
+    """A JSON body refused by its checks (a 400): nested too deep, or holding text UTF-8 cannot encode."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+def checked_json(raw: bytes) -> Any:
+    """The body's JSON once it passes the checks (BodyRefused if not; ValueError where it is not
+    JSON): one piece of CPU work, run on the event loop or a worker thread as a whole."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:  # Python's parser ran out of stack: deeper still
+        raise BodyRefused(f"the body nests JSON over {MAX_JSON_DEPTH} levels deep") from None
+    # the walks only where the raw bytes allow a find: a prompt of 22K token ids cost 8 ms of the
+    # event loop, which every request behind it waited out
+    if more_than(raw, b"[{", MAX_JSON_DEPTH) and deeper_than(body, MAX_JSON_DEPTH):
+        raise BodyRefused(f"the body nests JSON over {MAX_JSON_DEPTH} levels deep")
+    field = unencodable_field(body) if may_hold_lone_surrogate(raw) else None
+    if field is not None:
+        raise BodyRefused(f"{field}: the text is not valid Unicode (a lone surrogate cannot be encoded as UTF-8)",
+                          field)
+    return body
+
+
+LOOP_PARSE_BYTES = 64 * 1024  # a body over this is parsed (and checked) on a worker thread, unless
+LOOP_PARSE_VALUES = 1024  # it holds no more values than this (commas): an image's base64, one long string
+
+
+def parsed_on_loop(raw: bytes) -> bool:
+    """Whether a body is parsed on the event loop: a small one, or a large one of few values (an
+    image in a data URL: 0.3 ms of json.loads for 450 KB). json.loads holds the GIL throughout,
+    wherever it runs, so a thread frees the loop only for the Python after it, and each hop to a
+    thread and back waits for the GIL (up to the 5 ms switch interval on a busy process): 32 image
+    chats at once on 2 CPU cores spent 22 ms a request from their body read to the route with the
+    hop, 2 ms without it (bench/vision.py's prepare_parse_ms, docs/vision.md)."""
+    return len(raw) <= LOOP_PARSE_BYTES or not more_than(raw, b",", LOOP_PARSE_VALUES)
 
 
 async def _parsed(request: Request, raw: bytes) -> Any:
-    """The body's JSON, kept on the request where FastAPI reads it (Starlette's Request.json caches
-    it in `_json`). A large one is parsed on a worker thread: on the event loop, mix8's 4 bodies of
-    22K token ids (1 ms each on 2 CPU cores) held back the short requests sent with them (issue 48),
-    and a parse that blocks the loop blocks every connection's reading and writing."""
-    if len(raw) <= LOOP_PARSE_BYTES:
-        return await request.json()
-    request._json = await run_in_threadpool(json.loads, raw)
+    """The body's JSON, checked, kept on the request where FastAPI reads it (Starlette's
+    Request.json caches it in `_json`). A large one of many values is parsed on a worker thread: on
+    the event loop, mix8's 4 bodies of 22K token ids (1 ms each on 2 CPU cores) held back the short
+    requests sent with them (issue 48)."""
+    request._json = checked_json(raw) if parsed_on_loop(raw) else await run_in_threadpool(checked_json, raw)
     return request._json
 
 
@@ -172,27 +227,17 @@ async def _body_error(request: Request) -> Response | None:
     that is not JSON is left to FastAPI's own error."""
     if "json" not in request.headers.get("content-type", "json"):
         return None
-    def too_deep() -> Response:
-        return error_response(400, f"the body nests JSON over {MAX_JSON_DEPTH} levels deep", "invalid_request_error")
-
     try:
         raw = await request.body()
-        body = await _parsed(request, raw) if raw else None
+        if raw:
+            await _parsed(request, raw)
     except ClientDisconnect:  # gone before its body arrived (or closed for taking too long)
         return Response(status_code=499)
-    except RecursionError:  # Python's parser ran out of stack: deeper still
-        return too_deep()
+    except BodyRefused as refused:
+        return error_response(400, refused.message, "invalid_request_error", refused.param)
     except ValueError:
         return None
-    # the walks only where the raw bytes allow a find: a prompt of 22K token ids cost 8 ms of the
-    # event loop, which every request behind it waited out
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and deeper_than(body, MAX_JSON_DEPTH):
-        return too_deep()
-    field = unencodable_field(body) if may_hold_lone_surrogate(raw) else None
-    if field is None:
-        return None
-    message = f"{field}: the text is not valid Unicode (a lone surrogate cannot be encoded as UTF-8)"
-    return error_response(400, message, "invalid_request_error", field)
+    return None
 
 
 class OpenAIRoute(APIRoute):
