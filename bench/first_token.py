@@ -15,11 +15,14 @@ prepared), `ttft_ms` (engine arrival to first token), `release_ms` (first token 
 the engine thread), `emit_ms` (that to its text handed to the socket), where the server reports
 them. `gap_ms` is the client's TTFT less the engine's (the part issue 48 is about); `outside_ms` is
 what of it the marks leave (the client's sending, the server's accepting and reading the headers,
-the client's reading).
+the client's reading); `in_ms` and `out_ms` split it where the server reports its marks on the host's
+clock (`--usage_clock`, this tree's arm): the sending to the server's `received` mark (the client's
+sending, the server's accepting and reading the headers), and its text written to the client's parse.
+`queue_ms`: of the engine's TTFT, the wait for its admission (the engine drains its inbox between steps).
 Arm `floor` (bench/asgi_floor.py) is the least an ASGI app on uvicorn does for the same requests
 (reads and parses the body, streams a chunk at once): the client's, the kernel's and uvicorn's share.
 `--baseline REV` runs a server of another git revision (a temporary worktree) beside this tree's,
-arms interleaved per rep, order alternating. The servers decode on 1 thread (`--n_threads 1`): the
+arms interleaved per rep, order alternating; `--ours_arms NAME=FLAGS` this tree's with more flags. The servers decode on 1 thread (`--n_threads 1`): the
 other core is the HTTP side's, as a GPU host's cores are.
 `--steps gpu` gives the servers the H200's step shape (`--n_batch 2048 --n_ubatch 512 --prefill_chunk
 2048`: a long prompt's chunk takes the whole step beside the decode rows, 4 ubatches, as with no cap
@@ -49,7 +52,7 @@ from typing import Any
 
 import httpx
 
-from harness import REPO, ServerProcess, machine, sse_events
+from harness import REPO, ServerProcess, machine, on_clock, sse_events
 from host_overhead import remove_worktree, worktree
 from pflash_plugin.testing import cached_tiny_llama
 
@@ -101,10 +104,14 @@ async def short(http: httpx.AsyncClient, url: str, request: tuple[str, bytes], a
         raise RuntimeError(f"{url}: a stream without text")
     timings = usage.get("timings", {})
     row = {"head_ms": round(1000 * head, 2), "client_ttft_ms": round(1000 * first, 2),
-           "server_ttft_ms": timings.get("ttft_ms")}
+           "server_ttft_ms": timings.get("ttft_ms"), "queue_ms": timings.get("queue_ms")}
     for mark in ("prepare_ms", "release_ms", "emit_ms"):  # where the server reports them (not the baseline's older trees)
         if mark in timings:
             row[mark] = timings[mark]
+    clock = on_clock(usage, start)  # --usage_clock: the marks on this process's clock, ms after the sending
+    if clock:
+        row["in_ms"] = clock["received"]  # the client's sending, the server's accepting and reading the headers
+        row["out_ms"] = round(row["client_ttft_ms"] - clock["first_written"], 2)  # the socket to the client's parse
     row["gap_ms"] = round(row["client_ttft_ms"] - row["server_ttft_ms"], 2)  # issue 48's gap: all but the engine
     marks = sum(row.get(mark, 0.0) for mark in ("prepare_ms", "release_ms", "emit_ms"))
     row["outside_ms"] = round(row["gap_ms"] - marks, 2)
@@ -152,7 +159,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = cached_tiny_llama(n_ctx_train=131072)
     flags = ["--model", str(model), "--max_concurrency", str(args.slots), "--n_ctx", str(args.n_ctx),
              "--verbose", "false", "--pflash", "off", "--n_threads", "1", "--n_threads_batch", "1", *STEPS[args.steps]]
-    servers = {"this": ServerProcess("first-token-this", flags)}
+    servers = {"this": ServerProcess("first-token-this", [*flags, "--usage_clock", "true"])}
+    for arm in args.ours_arms:  # NAME=FLAGS: this tree's server with those flags too (commas for spaces)
+        name, _, extra = arm.partition("=")
+        servers[name] = ServerProcess(f"first-token-{name}", [*flags, "--usage_clock", "true", *extra.split(",")])
     tree = worktree(args.baseline) if args.baseline else None
     if tree is not None:
         servers["baseline"] = ServerProcess("first-token-baseline", flags, cwd=tree)
@@ -189,17 +199,17 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for key in dict.fromkeys((r["arm"], r["workload"]) for r in rows):
         mine = [r for r in rows if (r["arm"], r["workload"]) == key]
-        marks = [k for k in ("head_ms", "client_ttft_ms", "server_ttft_ms", "gap_ms", "prepare_ms", "release_ms",
-                             "emit_ms", "outside_ms")
-                 if k in mine[0]]
+        marks = [k for k in ("head_ms", "client_ttft_ms", "server_ttft_ms", "gap_ms", "queue_ms", "prepare_ms",
+                             "release_ms", "emit_ms", "outside_ms", "in_ms", "out_ms")
+                 if k in mine[0] and mine[0][k] is not None]
         out.append({"arm": key[0], "workload": key[1], "n": len(mine),
                     **{k: round(statistics.median(r[k] for r in mine), 2) for k in marks}})
     return out
 
 
-MARKS = [("client_ttft_ms", "client TTFT"), ("server_ttft_ms", "engine TTFT"), ("gap_ms", "client - engine"),
-         ("head_ms", "headers"), ("prepare_ms", "prepare"), ("release_ms", "release"), ("emit_ms", "emit"),
-         ("outside_ms", "outside")]
+MARKS = [("client_ttft_ms", "client TTFT"), ("server_ttft_ms", "engine TTFT"), ("queue_ms", "of it admission"),
+         ("gap_ms", "client - engine"), ("head_ms", "headers"), ("prepare_ms", "prepare"), ("release_ms", "release"),
+         ("emit_ms", "emit"), ("outside_ms", "outside"), ("in_ms", "of it in"), ("out_ms", "of it out")]
 
 
 def write_page(result: dict[str, Any], path: Path) -> None:
@@ -228,6 +238,8 @@ def main() -> None:
     parser.add_argument("--long_chars", type=int, default=200_000, help="chat: each long prompt's characters")
     parser.add_argument("--n_ctx", type=int, default=131072, help="each slot's context (a long chat prompt fits)")
     parser.add_argument("--baseline", help="a git revision whose server runs beside this tree's")
+    parser.add_argument("--ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
+                        help="this tree's server with more flags, as an arm of its own: gil=--gil_switch_ms,0.5")
     parser.add_argument("--short_gap_ms", type=float, default=0.0,
                         help="the short requests sent this far apart (0: at once, as mix8)")
     parser.add_argument("--slots", type=int, default=8, help="the servers' --max_concurrency (mix8: 4)")

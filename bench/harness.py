@@ -160,3 +160,11 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[str]:
                 data = []
     if data:
         yield "\n".join(data)
+
+
+def on_clock(usage: dict | None, origin: float) -> dict[str, float]:
+    """The server's `--usage_clock` marks (usage.timings.clock) in ms after `origin`, a time.perf_counter
+    of this process: on the same host both read the monotonic clock, so a request's stages sit on
+    the client's own timeline (issue 48). Empty where the server reports none."""
+    clock = ((usage or {}).get("timings") or {}).get("clock") or {}
+    return {mark: round(1000 * (at - origin), 2) for mark, at in clock.items()}

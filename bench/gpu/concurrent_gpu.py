@@ -30,7 +30,10 @@ merges files). Ours' requests carry `stream_options.include_usage`: each row kee
 TTFT (`server_ttft_*`, arrival to first token) beside the client's, the marks around it where the
 server reports them (`prepare_*`: headers in to arrival; `release_*`: first token to its event leaving
 the engine thread; `emit_*`: that to its text written),
-and how many prompts PFlash compressed.
+and how many prompts PFlash compressed. Ours runs with `--usage_clock`: its rows' `timeline` lays each
+request on the client's clock, ms after the workload's start: `sent`, `client_first` (its first text
+read) and the server's marks (`received` ... `first_written`, `finished`; issue 48: where mix8's
+short requests wait, and where the long ones are meanwhile).
 Arm `decode64`: 64 clients x 2 requests of 128 tokens, ours (64 slots) against llama-server
 (`-np 64 --cache-ram 0`), interleaved reps; run it with the models of a 128K-token vocabulary.
 """
@@ -48,6 +51,7 @@ from typing import Any
 
 from multi_gpu import (Record, Server, body, client, log_dir, models_parser, run_arms, start_all, stream_times,
                        streamed, throughput, token_ids)
+from harness import on_clock
 from upstream import UpstreamServer, model_options
 
 WORKLOADS = {  # name: (long prompts, their tokens, tokens out, short prompts, short tokens out)
@@ -81,7 +85,8 @@ def ours(label: str, port: int, args: argparse.Namespace, slots: int, *extra: st
     return Server(label, [
         "--model", args.target, "--n_gpu_layers", "-1", "--n_ctx", str(n_ctx(args)), "--max_concurrency", str(slots),
         "--n_batch", "2048", "--n_ubatch", "512", "--flash_attn", "true", *chunk,
-        "--pflash", "always", "--pflash_drafter", args.drafter, "--pflash_keep_ratio", "0.1", *extra,
+        "--pflash", "always", "--pflash_drafter", args.drafter, "--pflash_keep_ratio", "0.1", "--usage_clock", "true",
+        *extra,
     ], port=port, log_dir=log_dir(args), ours=True)
 
 
@@ -91,7 +96,9 @@ def ours_serial(args: argparse.Namespace) -> Server:
 
 
 def n_ctx(args: argparse.Namespace) -> int:
-    return -(-int(N_CTX * args.scale) // 256) * 256
+    """A slot's context: --slot_ctx, else cd4's (times --scale), in whole 256-token streams."""
+    tokens = getattr(args, "slot_ctx", None) or int(N_CTX * args.scale)
+    return -(-tokens // 256) * 256
 
 
 def llama_server(label: str, port: int, args: argparse.Namespace, slots: int, slot_ctx: int) -> Server:
@@ -132,20 +139,25 @@ async def workload(arm: Arm, name: str, rep: int, scale: float) -> dict[str, Any
     async with client() as http:
         start = time.perf_counter()
 
-        async def timed(body: bytes) -> tuple[float, dict[str, Any] | None, float]:
+        async def timed(body: bytes) -> tuple[float, dict[str, Any] | None, float, float]:
+            sent = time.perf_counter()
             first, usage = await stream_times(http, arm.server, body)
-            return first, usage, time.perf_counter() - start
+            return first, usage, time.perf_counter() - start, sent
 
         done = await asyncio.gather(*(timed(r) for r in longs + shorts))
         wall = time.perf_counter() - start
-    ttfts = [t for t, _, _ in done]
+    ttfts = [t for t, _, _, _ in done]
     # the long answers' time per token after the first: what a prefill beside them costs their decode
-    itl = [(end - first) / (long_out - 1) for first, _, end in done[:n_long]]
+    itl = [(end - first) / (long_out - 1) for first, _, end, _ in done[:n_long]]
     row: dict[str, Any] = {"workload": name, "seed": seed, "wall_s": round(wall, 3), "ttft_mean_s": mean(ttfts[:n_long]),
                            "ttft_max_s": round(max(ttfts[:n_long]), 3), "itl_mean_ms": round(1000 * statistics.mean(itl), 2)}
     if n_short:
         row["short_ttft_mean_s"] = mean(ttfts[n_long:])
-    timings = [usage["timings"] for _, usage, _ in done if usage and "timings" in usage]
+    timings = [usage["timings"] for _, usage, _, _ in done if usage and "timings" in usage]
+    if any("clock" in t for t in timings):  # ours (--usage_clock): every request's stages, ms after the start
+        row["timeline"] = [{"kind": "long" if i < n_long else "short", "sent": round(1000 * (sent - start), 2),
+                            "client_first": round(1000 * (sent + first - start), 2), **on_clock(usage, start)}
+                           for i, (first, usage, _, sent) in enumerate(done)]
     if len(timings) == len(done):  # ours
         server = [t["ttft_ms"] / 1000 for t in timings]
         row |= {"server_ttft_mean_s": mean(server[:n_long]), "server_ttft_max_s": round(max(server[:n_long]), 3),
@@ -281,6 +293,9 @@ def main() -> None:
                         help="seed: llama-server in a phase of its own (should ours-4 and it not fit the GPU together)")
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--scale", type=float, default=1.0, help="prompt and output sizes times this (a CPU smoke test)")
+    parser.add_argument("--slot_ctx", type=int, default=None,
+                        help="each server's context per slot (default: cd4's 88,064 times --scale); mix8 alone needs "
+                        "22,560: a quarter of the KV, so that --gil_arm's second server fits beside llama-server")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
