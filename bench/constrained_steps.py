@@ -12,8 +12,12 @@ This bench times each step and says which steps rebuilt the graph, for three kin
 row: the same rows ending at the same steps, no constraint) and `plain` (all of --max-tokens).
 Per trial: tokens/s, and each decode step's time (from one step's start to the next's: the round,
 scheduling and events included) grouped by steps since llama.cpp last rebuilt the graph (0: this
-step rebuilt it; 1: the next, a CUDA graph's capture on a GPU; 2+: steady), and the excess of all
-decode steps over the steady median (ms a step): what the changing shape costs.
+step rebuilt it; 1: the next, a CUDA graph's capture on a GPU; 2+: settled), and the excess of all
+decode steps over the settled median (ms a step): what the changing shape costs. Also each decode
+step's runs of consecutive slots: with a KV stream per slot llama.cpp decodes each run as a ubatch of
+its own (llama_batch_allocr::split_equal, `sequential`), each reading all the weights. `--steady off
+on` runs every trial with the engine's steady decode steps off and on (engine/steps.py: filler rows
+keep a decode step's slots one run, and its shape while rows end; on by default on a GPU).
 
     python bench/constrained_steps.py --model TINY.gguf --clients 64 --reps 2     # the CPU
     bench/gpu/constrained_gpu.py ... --engine-steps                              # the H200, after the HTTP trials
@@ -34,7 +38,7 @@ from harness import run_to_end  # noqa: E402
 
 KINDS = ("person", "plain_as_person", "plain")
 # decode steps by steps since the graph was last rebuilt: 0, 1, and 2 or more (steady)
-AGES = ("rebuilt", "next", "steady")
+AGES = ("rebuilt", "next", "settled")
 
 
 def requests(model: Any, kind: str, clients: int, max_tokens: int, rep: int, lengths: list[int] | None) -> list[Any]:
@@ -66,15 +70,17 @@ class StepClock:
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.ctx = engine, engine.runner.ctx
-        self.steps: list[tuple[int, int, float, float, int]] = []  # rows, tokens, start, own seconds, reused
+        self.steps: list[tuple[int, int, float, float, int, int]] = []  # rows, tokens, start, seconds, reused, runs
         self._run = engine.stepping.run
         engine.stepping.run = self._timed
 
     def _timed(self, step: Any) -> None:
         reused, start = self.ctx.graph_reuses(), time.perf_counter()
         self._run(step)
+        slots = sorted(item.request.held_slot for item in step.items)
+        runs = 1 + sum(b != a + 1 for a, b in zip(slots, slots[1:]))
         self.steps.append((len(step.items), step.n_tokens, start, time.perf_counter() - start,
-                           self.ctx.graph_reuses() - reused))
+                           self.ctx.graph_reuses() - reused, runs))
 
     def summary(self) -> dict[str, Any]:
         """Decode steps (one token a row) by steps since the last rebuild, and their excess over the steady median."""
@@ -83,28 +89,33 @@ class StepClock:
         ages: dict[str, list[float]] = {name: [] for name in AGES}
         out: dict[str, Any] = {}
         age, decode = 2, []
-        for (rows, tokens, start, _, reused), end in zip(steps, ends):
+        runs = []
+        for (rows, tokens, start, _, reused, run), end in zip(steps, ends):
             age = 0 if not reused else age + 1
             if rows == tokens:
                 ms = 1000 * (end - start)
                 decode.append(ms)
+                runs.append(run)
                 ages[AGES[min(age, 2)]].append(ms)
         for name, found in ages.items():
             out[f"{name}_steps"] = len(found)
             out[f"{name}_ms"] = round(statistics.median(found), 2) if found else None
-        steady = out["steady_ms"] or (statistics.median(decode) if decode else 0.0)
+        settled = out["settled_ms"] or (statistics.median(decode) if decode else 0.0)
         out["decode_steps"] = len(decode)
         out["decode_step_ms"] = round(statistics.mean(decode), 2) if decode else None
-        out["excess_ms_per_step"] = round(sum(ms - steady for ms in decode) / len(decode), 2) if decode else None
+        out["excess_ms_per_step"] = round(sum(ms - settled for ms in decode) / len(decode), 2) if decode else None
+        out["runs_per_step"] = round(statistics.mean(runs), 2) if runs else None
         out["graph_reused_share"] = round(sum(s[4] > 0 for s in steps) / len(steps), 3)
         out["rows"] = [s[0] for s in steps]
         out["step_ms"] = [round(1000 * (end - s[2]), 2) for s, end in zip(steps, ends)]
         out["reused"] = [int(s[4] > 0) for s in steps]
+        out["runs"] = [s[5] for s in steps]
         return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Each rep: person, then plain_as_person with its lengths, then plain, one engine in this process."""
+    """Each rep, with the engine's steady decode steps off and on in turn (`--steady`: engine/steps.py's
+    filler rows): person, then plain_as_person with its lengths, then plain, one engine in this process."""
     from pflash_plugin.engine.loader import EngineConfig, load_engine
     from pflash_plugin.llama import ModelParams
 
@@ -113,7 +124,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, engine = load_engine(args.model, config)
     clock, trials = StepClock(engine), []
     try:
-        for rep in range(-1, args.reps):  # rep -1: a warm-up, not kept
+        for rep, steady in [(rep, steady) for rep in range(-1, args.reps) for steady in args.steady]:
+            engine.scheduler.steps.steady = steady == "on"  # rep -1: a warm-up, not kept
             lengths = None
             for kind in args.kinds:
                 clock.steps.clear()
@@ -122,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 wall = run_to_end(engine, batch, 1800)
                 got = [len(r.output_tokens) for r in batch]
                 lengths = got if kind == "person" else lengths
-                trial = {"kind": kind, "rep": rep, "tokens": sum(got), "wall_s": round(wall, 3),
+                trial = {"kind": f"{kind}/steady={steady}", "rep": rep, "tokens": sum(got), "wall_s": round(wall, 3),
                          "tok_s": round(sum(got) / wall, 1), **clock.summary()}
                 if rep >= 0:
                     trials.append(trial)
@@ -134,20 +146,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     keys = [k for k in trials[0] if k not in ("kind", "rep") and not isinstance(trials[0][k], list)] if trials else []
     medians = {kind: {k: statistics.median(t[k] for t in trials if t["kind"] == kind and t[k] is not None)
                       for k in keys if any(t["kind"] == kind and t[k] is not None for t in trials)}
-               for kind in args.kinds}
+               for kind in {t["kind"]: None for t in trials}}
     return {"command": " ".join(sys.argv), "clients": args.clients, "max_tokens": args.max_tokens, "reps": args.reps,
             "medians": medians, "trials": trials}
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["| rows | tok/s | decode ms/step | rebuilt ms (steps) | next ms (steps) | steady ms (steps) "
-             "| excess ms/step | graph reused |", "|---|" + "---:|" * 7]
+    lines = ["| rows | tok/s | decode ms/step | rebuilt ms (steps) | next ms (steps) | settled ms (steps) "
+             "| excess ms/step | graph reused | slot runs a step |", "|---|" + "---:|" * 8]
     for kind, m in result["medians"].items():
-        cells = [m.get("tok_s"), m.get("decode_step_ms"),
-                 *(f"{m.get(f'{a}_ms')} ({m.get(f'{a}_steps')})" for a in AGES),
-                 m.get("excess_ms_per_step"), m.get("graph_reused_share")]
-        lines.append(f"| {kind} | " + " | ".join(str(c) for c in cells) + " |")
+        cells = [_num(m.get("tok_s")), _num(m.get("decode_step_ms")),
+                 *(f"{_num(m.get(f'{a}_ms'))} ({_num(m.get(f'{a}_steps'), 0)})" for a in AGES),
+                 _num(m.get("excess_ms_per_step")), _num(m.get("graph_reused_share"), 3), _num(m.get("runs_per_step"))]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -158,6 +174,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=0)
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    p.add_argument("--steady", nargs="+", default=["off", "on"], choices=["off", "on"],
+                   help="the engine's steady decode steps (filler rows), each in turn")
     p.add_argument("--out", type=Path)
     return p
 

@@ -46,6 +46,7 @@ class Failures:
         for request in {id(i.request): i.request for i in step.items}.values():
             if request.status.running:
                 self.fail(request, kind, message)
+        self.scheduler.steps.unpad(step)
 
     def fail_model(self, reason: str) -> None:
         self.reason = reason

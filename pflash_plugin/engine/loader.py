@@ -77,6 +77,9 @@ class EngineConfig:
     mmproj: str | None = None  # a multimodal projector GGUF (issue 46): the engine serves media through libmtmd
     media_cache_bytes: int = 256 << 20  # encoded media embeddings kept, LRU by their bytes' hash
     media_encoders: int = 0  # projectors encoding at once (0: 1 on the CPU, MEDIA_ENCODERS_GPU with GPU layers)
+    # decode steps keep their shape while rows end (filler rows, engine/steps.py); None: where the runner
+    # overlaps the device (a GPU, where a new shape is launched kernel by kernel) and each slot has a KV stream
+    steady_decode: bool | None = None
 
 
 class MemoryReserveError(ValueError):
@@ -253,6 +256,8 @@ def build_engine(
     host = HostCache(config.host_cache_bytes, config.host_cache_min_tokens) if config.host_cache_bytes else None
     scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog,
                           host=host)
+    scheduler.steps.steady = layout.per_slot and (runner.overlaps if config.steady_decode is None
+                                                  else config.steady_decode)
     if spec:
         scheduler.steps.speculation = speculation(spec, model, runner.sampling.speculates, config.n_slots,
                                                   config.max_ctx, draft)

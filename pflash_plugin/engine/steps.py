@@ -1,5 +1,16 @@
 """A step's rows from the step policy's plan (step_policy.py): the mechanism between the running
-requests, their slots' KV and the batch a runner decodes."""
+requests, their slots' KV and the batch a runner decodes.
+
+Where `Steps.steady` is set (a GPU, a KV stream per slot: engine/loader.py), a decode step's slots
+are one run, and keep the last step's while its rows end: an idle slot among them gets a filler row
+(a real row's token, one cell past its KV; its logits unread) whose write the scheduler drops, as
+for any row of a request that ended (Scheduler.update). With a KV stream per slot, llama.cpp puts
+only consecutive sequences in one ubatch (llama_batch_allocr::split_equal, `sequential`): 40 rows
+left among 64 slots by answers that ended at random decoded as a dozen ubatches, each reading all
+the weights, and their alternating shapes defeat graph reuse (llm_graph_params::allow_reuse), so
+ggml-cuda ran each kernel by kernel (docs/speculation.md). Filler rows cost a GPU little beside a
+step's own (the weights are read once a step); the shape is let go when fewer than half of its
+rows are real, so a step of few rows never carries many fillers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +18,9 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from .live_text import LiveText
 from .media_prompt import MediaRows, mrope_partial, piece_left, prefill_piece
-from .positions import position
+from .positions import kv_position, position
 from .prefix_cache import PrefixCache
-from .request import Request, RequestStatus, TokenOutput
+from .request import Request, RequestStatus, SamplingParams, TokenOutput
 from .stats import SpeculationStats
 from .step_policy import Flags, Seat, StepPolicy, flags
 
@@ -25,6 +36,7 @@ class BatchItem:
     wants_logits: bool
     drafts: int = 0  # the last tokens are drafts, each with its logits (speculative decoding)
     media: MediaRows | None = None  # a media piece: `tokens` are its pseudo-ids, `media.rows` what is decoded
+    filler: bool = False  # the slot of an ended request, decoded to keep the step's shape (Steps.steady)
 
 
 @dataclass
@@ -43,6 +55,9 @@ class Steps:
     def __init__(self, policy: StepPolicy, cache: PrefixCache, text: LiveText) -> None:
         self.policy, self.cache, self.text = policy, cache, text
         self.speculation: Speculation | None = None
+        self.steady = False  # decode steps' slots one run, kept while rows end (filler rows; module docstring)
+        self._shape: set[int] = set()  # the last decode step's slots, fillers' included
+        self._stand_ins: dict[int, Request] = {}  # each slot's filler rows' request (one that has ended)
 
     def compose(self, running: Sequence[Request]) -> Step:
         """The step the policy plans for the running requests: a decode row each, prefill chunks."""
@@ -66,7 +81,51 @@ class Steps:
             self.text.left_out(request)
         # in slot order: llama.cpp puts a run of consecutive sequences in one ubatch when each slot
         # has a KV stream of its own, and any order serves a unified one
-        return Step(sorted(items, key=lambda item: item.request.held_slot))
+        return Step(sorted(self._steady(items), key=lambda item: item.request.held_slot))
+
+    def _steady(self, items: list[BatchItem]) -> list[BatchItem]:
+        """A decode step's rows plus a filler row for each idle slot between them, and for each slot
+        of the last decode step whose request ended since, while at least half of the rows are real
+        (module docstring): where `steady` is set and every row decodes one token. A slot that
+        cannot take one (held by a request not in the step, a stream copy pending, full) stays a gap."""
+        last, self._shape = self._shape, set()
+        if not self.steady or self.speculation is not None or not items or not all(
+                item.request.status is RequestStatus.DECODING and len(item.tokens) == 1 for item in items):
+            return items
+        real = {item.request.held_slot for item in items}
+        span = set(range(min(real), max(real) + 1))
+        if real <= last and 2 * len(real) >= len(last):
+            span |= last
+        if 2 * len(real) < len(span):  # more fillers than rows: the gaps' ubatches cost less
+            return items
+        token = items[0].tokens[0]
+        fillers = [self._filler(index, token) for index in sorted(span - real) if self._fills(index)]
+        self._shape = real | {item.request.held_slot for item in fillers}
+        return items + fillers
+
+    def _fills(self, index: int) -> bool:
+        """Whether an idle slot can decode a filler row: a cell past its tokens in its own stream."""
+        slot = self.cache.slots[index]
+        return (slot.request is None and not self.cache.copying(slot)
+                and len(slot.tokens) < self.cache.slot_capacity)
+
+    def _filler(self, index: int, token: int) -> BatchItem:
+        """A filler row for the idle slot: `token` (a real row's: a slot's last cell may be an image's
+        pseudo-id) one past its KV, for a stand-in request that has ended (nothing samples it;
+        Scheduler.update drops its write)."""
+        tokens, stand_in = self.cache.slots[index].tokens, self._stand_ins.get(index)
+        if stand_in is None:
+            stand_in = self._stand_ins[index] = Request([token], SamplingParams(max_tokens=1))
+            stand_in.status, stand_in.slot = RequestStatus.FINISHED_CANCELLED, index
+        return BatchItem(stand_in, [token], kv_position(tokens, len(tokens)), True, filler=True)
+
+    def unpad(self, step: Step) -> None:
+        """What a failed step's filler rows may have written, dropped (a step that ran drops it in
+        Scheduler.update, as for any row of a request that ended)."""
+        for item in step.items:
+            slot = self.cache.slots[item.request.held_slot]
+            if item.filler and slot.request is None:
+                self.cache.trim(slot)
 
     def seats(self, running: Sequence[Request]) -> list[Seat[Request]]:
         """The running requests as the step policy sees them."""
