@@ -31,8 +31,14 @@ on a GPU; the tiny model's first such steps take 75-190 ms on one core, the H200
 part of the short requests' TTFT, which a step in flight sets (step_policy.py's preemption).
 `--short_gap_ms G` sends the short requests G ms apart rather than at once: the later ones then
 arrive while the earlier ones decode beside a long chunk (an online load's arrivals, not mix8's).
+`--engine`: no HTTP; mix8's shape submitted straight to an engine in the GPU's order and step rules
+(`engine_rep`: the runner overlapping, as on a GPU, where the CPU's runner does not), this tree's
+and `--baseline`'s each in a child process, interleaved; the short ones `--short_gap_ms` after
+the long ones. It shows the engine's own part (`release_ms`: 1.18 -> 0.10 ms with the first token
+sent at its collect, 2d0a33d).
 
     python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat] [--steps gpu --slots 4]
+    python bench/first_token.py --engine --baseline REV --slots 4 --short_gap_ms 5 [--reps 6]
 
 Writes docs/data/first_token_cpu.json and docs/first_token_cpu.md (`--page_only`: the page again
 from the data) and prints the medians.
@@ -45,7 +51,9 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -155,7 +163,86 @@ async def idle(url: str, timeout_s: float = 120.0) -> None:
     raise RuntimeError(f"{url}: not idle after {timeout_s} s")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def engine_rep(seed: str, slots: int, gap_ms: float) -> list[dict[str, float]]:
+    """mix8's shape straight to an engine of this process's pflash_plugin (no HTTP), in the GPU's
+    order and rules on the CPU: the runner overlapping (a step's text goes out beside the next
+    launch; on the CPU that launch is the whole decode) and the GPU's step chunks (`--steps gpu`,
+    only a prompt prefilling alone cut for a newcomer). 4 long prompts of token ids, then 4 short
+    ones `gap_ms` later (over HTTP they reach the engine after the first long one: its step is in
+    flight); per short request its engine TTFT, the wait for its admission and
+    `release_ms` (its first token to its first text event leaving the engine thread)."""
+    from pflash_plugin.engine import loader
+    from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams, TextEvent
+
+    chunks = loader.step_chunks
+    loader.step_chunks = lambda chunk, on_gpu: chunks(chunk, True)  # type: ignore[assignment]
+    config = loader.EngineConfig(max_ctx=LONG_IDS + 64, n_slots=slots, n_batch=2048, n_ubatch=512, prefill_chunk=2048,
+                                 n_threads=1, n_threads_batch=1)
+    _, engine = loader.load_engine(cached_tiny_llama(n_ctx_train=131072), config)
+    engine.runner.overlaps = True
+    rows: list[dict[str, float]] = []
+    try:
+        for name in ("warm-up", seed):
+            rng, released, ended = random.Random(name), {}, threading.Semaphore(0)
+
+            def sink(event: Any, i: int) -> None:  # on the engine thread
+                if isinstance(event, TextEvent):
+                    released.setdefault(i, time.perf_counter())
+                elif isinstance(event, FinishEvent):
+                    ended.release()
+
+            prompts = [[rng.randrange(300, 1300) for _ in range(LONG_IDS if i < 4 else 32)] for i in range(8)]
+            requests = []
+            for i, prompt in enumerate(prompts):  # made as submitted: a request's arrival is its making
+                if i == 4:
+                    time.sleep(gap_ms / 1000)
+                requests.append(Request(prompt, SamplingParams(max_tokens=32, min_tokens=32, temperature=0.0),
+                                        lambda event, i=i: sink(event, i)))
+                engine.submit(requests[-1])
+            for _ in range(4):  # the short ones' ends (the long ones are far from theirs)
+                assert ended.acquire(timeout=300), "the short requests did not finish"
+            for request in requests[:4]:
+                engine.cancel(request)
+            for _ in range(4):
+                assert ended.acquire(timeout=300), "the long requests were not cancelled"
+            rows = [{"server_ttft_ms": round(1000 * (t.first_token - t.arrival), 2),
+                     "queue_ms": round(1000 * (t.admitted - t.arrival), 2),
+                     "release_ms": round(1000 * (released[i] - t.first_token), 2)}
+                    for i, t in ((i, requests[i].timings) for i in range(4, 8))]
+    finally:
+        engine.stop()
+    return rows
+
+
+def engine_in(tree: Path, seed: str, slots: int, gap_ms: float) -> list[dict[str, float]]:
+    """`engine_rep` on `tree`'s pflash_plugin, in a child process (both arms so: alike)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, str(Path(__file__).resolve()), "--engine_child", seed, "--slots", str(slots),
+            "--short_gap_ms", str(gap_ms)]
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=True, timeout=900)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`--engine`: this tree's engine and the baseline's, interleaved per rep, order alternating."""
+    tree = worktree(args.baseline) if args.baseline else None
+    trees = {"this": REPO, **({"baseline": tree} if tree is not None else {})}
+    rows: list[dict[str, Any]] = []
+    try:
+        for rep in range(args.reps):
+            for name, root in list(trees.items())[::1 if rep % 2 == 0 else -1]:
+                load = os.getloadavg()[0]
+                for i, row in enumerate(engine_in(root, f"engine/{rep}", args.slots, args.short_gap_ms)):
+                    rows.append({"arm": name, "workload": "engine", "rep": rep, "short": i, "load": load, **row})
+                print(json.dumps(rows[-4:]), flush=True)
+    finally:
+        if tree is not None:
+            remove_worktree(tree)
+    return rows
+
+
+def run_servers(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The HTTP arms (this tree's server, `--ours_arms`, the baseline's, the floor), interleaved per rep."""
     model = cached_tiny_llama(n_ctx_train=131072)
     flags = ["--model", str(model), "--max_concurrency", str(args.slots), "--n_ctx", str(args.n_ctx),
              "--verbose", "false", "--pflash", "off", "--n_threads", "1", "--n_threads_batch", "1", *STEPS[args.steps]]
@@ -188,6 +275,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server.stop()
         if tree is not None:
             remove_worktree(tree)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows = run_engine(args) if args.engine else run_servers(args)
     return {"rows": rows, "medians": medians(rows), "machine": machine(), "baseline": args.baseline,
             "long_chars": args.long_chars, "long_ids": LONG_IDS, "slots": args.slots, "steps": args.steps,
             "short_gap_ms": args.short_gap_ms,
@@ -241,14 +333,21 @@ def main() -> None:
     parser.add_argument("--ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
                         help="this tree's server with more flags, as an arm of its own: gil=--gil_switch_ms,0.5")
     parser.add_argument("--short_gap_ms", type=float, default=0.0,
-                        help="the short requests sent this far apart (0: at once, as mix8)")
+                        help="the short requests sent this far apart (0: at once, as mix8); --engine: this long "
+                        "after the long ones")
     parser.add_argument("--slots", type=int, default=8, help="the servers' --max_concurrency (mix8: 4)")
     parser.add_argument("--steps", choices=sorted(STEPS), default="cpu",
                         help="the servers' step shape: the CPU's defaults, or the H200's (n_batch 2048, no cap)")
+    parser.add_argument("--engine", action="store_true",
+                        help="mix8's shape straight to the engine in the GPU's order (engine_rep), instead of HTTP")
+    parser.add_argument("--engine_child", help=argparse.SUPPRESS)  # engine_in's child: one rep of this seed
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "first_token_cpu.json")
     parser.add_argument("--page", type=Path, default=REPO / "docs" / "first_token_cpu.md")
     parser.add_argument("--page_only", action="store_true", help="write the page from --out's data, run nothing")
     args = parser.parse_args()
+    if args.engine_child:
+        print(json.dumps(engine_rep(args.engine_child, args.slots, args.short_gap_ms)))
+        return
     if args.page_only:
         write_page(json.loads(args.out.read_text()), args.page)
         return
