@@ -163,13 +163,14 @@ async def idle(url: str, timeout_s: float = 120.0) -> None:
     raise RuntimeError(f"{url}: not idle after {timeout_s} s")
 
 
-def engine_rep(seed: str, slots: int, gap_ms: float) -> list[dict[str, float]]:
+def engine_rep(seed: str, slots: int, gap_ms: float, busy: bool = False) -> list[dict[str, float]]:
     """mix8's shape straight to an engine of this process's pflash_plugin (no HTTP), in the GPU's
     order and rules on the CPU: the runner overlapping (a step's text goes out beside the next
     launch; on the CPU that launch is the whole decode) and the GPU's step chunks (`--steps gpu`,
     only a prompt prefilling alone cut for a newcomer). 4 long prompts of token ids, then 4 short
     ones `gap_ms` later (over HTTP they reach the engine after the first long one: its step is in
-    flight); per short request its engine TTFT, the wait for its admission and
+    flight); `busy`: a thread beside runs Python in 2 ms bursts (as the long prompts' parse and
+    preparation do over HTTP), so the engine thread waits for the GIL; per short request its engine TTFT, the wait for its admission and
     `release_ms` (its first token to its first text event leaving the engine thread)."""
     from pflash_plugin.engine import loader
     from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams, TextEvent
@@ -180,6 +181,8 @@ def engine_rep(seed: str, slots: int, gap_ms: float) -> list[dict[str, float]]:
                                  n_threads=1, n_threads_batch=1)
     _, engine = loader.load_engine(cached_tiny_llama(n_ctx_train=131072), config)
     engine.runner.overlaps = True
+    if busy:
+        threading.Thread(target=_busy, daemon=True).start()
     rows: list[dict[str, float]] = []
     try:
         for name in ("warm-up", seed):
@@ -214,11 +217,20 @@ def engine_rep(seed: str, slots: int, gap_ms: float) -> list[dict[str, float]]:
     return rows
 
 
-def engine_in(tree: Path, seed: str, slots: int, gap_ms: float) -> list[dict[str, float]]:
+def _busy() -> None:
+    """Python without a pause for 2 ms at a time, for ever (the GIL's other holder)."""
+    while True:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.002:
+            sum(range(1000))
+        time.sleep(0.0002)
+
+
+def engine_in(tree: Path, seed: str, slots: int, gap_ms: float, extra: list[str]) -> list[dict[str, float]]:
     """`engine_rep` on `tree`'s pflash_plugin, in a child process (both arms so: alike)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     argv = [sys.executable, str(Path(__file__).resolve()), "--engine_child", seed, "--slots", str(slots),
-            "--short_gap_ms", str(gap_ms)]
+            "--short_gap_ms", str(gap_ms), *extra]
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=True, timeout=900)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -232,7 +244,9 @@ def run_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
         for rep in range(args.reps):
             for name, root in list(trees.items())[::1 if rep % 2 == 0 else -1]:
                 load = os.getloadavg()[0]
-                for i, row in enumerate(engine_in(root, f"engine/{rep}", args.slots, args.short_gap_ms)):
+                extra = (["--busy"] if args.busy else []) + (["--gil_switch_ms", str(args.gil_switch_ms)]
+                                                             if args.gil_switch_ms else [])
+                for i, row in enumerate(engine_in(root, f"engine/{rep}", args.slots, args.short_gap_ms, extra)):
                     rows.append({"arm": name, "workload": "engine", "rep": rep, "short": i, "load": load, **row})
                 print(json.dumps(rows[-4:]), flush=True)
     finally:
@@ -341,12 +355,16 @@ def main() -> None:
     parser.add_argument("--engine", action="store_true",
                         help="mix8's shape straight to the engine in the GPU's order (engine_rep), instead of HTTP")
     parser.add_argument("--engine_child", help=argparse.SUPPRESS)  # engine_in's child: one rep of this seed
+    parser.add_argument("--busy", action="store_true", help="--engine: a thread beside runs Python (the GIL)")
+    parser.add_argument("--gil_switch_ms", type=float, help="--engine: Python's thread switch interval (ms)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "data" / "first_token_cpu.json")
     parser.add_argument("--page", type=Path, default=REPO / "docs" / "first_token_cpu.md")
     parser.add_argument("--page_only", action="store_true", help="write the page from --out's data, run nothing")
     args = parser.parse_args()
     if args.engine_child:
-        print(json.dumps(engine_rep(args.engine_child, args.slots, args.short_gap_ms)))
+        if args.gil_switch_ms:
+            sys.setswitchinterval(args.gil_switch_ms / 1000)
+        print(json.dumps(engine_rep(args.engine_child, args.slots, args.short_gap_ms, args.busy)))
         return
     if args.page_only:
         write_page(json.loads(args.out.read_text()), args.page)
