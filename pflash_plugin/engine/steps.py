@@ -9,8 +9,8 @@ only consecutive sequences in one ubatch (llama_batch_allocr::split_equal, `sequ
 left among 64 slots by answers that ended at random decoded as a dozen ubatches, each reading all
 the weights, and their alternating shapes defeat graph reuse (llm_graph_params::allow_reuse), so
 ggml-cuda ran each kernel by kernel (docs/speculation.md). Filler rows cost a GPU little beside a
-step's own (the weights are read once a step); the shape is let go when fewer than half of its
-rows are real, so a step of few rows never carries many fillers."""
+step's own (the weights are read once a ubatch); the last step's shape is let go when fewer than
+half of its rows are real, for the run between the first and last real rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -84,8 +84,9 @@ class Steps:
         return Step(sorted(self._steady(items), key=lambda item: item.request.held_slot))
 
     def _steady(self, items: list[BatchItem]) -> list[BatchItem]:
-        """A decode step's rows plus a filler row for each idle slot between them, and for each slot
-        of the last decode step whose request ended since, while at least half of the rows are real
+        """A decode step's rows plus a filler row for each idle slot between them (a GPU reads the
+        weights once a ubatch: 2 runs of rows cost about what 64 rows in one do), and for each slot
+        of the last decode step whose request ended since, while at least half of that shape is real
         (module docstring): where `steady` is set and every row decodes one token. A slot that
         cannot take one (held by a request not in the step, a stream copy pending, full) stays a gap."""
         last, self._shape = self._shape, set()
@@ -96,8 +97,6 @@ class Steps:
         span = set(range(min(real), max(real) + 1))
         if real <= last and 2 * len(real) >= len(last):
             span |= last
-        if 2 * len(real) < len(span):  # more fillers than rows: the gaps' ubatches cost less
-            return items
         token = items[0].tokens[0]
         fillers = [self._filler(index, token) for index in sorted(span - real) if self._fills(index)]
         self._shape = real | {item.request.held_slot for item in fillers}
