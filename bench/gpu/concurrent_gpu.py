@@ -158,13 +158,17 @@ async def workload(arm: Arm, name: str, rep: int, scale: float) -> dict[str, Any
         row["timeline"] = [{"kind": "long" if i < n_long else "short", "sent": round(1000 * (sent - start), 2),
                             "client_first": round(1000 * (sent + first - start), 2), **on_clock(usage, start)}
                            for i, (first, usage, _, sent) in enumerate(done)]
+        if n_short:  # what the server's marks leave of the short ones' client TTFT: before its headers, after its text
+            shorts = [t for t in row["timeline"][n_long:] if "received" in t and "first_written" in t]
+            row["short_in_mean_s"] = mean([(t["received"] - t["sent"]) / 1000 for t in shorts])
+            row["short_out_mean_s"] = mean([(t["client_first"] - t["first_written"]) / 1000 for t in shorts])
     if len(timings) == len(done):  # ours
         server = [t["ttft_ms"] / 1000 for t in timings]
         row |= {"server_ttft_mean_s": mean(server[:n_long]), "server_ttft_max_s": round(max(server[:n_long]), 3),
                 "compressed": sum((t.get("pflash") or {}).get("status") == "compressed" for t in timings)}
         if n_short:
             row["server_short_ttft_mean_s"] = mean(server[n_long:])
-        for mark in ("prepare_ms", "release_ms", "emit_ms"):  # around the engine's TTFT, where the server reports them (issue 48)
+        for mark in ("prepare_ms", "queue_ms", "release_ms", "emit_ms"):  # around the engine's TTFT (issue 48)
             if all(mark in t for t in timings):
                 values = [t[mark] / 1000 for t in timings]
                 row[f"{mark[:-3]}_mean_s"] = mean(values[:n_long])
