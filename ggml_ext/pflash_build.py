@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CPU_SOURCES = ["capture.cpp", "score_cpu.cpp", "sample_cpu.cpp", "mask_cpu.cpp"]
+CPU_SOURCES = ["capture.cpp", "score_cpu.cpp", "sample_cpu.cpp", "mask_cpu.cpp", "log_filter.cpp"]
 GPU_SOURCE = "score_gpu.cu"
 
 

@@ -94,6 +94,15 @@ int32_t pfx_sample_rows(const float * logits, int64_t n_vocab, const pfx_sample_
 int32_t pfx_apply_bitmask(float * logits, int64_t n_vocab, const int64_t * rows, const uint32_t * masks,
                           int64_t mask_words, const int64_t * mask_rows, int32_t n_rows, int32_t n_threads);
 
+// The log filter (log_filter.cpp): llama.cpp's, ggml's and libmtmd's log callback, which hands a line
+// to `forward` (the Python callback, llama/log.py) only at `min_level` or above (ggml_log_level:
+// DEBUG 1, INFO 2, WARN 3, ERROR 4; NONE 0 counts as INFO; CONT 5 continues the last line and goes
+// where it went, per thread). A Python callback takes the GIL for each line, and on a busy process
+// that waits out the switch interval (5 ms): libmtmd writes 5 debug lines an image as it reads one.
+typedef void (*pfx_log_callback)(int32_t level, const char * text, void * user_data);
+void pfx_log_forward(pfx_log_callback forward, int32_t min_level);
+void pfx_log_filter(int32_t level, const char * text, void * user_data);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,15 +6,23 @@ By default the logger passes warnings and errors; `verbose` passes everything (l
 log is about 2,000 debug and info lines). A decode aborted at our request (Context.set_abort: the
 engine yielding to an arrival, the drafter to interactive work) makes llama.cpp log four warning and
 error lines although nothing failed: those count as debug lines (`hush`).
+
+Where the native library is built (native.py), a line below the logger's level never reaches Python:
+the library's filter drops it in C (pfx_log_filter). The Python callback takes the GIL for each line,
+and a thread inside llama.cpp (the engine's decode, libmtmd reading an image: 5 debug lines each)
+waits for it, on a busy process up to the switch interval (5 ms) a line.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import llama_cpp
+
+from . import native
 
 log = logging.getLogger("llama.cpp")
 
@@ -62,6 +70,23 @@ def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 
 _installed = False
+_DEBUG, _WARN = 1, 3  # ggml_log_level
+
+
+@functools.cache
+def _native_filter() -> Any:
+    """The native library's filter as a log callback, where the library is built with one."""
+    lib = native.load()
+    if lib is None or not hasattr(lib, "pfx_log_filter"):  # not built, or built before it had one
+        return None
+    lib.pfx_log_forward.argtypes, lib.pfx_log_forward.restype = [llama_cpp.llama_log_callback, ctypes.c_int32], None
+    return ctypes.cast(lib.pfx_log_filter, llama_cpp.llama_log_callback)
+
+
+def sink() -> Any:
+    """The log callback to hand llama.cpp, ggml and libmtmd (their *_log_set): the native filter in
+    front of `_callback`, or `_callback` itself where the library is not built."""
+    return _native_filter() or _callback
 
 
 def route_llama_log(verbose: bool) -> None:
@@ -73,6 +98,9 @@ def route_llama_log(verbose: bool) -> None:
     if verbose and not log.handlers and not logging.getLogger().handlers:
         # logging is not configured (a library user, stock's server): print the lines as llama_cpp does
         log.addHandler(logging.StreamHandler())
+    lib = native.load() if _native_filter() is not None else None
+    if lib is not None:
+        lib.pfx_log_forward(_callback, _DEBUG if verbose else _WARN)
     if not _installed:
-        llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_log_set(sink(), ctypes.c_void_p(0))
         _installed = True

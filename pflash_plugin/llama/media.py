@@ -29,6 +29,7 @@ import numpy as np
 
 from . import log as llama_log
 from .context import Context
+from .held import holding_gil
 from .model import Model
 
 try:  # the wheel ships libmtmd unless it was built with -DLLAVA_BUILD=OFF
@@ -60,12 +61,6 @@ _HELD = ("mtmd_input_chunks_init", "mtmd_input_chunks_free", "mtmd_input_chunks_
          "mtmd_input_chunk_free", "mtmd_input_chunk_get_n_tokens", "mtmd_input_chunk_get_n_pos",
          "mtmd_input_chunk_get_tokens_image", "mtmd_image_tokens_get_decoder_pos", "mtmd_decode_use_non_causal",
          "mtmd_bitmap_free", "mtmd_helper_init_opt_default", "mtmd_get_output_embd")
-
-
-def holding_gil(function: Any) -> Any:
-    """A ctypes function of a CDLL as one that keeps the GIL through the call (PYFUNCTYPE)."""
-    prototype = ctypes.PYFUNCTYPE(function.restype, *(function.argtypes or ()))
-    return prototype(ctypes.cast(function, ctypes.c_void_p).value or 0)
 
 
 Q: Any = SimpleNamespace(**{name: holding_gil(getattr(M, name)) for name in _HELD}) if M is not None else None
@@ -146,8 +141,23 @@ def _mrope_positions(raw: Any, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
 Chunk = TextChunk | MediaChunk
 
 
+# hashlib releases the GIL for an update of 2,048 bytes or more, and taking it back cost the
+# preparing thread up to the switch interval (held.py); an item up to HASH_HELD_BYTES is hashed in
+# pieces under that, holding it (336 px PNG, 339 KB: 0.20 ms held, 0.19 released)
+_HASH_PIECE = 2047
+HASH_HELD_BYTES = 1 << 20
+
+
 def media_key(kind: str, data: bytes) -> str:
-    return hashlib.sha256(kind.encode() + b"\0" + data).hexdigest()
+    """The SHA-256 of an item's kind and bytes: the key of its KV (pseudo-token ids) and embeddings."""
+    digest = hashlib.sha256(kind.encode() + b"\0")
+    if len(data) > HASH_HELD_BYTES:
+        digest.update(data)
+        return digest.hexdigest()
+    view = memoryview(data)
+    for at in range(0, len(view), _HASH_PIECE):
+        digest.update(view[at : at + _HASH_PIECE])
+    return digest.hexdigest()
 
 
 class Projector:
@@ -164,7 +174,7 @@ class Projector:
             raise FileNotFoundError(f"projector file not found: {path}")
         self.path, self.model, self.n_ubatch = os.fspath(path), model, n_ubatch
         for route in (M.mtmd_log_set, M.mtmd_helper_log_set):  # libmtmd's log with llama.cpp's (llama/log.py)
-            route(llama_log._callback, ctypes.c_void_p(0))
+            route(llama_log.sink(), ctypes.c_void_p(0))
         params = M.mtmd_context_params_default()
         params.use_gpu = model.n_gpu_layers != 0 if use_gpu is None else use_gpu
         params.print_timings = False
