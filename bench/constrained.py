@@ -198,6 +198,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              str(args.slots), "--n_gpu_layers", str(args.gpu_layers), "--verbose", "false", *args.server_flags]
     ours = [arm for arm in args.arms if arm != "llama-server"]
     servers = {arm: ServerProcess(f"constrained-{arm}", [*flags, "--constraint_engine", arm]) for arm in ours}
+    for arm in args.ours_arms:  # NAME=FLAGS: llguidance with those flags too (commas for spaces: a queue line)
+        name, _, extra = arm.partition("=")
+        servers[name] = ServerProcess(f"constrained-{name}", [*flags, "--constraint_engine", "llguidance",
+                                                              *extra.split(",")])
     if "llama-server" in args.arms:
         servers.update(llama_server(args, model))
     tree = baseline_tree(args.baseline) if args.baseline else None
@@ -338,6 +342,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="GGUF (default: the demo model)")
     p.add_argument("--arms", nargs="+", default=["llama", "llguidance"], choices=["llama", "llguidance", "llama-server"])
     p.add_argument("--llama-server", dest="llama_server", help="llama-server's binary, for the llama-server arm")
+    p.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
+                   help="more arms: llguidance with these server flags (commas for spaces), e.g. "
+                        "unsteady=--steady_decode,off")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--slots", type=int, default=4)

@@ -129,3 +129,24 @@ def test_a_step_that_fails_after_its_write_drops_its_fillers_cells_too():
     stepping.run(step)
     assert not sched.running
     check_scheduler(sched, runner)
+
+
+def test_the_flag_sets_the_engine_s_steady_steps_and_auto_leaves_them_off_on_the_cpu(tiny_model):
+    """--steady_decode on/off/auto becomes EngineConfig.steady_decode True/False/None; None (auto) is
+    on only where the runner overlaps a GPU, so off here."""
+    from pflash_plugin.llama import ModelParams
+    from pflash_plugin.server.config.llama_params import engine_config
+    from pflash_plugin.server.config.settings import ModelSettings
+
+    chosen = {value: engine_config(ModelSettings(model=str(tiny_model), steady_decode=value), ModelParams(),
+                                   256).steady_decode for value in ("on", "off", "auto")}
+    assert chosen == {"on": True, "off": False, "auto": None}
+    for value, steady in ((None, False), (True, True)):
+        model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1,
+                                                             steady_decode=value))
+        try:
+            assert engine.scheduler.steps.steady is steady
+        finally:
+            engine.stop()
+            engine.close()
+            model.close()

@@ -10,8 +10,8 @@ process (bench/constrained_steps.py: which steps rebuilt llama.cpp's graph as ro
 they cost), after the servers have stopped.
 
 On the CUDA machine, with the 128K-vocabulary models (bench/gpu/setup.sh):
-    VOCAB_EXTRA=127000 bash bench/gpu/servers.sh bench/gpu/constrained_gpu.py \\
-        --arms llguidance llama-server --engine-steps --out $OUT/constrained_gpu.json
+    VOCAB_EXTRA=127000 bash bench/gpu/servers.sh bench/gpu/constrained_gpu.py --arms llguidance llama-server \\
+        --ours-arms unsteady=--steady_decode,off --engine-steps --out $OUT/constrained_gpu.json
 On a CPU, tiny shapes (a check of the script; the llama-server arm is skipped without a binary):
     python bench/gpu/constrained_gpu.py --target TINY.gguf --drafter x --llama-server none \\
         --gpu-layers 0 --clients 4 --slots 4 --max-tokens 16 --reps 1 --engine-steps --out /tmp/constrained_gpu.json
@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--drafter", help="(servers.sh passes it; not used)")
     parser.add_argument("--llama-server", dest="llama_server", help="llama-server's binary (the llama-server arm)")
     parser.add_argument("--arms", nargs="+", default=["llguidance"], choices=["llama", "llguidance", "llama-server"])
+    parser.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
+                        help="more arms: llguidance with these server flags, e.g. unsteady=--steady_decode,off")
     parser.add_argument("--kinds", nargs="+", default=list(constrained.KINDS), choices=list(constrained.KINDS))
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--slots", type=int, default=64)
@@ -46,7 +48,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     run_args = constrained.parser().parse_args([])
-    for key in ("arms", "kinds", "clients", "slots", "max_tokens", "reps", "gpu_layers", "baseline", "llama_server"):
+    for key in ("arms", "ours_arms", "kinds", "clients", "slots", "max_tokens", "reps", "gpu_layers", "baseline",
+                "llama_server"):
         setattr(run_args, key, getattr(args, key))
     # ours' --n_ctx is one slot's context (the KV pool holds slots x n_ctx): a slot's prompt and answer.
     # slots x (max_tokens + 64) here made each server's pool 786K tokens and the second one failed to start

@@ -336,6 +336,7 @@ def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> Engine
         seed=seed,
         penalty_last_n=s.last_n_tokens_size,
         backend_sampling=s.backend_sampling,
+        steady_decode=None if s.steady_decode == "auto" else s.steady_decode == "on",
         max_step_s=s.max_step_s,
         speculation=speculation_config(s),
         verbose=s.verbose,

@@ -65,6 +65,12 @@ class ModelSettings(StockModelSettings):
         "requests whose parameters it serves; auto: requests at temperature > 0, where the output layer runs on a "
         "GPU (docs/sampling.md).",
     )
+    steady_decode: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Decode steps keep their slots one run, and their shape while requests end, with filler rows in "
+        "idle slots, so llama.cpp decodes a step as one ubatch on the graph it built before; auto: where the output "
+        "layer runs on a GPU and each slot has a KV stream (docs/sampling.md).",
+    )
     constraint_engine: Literal["llguidance", "llama"] = Field(
         default="llguidance",
         description="What enforces json_schema, response_format, forced tool calls and grammar: llguidance (every "
