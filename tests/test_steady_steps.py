@@ -11,8 +11,7 @@ from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.published import Published
 from pflash_plugin.engine.request import Request, SamplingParams
 from pflash_plugin.engine.stepping import Stepping
-from tests.mock_runner import check_scheduler, make_request, make_scheduler
-from tests.test_engine_real import run_together
+from tests.mock_runner import Collector, check_scheduler, make_request, make_scheduler, wait_done
 
 
 def slot_runs(slots: list[int]) -> int:
@@ -94,11 +93,13 @@ def test_filler_rows_on_a_real_model_leave_every_token_and_the_kv_as_they_were(t
             assert engine.scheduler.cache.per_slot
             rng = random.Random(3)
             requests = [Request([rng.randrange(1, 200) for _ in range(8)],
-                                SamplingParams(max_tokens=n, min_tokens=n, temperature=0.8, seed=i))
+                                SamplingParams(max_tokens=n, min_tokens=n, temperature=0.8, seed=i), sink=Collector())
                         for i, n in enumerate([12, 3, 6, 12, 4, 12])]
             ctx = engine.runner.ctx
             reused = ctx.graph_reuses()
-            tokens = run_together(engine, requests)
+            engine.submit(*requests)  # in one message: admitted in the same step
+            wait_done(*requests, timeout=120)
+            tokens = [r.output_tokens for r in requests]
             reused = ctx.graph_reuses() - reused
             engine.stop()
             for slot in engine.scheduler.slots:
