@@ -64,6 +64,9 @@ def servers(args: argparse.Namespace, model: str, mmproj: str, slots: int) -> li
     for arm in args.ours_arms:  # NAME=FLAGS: ours with those flags too (commas for spaces: a queue line splits on spaces)
         name, _, flags = arm.partition("=")
         out.append(ServerProcess(f"vision-ours-{name}-{slots}", [*ours, *shlex.split(flags.replace(",", " "))]))
+    for arm in args.ours_trees:  # NAME=PATH: ours from another checkout (a commit's `git archive`), the same flags
+        name, _, path = arm.partition("=")
+        out.append(ServerProcess(f"vision-ours-{name}-{slots}", ours, cwd=Path(path).resolve()))
     if args.llama_server:
         out.append(ServerProcess(f"vision-llama-server-{slots}", [
             "-m", model, "--mmproj", mmproj, "-np", str(slots + 1), "-c", str((slots + 1) * ctx), "--cache-ram", "0",
@@ -207,6 +210,9 @@ def main() -> None:
                     help="also ours with --media_encoders N, an arm each (the default arm: the server's auto)")
     ap.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
                     help="also ours with these server flags (commas for spaces), an arm each: nb2048=--n_batch,2048")
+    ap.add_argument("--ours-trees", dest="ours_trees", nargs="*", default=[], metavar="NAME=PATH",
+                    help="also ours from another checkout, an arm each (before/after a change: git archive "
+                         "COMMIT | tar -x -C PATH, with its built pflash_plugin/_pflash_ext*.so copied in)")
     ap.add_argument("--one-at-a-time", dest="one_at_a_time", action="store_true",
                     help="one server up at a time, its reps back to back (a GPU's memory holds one), "
                          "instead of all arms up and their reps interleaved")
