@@ -130,10 +130,7 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
 
 def engine_in(tree: Path, model_path: Path, args: argparse.Namespace) -> dict:
     """`engine_alone` on another tree's code, in a child process (its pflash_plugin first on the path;
-    the native library copied in where that tree has none built)."""
-    for built in (REPO / "pflash_plugin").glob("_pflash_ext*"):
-        if not (tree / "pflash_plugin" / built.name).exists():
-            shutil.copy2(built, tree / "pflash_plugin" / built.name)
+    the native library copied in by `worktree`)."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--engine-arm", str(model_path), "--slots", str(args.slots),
             "--tokens", str(args.tokens), "--temperature", str(args.temperature)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
@@ -162,10 +159,13 @@ async def _clients(url: str, args: argparse.Namespace, stream: bool) -> float:
 
 
 def worktree(rev: str) -> Path:
-    """A temporary checkout of `rev` (a baseline arm's tree); `remove_worktree` takes it away."""
+    """A temporary checkout of `rev` (a baseline arm's tree), with this checkout's native library
+    (ignored by git: a tree without it runs the Python fallbacks); `remove_worktree` takes it away."""
     path = Path(tempfile.mkdtemp(prefix="pflash-baseline-"))
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True,
                    capture_output=True)
+    for built in (REPO / "pflash_plugin").glob("_pflash_ext*"):
+        shutil.copy2(built, path / "pflash_plugin" / built.name)
     return path
 
 
