@@ -38,7 +38,7 @@ the long ones. It shows the engine's own part (`release_ms`: 1.18 -> 0.10 ms wit
 sent at its collect, 2d0a33d).
 
     python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat] [--steps gpu --slots 4]
-    python bench/first_token.py --engine --baseline REV --slots 4 --short_gap_ms 5 [--reps 6]
+    python bench/first_token.py --engine --revert COMMIT --slots 4 --short_gap_ms 5 [--reps 6] [--busy]
 
 Writes docs/data/first_token_cpu.json and docs/first_token_cpu.md (`--page_only`: the page again
 from the data) and prints the medians.
@@ -235,9 +235,19 @@ def engine_in(tree: Path, seed: str, slots: int, gap_ms: float, extra: list[str]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def baseline_tree(args: argparse.Namespace) -> Path | None:
+    """The baseline arm's tree: `--baseline REV` checked out, or `--revert COMMIT`: HEAD with that one
+    commit reverted (its effect alone, whatever came after it); None without either."""
+    if args.revert:
+        tree = worktree("HEAD")
+        subprocess.run(["git", "-C", str(tree), "revert", "--no-commit", args.revert], check=True, capture_output=True)
+        return tree
+    return worktree(args.baseline) if args.baseline else None
+
+
 def run_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
     """`--engine`: this tree's engine and the baseline's, interleaved per rep, order alternating."""
-    tree = worktree(args.baseline) if args.baseline else None
+    tree = baseline_tree(args)
     trees = {"this": REPO, **({"baseline": tree} if tree is not None else {})}
     rows: list[dict[str, Any]] = []
     try:
@@ -264,7 +274,7 @@ def run_servers(args: argparse.Namespace) -> list[dict[str, Any]]:
     for arm in args.ours_arms:  # NAME=FLAGS: this tree's server with those flags too (commas for spaces)
         name, _, extra = arm.partition("=")
         servers[name] = ServerProcess(f"first-token-{name}", [*flags, "--usage_clock", "true", *extra.split(",")])
-    tree = worktree(args.baseline) if args.baseline else None
+    tree = baseline_tree(args)
     if tree is not None:
         servers["baseline"] = ServerProcess("first-token-baseline", flags, cwd=tree)
     servers["floor"] = ServerProcess("first-token-floor", ["asgi_floor:app", "--log-level", "warning"],
@@ -294,7 +304,8 @@ def run_servers(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = run_engine(args) if args.engine else run_servers(args)
-    return {"rows": rows, "medians": medians(rows), "machine": machine(), "baseline": args.baseline,
+    return {"rows": rows, "medians": medians(rows), "machine": machine(),
+            "baseline": f"HEAD without {args.revert}" if args.revert else args.baseline,
             "long_chars": args.long_chars, "long_ids": LONG_IDS, "slots": args.slots, "steps": args.steps,
             "short_gap_ms": args.short_gap_ms,
             "command": "python bench/first_token.py " + " ".join(sys.argv[1:])}
@@ -344,6 +355,7 @@ def main() -> None:
     parser.add_argument("--long_chars", type=int, default=200_000, help="chat: each long prompt's characters")
     parser.add_argument("--n_ctx", type=int, default=131072, help="each slot's context (a long chat prompt fits)")
     parser.add_argument("--baseline", help="a git revision whose server runs beside this tree's")
+    parser.add_argument("--revert", help="the baseline: HEAD with this one commit reverted (instead of --baseline)")
     parser.add_argument("--ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
                         help="this tree's server with more flags, as an arm of its own: gil=--gil_switch_ms,0.5")
     parser.add_argument("--short_gap_ms", type=float, default=0.0,
