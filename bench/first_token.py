@@ -33,9 +33,9 @@ part of the short requests' TTFT, which a step in flight sets (step_policy.py's 
 arrive while the earlier ones decode beside a long chunk (an online load's arrivals, not mix8's).
 `--engine`: no HTTP; mix8's shape submitted straight to an engine in the GPU's order and step rules
 (`engine_rep`: the runner overlapping, as on a GPU, where the CPU's runner does not), this tree's
-and `--baseline`'s each in a child process, interleaved; the short ones `--short_gap_ms` after
-the long ones. It shows the engine's own part (`release_ms`: 1.18 -> 0.10 ms with the first token
-sent at its collect, 2d0a33d).
+and the baseline's (`--baseline REV`, or `--revert COMMIT`: HEAD without that commit) each in a
+child process, interleaved; the short ones `--short_gap_ms` after the long ones. It shows the
+engine's own part (`release_ms`: 1.16 -> 0.10 ms with the first token sent at its collect, 2d0a33d).
 
     python bench/first_token.py --baseline REV [--reps 5] [--workloads ids chat] [--steps gpu --slots 4]
     python bench/first_token.py --engine --revert COMMIT --slots 4 --short_gap_ms 5 [--reps 6] [--busy]
