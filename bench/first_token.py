@@ -166,8 +166,7 @@ async def idle(url: str, timeout_s: float = 120.0) -> None:
 def engine_rep(seed: str, slots: int, gap_ms: float, busy: bool = False) -> list[dict[str, float]]:
     """mix8's shape straight to an engine of this process's pflash_plugin (no HTTP), in the GPU's
     order and rules on the CPU: the runner overlapping (a step's text goes out beside the next
-    launch; on the CPU that launch is the whole decode) and the GPU's step chunks (`--steps gpu`,
-    only a prompt prefilling alone cut for a newcomer). 4 long prompts of token ids, then 4 short
+    launch; on the CPU that launch is the whole decode) and the GPU's step chunks (`--steps gpu`). 4 long prompts of token ids, then 4 short
     ones `gap_ms` later (over HTTP they reach the engine after the first long one: its step is in
     flight); `busy`: a thread beside runs Python in 2 ms bursts (as the long prompts' parse and
     preparation do over HTTP), so the engine thread waits for the GIL; per short request its engine TTFT, the wait for its admission and

@@ -265,16 +265,3 @@ def test_short_prompts_arriving_with_long_ones_take_the_free_slots(harness):
     assert {r.request_id for r in sched.running} == {r.request_id for r in shorts}
     assert all(r.status is RequestStatus.WAITING for r in longs)
 
-
-def test_preempt_alone_cuts_only_a_step_of_one_prompt_prefilling_alone() -> None:
-    policy = StepPolicy(max_batch_tokens=2048, preempt_chunk=512, preempt_alone=True)
-    assert policy.preemptible([2048])
-    assert not policy.preemptible([1024, 1024]), "several prompts' chunks: not with preempt_alone"
-    assert not policy.preemptible([2000], decode_rows=48), "decode rows beside: not with preempt_alone"
-    assert StepPolicy(max_batch_tokens=2048, preempt_chunk=512).preemptible([2000], decode_rows=48)
-
-
-def test_a_gpu_cuts_only_a_prompt_prefilling_alone() -> None:
-    from pflash_plugin.engine.loader import step_chunks
-
-    assert step_chunks(None, on_gpu=True).alone and not step_chunks(None, on_gpu=False).alone

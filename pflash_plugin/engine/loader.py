@@ -191,7 +191,6 @@ def check_config(config: EngineConfig, model: Model) -> None:
 class StepChunks(NamedTuple):
     prefill: int | None  # SchedulerConfig.prefill_chunk
     preempt: int  # SchedulerConfig.preempt_chunk
-    alone: bool  # SchedulerConfig.preempt_alone
 
 
 def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
@@ -203,12 +202,10 @@ def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
     mix8, qa8 and cd4 1.03-1.06x behind it; the whole step (2,048) brought all three within 1.04x, at
     llama-server's time per token for the decoding answers. A step prefilling past 512 tokens is
     cut short for a newcomer (a 512-token step costs little on a GPU); an explicit chunk below
-    that is the threshold too. On a GPU only a step of one prompt prefilling alone is cut: an H200
-    server of 128 slots hung at 128 clients in a tree that cut steps of several prompts (issue 48's
-    note; not reproduced on the CPU), where cuts of one prompt alone had run for sessions."""
+    that is the threshold too."""
     interactive = 512 if on_gpu else 128
     prefill = prefill_chunk or (None if on_gpu else interactive)
-    return StepChunks(prefill, min(prefill or interactive, interactive), alone=on_gpu)
+    return StepChunks(prefill, min(prefill or interactive, interactive))
 
 
 def build_engine(
@@ -249,7 +246,6 @@ def build_engine(
     chunks = step_chunks(config.prefill_chunk, on_gpu=gpu_count() > 0 and model.n_gpu_layers != 0)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
-                             preempt_alone=chunks.alone,
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
                              can_compress=compressor is not None, schedule_policy=config.schedule_policy)

@@ -78,7 +78,6 @@ class SchedulerConfig:
     # a step prefilling more tokens than this (one prompt or several) is aborted for a newcomer
     # whose prompt fits a step, so its first token need not wait for the whole step (None: never)
     preempt_chunk: int | None = None
-    preempt_alone: bool = False  # StepPolicy.preempt_alone
     # each step a prefilling prompt is left out of counts as this many fewer tokens left, so a
     # long prompt gets through a steady stream of short ones
     aging: int = 128
@@ -122,7 +121,7 @@ class Scheduler:
         self.text = LiveText(piece, self.outbox)
         self.intake = Intake(self.text, is_eog, self.finish, self.fail)
         self.steps = Steps(StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging,
-                                      config.preempt_chunk, config.preempt_alone), self.cache, self.text)
+                                      config.preempt_chunk), self.cache, self.text)
         self.running: list[Request] = []
         # the queue's tiers and the compressing requests, under the names tests and stats read
         self.waiting, self.prepared = self.queue.waiting, self.queue.prepared

@@ -9,13 +9,12 @@ go alone, so a long chunk never delays their first token. A prompt prefilling al
 step.
 
 A step whose prefill chunks together pass `preempt_chunk` (one prompt or several, beside decode
-rows or not; with `preempt_alone`, a GPU's default, only one prompt prefilling alone) is cut short
-by a newcomer whose whole prompt fits a step (`newcomer_gains`): its first token then comes from
-the next step instead of after the rest of the step in flight (on the CPU with the H200's step
-shape, short requests sent 100 ms apart beside long prompts: engine TTFT p90 186 -> 21 ms,
-docs/first_token_cpu.md). What the cut
-step's computed ubatches wrote of each prompt under way stays (engine/steps.py `preempted`), so the
-cut costs the long prompts the aborted ubatch at most (on a GPU not even that: llama.cpp polls
+rows or not) is cut short by a newcomer whose whole prompt fits a step (`newcomer_gains`): its
+first token then comes from the next step instead of after the rest of the step in flight (on the
+CPU with the H200's step shape, short requests sent 100 ms apart beside long prompts: engine TTFT
+p90 186 -> 21 ms, docs/first_token_cpu.md). What the cut step's computed ubatches wrote of each
+prompt under way stays (engine/steps.py `preempted`), so the cut costs the long prompts the aborted
+ubatch at most (on a GPU not even that: llama.cpp polls
 before launching it); the newcomer's step goes first, then their chunks resume. A shrinking prefill
 budget (Sarathi, vLLM's chunked prefill) cannot do this: the step in flight was composed before the
 newcomer came, and capping every step for arrivals that may come cost mix8/qa8/cd4 3-28% on the
@@ -80,9 +79,6 @@ class StepPolicy:
     prefill_chunk: int | None = None  # prefill tokens per prompt prefilling while others decode (None: no cap)
     aging: int = 128  # each step a prompt is left out of counts as this many fewer tokens left
     preempt_chunk: int | None = None  # a step prefilling past this many tokens is cut short for a newcomer
-    # only a step of one prompt prefilling alone is cut (the GPU's default: an H200 server of 128 slots
-    # hung at 128 clients once several prompts' steps could be cut; issue 48's note)
-    preempt_alone: bool = False
 
     def urgency(self, seat: Seat[K]) -> int:
         """Tokens left to prefill, fewer for every step the prompt was left out of."""
@@ -109,13 +105,11 @@ class StepPolicy:
         left_out = tuple(s.key for s in prefilling if all(s is not t for t in served))
         return Plan(decode, tuple(chunks), left_out)
 
-    def preemptible(self, prefill_chunks: Sequence[int], decode_rows: int = 0) -> bool:
+    def preemptible(self, prefill_chunks: Sequence[int]) -> bool:
         """A step worth cutting short for a newcomer: its prefill chunks (of one prompt or several;
         its decode rows aside) together more than a newcomer should wait for (`preempt_chunk`;
-        None: never); with `preempt_alone`, only one prompt's chunk with no decode rows beside."""
+        None: never)."""
         chunk = self.preempt_chunk
-        if self.preempt_alone and (len(prefill_chunks) != 1 or decode_rows):
-            return False
         return chunk is not None and sum(prefill_chunks) > chunk
 
     def newcomer_gains(self, prompt_tokens: int) -> bool:
