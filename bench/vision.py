@@ -128,12 +128,26 @@ def phases(before: dict[str, Any] | None, after: dict[str, Any] | None, wall: fl
            "media_decode_ms_per_call": round(1000 * d.get("decode_s", 0) / calls, 2),
            "media_decode_share": round(d.get("decode_s", 0) / wall, 3),
            "engine_steps": d["steps"], "wall_ms_per_step": round(1000 * wall / steps, 2),
+           **ubatch_split(d),
            **prepare_split(d)}
     for key in ("prepare_ms", "queue_ms", "prefill_ms", "decode_ms"):
         values = sorted(t["timings"][key] for t in done if key in t["timings"])
         if values:
             out[f"median_{key}"] = values[len(values) // 2]
     return out
+
+
+def ubatch_split(d: dict[str, Any]) -> dict[str, Any]:
+    """The round's llama_decode calls as llama.cpp cut them (llama/ubatches.py): ubatches per token
+    batch (a step's) and per media call, and how many built a graph (not the ubatch before's reused;
+    on a GPU no CUDA graph replay): each ubatch reads all the weights."""
+    if "step_ubatches" not in d:
+        return {}
+    calls, media = max(d["step_calls"], 1), max(d.get("decode_calls", 0), 1)
+    return {"step_ubatches_per_call": round(d["step_ubatches"] / calls, 2),
+            "step_graphs_built_per_call": round((d["step_ubatches"] - d["step_graphs_reused"]) / calls, 2),
+            "media_ubatches_per_call": round(d["decode_ubatches"] / media, 2),
+            "media_graphs_built_per_call": round((d["decode_ubatches"] - d["decode_graphs_reused"]) / media, 2)}
 
 
 PREPARE_PARTS = ("upload", "parse", "wait", "media", "tokenize", "work", "back")

@@ -264,6 +264,7 @@ def build_engine(
         raise
     if media is not None:
         media.decode_counts = runner.media.counts  # /status's media block shows the decode calls
+        media.ubatches = runner.ubatches  # and their ubatches
     engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s, media=media)
     engine.start()
     return engine

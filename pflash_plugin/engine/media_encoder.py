@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..llama.media import DecodeCounts, Projector
+from ..llama.ubatches import UbatchCounts
 from .media import MediaInput
 from .limits import AdmissionError
 from .media_prompt import MediaPrompt, MediaSpan, build_prompt
@@ -46,6 +47,11 @@ class MediaStats:
     decode_rows: int = 0
     decode_pieces: int = 0  # step rows of media (a piece of one request's chunk each)
     decode_s: float = 0.0
+    decode_ubatches: int = 0  # the ubatches llama.cpp cut those calls into (llama/ubatches.py)
+    decode_graphs_reused: int = 0  # of them, computed on the ubatch before's graph
+    step_calls: int = 0  # the steps' token batches (llama_decode calls of token rows)
+    step_ubatches: int = 0
+    step_graphs_reused: int = 0
 
 
 class MediaEncoder:
@@ -63,6 +69,7 @@ class MediaEncoder:
             self._free.put(projector)
         self._worker = ThreadPoolExecutor(len(self.projectors), thread_name_prefix="pflash-media")
         self.decode_counts: DecodeCounts | None = None  # the runner's media decodes (set by build_engine)
+        self.ubatches: UbatchCounts | None = None  # the runner's decodes' ubatches and reused graphs (the same)
         self.on_done: Callable[[], None] = lambda: None  # the engine wakes its thread here
 
     def prompt(self, text: str, media: Sequence[MediaInput]) -> MediaPrompt:
@@ -125,12 +132,13 @@ class MediaEncoder:
             self._bytes -= old.nbytes
 
     def stats(self) -> MediaStats:
-        decoded = self.decode_counts or DecodeCounts()
+        decoded, ub = self.decode_counts or DecodeCounts(), self.ubatches or UbatchCounts()
         with self._lock:
             return MediaStats(self._encoded, self._hits, self._bytes, self.capacity, self._media_tokens,
                               len(self.projectors), round(self._encode_s, 6), round(self._wait_s, 6),
                               self.projector.tokenized_items, round(self.projector.tokenize_s, 6),
-                              decoded.calls, decoded.rows, decoded.pieces, round(decoded.seconds, 6))
+                              decoded.calls, decoded.rows, decoded.pieces, round(decoded.seconds, 6),
+                              ub.media_ubatches, ub.media_reused, ub.step_calls, ub.step_ubatches, ub.step_reused)
 
     def close(self) -> None:
         """End the workers (encodes under way finish first), then free the projectors."""

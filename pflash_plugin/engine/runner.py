@@ -6,6 +6,8 @@ from typing import Callable
 
 from ..llama import Batch, Context, Model
 from ..llama.media import MediaDecoder, MediaPiece
+from ..llama.ubatches import UbatchCounts
+from ..llama.ubatches import count as ubatch_count
 from .request import Request, RequestStatus, TokenOutput
 from .sampling import Sampling, output_on_gpu
 from .scheduler import Step
@@ -25,7 +27,8 @@ class LlamaRunner:
         self.model, self.ctx = model, ctx
         self.sampling = Sampling(model, ctx, seed=seed, penalty_last_n=penalty_last_n, device=backend_sampling)
         self.batch = Batch(ctx.n_batch, 1)
-        self.media = MediaDecoder(ctx)  # media pieces' embeddings (issue 46)
+        self.ubatches = UbatchCounts()  # the decode calls' ubatches and reused graphs (/status media)
+        self.media = MediaDecoder(ctx, self.ubatches)  # media pieces' embeddings (issue 46)
         self.decode_threads = DecodeThreads(ctx.n_threads, ctx.n_threads_batch)
         self.overlaps = output_on_gpu(model) if overlaps is None else overlaps
         self._rows: list[tuple[Request, int]] = []  # the launched step's rows that want logits
@@ -112,13 +115,25 @@ class LlamaRunner:
         start = time.perf_counter()
         try:
             if batch.n_tokens:  # a step of media pieces alone has no token batch
-                self.ctx.decode(batch)
+                self._decode_counted(step)
         except BaseException:
             self.sampling.landed()
             raise
         self._timing = (threads, time.perf_counter() - start) if threads else None
         if self.returns_early(step):  # the constrained rows' masks while the device decodes
             self.sampling.beside_decode(self._rows)
+
+    def _decode_counted(self, step: Step) -> None:
+        """The token batch's llama_decode, its ubatches and the graphs llama.cpp reused counted."""
+        counts, ctx = self.ubatches, self.ctx
+        runs = [(item.request.held_slot, len(item.tokens)) for item in step.items if item.media is None]
+        counts.step_calls += 1
+        counts.step_ubatches += ubatch_count(runs, ctx.n_ubatch, not ctx.config.kv_unified)
+        reused = ctx.graph_reuses()
+        try:
+            ctx.decode(self.batch)
+        finally:
+            counts.step_reused += ctx.graph_reuses() - reused
 
     def _decode_media(self, step: Step) -> None:
         """The step's media pieces, before its token batch, by decode calls of their own (llama.cpp

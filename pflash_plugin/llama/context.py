@@ -9,8 +9,12 @@ import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .batch import Batch
+from .held import holding_gil
 from .log import hush
 from .model import Model
+
+
+_perf_context = holding_gil(C.llama_perf_context)  # a copy of a few counters: microseconds
 
 
 class Decodable(Protocol):
@@ -254,8 +258,9 @@ class Context:
             raise RuntimeError(f"llama.cpp could not restore {len(data)} bytes of state into sequence {seq_id}")
 
     def graph_reuses(self) -> int:
-        """Ubatches llama.cpp computed on the previous ubatch's graph, not a new one, so far."""
-        return int(C.llama_perf_context(self.ptr).n_reused)
+        """Ubatches llama.cpp computed on the previous ubatch's graph, not a new one, so far (held:
+        the engine thread reads it around each decode)."""
+        return int(_perf_context(self.ptr).n_reused)
 
     def synchronize(self) -> None:
         """Wait for the computation llama_decode queued (a GPU decode returns before it ends)."""

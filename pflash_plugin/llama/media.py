@@ -31,6 +31,8 @@ from . import log as llama_log
 from .context import Context
 from .held import holding_gil
 from .model import Model
+from .ubatches import UbatchCounts
+from .ubatches import count as ubatch_count
 
 try:  # the wheel ships libmtmd unless it was built with -DLLAVA_BUILD=OFF
     import llama_cpp.mtmd_cpp as M
@@ -371,10 +373,12 @@ class MediaDecoder:
     most n_batch rows (a piece split across two keeps its order); a non-causal piece (decoded whole)
     gets a call of its own with causal attention off."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, ubatches: UbatchCounts | None = None) -> None:
         self.ctx = ctx
         self.batch: EmbeddingBatch | None = None
         self.counts = DecodeCounts()
+        self.ubatches = ubatches or UbatchCounts()  # the calls' ubatches and reused graphs
+        self._runs: list[tuple[int, int]] = []  # the batch's rows as (sequence, rows), for `ubatches`
 
     def decode(self, pieces: Sequence[MediaPiece]) -> None:
         """Raises DecodeError as Context.decode does (what was written stays: the caller trims)."""
@@ -395,12 +399,14 @@ class MediaDecoder:
             while at < len(piece.rows):
                 take = min(batch.room, len(piece.rows) - at)
                 batch.add(piece.rows[at : at + take], piece.positions[:, at : at + take], piece.seq_id)
+                self._runs.append((piece.seq_id, take))
                 at += take
                 if not batch.room:
                     self._flush(batch, False)
         self._flush(batch, False)
         for piece in [p for p in pieces if p.non_causal]:
             batch.add(piece.rows, piece.positions, piece.seq_id)
+            self._runs.append((piece.seq_id, len(piece.rows)))
             self._flush(batch, True)
 
     def _batch(self, n_embd: int, n_sections: int) -> EmbeddingBatch:
@@ -416,10 +422,14 @@ class MediaDecoder:
             C.llama_set_causal_attn(self.ctx.ptr, False)
         self.counts.calls += 1
         self.counts.rows += batch.n_tokens
+        self.ubatches.media_ubatches += ubatch_count(self._runs, self.ctx.n_ubatch, not self.ctx.config.kv_unified)
+        reused = self.ctx.graph_reuses()
         try:
             self.ctx.decode(batch)
         finally:
+            self.ubatches.media_reused += self.ctx.graph_reuses() - reused
             batch.clear()
+            self._runs = []
             if non_causal:
                 C.llama_set_causal_attn(self.ctx.ptr, True)
 
