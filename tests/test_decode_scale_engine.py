@@ -27,8 +27,12 @@ def test_engine_arm_splits_each_step(overlap: bool) -> None:
     assert row["serial_host_ms"] == pytest.approx(row["step_ms"] - parts["wait"] - beside, abs=0.01)
     assert "decode_ms" in row if not overlap else "decode_ms" not in row
     assert row["kv_unified"] is False  # a stream per slot: the layout whose graph every decode step keeps
+    # the steady steps (8 rows, each on the graph before) apart from the prompts' prefill and the first decode
+    assert row["steps"] - 4 <= row["steady_steps"] < row["steps"] and 0 < row["other_steps_share"] < 1, row
+    assert row["steady_parts_ms"]["decode"] > 0 and row["steady_step_ms"] > 0
     table = decode_scale.table({"results": {"engine": [row]}})
     assert "graph reuses/step" in table and "| wait ms |" in table
+    assert "| engine, steady steps: mode |" in table
 
 
 def test_engine_arm_over_two_contexts_gives_the_same_greedy_tokens():

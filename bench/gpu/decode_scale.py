@@ -143,6 +143,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     from pflash_plugin.engine.loader import EngineConfig, load_engine
     from harness import run_to_end
     from host_overhead import PhaseTimer
+    from step_log import StepLog
     from pflash_plugin.llama import ModelParams
 
     config = EngineConfig(n_slots=args.slots, max_ctx=512, flash_attn=True, backend_sampling=backend,
@@ -161,6 +162,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     if not overlap:
         ctx.decode = timed  # type: ignore[method-assign]
     timer = PhaseTimer(engine)
+    log = StepLog(engine, timer, args.slots)
     try:
         requests = engine_requests(args, mode)
         steps, reused = engine.steps, ctx.graph_reuses()
@@ -185,6 +187,7 @@ def engine_steps(args: argparse.Namespace, mode: str, backend: str, overlap: boo
     row.update(parts_ms={part: round(ms, 3) for part, ms in parts.items()}, graph_reuses_per_step=round(reused / steps, 3),
                kv_unified=ctx.config.kv_unified,
                serial_host_ms=round(1000 * wall / steps - parts.get("wait", 0.0) - beside, 3))
+    row.update(log.summary())  # the steady decode steps' medians apart from prefill and rebuilt graphs
     if not overlap:
         row.update(decode_ms=round(1000 * decode_s[0] / steps, 3), host_ms=round(1000 * (wall - decode_s[0]) / steps, 3))
     if trace is not None:
@@ -318,6 +321,7 @@ def table(data: dict[str, Any]) -> str:
                       + " |", "|---|---|---|---|" + "---|" * len(names)]
             lines += [f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r.get('sample_threads', '-')} | "
                       + " | ".join(str(r["parts_ms"].get(p, "-")) for p in names) + " |" for r in parted]
+        lines += steady_table([r for r in steps if r.get("steady_steps")])
     split = [r for r in data["results"].get("engine", []) if "contexts" in r]
     if split:
         lines += ["", "| engine: mode | contexts | tok/s | ms/step per context | graph reuses/step |", "|---|---|---|---|---|"]
@@ -327,6 +331,18 @@ def table(data: dict[str, Any]) -> str:
     if greedy:
         lines += ["", f"greedy tokens the same in every engine arm: {len(greedy) == 1}"]
     return "\n".join(lines)
+
+
+def steady_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The engine rows' steady decode steps (StepLog): medians per step, apart from prefill and rebuilt graphs."""
+    if not rows:
+        return []
+    names = list(dict.fromkeys(p for r in rows for p in r["steady_parts_ms"]))
+    return ["", "| engine, steady steps: mode | backend sampling | overlap | steady steps | other steps' share of time "
+            "| ms/step | " + " | ".join(f"{p} ms" for p in names) + " |", "|---|---|---|---|---|---|" + "---|" * len(names)] + [
+        f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r['steady_steps']} | "
+        f"{r['other_steps_share']} | {r['steady_step_ms']} | " + " | ".join(str(r["steady_parts_ms"].get(p, "-"))
+                                                                         for p in names) + " |" for r in rows]
 
 
 def main() -> None:
