@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +54,8 @@ def merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 class Recorder:
     """Wraps the runner's launch and collect and its context's decode: a row per step."""
 
-    def __init__(self, engine: Any) -> None:
-        self.runner, self.ctx = engine.runner, engine.runner.ctx
+    def __init__(self, engine: Any, calls: ForeignCalls | None) -> None:
+        self.runner, self.ctx, self.calls = engine.runner, engine.runner.ctx, calls
         self.steps: list[dict[str, Any]] = []
         self._calls: list[dict[str, Any]] = []
         self._launched = 0.0
@@ -76,6 +78,10 @@ class Recorder:
             self._calls, start = [], time.perf_counter()
             if self.steps:  # the last step's launch to this one's: the engine's whole round
                 self.steps[-1]["round_ms"] = round(1000 * (start - self._launched), 3)
+            if self.calls is not None:
+                self.calls.thread = threading.get_ident()
+                if self.steps:
+                    self.steps[-1]["foreign_calls"] = self.calls.take()
             self._launched = start
             try:
                 launch(step)
@@ -110,7 +116,7 @@ class Recorder:
                 "launch_ms": round(1000 * launch_s, 3)}
 
 
-def workload(args: argparse.Namespace, clients: int, seed: int) -> list[dict[str, Any]]:
+def workload(args: argparse.Namespace, clients: int, seed: int, calls: ForeignCalls | None) -> list[dict[str, Any]]:
     """`clients` image requests submitted `args.gap_ms` apart (their preparation's spread over HTTP)
     to a fresh engine in the GPU's order, each encode taking `args.encode_ms` more (a GPU's ViT took
     ~20 ms an image, 4 at once, beside the engine's steps); the rows of its steps."""
@@ -127,7 +133,7 @@ def workload(args: argparse.Namespace, clients: int, seed: int) -> list[dict[str
     for projector in engine.media.projectors:
         projector.encode = slowed(projector.encode, args.encode_ms / 1000)
     try:
-        recorder = Recorder(engine)
+        recorder = Recorder(engine, calls)
         done, errors = threading.Semaphore(0), []
 
         def sink(event: Any) -> None:
@@ -157,6 +163,51 @@ def workload(args: argparse.Namespace, clients: int, seed: int) -> list[dict[str
         loader.step_chunks = chunks  # type: ignore[assignment]
 
 
+class ForeignCalls:
+    """Counts the GIL-releasing foreign calls (ctypes functions of llama.cpp's and the native
+    library, looked up as module attributes where called) the engine thread makes, by name: on a
+    busy process each one waits up to the switch interval (5 ms) to take the GIL back. Calls bound
+    holding the GIL (llama/held.py) are not among them."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        import llama_cpp.llama_cpp as C
+
+        from pflash_plugin.llama import native
+
+        self.thread = 0  # the engine thread's ident, set at its first launch
+        self.counts: Counter[str] = Counter()
+        lib = native.load()
+        for owner in (C, lib) if lib is not None else (C,):
+            for name in [n for n in dir(owner) if n.startswith(("llama_", "pfx_"))]:
+                function = getattr(owner, name)
+                if isinstance(function, ctypes._CFuncPtr):
+                    setattr(owner, name, self._counted(name, function))
+
+    def _counted(self, name: str, function: Any) -> Any:
+        def call(*args: Any) -> Any:
+            if threading.get_ident() == self.thread:
+                self.counts[name] += 1
+            return function(*args)
+        return call
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last take."""
+        out, self.counts = dict(self.counts), Counter()
+        return out
+
+
+def busy() -> None:
+    """Python in 2 ms bursts, for ever: the GIL's other holder (the event loop streaming the
+    answers and the preparation threads do this over HTTP; bench/first_token.py --busy)."""
+    while True:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.002:
+            sum(range(1000))
+        time.sleep(0.0002)
+
+
 def slowed(encode: Any, seconds: float) -> Any:
     """`encode`, `seconds` longer (the GIL released meanwhile, as a GPU encode's wait is)."""
     def slow(chunk: Any) -> Any:
@@ -175,9 +226,16 @@ def kind(step: dict[str, Any]) -> str:
 
 
 def summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per kind of step: how many, their ubatches and graph reuse; the round's totals."""
+    """Per kind of step: how many, their ubatches and graph reuse, the decode steps' median round
+    and its host part (the round less the decode calls); the round's totals."""
     out: dict[str, Any] = {"steps": len(steps), "ubatches": sum(s["ubatches"] for s in steps),
                            "reused": sum(s["reused"] for s in steps)}
+    timed = [s for s in steps if kind(s) == "decode" and "round_ms" in s]
+    if timed:
+        out["decode_round_ms"] = statistics.median(s["round_ms"] for s in timed)
+        out["decode_host_ms"] = round(statistics.median(s["round_ms"] - s["decode_ms"] for s in timed), 3)
+        if "foreign_calls" in timed[0]:
+            out["decode_foreign_calls"] = statistics.median(sum(s["foreign_calls"].values()) for s in timed)
     for name in ("decode", "text+decode", "text", "media"):
         group = [s for s in steps if kind(s) == name]
         if group:
@@ -199,14 +257,19 @@ def main() -> None:
     ap.add_argument("--encode_ms", type=float, default=0.0, help="each encode this much longer (a GPU's: ~20)")
     ap.add_argument("--encoders", type=int, default=1, help="--media_encoders (the GPU's default: 4)")
     ap.add_argument("--n_ubatch", type=int, default=512)
+    ap.add_argument("--calls", action="store_true", help="count the engine thread's GIL-releasing foreign calls")
+    ap.add_argument("--busy", action="store_true", help="a thread beside runs Python (the GIL's other holder)")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--steps", action="store_true", help="print every step's row")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     result: dict[str, Any] = {"bench": "vision_steps", "args": {k: str(v) for k, v in vars(args).items()}, "runs": []}
+    calls = ForeignCalls() if args.calls else None
+    if args.busy:
+        threading.Thread(target=busy, daemon=True).start()
     for clients in args.clients:
         for rep in range(args.reps):
-            steps = workload(args, clients, 1000 * rep)
+            steps = workload(args, clients, 1000 * rep, calls)
             result["runs"].append({"clients": clients, "rep": rep, "summary": summary(steps), "steps": steps})
             print(f"clients {clients} rep {rep}: {json.dumps(summary(steps))}", flush=True)
             if args.steps:

@@ -15,6 +15,8 @@ from .model import Model
 
 
 _perf_context = holding_gil(C.llama_perf_context)  # a copy of a few counters: microseconds
+# cells' bookkeeping (no device work), 10-24 a step while requests are admitted (bench/vision_steps.py --calls)
+_seq_rm_held = holding_gil(C.llama_memory_seq_rm)
 
 
 class Decodable(Protocol):
@@ -218,7 +220,7 @@ class Context:
 
     # ---- KV memory -------------------------------------------------------------------------
     def seq_rm(self, seq_id: int, start: int = 0, end: int = -1) -> None:
-        if not C.llama_memory_seq_rm(self.mem, seq_id, start, end):
+        if not _seq_rm_held(self.mem, seq_id, start, end):
             raise RuntimeError(f"llama.cpp could not remove positions {start}..{end} of sequence {seq_id}")
 
     def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:

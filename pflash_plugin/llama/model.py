@@ -18,6 +18,10 @@ _INT32_MAX = 0x7FFFFFFF  # n_gpu_layers -1: every layer (llama_cpp.Llama's mappi
 # short message (1 KB: 0.35 ms on Gemma 3's 262K vocabulary, 2 CPU cores); a longer one releases it
 HELD_TOKENIZE_BYTES = 1024
 _tokenize_held = holding_gil(C.llama_tokenize)
+# a lookup of microseconds, once per generating row per step on the engine thread: releasing the GIL
+# for it waits to take it back wherever the event loop streams answers (32 of the 35 GIL-releasing
+# calls of a 32-row decode step; bench/vision_steps.py --calls)
+_is_eog_held = holding_gil(C.llama_vocab_is_eog)
 KvOverride = tuple[str, "bool | int | float | str"]
 
 
@@ -282,7 +286,7 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(C.llama_vocab_is_eog(self.vocab, token))
+        return bool(_is_eog_held(self.vocab, token))
 
     def shares_vocab(self, other: Model) -> bool:
         """Whether `other`'s token ids mean what this model's do (same size, and the same piece at

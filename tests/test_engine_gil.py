@@ -1,0 +1,44 @@
+"""The engine thread's foreign calls that release the GIL (ctypes releases it around every call of a
+CDLL's function): on a busy process (the event loop streaming 32 answers, image chats' preparation)
+each one waits to take it back, so a decode step makes only the long ones (the decode, the logits,
+the sampler over them, a new token's text). The end-of-generation check of every row and the KV
+cells' removal keep it (llama/held.py): a 32-row decode step made 35 such calls, now 3-4
+(bench/vision_steps.py --calls)."""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import Counter
+
+import llama_cpp.llama_cpp as C
+
+from pflash_plugin.engine.loader import EngineConfig, load_engine
+from pflash_plugin.engine.request import Request, SamplingParams
+
+from conftest import run_requests
+
+
+def test_decode_steps_release_the_gil_only_for_long_calls(tiny_model, monkeypatch):
+    main = threading.get_ident()
+    released: Counter[str] = Counter()
+    for name in [n for n in dir(C) if n.startswith("llama_")]:
+        function = getattr(C, name)
+        if isinstance(function, ctypes._CFuncPtr):
+            def spy(*args, _function=function, _name=name):
+                if threading.get_ident() != main:
+                    released[_name] += 1
+                return _function(*args)
+            monkeypatch.setattr(C, name, spy)
+    config = EngineConfig(n_slots=4, max_ctx=256, n_batch=64, n_threads=1, n_threads_batch=1)
+    model, engine = load_engine(tiny_model, config)
+    try:
+        requests = [Request(model.tokenize(f"the water {i} is", True),
+                            SamplingParams(max_tokens=24, min_tokens=24, temperature=0.0)) for i in range(4)]
+        run_requests(engine, requests)
+        steps = engine.steps
+    finally:
+        engine.stop()
+        engine.close()
+    assert steps >= 24 and released["llama_decode"] >= 24
+    assert released["llama_vocab_is_eog"] == 0 and released["llama_memory_seq_rm"] == 0, released
+    assert sum(released.values()) <= 6 * steps, (steps, released)
