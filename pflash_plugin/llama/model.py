@@ -22,6 +22,7 @@ _tokenize_held = holding_gil(C.llama_tokenize)
 # for it waits to take it back wherever the event loop streams answers (32 of the 35 GIL-releasing
 # calls of a 32-row decode step; bench/vision_steps.py --calls)
 _is_eog_held = holding_gil(C.llama_vocab_is_eog)
+_piece_held = holding_gil(C.llama_token_to_piece)  # a token's text the first time it is seen: microseconds
 KvOverride = tuple[str, "bool | int | float | str"]
 
 
@@ -222,10 +223,10 @@ class Model:
                 raise ValueError(f"token {token} is not in the vocabulary (0..{self.n_vocab - 1})")
             special = token in self._rendered
             buf = ctypes.create_string_buffer(64)
-            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            n = _piece_held(self.vocab, token, buf, len(buf), 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+                n = _piece_held(self.vocab, token, buf, len(buf), 0, special)
             cached = self._pieces[token] = buf.raw[:n]
         return cached
 

@@ -17,14 +17,26 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import cast
 
 import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .context import Context
+from .held import holding_gil
 from .grammar_cost import GrammarSyntaxError, grammar_cost, grammar_shape
 from .model import Model
+
+# a request's chain built and freed holding the GIL (held.py): microseconds each, on the engine thread
+# as requests are admitted and end (5-6 calls a greedy request: 32 image chats admitted together
+# released the GIL ~190 times; bench/vision_steps.py --calls); the samplers over a row release it
+_HELD_SAMPLERS = ("llama_sampler_chain_default_params", "llama_sampler_chain_init", "llama_sampler_chain_add",
+                  "llama_sampler_init_greedy", "llama_sampler_init_dist", "llama_sampler_init_top_k",
+                  "llama_sampler_init_top_p", "llama_sampler_init_min_p", "llama_sampler_init_typical",
+                  "llama_sampler_init_temp", "llama_sampler_init_penalties", "llama_sampler_init_logit_bias",
+                  "llama_sampler_init_mirostat", "llama_sampler_init_mirostat_v2", "llama_sampler_free")
+H = SimpleNamespace(**{name: holding_gil(getattr(C, name)) for name in _HELD_SAMPLERS})
 
 
 class GrammarError(ValueError):
@@ -240,9 +252,9 @@ class SamplerChain:
     def __init__(self, model: Model, p: SamplerParams, device: bool = False) -> None:
         """`device`: the chain is for `Context.set_sampler` (greedy is written as top-k 1 -> dist)."""
         self.params = p
-        chain_params = C.llama_sampler_chain_default_params()
+        chain_params = H.llama_sampler_chain_default_params()
         chain_params.no_perf = True
-        self.ptr = C.llama_sampler_chain_init(chain_params)
+        self.ptr = H.llama_sampler_chain_init(chain_params)
         self.grammar = None
         self._candidates: _Candidates | None = None
         try:
@@ -254,46 +266,46 @@ class SamplerChain:
                 for i, (token, bias) in enumerate(p.logit_bias.items()):
                     model.check_token(token)
                     biases[i] = C.llama_logit_bias(token, bias)
-                self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), biases))
+                self._add(H.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), biases))
             if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
                 self._add(
-                    C.llama_sampler_init_penalties(
+                    H.llama_sampler_init_penalties(
                         model.n_vocab,
                         p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
                     )
                 )
             seed = p.seed if p.seed is not None else random.getrandbits(32)
             if p.temperature <= 0 and device:  # llama.cpp copies a device chain's last logits to the host:
-                self._add(C.llama_sampler_init_top_k(1))  # one value after top-k 1, the whole row before
-                self._add(C.llama_sampler_init_dist(seed))  # greedy (whose device version ignores top-k's ids)
+                self._add(H.llama_sampler_init_top_k(1))  # one value after top-k 1, the whole row before
+                self._add(H.llama_sampler_init_dist(seed))  # greedy (whose device version ignores top-k's ids)
                 return
             if p.temperature <= 0:
-                self._add(C.llama_sampler_init_greedy())
+                self._add(H.llama_sampler_init_greedy())
                 return
             if p.mirostat in (1, 2):  # mirostat replaces the truncation samplers, as in llama.cpp
-                self._add(C.llama_sampler_init_temp(p.temperature))
+                self._add(H.llama_sampler_init_temp(p.temperature))
                 self._add(
-                    C.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
+                    H.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
                     if p.mirostat == 1
-                    else C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta)
+                    else H.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta)
                 )
                 return
             if p.top_k > 0:
-                self._add(C.llama_sampler_init_top_k(p.top_k))
+                self._add(H.llama_sampler_init_top_k(p.top_k))
             if p.typical_p < 1.0:
-                self._add(C.llama_sampler_init_typical(p.typical_p, 1))
+                self._add(H.llama_sampler_init_typical(p.typical_p, 1))
             if p.top_p < 1.0:
-                self._add(C.llama_sampler_init_top_p(p.top_p, 1))
+                self._add(H.llama_sampler_init_top_p(p.top_p, 1))
             if p.min_p > 0.0:
-                self._add(C.llama_sampler_init_min_p(p.min_p, 1))
-            self._add(C.llama_sampler_init_temp(p.temperature))
-            self._add(C.llama_sampler_init_dist(seed))
+                self._add(H.llama_sampler_init_min_p(p.min_p, 1))
+            self._add(H.llama_sampler_init_temp(p.temperature))
+            self._add(H.llama_sampler_init_dist(seed))
         except BaseException:
             self.close()
             raise
 
     def _add(self, sampler: C.llama_sampler_p) -> None:
-        C.llama_sampler_chain_add(self.ptr, sampler)
+        H.llama_sampler_chain_add(self.ptr, sampler)
 
     def sample(self, ctx: Context, index: int) -> int:
         """Sample from batch row `index` and accept the token (penalties, grammar state).
@@ -357,10 +369,10 @@ class SamplerChain:
 
     def close(self) -> None:
         if self.grammar:
-            C.llama_sampler_free(self.grammar)
+            H.llama_sampler_free(self.grammar)
             self.grammar = None
         if self.ptr:
-            C.llama_sampler_free(self.ptr)
+            H.llama_sampler_free(self.ptr)
             self.ptr = None
 
     def __del__(self) -> None:
