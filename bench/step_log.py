@@ -39,7 +39,8 @@ class StepLog:
         self._marks.append((time.perf_counter(), dict(self._timer.seconds), self._ctx.graph_reuses(), self._tokens))
 
     def summary(self) -> dict[str, Any]:
-        """Medians over the steady steps (ms: the step and each part), how many steps were steady, and
+        """Medians over the steady steps (ms: the step and each part, "other" the step less its parts: the
+        engine loop's own), how many steps were steady, and
         the share of the run's time in the others (prefill, rebuilt graphs, the last partial step)."""
         self._mark()
         steady: list[tuple[float, dict[str, float]]] = []
@@ -50,7 +51,8 @@ class StepLog:
             wall = t1 - t0
             total += wall
             if tokens1 - tokens0 == self.rows and reuses1 - reuses0 == 1:
-                steady.append((wall, {p: s - sums0.get(p, 0.0) for p, s in sums1.items()}))
+                parts = {p: s - sums0.get(p, 0.0) for p, s in sums1.items()}
+                steady.append((wall, {**parts, "other": wall - sum(parts.values())}))
             else:
                 other += wall
         if not steady:
