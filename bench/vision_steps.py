@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pflash_plugin.engine.media import MEDIA_MARKER, MediaInput  # noqa: E402
 from pflash_plugin.llama.ubatches import split_equal  # noqa: E402
-from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, RequestStatus, SamplingParams  # noqa: E402
+from pflash_plugin.engine.request import (ErrorEvent, FinishEvent, Request, RequestStatus,  # noqa: E402
+                                          SamplingParams, TextEvent)
 from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector  # noqa: E402
 from pflash_plugin.testing.media_files import png  # noqa: E402
 
@@ -136,7 +137,11 @@ def workload(args: argparse.Namespace, clients: int, seed: int, calls: ForeignCa
         recorder = Recorder(engine, calls)
         done, errors = threading.Semaphore(0), []
 
-        def sink(event: Any) -> None:
+        first: dict[int, int] = {}  # each request's first text: the steps run by then
+
+        def sink(i: int, event: Any) -> None:
+            if isinstance(event, TextEvent):
+                first.setdefault(i, len(recorder.steps))
             if isinstance(event, ErrorEvent):
                 errors.append(event)
             if isinstance(event, (FinishEvent, ErrorEvent)):
@@ -144,16 +149,17 @@ def workload(args: argparse.Namespace, clients: int, seed: int, calls: ForeignCa
 
         prompts = [engine.media.prompt(PROMPT, [MediaInput("image", png(64, 64, seed + i), "image/png")])
                    for i in range(clients)]
-        for prompt in prompts:
-            engine.submit(Request(prompt.tokens, SamplingParams(max_tokens=args.max_tokens,
-                                                                min_tokens=args.max_tokens,
+        start = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            engine.submit(Request(prompt.tokens, SamplingParams(max_tokens=args.max_tokens, min_tokens=args.max_tokens,
                                                                 temperature=0.0),
-                                  sink,
-                                  media=prompt.spans))
+                                  lambda event, i=i: sink(i, event), media=prompt.spans))
             time.sleep(args.gap_ms / 1000)
         for _ in prompts:
             assert done.acquire(timeout=120), "the image requests did not finish"
         assert not errors, errors
+        recorder.steps[0]["round"] = {"wall_ms": round(1000 * (time.perf_counter() - start), 1),
+                                      "first_token_steps": [first[i] for i in range(clients)]}
         counts = engine.runner.ubatches  # the engine's own count (llama/ubatches.py), beside the recorder's
         assert counts.step_ubatches + counts.media_ubatches == sum(s["ubatches"] for s in recorder.steps)
         return recorder.steps
@@ -246,6 +252,9 @@ def summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
                          "rows_per_step": round(sum(s["decode_rows"] + sum(s["text_chunks"]) + sum(s["media_pieces"])
                                                     for s in group) / len(group), 1)}
     out["graphs_built"] = out["ubatches"] - out["reused"]
+    firsts = steps[0]["round"]["first_token_steps"]
+    out.update(wall_ms=steps[0]["round"]["wall_ms"], mean_first_token_step=round(statistics.mean(firsts), 1),
+               last_first_token_step=max(firsts))
     return out
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from .live_text import LiveText
-from .media_prompt import MediaRows, mrope_partial, piece_left, prefill_piece
+from .media_prompt import MediaRows, mrope_partial, piece_left, prefill_piece, span_at
 from .positions import kv_position, position
 from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus, SamplingParams, TokenOutput
@@ -77,11 +77,37 @@ class Steps:
             n, media = piece
             items.append(BatchItem(request, request.prefill_tokens[start : start + n], at, n == request.prefill_left,
                                    media=media))
+        items += self._text_after_media(items)
         for request in plan.left_out:
             self.text.left_out(request)
         # in slot order: llama.cpp puts a run of consecutive sequences in one ubatch when each slot
         # has a KV stream of its own, and any order serves a unified one
         return Step(sorted(self._steady(items), key=lambda item: item.request.held_slot))
+
+    def _text_after_media(self, items: list[BatchItem]) -> list[BatchItem]:
+        """For each media piece that ends its image, the prompt's text after it (to the next media
+        edge or the prompt's end) in the same step's token batch, where the batch has room: the
+        media calls run before the token batch, so its rows follow the image's cells in the slot as
+        the next step's would. The image's first token comes a step sooner, and its slot has a row
+        in the token batch where the decode rows' run would otherwise break around it (with a KV
+        stream per slot llama.cpp makes a ubatch per run of consecutive slots: module docstring),
+        and the step after is one of decode rows alone (32 image chats in the GPU's order on the
+        CPU: bench/vision_steps.py)."""
+        room = self.policy.max_batch_tokens - sum(len(item.tokens) for item in items if item.media is None)
+        out: list[BatchItem] = []
+        for item in items:
+            request, n = item.request, len(item.tokens)
+            start, left = request.n_prefilled + n, request.prefill_left - n
+            if item.media is None or room <= 0 or left <= 0 or span_at(request.media, start) is not None:
+                continue  # text, no room, the prompt's end, the image not ended or another one next
+            piece = prefill_piece(request.media, start, min(room, left))
+            if piece is None or piece[1] is not None:
+                continue
+            index = len(self.cache.slots[request.held_slot].tokens) + n  # after the image's cells
+            out.append(BatchItem(request, request.prefill_tokens[start : start + piece[0]],
+                                 position(request.media, index), piece[0] == left))
+            room -= piece[0]
+        return out
 
     def _steady(self, items: list[BatchItem]) -> list[BatchItem]:
         """A decode step's rows plus a filler row for each idle slot between them (a GPU reads the
