@@ -40,8 +40,8 @@ class StepLog:
 
     def summary(self) -> dict[str, Any]:
         """Medians over the steady steps (ms: the step and each part, "other" the step less its parts: the
-        engine loop's own), how many steps were steady, and
-        the share of the run's time in the others (prefill, rebuilt graphs, the last partial step)."""
+        engine loop's own) and their mean step, how many steps were steady, and the share of the run's
+        time in the others (prefill, rebuilt graphs, the last partial step)."""
         self._mark()
         steady: list[tuple[float, dict[str, float]]] = []
         total = other = 0.0
@@ -57,8 +57,9 @@ class StepLog:
                 other += wall
         if not steady:
             return {"steady_steps": 0}
-        parts = sorted({p for _, step in steady for p in step})
+        names = sorted({p for _, step in steady for p in step})
         return {"steady_steps": len(steady), "other_steps_share": round(other / total, 3),
                 "steady_step_ms": round(1000 * statistics.median(w for w, _ in steady), 3),
+                "steady_step_mean_ms": round(1000 * statistics.mean(w for w, _ in steady), 3),
                 "steady_parts_ms": {p: round(1000 * statistics.median(step.get(p, 0.0) for _, step in steady), 3)
-                                    for p in parts}}
+                                    for p in names}}
