@@ -339,9 +339,9 @@ def steady_table(rows: list[dict[str, Any]]) -> list[str]:
         return []
     names = list(dict.fromkeys(p for r in rows for p in r["steady_parts_ms"]))
     return ["", "| engine, steady steps: mode | backend sampling | overlap | steady steps | other steps' share of time "
-            "| ms/step | " + " | ".join(f"{p} ms" for p in names) + " |", "|---|---|---|---|---|---|" + "---|" * len(names)] + [
+            "| ms/step | mean ms/step | " + " | ".join(f"{p} ms" for p in names) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(names)] + [
         f"| {r['mode']} | {r['backend_sampling']} | {r.get('overlap', False)} | {r['steady_steps']} | "
-        f"{r['other_steps_share']} | {r['steady_step_ms']} | " + " | ".join(str(r["steady_parts_ms"].get(p, "-"))
+        f"{r['other_steps_share']} | {r['steady_step_ms']} | {r.get('steady_step_mean_ms', '-')} | " + " | ".join(str(r["steady_parts_ms"].get(p, "-"))
                                                                          for p in names) + " |" for r in rows]
 
 
