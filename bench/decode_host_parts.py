@@ -13,6 +13,8 @@ graph params and reuse check, set_inputs (the KQ mask, positions, KV indices) an
 (on a GPU: the launch; here the compute). Each probe adds a few microseconds.
 
     python bench/decode_host_parts.py --slots 64 --steps 1000 [--kv unified] [--vocab-extra 127000] [--probe]
+
+`--probe` needs perf (apt-get install linux-perf) and tracefs (mount -t tracefs nodev /sys/kernel/tracing).
 """
 from __future__ import annotations
 
