@@ -160,6 +160,9 @@ def workload(args: argparse.Namespace, clients: int, seed: int, calls: ForeignCa
         assert not errors, errors
         recorder.steps[0]["round"] = {"wall_ms": round(1000 * (time.perf_counter() - start), 1),
                                       "first_token_steps": [first[i] for i in range(clients)]}
+        engine.stop()
+        for slot in engine.scheduler.slots:  # every slot's KV exactly its tokens (filler rows' writes dropped)
+            assert engine.runner.ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens), slot.index
         counts = engine.runner.ubatches  # the engine's own count (llama/ubatches.py), beside the recorder's
         assert counts.step_ubatches + counts.media_ubatches == sum(s["ubatches"] for s in recorder.steps)
         return recorder.steps

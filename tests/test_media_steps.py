@@ -58,3 +58,46 @@ def test_an_images_first_token_comes_from_the_step_of_its_last_piece(kind, model
     finally:
         engine.stop()
         engine.close()
+
+
+def test_a_mixed_steps_gaps_get_filler_rows_and_every_token_and_cell_stays_as_without(tiny_model):
+    """Steady steps (a GPU's, a KV stream per slot): in a step of image pieces and text chunks beside
+    decode rows, a slot between the token batch's rows that has none (its image piece does not end
+    the image, or it waits) gets a filler row, so the decode rows stay one ubatch; its write is
+    dropped after the step. The same tokens as without, and every slot's KV exactly its tokens."""
+    runs = {}
+    for steady in (False, True):
+        config = EngineConfig(n_slots=3, max_ctx=512, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1,
+                              mmproj=str(cached_tiny_projector()), kv_layout="per_slot", steady_decode=steady,
+                              prefill_chunk=16)  # room left beside the chunks: the fillers fit
+        model, engine = load_engine(tiny_model, config)
+        try:
+            built = engine.media.prompt(PROMPT, [MediaInput("image", ppm(3), "image/x-portable-pixmap")])
+            engine.media.want(built.spans)
+            built.spans[0].embeddings.result(timeout=60)
+            # admitted shortest prompt first: the short text at slot 0, the image at 1, the long text at 2
+            requests = [Request(model.tokenize("the water is", True), SamplingParams(max_tokens=24, temperature=0.0)),
+                        Request(built.tokens, SamplingParams(max_tokens=8, temperature=0.0), media=built.spans),
+                        Request(model.tokenize(" and the sky".join(["the sea"] * 30), True),
+                                SamplingParams(max_tokens=8, temperature=0.0))]
+            held: list[int] = []
+            launch = engine.runner.launch
+
+            def watched(step):
+                held.extend(item.request.held_slot for item in step.items
+                            if item.filler and engine.scheduler.slots[item.request.held_slot].request is not None)
+                launch(step)
+
+            engine.runner.launch = watched
+            run_requests(engine, requests)
+            engine.stop()
+            ctx = engine.runner.ctx
+            for slot in engine.scheduler.slots:
+                assert ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens)
+            assert [r.held_slot for r in requests] == [0, 1, 2]
+            runs[steady] = [r.output_tokens for r in requests], held
+        finally:
+            engine.close()
+            model.close()
+    assert runs[True][0] == runs[False][0]
+    assert runs[False][1] == [] and 1 in runs[True][1]

@@ -234,9 +234,10 @@ class Scheduler:
         for item in step.items:
             request = item.request
             if not request.status.running:
-                # finished while the step ran: drop what the step wrote past the slot's tokens
+                # finished while the step ran: drop what the step wrote past the slot's tokens (a
+                # filler row's too where a request holds the slot: Steps._bridges)
                 slot = self.slots[request.held_slot]
-                if slot.request is None:
+                if slot.request is None or item.filler:
                     self.cache.trim(slot)
                 continue
             try:

@@ -116,9 +116,10 @@ class Steps:
         (module docstring): where `steady` is set and every row decodes one token. A slot that
         cannot take one (held by a request not in the step, a stream copy pending, full) stays a gap."""
         last, self._shape = self._shape, set()
-        if not self.steady or self.speculation is not None or not items or not all(
-                item.request.status is RequestStatus.DECODING and len(item.tokens) == 1 for item in items):
+        if not self.steady or self.speculation is not None or not items:
             return items
+        if not all(item.request.status is RequestStatus.DECODING and len(item.tokens) == 1 for item in items):
+            return items + self._bridges(items)
         real = {item.request.held_slot for item in items}
         span = set(range(min(real), max(real) + 1))
         if real <= last and 2 * len(real) >= len(last):
@@ -128,29 +129,66 @@ class Steps:
         self._shape = real | {item.request.held_slot for item in fillers}
         return items + fillers
 
-    def _fills(self, index: int) -> bool:
-        """Whether an idle slot can decode a filler row: a cell past its tokens in its own stream."""
-        slot = self.cache.slots[index]
-        return (slot.request is None and not self.cache.copying(slot)
-                and len(slot.tokens) < self.cache.slot_capacity)
+    def _bridges(self, items: list[BatchItem]) -> list[BatchItem]:
+        """A mixed step's filler rows (prefill chunks or media pieces beside its decode rows): one
+        for each slot between its token batch's first and last rows that has no row there, so the
+        decode rows stay one run: an idle slot, one held by a request sitting the step out at a text
+        position (its image's embeddings or the step's budget not there yet), or one whose image
+        piece does not end the image (its row after the piece's cells). 32 image chats in the GPU's
+        order left such gaps in a third of their media steps, a ubatch more each
+        (bench/vision_steps.py). A filler's write is dropped after the step, a held slot's too
+        (Scheduler.update, after the piece's tokens are kept; unpad). No logits: a held slot's
+        sampler (a device chain samples every output row of its sequence) never sees it."""
+        rows = [item for item in items if item.media is None]
+        if not rows:
+            return []
+        pieces = {item.request.held_slot: item for item in items if item.media is not None}
+        real = {item.request.held_slot for item in rows}
+        out = []
+        for index in sorted(set(range(min(real), max(real) + 1)) - real):
+            piece = pieces.get(index)
+            at = self._after_piece(piece) if piece is not None else None
+            if piece is None and self._fills(index, held=True):
+                out.append(self._filler(index, rows[0].tokens[0], logits=False))
+            elif at is not None:
+                out.append(self._filler(index, rows[0].tokens[0], logits=False, at=at))
+        return out[: max(self.policy.max_batch_tokens - sum(len(item.tokens) for item in rows), 0)]
 
-    def _filler(self, index: int, token: int) -> BatchItem:
-        """A filler row for the idle slot: `token` (a real row's: a slot's last cell may be an image's
-        pseudo-id) one past its KV, for a stand-in request that has ended (nothing samples it;
+    def _after_piece(self, piece: BatchItem) -> int | None:
+        """The position a filler row takes after a media piece that leaves its image unfinished:
+        None for an M-RoPE image (its cells share one KV position: the filler's drop would drop
+        them) or a slot without a cell to spare."""
+        request, n = piece.request, len(piece.tokens)
+        slot = self.cache.slots[request.held_slot]
+        if _in_mrope_image(request) or self.cache.copying(slot) or len(slot.tokens) + n >= self.cache.slot_capacity:
+            return None
+        return position(request.media, len(slot.tokens) + n)
+
+    def _fills(self, index: int, held: bool = False) -> bool:
+        """Whether an idle slot can decode a filler row: a cell past its tokens in its own stream;
+        `held`: also a slot whose request is not inside an M-RoPE image (whose cells share one KV
+        position: dropping the filler would drop them)."""
+        slot = self.cache.slots[index]
+        request = slot.request
+        free = request is None or (held and not _in_mrope_image(request))
+        return free and not self.cache.copying(slot) and len(slot.tokens) < self.cache.slot_capacity
+
+    def _filler(self, index: int, token: int, logits: bool = True, at: int | None = None) -> BatchItem:
+        """A filler row for the slot: `token` (a real row's: a slot's last cell may be an image's
+        pseudo-id) one past its KV (or `at`), for a stand-in request that has ended (nothing samples it;
         Scheduler.update drops its write)."""
         tokens, stand_in = self.cache.slots[index].tokens, self._stand_ins.get(index)
         if stand_in is None:
             stand_in = self._stand_ins[index] = Request([token], SamplingParams(max_tokens=1))
             stand_in.status, stand_in.slot = RequestStatus.FINISHED_CANCELLED, index
-        return BatchItem(stand_in, [token], kv_position(tokens, len(tokens)), True, filler=True)
+        return BatchItem(stand_in, [token], kv_position(tokens, len(tokens)) if at is None else at, logits, filler=True)
 
     def unpad(self, step: Step) -> None:
         """What a failed step's filler rows may have written, dropped (a step that ran drops it in
         Scheduler.update, as for any row of a request that ended)."""
         for item in step.items:
-            slot = self.cache.slots[item.request.held_slot]
-            if item.filler and slot.request is None:
-                self.cache.trim(slot)
+            if item.filler:  # an idle slot's, or a held one's (_bridges): past the slot's tokens
+                self.cache.trim(self.cache.slots[item.request.held_slot])
 
     def seats(self, running: Sequence[Request]) -> list[Seat[Request]]:
         """The running requests as the step policy sees them."""
@@ -227,3 +265,9 @@ class Steps:
                 del slot.tokens[image.start :]
                 request.n_prefilled = image.start
             self.cache.trim(slot)
+
+
+def _in_mrope_image(request: Request) -> bool:
+    """Whether the request's next prompt token is an M-RoPE image's (positions.py)."""
+    span = span_at(request.media, request.n_prefilled) if request.media else None
+    return span is not None and span.chunk.mrope_image
