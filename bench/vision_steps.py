@@ -19,8 +19,11 @@ own count (llama_perf_context n_reused, Context.graph_reuses), the same on the C
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -28,15 +31,27 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# `--trees`' children import another checkout's pflash_plugin (VISION_STEPS_TREE), this one's otherwise
+sys.path.insert(0, os.environ.get("VISION_STEPS_TREE") or str(Path(__file__).resolve().parent.parent))
 
 from pflash_plugin.engine.media import MEDIA_MARKER, MediaInput  # noqa: E402
-from pflash_plugin.llama.ubatches import split_equal  # noqa: E402
 from pflash_plugin.engine.request import (ErrorEvent, FinishEvent, Request, RequestStatus,  # noqa: E402
                                           SamplingParams, TextEvent)
 from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector  # noqa: E402
 from pflash_plugin.testing.media_files import png  # noqa: E402
 
+def _rule() -> Any:
+    """This checkout's llama/ubatches.py (a tree before it has none: `--trees`), loaded by its path."""
+    path = Path(__file__).resolve().parent.parent / "pflash_plugin" / "llama" / "ubatches.py"
+    spec = importlib.util.spec_from_file_location("vision_steps_ubatches", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+split_equal = _rule().split_equal
 PROMPT = f"<|im_start|>user\nDescribe the picture.\n{MEDIA_MARKER}<|im_end|>\n<|im_start|>assistant\n"
 PROJECTOR = {"image_size": 336, "patch_size": 14, "n_layer": 2}  # 576 tokens an image, as LLaVA 1.5's
 
@@ -163,8 +178,8 @@ def workload(args: argparse.Namespace, clients: int, seed: int, calls: ForeignCa
         engine.stop()
         for slot in engine.scheduler.slots:  # every slot's KV exactly its tokens (filler rows' writes dropped)
             assert engine.runner.ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens), slot.index
-        counts = engine.runner.ubatches  # the engine's own count (llama/ubatches.py), beside the recorder's
-        assert counts.step_ubatches + counts.media_ubatches == sum(s["ubatches"] for s in recorder.steps)
+        counts = getattr(engine.runner, "ubatches", None)  # the engine's own count (a tree before 412dc2a has none)
+        assert counts is None or counts.step_ubatches + counts.media_ubatches == sum(s["ubatches"] for s in recorder.steps)
         return recorder.steps
     finally:
         engine.stop()
@@ -261,6 +276,25 @@ def summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def compare_trees(args: argparse.Namespace) -> None:
+    """Each rep and client count on every tree, one child process each (the same flags), in turn."""
+    trees = [("head", str(Path(__file__).resolve().parent.parent))] + [t.split("=", 1) for t in args.trees]
+    argv = [f"--{key}={getattr(args, key)}" for key in ("max_tokens", "gap_ms", "encode_ms", "encoders", "n_ubatch")]
+    argv += [f"--{flag}" for flag in ("calls", "busy") if getattr(args, flag)]
+    rows = []
+    for rep in range(args.reps):
+        for clients in args.clients:
+            for name, tree in trees if rep % 2 == 0 else trees[::-1]:
+                env = {**os.environ, "VISION_STEPS_TREE": tree}
+                done = subprocess.run([sys.executable, __file__, *argv, "--clients", str(clients)], env=env,
+                                      capture_output=True, text=True, check=True, timeout=600)
+                line = done.stdout.strip().splitlines()[-1]
+                rows.append({"tree": name, "clients": clients, "rep": rep, **json.loads(line[line.index("{"):])})
+                print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"bench": "vision_steps", "argv": sys.argv[1:], "rows": rows}, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32])
@@ -274,7 +308,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--steps", action="store_true", help="print every step's row")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--trees", nargs="*", default=[], metavar="NAME=PATH",
+                    help="this tree (head) and each checkout (a commit's `git archive`, its native library copied "
+                         "in) in child processes, interleaved per rep: summaries only")
     args = ap.parse_args()
+    if args.trees:
+        return compare_trees(args)
     result: dict[str, Any] = {"bench": "vision_steps", "args": {k: str(v) for k, v in vars(args).items()}, "runs": []}
     calls = ForeignCalls() if args.calls else None
     if args.busy:
