@@ -55,7 +55,8 @@ def test_a_decode_step_keeps_its_slots_one_run_while_rows_end_and_its_tokens():
     assert steady[-1] == [(0, False), (1, True), (2, True), (3, False)]
 
 
-def test_fillers_never_take_a_slot_a_request_holds_and_a_new_request_reuses_a_filled_slot_exactly():
+def test_decode_step_fillers_never_take_a_slot_a_request_holds_and_a_new_request_reuses_a_filled_slot_exactly():
+    """Pure decode steps (a mixed step may fill a held slot sitting the step out: tests/test_media_steps.py)."""
     sched, runner = make_scheduler(n_slots=3, per_slot=True, n_pages=8, page_size=4, max_batch_tokens=64,
                                    check_every_step=False)
     runner.require_active = False
