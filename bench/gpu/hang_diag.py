@@ -1,8 +1,8 @@
 """Where the 128-client hang sits: ours as decode_scale's `ours-host-sampling` (128 slots, host sampling),
 128 clients x 2 greedy requests, once per variant; a run that does not finish in --limit-s has the
-server's threads dumped (py-spy, Python and native frames, twice 5 s apart), its threads' CPU (top -H)
-and the GPU's utilization sampled, then the server is stopped. On the H200 the hang came in the second
-wave (every first request answered), at 61fd822 and 7c11b2e on the first 128-client run, at 8ada373
+server's threads dumped (py-spy, Python and native frames, twice 5 s apart; /proc's states and wait
+channels; SIGUSR1, whose stacks go to the server's log), its threads' CPU (top -H) and the GPU's
+utilization sampled, then the server is stopped. On the H200 the hang came in the second wave (every first request answered), at 61fd822 and 7c11b2e on the first 128-client run, at 8ada373
 after a 64-client one; the lookup server beside it ran 5x slow meanwhile.
   bash bench/gpu/servers.sh bench/gpu/hang_diag.py --out /tmp/queue/hang_diag_h200.json [--variants ...]
 A variant is NAME or NAME=ARG,ARG (extra server arguments) or NAME=ENV:KEY=VALUE.
@@ -10,7 +10,9 @@ A variant is NAME or NAME=ARG,ARG (extra server arguments) or NAME=ENV:KEY=VALUE
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +42,23 @@ def dumps(pid: int) -> dict[str, Any]:
         time.sleep(5)
     out["stacks_python"] = sh([spy, "dump", "--pid", str(pid)])
     out["top"] = sh(["top", "-H", "-b", "-n", "1", "-p", str(pid)])
+    out["threads"] = threads(pid)
+    os.kill(pid, signal.SIGUSR1)  # the server's faulthandler: every thread's Python stack into its log (logs/)
+    time.sleep(1)
     return out
+
+
+def threads(pid: int) -> list[str]:
+    """Each thread's name, state and kernel wait channel (where py-spy may not attach: no ptrace)."""
+    rows = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            rows.append(f"{task.name} {(task / 'comm').read_text().strip()} {stat[0]} utime={stat[11]} "
+                        f"stime={stat[12]} wchan={(task / 'wchan').read_text().strip()}")
+        except OSError:
+            continue
+    return rows
 
 
 def variant(spec: str) -> tuple[str, list[str], dict[str, str]]:
