@@ -21,7 +21,7 @@ from pflash_plugin.engine.request import Request, RequestStatus, SamplingParams
 from pflash_plugin.engine.scheduler import Step
 from pflash_plugin.engine.stepping import Stepping
 from pflash_plugin.llama import DecodeError
-from tests.mock_runner import Collector, check_scheduler, idle_pages, make_scheduler
+from tests.mock_runner import Collector, check_scheduler, idle_pages, make_scheduler, sink_of
 
 MODES = [(False, False), (True, True), (True, False), (False, True)]  # (overlaps, steady); the first is the reference
 
@@ -139,6 +139,9 @@ def run_mock(shape: dict, arrivals: list[Arrival], overlaps: bool, steady: bool,
         """The invariants before the step writes; a preemptible step cut for a newcomer of the next
         round as llama.cpp's abort cuts one: what it wrote of each row before the abort stays."""
         check_scheduler(sched, runner)
+        for request in sched.running:  # a first token's text went out at its step's collect, before this launch
+            if request.timings.first_token is not None and not request.params.stop:  # (a stop may hold text back)
+                assert sink_of(request).text, request.request_id
         if armed[0] and stepping._preemptible:
             stepping.arrival.set()
             for item in step.items:
