@@ -57,11 +57,16 @@ def one_round(sched, stepping: Stepping, overlaps: bool) -> Step:
     return step
 
 
-def drive(sched, stepping: Stepping, arrivals: list[Arrival], overlaps: bool, check, cut=None) -> Outcome:
+def text_request(arrival: Arrival) -> Request:
+    return Request(list(arrival.prompt), SamplingParams(**arrival.params), sink=Collector())
+
+
+def drive(sched, stepping: Stepping, arrivals: list[Arrival], overlaps: bool, check, cut=None,
+          make=text_request) -> Outcome:
     """Rounds until every arrival has ended; `check(step)` after each; `cut(round)` may arm a cut of
     the round's step, as a newcomer's arrival would (what becomes of the step is the same whether
     one came: the newcomer itself is admitted a round later, as any)."""
-    requests = [Request(list(a.prompt), SamplingParams(**a.params), sink=Collector()) for a in arrivals]
+    requests = [make(arrival) for arrival in arrivals]
     outcome = Outcome()
     for index in range(2000):
         now = [request for arrival, request in zip(arrivals, requests) if arrival.at == index]
@@ -342,3 +347,66 @@ def test_the_tiny_model_workloads_had_filler_rows_and_cuts():
     if seen == dict.fromkeys(seen, 0):
         pytest.skip("run with the tiny model's seeds above")
     assert seen["fillers"] > seen["held"] > 0 and seen["steady cuts"] > 0 and seen["cuts"] > seen["steady cuts"], seen
+
+
+# ---- image prompts: filler rows beside image pieces (held slots sitting a step out) ----------------
+MEDIA_PROMPT = "<s><|im_start|>user\nlook at {} the picture {}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("kind, model_kw, seed", [("mlp", {}, 2), ("qwen2vl", {"arch": "qwen2vl"}, 5)])
+def test_image_workloads_give_the_same_answers_in_every_order_with_and_without_fillers(kind, model_kw, seed):
+    """Image chats (LLaVA's causal images, M-RoPE's) beside text ones, images in several pieces:
+    steady steps bridge the mixed steps' gaps; the answers are the serial order's without fillers,
+    each slot's KV its tokens' count after every step."""
+    from pflash_plugin.engine.media import MEDIA_MARKER, MediaInput
+    from pflash_plugin.engine.positions import kv_position
+    from pflash_plugin.llama.media import MROPE_IDS_BELOW
+    from pflash_plugin.testing import cached_tiny_llama, cached_tiny_projector
+    from pflash_plugin.testing.media_files import ppm
+
+    model_path, projector = cached_tiny_llama(**model_kw), cached_tiny_projector(kind=kind)
+    rng = random.Random(seed)
+    # prompt [n, words]: an image chat (image n) or, for n 0, a text of `words` phrases (shorter or
+    # longer than an image chat's: admitted shortest first, an image's slot between texts' rows)
+    arrivals = [Arrival(rng.choice([0, 0, rng.randint(1, 8)]), [rng.randrange(1, 4) if rng.random() < 0.5 else 0,
+                                                               rng.randint(1, 30)],
+                        dict(max_tokens=rng.randint(1, 10), temperature=rng.choice([0.0, 0.9]), seed=i))
+                for i in range(8)]
+
+    def run(overlaps: bool, steady: bool) -> Outcome:
+        config = EngineConfig(n_slots=4, max_ctx=512, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1,
+                              mmproj=str(projector), kv_layout="per_slot", steady_decode=steady, prefill_chunk=8)
+        model, engine = load_engine(model_path, config)
+        engine.stop()
+        sched, runner = engine.scheduler, engine.runner
+        runner.overlaps = overlaps
+
+        def make(arrival: Arrival) -> Request:
+            n, phrases = arrival.prompt
+            if not n:
+                words = " ".join(["the sea and the sky"] * phrases)
+                return Request(model.tokenize(words, True), SamplingParams(**arrival.params), sink=Collector())
+            built = engine.media.prompt(MEDIA_PROMPT.format(MEDIA_MARKER, "and tell " * n),
+                                        [MediaInput("image", ppm(n), "image/x-portable-pixmap")])
+            engine.media.want(built.spans)
+            built.spans[0].embeddings.result(timeout=60)
+            return Request(built.tokens, SamplingParams(**arrival.params), sink=Collector(), media=built.spans)
+
+        def check(step: Step) -> None:  # an M-RoPE image's cells share positions (positions.py): not at one's end
+            for slot in sched.slots:
+                if not slot.tokens or slot.tokens[-1] >= MROPE_IDS_BELOW:
+                    assert runner.ctx.seq_pos_max(slot.index) + 1 == kv_position(slot.tokens, len(slot.tokens))
+
+        try:
+            return drive(sched, engine.stepping, arrivals, overlaps, check, make=make)
+        finally:
+            engine.close()
+            model.close()
+
+    reference = run(False, False)
+    for overlaps, steady in MODES[1:]:
+        outcome = run(overlaps, steady)
+        assert outcome.answers == reference.answers, (overlaps, steady)
+        assert outcome.fillers == 0 or steady
+        if steady:
+            assert outcome.held_fillers > 0
