@@ -226,9 +226,10 @@ def real_workload(rng: random.Random, vocab: int) -> list[Arrival]:
     return arrivals
 
 
-def run_real(tiny_model, arrivals: list[Arrival], overlaps: bool, steady: bool, cuts: bool) -> Outcome:
+def run_real(tiny_model, arrivals: list[Arrival], overlaps: bool, steady: bool, cuts: bool,
+             backend: str = "off") -> Outcome:
     config = EngineConfig(n_slots=4, max_ctx=72, kv_layout="per_slot", page_size=16, n_batch=32, n_ubatch=8,
-                          prefill_chunk=8, n_threads=1, n_threads_batch=1, backend_sampling="off",
+                          prefill_chunk=8, n_threads=1, n_threads_batch=1, backend_sampling=backend,
                           steady_decode=steady)
     model, engine = load_engine(tiny_model, config)
     engine.stop()  # its thread ends: this test runs the rounds itself, in a fixed order
@@ -314,8 +315,9 @@ REAL_SEEDS = 12
 seen: dict[str, int] = {"fillers": 0, "held": 0, "cuts": 0, "steady cuts": 0}
 
 
-@pytest.mark.parametrize("seed", range(REAL_SEEDS))
-def test_tiny_model_workloads_give_the_same_answers_in_every_order_with_and_without_fillers(tiny_model, seed):
+@pytest.mark.parametrize("seed, backend", [(seed, "off") for seed in range(REAL_SEEDS)] + [(0, "on"), (1, "on")])
+def test_tiny_model_workloads_give_the_same_answers_in_every_order_with_and_without_fillers(tiny_model, seed, backend):
+    """`backend`: rows sampled inside the decode (a device chain per slot; fillers take no sampler)."""
     from pflash_plugin.llama import Model
 
     model = Model(tiny_model)
@@ -327,9 +329,9 @@ def test_tiny_model_workloads_give_the_same_answers_in_every_order_with_and_with
     for arrival, (_, text, _) in zip(arrivals, whole.answers):  # stop strings cut from the middle of some answers
         if len(text) > 6 and rng.random() < 0.4:
             arrival.params["stop"] = [text[len(text) // 2: len(text) // 2 + 3]]
-    reference = run_real(tiny_model, arrivals, False, False, False).answers
+    reference = run_real(tiny_model, arrivals, False, False, False, backend).answers
     for (overlaps, steady), cuts in itertools.product(MODES[1:], (False, True)):
-        outcome = run_real(tiny_model, arrivals, overlaps, steady, cuts)
+        outcome = run_real(tiny_model, arrivals, overlaps, steady, cuts, backend)
         if not outcome.cuts:  # a cut's answers may differ (REAL_SEEDS' note): invariants only
             assert_same(arrivals, outcome.answers, reference, (overlaps, steady))
         else:
