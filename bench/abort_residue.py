@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from typing import Any
 
 import numpy as np
 
@@ -21,14 +22,14 @@ from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.llama import DecodeError, ModelParams
 
 
-def prefill(runner, rows: list[tuple[int, list[int]]]) -> None:
+def prefill(runner: Any, rows: list[tuple[int, list[int]]]) -> None:
     runner.batch.clear()
     for seq, tokens in rows:
         runner.batch.add_sequence(tokens, 0, seq, False)
     runner.ctx.decode(runner.batch)
 
 
-def probe(runner, seq: int, n_tokens: int, token: int = 42) -> np.ndarray:
+def probe(runner: Any, seq: int, n_tokens: int, token: int = 42) -> np.ndarray:
     """The logits of one token after the sequence's cells (then removed)."""
     runner.batch.clear()
     runner.batch.add_sequence([token], n_tokens, seq, True)
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace, polls: int, a: list[int], b: list[int]) -> lis
                           n_threads_batch=1, backend_sampling="off", model=ModelParams(n_gpu_layers=args.n_gpu_layers))
     model, engine = load_engine(args.model, config)
     engine.stop()
-    runner, ctx, seen = engine.runner, engine.runner.ctx, [0]
+    runner: Any = engine.runner  # the LlamaRunner (the engine's Runner seam has no context)
+    ctx, seen = runner.ctx, [0]
     try:
         if polls:
             def abort() -> bool:
