@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from report_pages import bench_module
 
 from pflash_plugin.engine.failures import Failures
 from pflash_plugin.engine.host_cache import HostCache
@@ -282,14 +283,9 @@ def run_real(tiny_model, arrivals: list[Arrival], overlaps: bool, steady: bool, 
 
 def probe(runner, seq: int, n_tokens: int) -> np.ndarray:
     """The logits of a token decoded after the sequence's `n_tokens` cells (then removed): what
-    they hold, read through the model."""
+    they hold, read through the model (bench/abort_residue.py's probe, never aborted)."""
     runner.ctx.arm_abort(False)
-    runner.batch.clear()
-    runner.batch.add_sequence([PROBE], n_tokens, seq, True)
-    runner.ctx.decode(runner.batch)
-    logits = runner.ctx.logits(0).copy()
-    runner.ctx.seq_rm(seq, n_tokens, -1)
-    return logits
+    return bench_module("abort_residue.py").probe(runner, seq, n_tokens, PROBE)
 
 
 def assert_kv_holds_its_tokens(tiny_model, config: EngineConfig, runner, slots: list[list[int]]) -> None:
