@@ -6,10 +6,16 @@ calls that run for ms and scale over cores release it."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Iterable
 
 
 def holding_gil(function: Any) -> Any:
     """A ctypes function of a CDLL as one that keeps the GIL through the call (PYFUNCTYPE)."""
     prototype = ctypes.PYFUNCTYPE(function.restype, *(function.argtypes or ()))
     return prototype(ctypes.cast(function, ctypes.c_void_p).value or 0)
+
+
+def holding_gil_all(library: Any, names: Iterable[str]) -> SimpleNamespace:
+    """Those functions of a ctypes binding module, each as `holding_gil` makes it, by name."""
+    return SimpleNamespace(**{name: holding_gil(getattr(library, name)) for name in names})

@@ -21,7 +21,6 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Iterator, Sequence
 
 import llama_cpp.llama_cpp as C
@@ -29,7 +28,7 @@ import numpy as np
 
 from . import log as llama_log
 from .context import Context
-from .held import holding_gil
+from .held import holding_gil_all
 from .model import Model
 from .ubatches import UbatchCounts
 from .ubatches import count as ubatch_count
@@ -65,7 +64,7 @@ _HELD = ("mtmd_input_chunks_init", "mtmd_input_chunks_free", "mtmd_input_chunks_
          "mtmd_bitmap_free", "mtmd_helper_init_opt_default", "mtmd_get_output_embd")
 
 
-Q: Any = SimpleNamespace(**{name: holding_gil(getattr(M, name)) for name in _HELD}) if M is not None else None
+Q: Any = holding_gil_all(M, _HELD) if M is not None else None
 
 
 def mtmd_available() -> bool:

@@ -17,14 +17,13 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import cast
 
 import numpy as np
 import llama_cpp.llama_cpp as C
 
 from .context import Context
-from .held import holding_gil
+from .held import holding_gil_all
 from .grammar_cost import GrammarSyntaxError, grammar_cost, grammar_shape
 from .model import Model
 
@@ -36,7 +35,7 @@ _HELD_SAMPLERS = ("llama_sampler_chain_default_params", "llama_sampler_chain_ini
                   "llama_sampler_init_top_p", "llama_sampler_init_min_p", "llama_sampler_init_typical",
                   "llama_sampler_init_temp", "llama_sampler_init_penalties", "llama_sampler_init_logit_bias",
                   "llama_sampler_init_mirostat", "llama_sampler_init_mirostat_v2", "llama_sampler_free")
-H = SimpleNamespace(**{name: holding_gil(getattr(C, name)) for name in _HELD_SAMPLERS})
+H = holding_gil_all(C, _HELD_SAMPLERS)
 
 
 class GrammarError(ValueError):
