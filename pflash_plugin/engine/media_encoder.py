@@ -138,7 +138,7 @@ class MediaEncoder:
                               len(self.projectors), round(self._encode_s, 6), round(self._wait_s, 6),
                               self.projector.tokenized_items, round(self.projector.tokenize_s, 6),
                               decoded.calls, decoded.rows, decoded.pieces, round(decoded.seconds, 6),
-                              ub.media_ubatches, ub.media_reused, ub.step_calls, ub.step_ubatches, ub.step_reused)
+                              ub.media.ubatches, ub.media.reused, ub.step.calls, ub.step.ubatches, ub.step.reused)
 
     def close(self) -> None:
         """End the workers (encodes under way finish first), then free the projectors."""

@@ -7,7 +7,6 @@ from typing import Callable
 from ..llama import Batch, Context, Model
 from ..llama.media import MediaDecoder, MediaPiece
 from ..llama.ubatches import UbatchCounts
-from ..llama.ubatches import count as ubatch_count
 from .request import Request, RequestStatus, TokenOutput
 from .sampling import Sampling, output_on_gpu
 from .scheduler import Step
@@ -125,15 +124,8 @@ class LlamaRunner:
 
     def _decode_counted(self, step: Step) -> None:
         """The token batch's llama_decode, its ubatches and the graphs llama.cpp reused counted."""
-        counts, ctx = self.ubatches, self.ctx
         runs = [(item.request.held_slot, len(item.tokens)) for item in step.items if item.media is None]
-        counts.step_calls += 1
-        counts.step_ubatches += ubatch_count(runs, ctx.n_ubatch, not ctx.config.kv_unified)
-        reused = ctx.graph_reuses()
-        try:
-            ctx.decode(self.batch)
-        finally:
-            counts.step_reused += ctx.graph_reuses() - reused
+        self.ubatches.step.decode(self.ctx, self.batch, runs)
 
     def _decode_media(self, step: Step) -> None:
         """The step's media pieces, before its token batch, by decode calls of their own (llama.cpp

@@ -31,7 +31,6 @@ from .context import Context
 from .held import holding_gil_all
 from .model import Model
 from .ubatches import UbatchCounts
-from .ubatches import count as ubatch_count
 
 try:  # the wheel ships libmtmd unless it was built with -DLLAVA_BUILD=OFF
     import llama_cpp.mtmd_cpp as M
@@ -421,12 +420,9 @@ class MediaDecoder:
             C.llama_set_causal_attn(self.ctx.ptr, False)
         self.counts.calls += 1
         self.counts.rows += batch.n_tokens
-        self.ubatches.media_ubatches += ubatch_count(self._runs, self.ctx.n_ubatch, not self.ctx.config.kv_unified)
-        reused = self.ctx.graph_reuses()
         try:
-            self.ctx.decode(batch)
+            self.ubatches.media.decode(self.ctx, batch, self._runs)
         finally:
-            self.ubatches.media_reused += self.ctx.graph_reuses() - reused
             batch.clear()
             self._runs = []
             if non_causal:

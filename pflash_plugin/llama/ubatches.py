@@ -10,8 +10,11 @@ fewest any of them has left, at most n_ubatch / their count. With one stream (un
 simply: n_ubatch rows at a time."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from .context import Context, Decodable
 
 
 def split_equal(runs: Sequence[tuple[int, int]], n_ubatch: int) -> list[tuple[int, int]]:
@@ -42,13 +45,29 @@ def count(runs: Sequence[tuple[int, int]], n_ubatch: int, per_stream: bool) -> i
 
 
 @dataclass
-class UbatchCounts:
-    """Ubatches of the engine's llama_decode calls since start and the graphs llama.cpp reused for
-    them (llama_perf_context's n_reused), for the step's token batch and the media calls apart (the
-    engine thread writes, /status reads: plain ints, each read whole)."""
+class DecodeTally:
+    """llama_decode calls of one kind since start, the ubatches llama.cpp cut them into and the
+    graphs it reused for them (llama_perf_context's n_reused). The engine thread writes, /status
+    reads: plain ints, each read whole."""
 
-    step_calls: int = 0
-    step_ubatches: int = 0
-    step_reused: int = 0
-    media_ubatches: int = 0
-    media_reused: int = 0
+    calls: int = 0
+    ubatches: int = 0
+    reused: int = 0
+
+    def decode(self, ctx: Context, batch: Decodable, runs: Sequence[tuple[int, int]]) -> None:
+        """ctx.decode(batch), counted; `runs`: the batch's rows as (sequence, rows) in row order."""
+        self.calls += 1
+        self.ubatches += count(runs, ctx.n_ubatch, not ctx.config.kv_unified)
+        before = ctx.graph_reuses()
+        try:
+            ctx.decode(batch)
+        finally:
+            self.reused += ctx.graph_reuses() - before
+
+
+@dataclass
+class UbatchCounts:
+    """The engine's decode calls: the step's token batch and the media calls apart."""
+
+    step: DecodeTally = field(default_factory=DecodeTally)
+    media: DecodeTally = field(default_factory=DecodeTally)
