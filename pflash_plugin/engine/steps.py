@@ -144,14 +144,14 @@ class Steps:
             return []
         pieces = {item.request.held_slot: item for item in items if item.media is not None}
         real = {item.request.held_slot for item in rows}
-        out = []
+        out, token = [], rows[0].tokens[0]
         for index in sorted(set(range(min(real), max(real) + 1)) - real):
             piece = pieces.get(index)
-            at = self._after_piece(piece) if piece is not None else None
-            if piece is None and self._fills(index, held=True):
-                out.append(self._filler(index, rows[0].tokens[0], logits=False))
-            elif at is not None:
-                out.append(self._filler(index, rows[0].tokens[0], logits=False, at=at))
+            if piece is None:
+                if self._fills(index, held=True):
+                    out.append(self._filler(index, token, logits=False))
+            elif (at := self._after_piece(piece)) is not None:
+                out.append(self._filler(index, token, logits=False, at=at))
         return out[: max(self.policy.max_batch_tokens - sum(len(item.tokens) for item in rows), 0)]
 
     def _after_piece(self, piece: BatchItem) -> int | None:
