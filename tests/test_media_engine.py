@@ -151,6 +151,12 @@ def test_two_images_prefilling_together_share_their_decode_calls(engine, monkeyp
     monkeypatch.setattr(decoder, "decode", lambda step_pieces: (pieces.extend(step_pieces), decode(step_pieces)))
     monkeypatch.setattr(decoder, "_flush", lambda batch, nc: (calls.append(batch.n_tokens), flush(batch, nc)))
     requests = [media_request(eng, image(6)), media_request(eng, image(7))]
+    # both encoded before the engine sees them (else one image may prefill steps before the other's
+    # encode lands, and their pieces never meet: the test's timing, not the feature under test)
+    spans = [span for request in requests for span in request.media]
+    eng.media.want(spans)
+    for span in spans:
+        span.embeddings.result(timeout=60)
     # a request decoding beside them: the step policy then gives each prompt a chunk of every step
     text = Request(model.tokenize("the water", True), SamplingParams(max_tokens=40, temperature=0.0))
     run(eng, [text, *requests])
