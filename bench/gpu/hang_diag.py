@@ -3,7 +3,11 @@
 server's threads dumped (py-spy, Python and native frames, twice 5 s apart; /proc's states and wait
 channels; SIGUSR1, whose stacks go to the server's log), its threads' CPU (top -H) and the GPU's
 utilization sampled, then the server is stopped. On the H200 the hang came in the second wave (every first request answered), at 61fd822 and 7c11b2e on the first 128-client run, at 8ada373
-after a 64-client one; the lookup server beside it ran 5x slow meanwhile.
+after a 64-client one; the lookup server beside it ran 5x slow meanwhile. As there, an idle lookup
+server stays up beside each variant's (`--beside none` leaves it out): an earlier hang of the same look
+(docs/multi_gpu.md: two processes under load, the GPUs at 100%, each engine thread in llama_synchronize)
+came only with a second process on the device and went with GGML_CUDA_DISABLE_GRAPHS=1 (variant
+`nographs=ENV:GGML_CUDA_DISABLE_GRAPHS=1`).
   bash bench/gpu/servers.sh bench/gpu/hang_diag.py --out /tmp/queue/hang_diag_h200.json [--variants ...]
 A variant is NAME or NAME=ARG,ARG (extra server arguments) or NAME=ENV:KEY=VALUE.
 """
@@ -61,6 +65,14 @@ def threads(pid: int) -> list[str]:
     return rows
 
 
+def beside_rate(server: Any, args: Any) -> dict[str, Any]:
+    """The idle server's one-client decode (2 greedy requests), or why it did not finish."""
+    try:
+        return asyncio.run(throughput(server, "greedy", 1, args, seed=7))
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}"[:300]}
+
+
 def variant(spec: str) -> tuple[str, list[str], dict[str, str]]:
     name, _, rest = spec.partition("=")
     if rest.startswith("ENV:"):
@@ -78,9 +90,17 @@ def main() -> None:
     parser.add_argument("--limit-s", dest="limit_s", type=float, default=40)
     parser.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=-1)
     parser.add_argument("--port", type=int, default=8600)
+    parser.add_argument("--beside", choices=("lookup", "none"), default="lookup",
+                        help="a server kept up, idle, beside each variant's: decode_scale's ours-lookup (warmed up)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     ports = {spec: args.port + i for i, spec in enumerate(args.variants)}
+    beside = None
+    if args.beside == "lookup":
+        beside = ours("ours-lookup", args.port + len(args.variants), args, "off", "--draft_model", "prompt-lookup-decoding")
+        beside.launch()
+        beside.wait_ready(600)
+        asyncio.run(throughput(beside, "greedy", 4, args, seed=1))
 
     def run(spec: str, record: Record) -> None:
         name, extra, env = variant(spec)
@@ -95,12 +115,18 @@ def main() -> None:
         except Exception as error:
             row["error"] = f"{type(error).__name__}: {error}"[:500]
             if server.proc is not None and server.proc.poll() is None:
+                if beside is not None:  # slow while the hung one runs: it holds the device (normally ~186 tok/s)
+                    row["beside_1_client"] = beside_rate(beside, args)
                 row["dumps"] = dumps(server.proc.pid)
         finally:
             server.stop()
         record.add(row)
 
-    run_arms(args.out, args.variants, run)
+    try:
+        run_arms(args.out, args.variants, run)
+    finally:
+        if beside is not None:
+            beside.stop()
 
 if __name__ == "__main__":
     main()
