@@ -92,6 +92,16 @@ class ServerProcess:
             time.sleep(0.5)
         raise RuntimeError(f"{self.label} not ready after {timeout_s:.0f} s ({', '.join(self.ready_paths)})")
 
+    def restart(self, timeout_s: float = 120.0) -> float:
+        """Stop and start afresh (a hung or wedged server), its log so far kept beside as LABEL.N.log
+        (the new process writes LABEL.log again); returns the seconds it took to be ready."""
+        self.stop()
+        if self.log_path.exists():
+            runs = len(list(self.log_dir.glob(f"{self.label}.*.log")))
+            self.log_path.rename(self.log_dir / f"{self.label}.{runs + 1}.log")
+        self.launch()
+        return self.wait_ready(timeout_s)
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

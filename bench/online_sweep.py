@@ -70,8 +70,7 @@ def settle(arm: Arm, timeout_s: float) -> tuple[float, bool]:
     start = time.perf_counter()
     if wait_idle(arm, timeout_s) is not None:
         return time.perf_counter() - start, False
-    arm.server.stop()
-    arm.server.start(900)
+    arm.server.restart(900)
     wait_idle(arm, 300.0)
     return time.perf_counter() - start, True
 

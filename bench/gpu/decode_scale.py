@@ -278,10 +278,22 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
                                                       for k in SPEC_COUNTS}
                         except Exception as error:  # one server's failure costs its own row only
                             row.update(clients=clients, error=f"{type(error).__name__}: {error}"[:1000])
+                            if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
+                                row["restart"] = restart(server, args)  # hung: its later rows would only time out
                         record.add(row)
     finally:
         for server in servers:
             server.stop()
+
+
+def restart(server: Server, args: argparse.Namespace) -> str:
+    """A hung server started afresh and warmed up (its log so far kept beside), or why not."""
+    try:
+        ready = server.restart(600)
+        asyncio.run(throughput(server, "greedy", 4, args, seed=1))
+        return f"ready after {ready:.1f} s"
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"[:300]
 
 
 # /status speculation counters a run's row shows: drafts, and where the steps' time went (steps with
@@ -304,9 +316,10 @@ def table(data: dict[str, Any]) -> str:
     servers = list(dict.fromkeys(r["server"] for r in rows))
     lines = ["| mode | clients | " + " | ".join(servers) + " |", "|---|---|" + "---|" * len(servers)]
     for mode, clients in dict.fromkeys((r["mode"], r["clients"]) for r in rows):
-        cells = [statistics.median([r["tok_s"] for r in rows if (r["mode"], r["clients"], r["server"])
-                                    == (mode, clients, s)] or [0]) for s in servers]
-        lines.append(f"| {mode} | {clients} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+        cells = [[r["tok_s"] for r in rows if "tok_s" in r and (r["mode"], r["clients"], r["server"])
+                  == (mode, clients, s)] for s in servers]  # a failed row (timed out) has no rate
+        lines.append(f"| {mode} | {clients} | " + " | ".join(f"{statistics.median(c):,.0f}" if c else "failed"
+                                                             for c in cells) + " |")
     steps = [r for r in data["results"].get("engine", []) if "step_ms" in r and "trace" not in r]
     if steps:
         lines += ["", "| engine: mode | backend sampling | overlap | sample threads | tok/s | ms/step | decode ms | host ms "
