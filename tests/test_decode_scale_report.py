@@ -204,3 +204,14 @@ def test_the_trace_table_gives_each_traced_step_its_gpu_share_and_host_calls():
     assert report.trace_table(rows[1:]) == []
     engine = report.engine_table([{**rows[0], "backend_sampling": "off", "tok_s": 1.0, "outputs": 1}, rows[1]])
     assert [line.split(" | ")[2] for line in engine if line.startswith("| greedy")] == ["off"]  # traced: not a rep
+
+
+def test_a_server_whose_rows_all_timed_out_shows_failed_cells():
+    """61fd822's H200 run: the host-sampling server hung and every row of it timed out (rows with an
+    error, no tok_s); the bench's own table crashed on them and the run exited 1."""
+    table = bench_module("gpu/decode_scale.py").table
+    rows = [{"server": "hung", "kind": "throughput", "mode": "greedy", "rep": 0, "clients": 128,
+             "error": "TimeoutError: ", "restart": "ready after 6.5 s"},
+            {"server": "fine", "kind": "throughput", "mode": "greedy", "rep": 0, "clients": 128, "tok_s": 1905.1},
+            {"server": "fine", "kind": "throughput", "mode": "greedy", "rep": 1, "clients": 128, "tok_s": 1906.1}]
+    assert table({"results": {"servers": rows}}).splitlines()[2] == "| greedy | 128 | failed | 1,906 |"
