@@ -96,3 +96,34 @@ def test_json_schema_without_a_schema_is_any_json_object_on_every_route(server, 
     text = (answer["output_text"] if "output_text" in answer else answer["choices"][0].get("text")
             or answer["choices"][0]["message"]["content"])
     assert text.lstrip().startswith("{"), text
+
+
+# A new user's neighbours of the documented bodies: a field of the wrong type names that field as
+# sent, in each API (union members' errors: the one that reached into the client's shape).
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}],
+                              "max_tokens": 4}, "messages.0.content.0.text"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"text": "hi"}]}], "max_tokens": 4},
+     "messages.0.content.0.type"),
+    ("/v1/chat/completions", {"messages": ASK, "max_tokens": 4, "tool_choice": {"type": "function"},
+                              "tools": [{"type": "function", "function": {"name": "w"}}]}, "tool_choice.function"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+     "input.0.content.0.text"),
+    ("/v1/responses", {"input": []}, "input"),
+    ("/v1/completions", {"prompt": [], "max_tokens": 4}, "prompt"),
+    ("/v1/completions", {"prompt": [[1, 2], []], "max_tokens": 4}, "prompt.1"),
+])
+def test_a_wrong_shape_names_the_clients_field(server, path, body, param):
+    error = openai_error(server, path, body)
+    assert error["param"] == param and error["message"].startswith(param + ":"), error
+    assert "not taken here" not in error["message"] and "instance of" not in error["message"], error
+
+
+def test_a_prompt_of_mixed_shapes_names_the_shapes(server):
+    error = openai_error(server, "/v1/completions", {"prompt": [1, "a"], "max_tokens": 4})
+    assert error["param"] == "prompt" and "a list of token ids" in error["message"], error
+
+
+def test_an_anthropic_text_block_without_text_names_its_text(server):
+    message = anthropic_error(server, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})
+    assert message.startswith("messages.0.content.0.text:"), message

@@ -77,6 +77,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
     if n_prompts * (body.n or 1) > MAX_N:
         raise RequestError(400, f"{n_prompts} prompts x n={body.n} is over {MAX_N} choices", param="n")
     prompts = served.prompts.tokenize_prompts(body.prompt)
+    _refuse_empty(prompts, body.prompt)
     bias = served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
     grammar = format_grammar(served, body.response_format, body.grammar)
     requests: list[EngineRequest] = []
@@ -93,6 +94,18 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
                                             body.logprobs is not None))
     return Generation(served, requests, choices, "text_completion", "text_completion",
                       sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
+
+
+def _refuse_empty(prompts: list[tuple[list[int], str | None]], prompt: Any) -> None:
+    """An empty prompt (`""` where the model adds no BOS token, `[]`) is a 400 naming the client's
+    `prompt` (or its item in a list of prompts), not the engine's refusal, which names no field."""
+    empty = next((i for i, (tokens, _) in enumerate(prompts) if not tokens), None)
+    if empty is None:
+        return
+    batched = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+    where = f"prompt.{empty}" if batched else "prompt"
+    raise RequestError(400, f"{where}: the prompt is empty (no token to continue from)",
+                       param=where)
 
 
 def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolRequest | None,

@@ -18,9 +18,11 @@ def joined_text(parts: Sequence[tuple[Any, Any]], field: str, accepted: tuple[st
 
 
 def _part_text(kind: Any, text: Any, where: str, accepted: tuple[str, ...], noun: str) -> str:
-    if kind not in accepted or not isinstance(text, str):
+    if kind not in accepted:
         raise RequestError(400, f"{where}: a {noun} of type {kind!r} is not taken here: send {accepted[0]!r} "
                            f"{noun}s or media", param=f"{where}.type")
+    if not isinstance(text, str):
+        raise RequestError(400, f"{where}.text: a {noun} of type {kind!r} needs a string 'text'", param=f"{where}.text")
     return text
 
 

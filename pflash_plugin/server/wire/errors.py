@@ -72,14 +72,22 @@ def validation_message(errors: Sequence[Any], body: Any, skip: tuple[str, ...] =
     """The first validation error as the client's field and what it should be: the field's path
     in the client's body, without pydantic's names of union members (`literal['none','auto']`,
     `str`, a message's role tag), and what each member wanted, joined ("a valid string or a valid
-    list")."""
-    first = errors[0] if errors else {}
-    field = client_field(first.get("loc", ()), body, first.get("type") == "missing", skip)
-    wants = [str(e.get("msg", "invalid")) for e in errors
-             if client_field(e.get("loc", ()), body, e.get("type") == "missing", skip) == field]
+    list"). Where a union member's error reaches deeper into that field as sent, it is the one
+    the client's shape chose (content sent as a list of parts: its part's `text`, not "a valid
+    string" for the whole content)."""
+    fields = [client_field(e.get("loc", ()), body, e.get("type") == "missing", skip) for e in errors]
+    field = fields[0] if fields else None
+    for deeper in fields:
+        if field is not None and deeper is not None and deeper.startswith(field + ".") \
+                and deeper.count(".") > field.count("."):
+            field = deeper
+    wants = [_INSTANCE_OF.sub("", str(e.get("msg", "invalid"))) for e, at in zip(errors, fields) if at == field]
     unique = list(dict.fromkeys(wants or ["invalid request"]))
     said = unique[:1] + [w.removeprefix("Input should be ") for w in unique[1:]]
     return field, " or ".join(said)
+
+
+_INSTANCE_OF = re.compile(r" or instance of \w+")  # pydantic's "a valid dictionary or instance of ContentPart"
 
 
 def client_field(loc: Sequence[Any], body: Any, missing: bool, skip: tuple[str, ...] = ()) -> str | None:

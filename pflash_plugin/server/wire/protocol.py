@@ -7,7 +7,9 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 from llama_cpp.llama_types import ChatCompletionMessageToolCalls, ChatCompletionRequestAssistantMessageFunctionCall
 from llama_cpp.server.types import CreateChatCompletionRequest as StockChatRequest
 from llama_cpp.server.types import CreateCompletionRequest as StockCompletionRequest
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from typing_extensions import NotRequired, TypedDict
 
 from ...chat.switches import reserved_keys, template_kwargs
@@ -47,7 +49,20 @@ MAX_N = 128  # choices per request: each one is an engine request
 # fail as a list of strings with an error per id (0.3 ms this way; the same values either way).
 _FAIL_FAST = Field(fail_fast=True)
 TokenIds = Annotated[List[int], _FAIL_FAST]
-Prompt = Union[str, Annotated[List[str], _FAIL_FAST], TokenIds, Annotated[List[TokenIds], _FAIL_FAST]]
+
+
+def _prompt_shape(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A prompt of none of its four shapes is one error naming them: each member's error alone
+    named a wrong item (`[1, "a"]`: item 0, "a valid string")."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise PydanticCustomError("prompt_shape", "Input should be a string, a list of strings, a list of token ids "
+                                  "(integers) or a list of token id lists") from None
+
+
+Prompt = Annotated[Union[str, Annotated[List[str], _FAIL_FAST], TokenIds, Annotated[List[TokenIds], _FAIL_FAST]],
+                   WrapValidator(_prompt_shape)]
 
 
 class ContentPart(BaseModel):

@@ -165,6 +165,8 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         else:
             raise RequestError(400, f"{where}: an input item of type {kind!r} is not taken here (message, "
                                "reasoning, function_call, function_call_output)", param=f"{where}.type")
+    if not messages:  # else chat's own error, which names `messages`
+        raise RequestError(400, "input: at least one message or item is required", param="input")
     return messages
 
 
