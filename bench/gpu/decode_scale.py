@@ -249,6 +249,9 @@ SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "ups
 
 
 def side_by_side(args: argparse.Namespace, record: Record) -> None:
+    """Every server up at once, the rows interleaved server by server; with --one-at-a-time each
+    server alone on the device for its rows of a rep, in turn (two processes with CUDA graphs on one
+    host hung under load: docs/multi_gpu.md, bench/gpu/hang_diag.py)."""
     servers = [ours("ours", args.port, args, "on"), ours("ours-host-sampling", args.port + 1, args, "off")]
     if args.llama_server != "none":
         servers += [llama_server("llama-server", args.port + 2, args),
@@ -257,6 +260,24 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
                 ours("ours-lookup", args.port + 5, args, "off", "--draft_model", "prompt-lookup-decoding"),
                 ours("ours-gil", args.port + 6, args, "off", "--gil_switch_ms", "0.5")]
     servers = [server for server in servers if server.label in args.servers]
+    cells = [(mode, clients) for mode in args.modes for clients in args.clients]
+    if args.one_at_a_time:
+        for rep in range(args.reps):
+            for server in servers:
+                with running([server], record, args):
+                    for mode, clients in cells:
+                        record.add(measured(server, mode, clients, rep, args))
+        return
+    with running(servers, record, args):
+        for rep in range(args.reps):
+            for mode, clients in cells:
+                for server in servers:
+                    record.add(measured(server, mode, clients, rep, args))
+
+
+@contextlib.contextmanager
+def running(servers: list[Server], record: Record, args: argparse.Namespace) -> Iterator[None]:
+    """The servers launched together, each warmed up once ready (a `start` row each), stopped after."""
     try:
         for server in servers:
             server.launch()
@@ -264,26 +285,26 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
             ready = server.wait_ready(600)
             asyncio.run(throughput(server, "greedy", 4, args, seed=1))  # warm-up
             record.add({"server": server.label, "kind": "start", "ready_s": round(ready, 1)})
-        for rep in range(args.reps):
-            for mode in args.modes:
-                for clients in args.clients:
-                    for server in servers:
-                        row = {"server": server.label, "kind": "throughput", "mode": mode, "rep": rep}
-                        try:
-                            before = speculation(server)
-                            row.update(asyncio.run(throughput(server, mode, clients, args, seed=100 * rep + clients)))
-                            after = speculation(server)
-                            if after:  # what a speculating server drafted and kept in this run (issue 47)
-                                row["speculation"] = {k: round(after.get(k, 0) - before.get(k, 0), 4)
-                                                      for k in SPEC_COUNTS}
-                        except Exception as error:  # one server's failure costs its own row only
-                            row.update(clients=clients, error=f"{type(error).__name__}: {error}"[:1000])
-                            if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
-                                row["restart"] = restart(server, args)  # hung: its later rows would only time out
-                        record.add(row)
+        yield
     finally:
         for server in servers:
             server.stop()
+
+
+def measured(server: Server, mode: str, clients: int, rep: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One throughput row; a failure costs this row only, and a hung server is started afresh."""
+    row: dict[str, Any] = {"server": server.label, "kind": "throughput", "mode": mode, "rep": rep}
+    try:
+        before = speculation(server)
+        row.update(asyncio.run(throughput(server, mode, clients, args, seed=100 * rep + clients)))
+        after = speculation(server)
+        if after:  # what a speculating server drafted and kept in this run (issue 47)
+            row["speculation"] = {k: round(after.get(k, 0) - before.get(k, 0), 4) for k in SPEC_COUNTS}
+    except Exception as error:
+        row.update(clients=clients, error=f"{type(error).__name__}: {error}"[:1000])
+        if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
+            row["restart"] = restart(server, args)  # hung: its later rows would only time out
+    return row
 
 
 def restart(server: Server, args: argparse.Namespace) -> str:
@@ -374,6 +395,8 @@ def main() -> None:
     parser.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=-1)
     parser.add_argument("--limit-s", dest="limit_s", type=float, default=180.0)
     parser.add_argument("--port", type=int, default=8400)
+    parser.add_argument("--one-at-a-time", dest="one_at_a_time", action="store_true",
+                        help="servers arm: each server alone on the device for its rows of a rep, in turn")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--engine-sampling", dest="engine_sampling", nargs="+", default=["off"],
                         choices=["off", "on", "auto"], help="the engine arm's --backend_sampling settings (each "
