@@ -10,6 +10,7 @@ import llama_cpp.llama_cpp as C
 
 from .backend import init_backend
 from .cpu_path import CpuPath, verdict
+from .fim import FimTokens, fim_tokens
 from .held import holding_gil
 
 
@@ -131,6 +132,7 @@ class Model:
         self.bos: int = C.llama_vocab_bos(self.vocab)
         self.eos: int = C.llama_vocab_eos(self.vocab)
         self.add_bos: bool = C.llama_vocab_get_add_bos(self.vocab)
+        self.fim: FimTokens = fim_tokens(self.vocab)  # fill-in-the-middle (code editors' completion)
         self.size_bytes: int = C.llama_model_size(self.ptr)
         self._pieces: dict[int, bytes] = {}
         self._rendered: set[int] = set()  # control tokens whose text `piece` writes (render_tokens)
