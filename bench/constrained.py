@@ -11,7 +11,7 @@ until their JSON closes or `--max-tokens`); tokens/s is every completion token o
 time, ms/token the median over clients of each one's latency over its tokens (prefill included),
 TTFT the median first text. /status is read before and after each trial: the engine's steps (decode
 ms/step = wall over steps: person rows end at ~40 tokens, plain ones at 128, so rows of different
-lengths compare by the step) and the constraint phases' ms a step (engine/constraints.py
+lengths compare by the step) and the constraint phases' ms a step (engine/constraint_masks.py
 ConstraintCounts: bind, fill beside the decode (on its own thread) and the sampling's wait for it,
 fill on the critical path, apply, settle/commit, the wait for the device's logits, host sampling;
 docs/metrics.md), masked rows a step, dense share; and once every client has its first text, again:
@@ -68,7 +68,7 @@ ORDER = {"type": "object", "properties": {
 KINDS = {"plain": None, "person": PERSON, "order": ORDER, "plain_as_person": None}
 SAME_LENGTHS = {"plain_as_person": "person"}
 MARK = "<!-- bench/constrained.py: {} -->"
-# /status's constraint phases (engine/constraints.py ConstraintCounts), reported in ms per engine step
+# /status's constraint phases (engine/constraint_masks.py ConstraintCounts), reported in ms per engine step
 PHASES = ("bind_s", "fill_ahead_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
 PHASE_MS = [key.removesuffix("_s") + "_ms" for key in PHASES]
 MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", "decode_step_ms", *PHASE_MS,

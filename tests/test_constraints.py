@@ -11,7 +11,8 @@ import httpx
 import pytest
 from llama_cpp import llama_grammar
 
-from pflash_plugin.engine.constraints import ConstraintCounts, compile_gbnf, compile_schema
+from pflash_plugin.engine.constraint_masks import ConstraintCounts
+from pflash_plugin.engine.constraints import compile_gbnf, compile_schema
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 
@@ -177,8 +178,8 @@ def test_a_checked_constraints_matcher_is_the_one_the_engine_binds(tiny_model):
     assert (constraints.counts.binds_prebuilt, constraints.counts.binds) == (1, 0)
     constraints.bind(1, grammar)  # no check for this one: built here
     assert (constraints.counts.binds_prebuilt, constraints.counts.binds) == (1, 1)
-    constraints.fill([0, 1])
-    assert constraints.allowed(0).tolist() == constraints.allowed(1).tolist()  # both fresh: '{' alone
+    constraints.masks.fill([0, 1])
+    assert constraints.masks.allowed(0).tolist() == constraints.masks.allowed(1).tolist()  # both fresh: '{' alone
     pool, other = Prebuilt(limit=2), compile_gbnf(LIST_GBNF)
     for text in (grammar, other, other):
         pool.put(model, text, constraints._matchers[0])
@@ -197,7 +198,7 @@ def test_masks_leave_exactly_the_allowed_tokens(native_on, monkeypatch):
     32 included; rows other than the masked ones untouched."""
     import numpy as np
 
-    from pflash_plugin.engine import constraints
+    from pflash_plugin.engine import constraint_masks
     from pflash_plugin.llama import native
 
     if native_on and native.load() is None:
@@ -209,9 +210,8 @@ def test_masks_leave_exactly_the_allowed_tokens(native_on, monkeypatch):
     masks = rng.integers(-2**31, 2**31 - 1, size=(3, (n_vocab + 31) // 32), dtype=np.int64).astype(np.int32)
     masks[1, :20] = 0
     masks[2] = -1
-    engine = constraints.Constraints.__new__(constraints.Constraints)
-    engine.n_vocab, engine._masks, engine._filled = n_vocab, masks, {7: 0, 8: 1, 9: 2}
-    engine.counts = constraints.ConstraintCounts()
+    engine = constraint_masks.ConstraintMasks(n_vocab, {}, constraint_masks.ConstraintCounts())
+    engine._masks, engine._filled = masks, {7: 0, 8: 1, 9: 2}
     logits = rng.random((5, n_vocab), dtype=np.float32)
     before = logits.copy()
     engine.mask_rows(logits, [(7, 3), (8, 0), (9, 1)], n_threads=2)
@@ -228,7 +228,7 @@ def test_dense_rows_are_those_allowing_most_of_the_vocabulary():
     allowed tokens (a JSON structure's next key) or none does not."""
     import numpy as np
 
-    from pflash_plugin.engine.constraints import _dense
+    from pflash_plugin.engine.constraint_masks import _dense
 
     masks = np.zeros((5, 4000), dtype=np.int32)
     masks[1] = -1  # everything (a string's characters)
@@ -274,7 +274,7 @@ def test_rows_that_their_mask_forces_skip_mask_and_sampler_for_the_same_tokens(t
     """A constrained row whose mask allows one token alone (a JSON key, a bracket) takes it without
     its logits masked or sampled: every filled row is masked or forced, and the tokens (greedy,
     seeded at 0.9 with a penalty) are those of the masked path."""
-    from pflash_plugin.engine.constraints import Constraints
+    from pflash_plugin.engine.constraint_masks import ConstraintMasks
 
     def run_once() -> tuple[list[list[int]], ConstraintCounts]:
         model, engine = load_engine(tiny_model, EngineConfig(n_slots=3, max_ctx=256, n_threads=1, n_threads_batch=1))
@@ -289,7 +289,7 @@ def test_rows_that_their_mask_forces_skip_mask_and_sampler_for_the_same_tokens(t
 
     forced, counts = run_once()
     assert counts.rows_forced > 0 and counts.rows_masked + counts.rows_forced == counts.rows_filled
-    monkeypatch.setattr(Constraints, "forced", lambda self, slot: None)
+    monkeypatch.setattr(ConstraintMasks, "forced", lambda self, slot: None)
     masked, counts = run_once()
     assert counts.rows_masked == counts.rows_filled and forced == masked
 
@@ -299,11 +299,11 @@ def test_a_fill_beside_the_decode_runs_while_the_engine_thread_releases_the_last
     to the last step's text and events (Stepping.release_last; on an H200 the fill was 6 ms of the
     engine thread a step before it): each such fill sees that release begin before it ends. The
     tokens are the serial order's."""
-    from pflash_plugin.engine.constraints import Constraints
+    from pflash_plugin.engine.constraint_masks import ConstraintMasks
     from pflash_plugin.engine.stepping import Stepping
 
     released, overlapped, engine_thread = threading.Event(), [], []
-    fill, release = Constraints._fill_thread, Stepping.release_last
+    fill, release = ConstraintMasks._fill_thread, Stepping.release_last
 
     def waiting_fill(self, jobs, masks):
         elsewhere = threading.current_thread() not in engine_thread
@@ -328,7 +328,7 @@ def test_a_fill_beside_the_decode_runs_while_the_engine_thread_releases_the_last
             engine.stop()
 
     serial = run_once(False)
-    monkeypatch.setattr(Constraints, "_fill_thread", waiting_fill)
+    monkeypatch.setattr(ConstraintMasks, "_fill_thread", waiting_fill)
     monkeypatch.setattr(Stepping, "release_last", spy)
     assert run_once(True) == serial
     assert len(overlapped) > 10 and all(overlapped)
@@ -355,7 +355,8 @@ def test_the_tokenizer_fitted_slices_give_the_general_slices_masks(monkeypatch):
     import llguidance
     import numpy as np
 
-    from pflash_plugin.engine.constraints import LIMITS, _allowed_ids
+    from pflash_plugin.engine.constraint_masks import _allowed_ids
+    from pflash_plugin.engine.constraints import LIMITS
     from pflash_plugin.llama import Model
     from pflash_plugin.llama.guidance import _VocabTokenizer, guidance_tokenizer, string_slices
     from pflash_plugin.testing import cached_tiny_llama

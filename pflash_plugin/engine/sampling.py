@@ -166,7 +166,7 @@ class Sampling:
     def close(self) -> None:
         for slot in list(self._slots):
             self.unbind(slot)
-        self.constraints.close()
+        self.constraints.masks.close()
 
     # ---- one step --------------------------------------------------------------------------
     def before_decode(self, rows: list[tuple[Request, int]]) -> None:
@@ -176,7 +176,7 @@ class Sampling:
         planned (a stop string in the text released before a launch of several ubatches) has no
         chain: its row decodes, nothing samples it (`sample`), and the scheduler drops what it wrote."""
         self.landed()  # chains a decode that never landed (a failed step) let go
-        self.constraints.stale()  # masks filled for a step that was never sampled
+        self.constraints.masks.stale()  # masks filled for a step that was never sampled
         self._retired = []
         for request, _ in rows:
             if not request.status.running:
@@ -192,7 +192,7 @@ class Sampling:
         """The constrained rows' masks, while the device decodes (the runner calls it where its
         launch returns early): the mask of a row's next token depends only on the tokens it has.
         They fill on their own thread while the engine thread goes on (`sample` waits for them)."""
-        self.constraints.fill_ahead(_running_slots(rows))
+        self.constraints.masks.fill_ahead(_running_slots(rows))
 
     def landed(self) -> None:
         """The decode since `before_decode` has ended (or failed): the chains it ran can go."""
@@ -225,7 +225,7 @@ class Sampling:
         if not host and not verified:
             return outputs
         constrained = [(k, bound) for k, bound, _ in host if bound.constrained]
-        self.constraints.fill_due([bound.request.held_slot for _, bound in constrained])
+        self.constraints.masks.fill_due([bound.request.held_slot for _, bound in constrained])
         waited = time.perf_counter()  # the device's logits (llama_get_logits synchronizes), after the fill
         logits = self.ctx.output_logits(len(rows))  # a view, written in place: the rows' own buffer
         landed = time.perf_counter()
@@ -260,7 +260,7 @@ class Sampling:
         scan each): the token either would give, its generator drawn from as the sampler would."""
         forced = {}
         for k, bound in rows:
-            token = self.constraints.forced(bound.request.held_slot) if bound.path == "batch" else None
+            token = self.constraints.masks.forced(bound.request.held_slot) if bound.path == "batch" else None
             if token is not None:
                 forced[k] = token
         broken = self.constraints.apply(logits, [(b.request.held_slot, k) for k, b in rows], self.ctx.n_threads,
