@@ -127,3 +127,13 @@ def test_a_prompt_of_mixed_shapes_names_the_shapes(server):
 def test_an_anthropic_text_block_without_text_names_its_text(server):
     message = anthropic_error(server, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})
     assert message.startswith("messages.0.content.0.text:"), message
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": ASK, "max_tokens": 2, "n": 100}),
+    ("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2, "n": 50}),
+])
+def test_more_choices_than_slots_and_queue_name_n(server, path, body):
+    """2 slots + 64 queued: 100 choices can never run, a 400 naming the client's `n`."""
+    error = openai_error(server, path, body)
+    assert error["param"] == "n" and "can never be served together" in error["message"], error

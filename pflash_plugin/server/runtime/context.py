@@ -38,13 +38,15 @@ class ServerContext:
         try:
             await asyncio.wrap_future(served.engine.submit(*requests))
         except AdmissionError as error:
-            raise self.refusal(served, error) from None
+            # more choices than slots + queue: the client's `n` (times its prompts) asked for them
+            param = "n" if len(requests) > served.engine.scheduler.limits.capacity else None
+            raise self.refusal(served, error, param) from None
 
-    def refusal(self, served: ServedModel, error: AdmissionError) -> RequestError:
+    def refusal(self, served: ServedModel, error: AdmissionError, param: str | None = None) -> RequestError:
         """A model's refusal (too long, busy, unavailable...) as the client's error, counted in /metrics."""
         status, kind = http_of(error.kind)
         self.metrics.errors.labels(served.name, str(status)).inc()
-        return RequestError(status, error.message, kind, code=kind, counted=True)
+        return RequestError(status, error.message, kind, param=param, code=kind, counted=True)
 
     def close(self) -> None:
         self.tokenizer.close()
