@@ -192,7 +192,7 @@ def test_logprobs_match_a_float64_log_softmax():
     float64 log-softmax to 1e-6, best first; -inf logits (suppressed tokens) stay -inf."""
     import numpy as np
 
-    from pflash_plugin.engine.sampling import with_logprobs as _with_logprobs
+    from pflash_plugin.engine.logprobs import with_logprobs as _with_logprobs
 
     logits = (np.random.default_rng(0).standard_normal(50_000) * 6).astype(np.float32)
     logits[:3] = -np.inf

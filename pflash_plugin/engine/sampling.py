@@ -8,8 +8,9 @@ every field the request sets:
 - "batch": the host, numpy over all of the step's rows together (engine/batch_sampling.py).
 - "chain": llama.cpp's own chain on the host, row by row (llama.cpp grammars, typical-p, mirostat).
 The module also owns what every path shares: min_tokens (end-of-generation tokens held back),
-the penalties' history, seeds, log-probabilities, and llguidance's masks (engine/constraints.py):
-a constrained row's logits are masked in place before the batch path or its chain sees them.
+the penalties' history, seeds, log-probabilities (engine/logprobs.py), and llguidance's masks
+(engine/constraints.py): a constrained row's logits are masked in place before the batch path or its
+chain sees them, and its token settled against its mask after (engine/constrained_rows.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import numpy as np
 from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain, native
 from ..llama.devices import gpu_count
 from .batch_sampling import RowParams, bias_rows, greedy_rows, penalize_rows, penalizes, sample_rows
+from .constrained_rows import commit, constrain
 from .constraints import Constraints
+from .logprobs import with_logprobs
 from .request import Request, RequestRefused, SamplingParams, TokenOutput
 from .speculation.verifier import Verifier
 
@@ -237,7 +240,7 @@ class Sampling:
         # log-probabilities as llama.cpp's grammar path gave them: after min_tokens, before the mask
         raw = {k: logits[k].copy() for k, bound, _ in host if bound.params.logprobs is not None}
         if constrained:
-            outputs.update(self._constrain(logits, constrained, raw))
+            outputs.update(constrain(self.constraints, logits, constrained, raw, self.ctx.n_threads))
             host = [(k, bound, row) for k, bound, row in host if bound.request.request_id not in outputs]
         outputs.update(self._batch(logits, [(k, bound) for k, bound, _ in host if bound.path == "batch"], raw))
         for k, bound, row in host:
@@ -246,60 +249,11 @@ class Sampling:
                     outputs[bound.request.request_id] = self._chain_token(bound, row, raw.get(k))
                 except Exception as error:
                     outputs[bound.request.request_id] = error
-        for k, bound in constrained:
-            self._commit(bound, logits[k], raw.get(k), outputs)
+        if constrained:
+            commit(self.constraints, logits, constrained, raw, outputs, self._eog)
         outputs.update(self.verifier.verify(logits, verified, drafts))
         self.constraints.counts.sampled(landed - waited, time.perf_counter() - landed)
         return outputs
-
-    def _constrain(self, logits: np.ndarray, rows: list[tuple[int, _Bound]],
-                   raw: dict[int, np.ndarray]) -> dict[int, TokenOutput | Exception]:
-        """The constrained rows' masks applied in place; a row whose matcher can go no further
-        gets its request's error instead, and a batch-path row whose mask allows one token alone
-        (a JSON key, a bracket) that token, with neither mask nor sampler (a 128K row's store and
-        scan each): the token either would give, its generator drawn from as the sampler would."""
-        forced = {}
-        for k, bound in rows:
-            token = self.constraints.masks.forced(bound.request.held_slot) if bound.path == "batch" else None
-            if token is not None:
-                forced[k] = token
-        broken = self.constraints.apply(logits, [(b.request.held_slot, k) for k, b in rows], self.ctx.n_threads,
-                                        frozenset(b.request.held_slot for k, b in rows if k in forced))
-        outputs: dict[int, TokenOutput | Exception] = {
-            b.request.request_id: RequestRefused(f"the grammar cannot go on: {broken[b.request.held_slot]}")
-            for _, b in rows if b.request.held_slot in broken}
-        for k, bound in rows:
-            if k in forced and bound.request.request_id not in outputs:
-                outputs[bound.request.request_id] = self._forced_token(bound, forced[k], raw.get(k))
-        return outputs
-
-    @staticmethod
-    def _forced_token(bound: _Bound, token: int, raw: np.ndarray | None) -> TokenOutput:
-        """What the batch path gives a row whose mask allows `token` alone: its generator's draw spent
-        (so the row's later draws are the same), its penalties' window extended."""
-        if bound.params.temperature > 0:
-            bound.rng.random()
-        if bound.penalizes:
-            bound.chain.accept(token)
-        return with_logprobs(token, raw, bound.params.logprobs)
-
-    def _commit(self, bound: _Bound, row: np.ndarray, raw: np.ndarray | None,
-                outputs: dict[int, TokenOutput | Exception]) -> None:
-        """A constrained row's token into its matcher, the token its mask allows in place of one
-        it forbids (Constraints.settle); nothing allowed ends the generation."""
-        slot, request_id = bound.request.held_slot, bound.request.request_id
-        output = outputs.get(request_id)
-        if slot not in self.constraints or not isinstance(output, TokenOutput):
-            return
-        token = self.constraints.settle(slot, output.token, row)
-        if token is None:  # the grammar allows nothing more: the generation ends here
-            outputs[request_id] = with_logprobs(self._eog()[0], raw, bound.params.logprobs)
-            return
-        if token != output.token:
-            output = outputs[request_id] = with_logprobs(token, raw, bound.params.logprobs)
-        why = self.constraints.commit(slot, output.token)
-        if why is not None:
-            outputs[request_id] = RequestRefused(f"the grammar cannot go on: {why}")
 
     def speculates(self, request: Request) -> bool:
         """Whether the request's rows may carry drafts: on the batch path (not the device's chain),
@@ -378,19 +332,3 @@ class Sampling:
 def _running_slots(rows: list[tuple[Request, int]]) -> list[int]:
     return [request.held_slot for request, _ in rows if request.status.running]
 
-
-def with_logprobs(token: int, logits: np.ndarray | None, top_n: int | None) -> TokenOutput:
-    """The token's log-probability and the top_n best, from float32 logits: one pass for the
-    normalizer (summed in float64) and one partial sort, never a float64 copy of the row
-    (10.4 ms a row for 262K tokens that way, against 2.5 ms)."""
-    if logits is None or top_n is None:
-        return TokenOutput(token)
-    peak = float(logits.max())
-    with np.errstate(invalid="ignore"):  # a row of -inf or NaN gives NaN, as the float64 path did
-        log_total = peak + math.log(float(np.exp(logits - np.float32(peak)).sum(dtype=np.float64)))
-    top: list[tuple[int, float]] = []
-    if top_n > 0:
-        best = np.argpartition(logits, -top_n)[-top_n:]
-        best = best[np.argsort(-logits[best], kind="stable")]
-        top = [(int(t), float(logits[t]) - log_total) for t in best]
-    return TokenOutput(token, float(logits[token]) - log_total, top)
