@@ -7,7 +7,7 @@ the mask before its matcher takes it, the same on every path (engine/constraints
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -29,7 +29,7 @@ class Constrained(Protocol):
     penalizes: bool
 
 
-def constrain(constraints: Constraints, logits: np.ndarray, rows: list[tuple[int, Constrained]],
+def constrain(constraints: Constraints, logits: np.ndarray, rows: Sequence[tuple[int, Constrained]],
               raw: dict[int, np.ndarray], n_threads: int) -> dict[int, TokenOutput | Exception]:
     """The constrained rows' (logits row, bound slot) masks applied in place; a row whose matcher
     can go no further gets its request's error instead, and a batch-path row whose mask allows one
@@ -62,7 +62,7 @@ def _forced_token(bound: Constrained, token: int, raw: np.ndarray | None) -> Tok
     return with_logprobs(token, raw, bound.params.logprobs)
 
 
-def commit(constraints: Constraints, logits: np.ndarray, rows: list[tuple[int, Constrained]],
+def commit(constraints: Constraints, logits: np.ndarray, rows: Sequence[tuple[int, Constrained]],
            raw: dict[int, np.ndarray], outputs: dict[int, TokenOutput | Exception],
            eog: Callable[[], list[int]]) -> None:
     """Each constrained row's token in `outputs` into its matcher, the token its mask allows in
