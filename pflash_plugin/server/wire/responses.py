@@ -311,15 +311,19 @@ class ChatChoice:
 
 
 def openai_delta(deltas: list[Delta]) -> dict[str, Any]:
-    """A streamed step's deltas as an OpenAI chunk's `delta`: its texts joined, each call delta one
-    entry of tool_calls (a call's header apart from its arguments, as OpenAI streams them)."""
+    """A streamed step's deltas as an OpenAI chunk's `delta`: its texts joined, each call one entry
+    of tool_calls, its header (id, name) in its first chunk. A call's deltas of one step join in
+    its entry: OpenAI never sends two entries of one index in a chunk, and a client that reads
+    `tool_calls[0]` lost the arguments' start (`{"`) of a forced call's second entry."""
     delta: dict[str, Any] = {}
-    calls = []
+    calls: list[dict[str, Any]] = []
     for part in deltas:
         if isinstance(part, ReasoningDelta):
             delta["reasoning_content"] = delta.get("reasoning_content", "") + part.text
         elif isinstance(part, TextDelta):
             delta["content"] = delta.get("content", "") + part.text
+        elif calls and calls[-1]["index"] == part.index:
+            calls[-1]["function"]["arguments"] += part.arguments
         elif part.opens:
             calls.append({"index": part.index, "id": part.id, "type": "function",
                           "function": {"name": part.name, "arguments": part.arguments}})
