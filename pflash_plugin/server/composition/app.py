@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api.anthropic_api import router as anthropic_router
 from ..api.extras_api import extras, operations
+from ..api.infill_api import router as infill_router
 from ..api.openai_api import router as openai_router
 from ..api.responses_api import router as responses_router
 from ..config.settings import ModelSettings, ServerSettings
@@ -29,7 +30,7 @@ from ..runtime.models import ModelRegistry
 from ..wire.errors import http_error
 from .shutdown import drain_on_signal
 
-ROUTERS = (openai_router, responses_router, anthropic_router, extras, operations)
+ROUTERS = (openai_router, responses_router, anthropic_router, infill_router, extras, operations)
 
 
 def create_app(

@@ -84,6 +84,11 @@ class ModelSettings(StockModelSettings):
         "their first token, shortest prompt first (so decode steps stay short); default: 128 on the CPU, and where "
         "the model's layers run on a GPU no cap (the step's whole n_batch after the decode rows, as llama-server).",
     )
+    spm_infill: bool = Field(
+        default=False,
+        description="Fill-in-the-middle prompts (/infill, /v1/completions with a suffix) put the suffix before the "
+        "prefix, as some code models were trained (llama-server's --spm-infill, llama_cpp.Llama's spm_infill).",
+    )
     reasoning_format: Literal["auto", "deepseek", "none"] = Field(
         default="auto",
         description="Thinking in the model's answers (llama-server's values): auto and deepseek split it from the "

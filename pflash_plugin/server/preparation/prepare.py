@@ -35,6 +35,7 @@ from ..wire.protocol import (
 )
 from ..wire.responses import ChatChoice, CompletionChoice, new_id
 from .constraint import Constrained, constrained
+from .fim import completion_prompts, wants_fim
 from .media import media_tokens
 from .schema_bounds import schema_grammar
 from .tool_requests import ToolRequest, plain_history
@@ -70,20 +71,28 @@ def _sample_requests(served: ServedModel, tokens: list[int], params: SamplingPar
             for sample in _samples(params, n)]
 
 
+def _completion_prompts(served: ServedModel, body: CompletionRequest) -> list[tuple[list[int], list[int],
+                                                                                    str | None]]:
+    """Each prompt as (the tokens the engine reads, the prompt's own tokens, its text or None for
+    token ids): with a suffix, a fill-in-the-middle prompt around it (fim.py)."""
+    if body.suffix is not None and wants_fim(served, body.suffix):
+        return completion_prompts(served, body.prompt, body.suffix)
+    prompts = served.prompts.tokenize_prompts(body.prompt)
+    _refuse_empty(prompts, body.prompt)
+    return [(tokens, tokens, text) for tokens, text in prompts]
+
+
 def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
-    if body.suffix:
-        raise RequestError(400, "suffix is not supported", param="suffix")
     n_prompts = count_prompts(body.prompt)  # before tokenizing: 10,000 prompts of 500 characters, +60 MB
     if n_prompts * (body.n or 1) > MAX_N:
         raise RequestError(400, f"{n_prompts} prompts x n={body.n} is over {MAX_N} choices", param="n")
-    prompts = served.prompts.tokenize_prompts(body.prompt)
-    _refuse_empty(prompts, body.prompt)
+    prompts = _completion_prompts(served, body)
     bias = served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
     grammar = format_grammar(served, body.response_format, body.grammar)
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
-    for tokens, text in prompts:
-        echo = served.prompts.prompt_text(tokens, text) if body.echo else ""
+    for tokens, own, text in prompts:
+        echo = served.prompts.prompt_text(own, text) if body.echo else ""  # the client's prompt, not a FIM one
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
                                  logprobs=body.logprobs, grammar=grammar.grammar, logit_bias=bias)
         params.constraint = grammar.constraint
@@ -93,7 +102,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
             choices.append(CompletionChoice(len(choices), served.model.piece, echo,
                                             body.logprobs is not None))
     return Generation(served, requests, choices, "text_completion", "text_completion",
-                      sum(len(tokens) for tokens, _ in prompts), _include_usage(body), new_id("cmpl"))
+                      sum(len(tokens) for tokens, _, _ in prompts), _include_usage(body), new_id("cmpl"))
 
 
 def _refuse_empty(prompts: list[tuple[list[int], str | None]], prompt: Any) -> None:
