@@ -52,6 +52,7 @@ def test_n_samples_of_one_completion_prompt(sdk, tiny_server):
     streamed = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)}
     assert streamed == {0: reply.choices[0].text, 1: reply.choices[1].text}  # same seeds, same samples
     assert chunks[-1].usage.prompt_tokens == n_prompt and chunks[-1].usage.completion_tokens == 24
+    assert len({c.id for c in chunks}) == 1  # the usage chunk's id too, as OpenAI sends it
     assert tiny_server.wait_idle()["running"] == 0
 
 

@@ -17,7 +17,7 @@ from ...engine.request import ErrorEvent, FinishEvent, TextEvent
 from ..runtime.generation import Generation
 from ..wire.errors import error_response, http_of
 from ..wire.protocol import error_body
-from ..wire.responses import envelope, new_id
+from ..wire.responses import envelope
 from ..wire.usage import Totals, openai_usage, reasoning_tokens
 
 Sse = dict[str, str]
@@ -68,8 +68,8 @@ class ChatPresenter:
         chat = self.gen.object == "chat.completion"
         return openai_usage(usage, reasoning_tokens(self.gen.choices) if chat else None)
 
-    def _chunk(self, choices: list[dict], usage: dict | None = None, rid: str | None = None) -> Sse:
-        return sse(envelope(rid or self.gen.rid, self.gen.chunk_object, self.gen.served.name, choices, usage))
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> Sse:
+        return sse(envelope(self.gen.rid, self.gen.chunk_object, self.gen.served.name, choices, usage))
 
     def head(self) -> list[Sse]:
         return [self._chunk([h]) for h in (c.head() for c in self.gen.choices) if h is not None]
@@ -81,7 +81,8 @@ class ChatPresenter:
         return [self._chunk([self.gen.choices[index].chunk("", [], event.reason)])]
 
     def done(self, usage: Totals) -> list[Sse]:
-        tail = [self._chunk([], self._usage(usage), new_id("usage"))] if self.gen.include_usage else []
+        # the usage chunk is the stream's too: the same id, as OpenAI sends it
+        tail = [self._chunk([], self._usage(usage))] if self.gen.include_usage else []
         return [*tail, {"data": "[DONE]"}]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
