@@ -95,26 +95,28 @@ def test_separate_drafter_gpu_layers_reach_the_loaded_model(tiny_model, setting,
         served.close()
 
 
-def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(tiny_model):
+def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(tiny_model, monkeypatch):
     """CompressionWorker.stop cancels the scoring under way (the drafter stops between chunks) and
     closes the drafter only once the thread is done with it."""
     import threading
 
     from pflash_plugin.pflash.compressor import CompressionJob, CompressionWorker, Compressor, PflashConfig
+    from pflash_plugin.pflash.draft_lane import DraftLane
     from pflash_plugin.pflash.query import plan_query
 
     model = Model(tiny_model)
     tokens = (model.tokenize(" ".join(f"fact {i} about the river." for i in range(400))) * 4)[:1900]
     started, delivered = threading.Event(), []
+    decode = DraftLane._decode_politely
 
-    class Slow(Drafter):
-        def _decode_politely(self, batch, job):
-            started.set()
-            threading.Event().wait(0.05)  # a slow chunk
-            super()._decode_politely(batch, job)
+    def slow(self, batch, job):
+        started.set()
+        threading.Event().wait(0.05)  # a slow chunk
+        decode(self, batch, job)
 
+    monkeypatch.setattr(DraftLane, "_decode_politely", slow)
     compressor = Compressor(
-        PflashConfig(), model.piece, lambda: Slow(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True
+        PflashConfig(), model.piece, lambda: Drafter(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True
     )
     worker = CompressionWorker(compressor)
     job = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.2)

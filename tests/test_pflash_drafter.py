@@ -191,7 +191,7 @@ def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, s
     yield_now = _YieldAfter(5, 40)  # true while the first chunk computes: llama.cpp aborts it
     neighbours = SimpleNamespace(interactive_waiting=yield_now, slots_decoding=lambda: False)
     drafted = drafter.run(tokens, 392, pacing=Pacing(neighbours))
-    assert drafter.aborted_chunks >= 1 and yield_now.calls > 40
+    assert drafter.lead.aborted_chunks >= 1 and yield_now.calls > 40
     # rolled back and redone: the same captures and scores as an undisturbed run
     for x, y in zip(drafter.scorer.tensors(1), reference.scorer.tensors(1)):
         np.testing.assert_array_equal(x, y)
@@ -201,14 +201,14 @@ def test_drafter_aborts_a_chunk_for_interactive_work_and_redoes_it(deep_model, s
 def test_drafter_shares_the_device_with_decoding_slots(deep_model, monkeypatch):
     """While slots decode: chunks of at most SHARED_CHUNK tokens, each followed by a pause that
     leaves the device to them for (1 / shared_duty - 1) of the chunk's time; same scores."""
-    import pflash_plugin.pflash.drafter as drafter_module
+    import pflash_plugin.pflash.draft_lane as draft_lane
 
     tokens = prompt_tokens(deep_model, 1200)
     alone, shared = [], []
     solo = Drafter(deep_model, [1], 1300, DraftOptions(n_batch=1024, shared_duty=0.25))
     expected = solo.run(tokens, 1190, progress=alone.append)
     pauses: list[float] = []
-    monkeypatch.setattr(drafter_module.time, "sleep", pauses.append)
+    monkeypatch.setattr(draft_lane.time, "sleep", pauses.append)
     decoding = SimpleNamespace(interactive_waiting=lambda: False, slots_decoding=lambda: True)
     got = solo.run(tokens, 1190, progress=shared.append, pacing=Pacing(decoding))
     assert alone == [1024, 1200] and shared == [512, 1024, 1200]
@@ -220,7 +220,7 @@ def test_a_draft_past_its_bound_no_longer_steps_aside(deep_model, monkeypatch):
     """Neighbours that always wait for a first token and always decode: a prompt that arrived
     longer ago than the bound drafts as if alone (full chunks, no pause, no abort), one within it
     steps aside until the bound passes and then does the same; the scores are the same."""
-    import pflash_plugin.pflash.drafter as drafter_module
+    import pflash_plugin.pflash.draft_lane as draft_lane
 
     tokens = prompt_tokens(deep_model, 1200)
     drafter = Drafter(deep_model, [1], 1300, DraftOptions(n_batch=1024, shared_duty=0.25))
@@ -233,10 +233,10 @@ def test_a_draft_past_its_bound_no_longer_steps_aside(deep_model, monkeypatch):
         waits.append(seconds)
         now[0] += seconds
 
-    monkeypatch.setattr(drafter_module.time, "sleep", sleep)
+    monkeypatch.setattr(draft_lane.time, "sleep", sleep)
     late, chunks = Pacing(busy, started=now[0] - 3.0, bound_s=2.0, clock=lambda: now[0]), []
     got = drafter.run(tokens, 1190, progress=chunks.append, pacing=late)
-    assert chunks == [1024, 1200] and waits == [] and drafter.aborted_chunks == 0
+    assert chunks == [1024, 1200] and waits == [] and drafter.lead.aborted_chunks == 0
     np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)
 
     fresh, chunks = Pacing(busy, started=now[0], bound_s=2.0, clock=lambda: now[0]), []

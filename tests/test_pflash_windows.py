@@ -57,7 +57,7 @@ def windowed_drafter(model: Model, windows: DraftWindows = WINDOWS) -> Drafter:
 def test_a_long_prompt_drafts_in_a_context_of_sink_plus_window(model):
     drafter = windowed_drafter(model)
     tokens = tokens_of(model, 1200)
-    assert drafter.ctx.n_ctx < 600  # were the windows' cells not freed, 1200 tokens would not fit
+    assert drafter.lead.ctx.n_ctx < 600  # were the windows' cells not freed, 1200 tokens would not fit
     result = drafter.run(tokens, 1190)
     assert result.windows == len(WINDOWS.stages(1200)) == 10
     k = drafter.scorer.tensors(2)[1]
@@ -138,7 +138,7 @@ def test_the_drafter_ubatch_is_a_server_setting(tiny_model):
     served = ServedModel(ModelSettings(**settings, pflash_drafter_ubatch=272))
     try:
         drafter = served.compression.compressor._drafter
-        assert drafter is not None and drafter.n_batch == drafter.ctx.n_batch == 272
+        assert drafter is not None and drafter.n_batch == drafter.lead.ctx.n_batch == 272
     finally:
         served.close()
     with pytest.raises(ValueError, match="below the drafter's ubatch"):
@@ -155,7 +155,7 @@ def test_a_layout_that_does_not_cover_the_ubatch_is_a_capture_error(model, score
         drafter.scorer.begin(40, 48)
         drafter.scorer.layout([(0, 30), (30, 10)])  # 40 rows laid out for a ubatch of 48
         batch.add_sequence(tokens_of(model, 48), 0, 0, False)
-        drafter.ctx.decode(batch)
+        drafter.lead.ctx.decode(batch)
         assert "layout covers 40 rows" in (drafter.scorer.error() or "")
     finally:
         batch.close()
@@ -179,7 +179,7 @@ def test_a_pinned_kv_view_reuses_the_graph_and_scores_the_same(model, scorer):
             reuses = drafter.graph_reuses
             again = drafter.run(tokens, 2990)  # the pin survives a run
             causal = drafter.run(tokens[:100], 90)  # a prompt no window applies to
-            runs[pin] = (result.mass, again.mass, causal.mass, reuses, drafter.pinned)
+            runs[pin] = (result.mass, again.mass, causal.mass, reuses, drafter.lead.pinned)
         finally:
             drafter.close()
     (mass, _, short, reuses, pinned), (pin_mass, pin_again, pin_short, pin_reuses, pin_pinned) = runs[False], runs[True]
@@ -196,8 +196,8 @@ def test_the_pin_is_on_where_the_drafter_is_on_a_gpu_and_only_for_windows(model)
     default = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", windows=WINDOWS))
     causal = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer="numpy", pin_window_view=True))
     try:
-        assert default.pinned == (model.n_gpu_layers != 0 and gpu_count() > 0)
-        assert not causal.pinned
+        assert default.lead.pinned == (model.n_gpu_layers != 0 and gpu_count() > 0)
+        assert not causal.lead.pinned
     finally:
         for drafter in (default, causal):
             drafter.close()
@@ -214,7 +214,7 @@ def test_the_pin_and_lanes_are_server_settings(tiny_model, pin, pinned, lanes):
                                        pflash_drafter_pin_view=pin, pflash_drafter_lanes=lanes))
     try:
         drafter = served.compression.compressor._drafter
-        assert drafter is not None and drafter.pinned is pinned and len(drafter.lanes) == lanes - 1
+        assert drafter is not None and drafter.lead.pinned is pinned and len(drafter.lanes) == lanes - 1
     finally:
         served.close()
 
@@ -260,7 +260,7 @@ def test_windows_drafted_in_lanes_score_as_one_context(model, scorer, lanes):
 
 @pytest.mark.parametrize("scorer", SCORERS)
 def test_a_cancel_stops_every_lane_and_the_drafter_drafts_again(model, scorer):
-    from pflash_plugin.pflash.drafter import Cancelled
+    from pflash_plugin.pflash.draft_lane import Cancelled
 
     tokens = tokens_of(model, 1200, seed=12)
     drafter = Drafter(model, [2], 2048, DraftOptions(n_batch=64, scorer=scorer, windows=WINDOWS, lanes=3))

@@ -7,7 +7,7 @@ prompt length, drafter ubatch and lanes. Linear cost shows as a flat per-token t
 A configuration is named by what it sets: `causal-ub512` (one causal pass, ubatch 512), or
 `W<window>-ub<tokens of a window per ubatch>[-l<lanes>][-nopin]`
 (pflash_drafter_window, pflash_drafter_ubatch, pflash_drafter_lanes; sink
---sink; `-nopin`: without the pinned KV view of Drafter._pin_view, as before it). Configurations run interleaved per
+--sink; `-nopin`: without the pinned KV view of DraftLane._pin_view, as before it). Configurations run interleaved per
 repetition (A, B, C, ... then again), on random tokens, after one warm-up draft each; every
 configuration's mass is compared with the first one's on the same tokens (`max_diff`: largest
 difference over the largest mass; `top10_overlap`: share of the top 10% tokens both keep).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pflash_plugin.llama import Batch, Context, ContextConfig, Model
 from pflash_plugin.llama.gguf_cut import cached_cut
-from pflash_plugin.pflash import drafter as drafter_module
+from pflash_plugin.pflash import draft_lane
 from pflash_plugin.pflash.drafter import DraftOptions, Drafter
 from pflash_plugin.pflash.windows import DraftWindows
 
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.flash_attn == "off":
-        drafter_module.ContextConfig = lambda **given: ContextConfig(**{**given, "flash_attn": False})  # type: ignore
+        draft_lane.ContextConfig = lambda **given: ContextConfig(**{**given, "flash_attn": False})  # type: ignore
     model = Model(args.model, n_gpu_layers=args.n_gpu_layers)
     models = {"": model}
     if args.cut:

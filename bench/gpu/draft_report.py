@@ -260,7 +260,7 @@ def main() -> None:
         "  backend never saw the same graph twice. A window in one ubatch (`plain-ub2048`) does get a CUDA",
         "  graph, but its KQ mask, built on the host in time that grows with the square of the ubatch, took",
         "  48% of its host time.",
-        "- **The pin** (`Drafter._pin_view`, on by default where the drafter is on a GPU): a cell of a",
+        "- **The pin** (`DraftLane._pin_view`, on by default where the drafter is on a GPU): a cell of a",
         "  sequence no draft uses sits at the last cell a window needs, so every window ubatch has the same",
         "  n_kv; llama.cpp reuses the graph (after the K shift that starts each window it builds it again)",
         "  and the CUDA backend replays it. Kernel launches per ubatch fell from about 270 to 0; the host",

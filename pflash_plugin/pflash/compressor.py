@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .drafter import Cancelled, Drafter, DrafterError
+from .draft_lane import Cancelled, DrafterError
+from .drafter import Drafter
 from .media_text import TextView
 from .pacing import POLITE_S, Alone, Neighbours, Pacing
 from .query import QueryPlan
