@@ -4,6 +4,8 @@ union labels, a schema of the wrong shape is a 400 naming its keyword, a tool_re
 a tool_use, and a json_schema format without a schema is any JSON object on every route."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -137,3 +139,16 @@ def test_more_choices_than_slots_and_queue_name_n(server, path, body):
     """2 slots + 64 queued: 100 choices can never run, a 400 naming the client's `n`."""
     error = openai_error(server, path, body)
     assert error["param"] == "n" and "can never be served together" in error["message"], error
+
+
+@pytest.mark.parametrize("headers", [{"content-type": "application/x-www-form-urlencoded"}, {}])
+def test_a_json_body_without_a_json_content_type_says_so(server, headers):
+    """curl -d without -H 'Content-Type: application/json' (a form's type), or no type: the 400
+    says what to send (FastAPI's own error said "Input should be a valid dictionary")."""
+    raw = json.dumps({"prompt": "hi", "max_tokens": 2})
+    reply = httpx.post(server.url + "/v1/completions", content=raw, headers=headers, timeout=60)
+    assert reply.status_code == 400 and "Content-Type: application/json" in reply.json()["error"]["message"]
+    reply = httpx.post(server.url + "/v1/messages", content=json.dumps({"max_tokens": 2, "messages": ASK}),
+                       headers=headers, timeout=60)
+    assert reply.status_code == 400 and reply.json()["type"] == "error", reply.text
+    assert "Content-Type: application/json" in reply.json()["error"]["message"]

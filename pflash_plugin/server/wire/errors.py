@@ -232,11 +232,17 @@ async def _parsed(request: Request, raw: bytes) -> Any:
 async def _body_error(request: Request) -> Response | None:
     """A 400 for a JSON body nested too deep, or holding text that cannot be encoded; checked
     before FastAPI parses the body (the parsed JSON is cached on the request and reused). A body
-    that is not JSON is left to FastAPI's own error."""
-    if "json" not in request.headers.get("content-type", "json"):
-        return None
+    that is not JSON is left to FastAPI's own error. A body sent without a JSON Content-Type (curl's
+    `-d` alone sends a form's) is a 400 saying so: FastAPI reads it as bytes, and its error said
+    "Input should be a valid dictionary". It is not read as JSON anyway: a browser page of any
+    origin may send text/plain or a form's type without asking CORS first."""
+    kind = request.headers.get("content-type")
     try:
         raw = await request.body()
+        if raw and (kind is None or "json" not in kind):
+            return error_response(400, f"the body must be JSON, sent with Content-Type: application/json "
+                                  f"(it came with {f'Content-Type: {kind}' if kind else 'no Content-Type'})",
+                                  "invalid_request_error")
         if raw:
             await _parsed(request, raw)
     except ClientDisconnect:  # gone before its body arrived (or closed for taking too long)
