@@ -152,3 +152,10 @@ def test_a_json_body_without_a_json_content_type_says_so(server, headers):
                        headers=headers, timeout=60)
     assert reply.status_code == 400 and reply.json()["type"] == "error", reply.text
     assert "Content-Type: application/json" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("raw, said", [("", "none was sent"), ("null", "got null"), ("[1]", "got an array")])
+def test_a_body_that_is_not_an_object_says_so(server, raw, said):
+    reply = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"},
+                       timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["message"] == f"the body must be a JSON object ({said})"

@@ -60,10 +60,18 @@ def error_response(status: int, message: str, type_: str, param: str | None = No
     return JSONResponse(error_body(message, type_, param, code), status, headers=headers)
 
 
+_JSON_KINDS = {type(None): "null", str: "a string", list: "an array", int: "a number", float: "a number",
+               bool: "a boolean"}
+
+
 def validation_error_response(error: RequestValidationError) -> JSONResponse:
     first = error.errors()[0] if error.errors() else {}
     if first.get("type") == "json_invalid":
         return error_response(400, f"the body is not valid JSON: {first.get('msg', '')}", "invalid_request_error")
+    if tuple(first.get("loc", ())) == ("body",):  # the body as a whole: none, or not an object
+        kind = _JSON_KINDS.get(type(error.body), "another value")
+        sent = "none was sent" if first.get("type") == "missing" else f"got {kind}"
+        return error_response(400, f"the body must be a JSON object ({sent})", "invalid_request_error")
     field, message = validation_message(error.errors(), error.body, skip=("body",))
     return error_response(400, f"{field}: {message}" if field else message, "invalid_request_error", field)
 
