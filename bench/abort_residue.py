@@ -35,7 +35,7 @@ def probe(runner: Any, seq: int, n_tokens: int, token: int = 42) -> np.ndarray:
     runner.batch.add_sequence([token], n_tokens, seq, True)
     runner.ctx.decode(runner.batch)
     logits = runner.ctx.logits(0).copy()
-    runner.ctx.seq_rm(seq, n_tokens, -1)
+    runner.ctx.memory.seq_rm(seq, n_tokens, -1)
     return logits
 
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, polls: int, a: list[int], b: list[int]) -> lis
         out = []
         for _ in range(2):
             for seq in range(4):
-                ctx.seq_rm(seq, 0, -1)
+                ctx.memory.seq_rm(seq, 0, -1)
             prefill(runner, [(3, b)])
             out.append(probe(runner, 3, len(b)))
         return out

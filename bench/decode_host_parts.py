@@ -68,7 +68,7 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.steps):
         if pos[0] >= CELLS - 1:  # back to the prompt: the streams stay within their cells
             for slot in range(args.slots):
-                ctx.seq_rm(slot, PROMPT)
+                ctx.memory.seq_rm(slot, PROMPT)
             pos = [PROMPT] * args.slots
         batch.clear()
         for slot in range(args.slots):

@@ -177,7 +177,7 @@ def workload(args: argparse.Namespace, clients: int, seed: int, calls: ForeignCa
                                       "first_token_steps": [first[i] for i in range(clients)]}
         engine.stop()
         for slot in engine.scheduler.slots:  # every slot's KV exactly its tokens (filler rows' writes dropped)
-            assert engine.runner.ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens), slot.index
+            assert engine.runner.ctx.memory.seq_pos_max(slot.index) + 1 == len(slot.tokens), slot.index
         counts = getattr(engine.runner, "ubatches", None)  # the engine's own count (a tree before 412dc2a has none)
         assert counts is None or counts.step.ubatches + counts.media.ubatches == sum(s["ubatches"] for s in recorder.steps)
         return recorder.steps

@@ -61,7 +61,7 @@ class Verifier:
         logits = self.ctx.output_logits(len(drafts) + 1).copy()
         n, token = accept(logits, drafts, GREEDY, [], np.random.default_rng(0))
         assert token is not None
-        self.ctx.seq_rm(0, start + 1 + n, -1)  # the rejected drafts' cells
+        self.ctx.memory.seq_rm(0, start + 1 + n, -1)  # the rejected drafts' cells
         self.tokens += [*drafts[:n], token]
         return n
 
@@ -123,7 +123,7 @@ def test_another_draft_keeps_the_text_and_some_of_its_drafts(target, other_draft
     draft = proposer(other_draft)
     try:
         tokens, rate = speculate(target, draft, prompt, 40, k=3)
-        assert draft.ctx.seq_pos_max(0) == -1  # forgotten: its cells are free
+        assert draft.ctx.memory.seq_pos_max(0) == -1  # forgotten: its cells are free
     finally:
         draft.close()
     assert tokens == greedy(target, prompt, 40)
@@ -138,12 +138,12 @@ def test_after_a_partial_rejection_the_draft_holds_the_accepted_tokens_only(targ
     try:
         [drafts] = draft.propose([DraftRow(1, prompt, 4)])
         seq = draft._sequences[1].seq
-        assert len(drafts) == 4 and draft.ctx.seq_pos_max(seq) == len(prompt) + 2
+        assert len(drafts) == 4 and draft.ctx.memory.seq_pos_max(seq) == len(prompt) + 2
         t = (drafts[2] + 1) % target.n_vocab
         after = [*prompt, *drafts[:2], t]
         [again] = draft.propose([DraftRow(1, after, 3)])
         assert draft._sequences[1].held == [*after, *again[:2]]
-        assert draft.ctx.seq_pos_max(seq) == len(after) + 1
+        assert draft.ctx.memory.seq_pos_max(seq) == len(after) + 1
         assert again == fresh.propose([DraftRow(1, after, 3)])[0]
     finally:
         draft.close()
@@ -186,7 +186,7 @@ def test_more_requests_than_sequences_draft_nothing_until_one_is_forgotten(targe
     try:
         assert [len(d) for d in draft.propose([DraftRow(1, prompt, 2), DraftRow(2, prompt, 2)])] == [2, 0]
         draft.forget(1)
-        assert draft.ctx.seq_pos_max(0) == -1
+        assert draft.ctx.memory.seq_pos_max(0) == -1
         assert draft.propose([DraftRow(2, prompt, 2)])[0] == greedy(target, prompt, 2)
     finally:
         draft.close()
@@ -202,7 +202,7 @@ def test_a_row_that_finds_the_draft_context_full_drafts_nothing_until_a_request_
         assert draft.ctx.n_ctx == 256
         first = draft.propose([DraftRow(1, a, 2), DraftRow(2, b, 2)])
         assert first == [greedy(target, a, 2), []]
-        assert draft.ctx.seq_pos_max(draft._sequences[2].seq) == -1
+        assert draft.ctx.memory.seq_pos_max(draft._sequences[2].seq) == -1
         caplog.clear()
         a += first[0]
         assert draft.propose([DraftRow(1, a, 2), DraftRow(2, b, 2)])[1] == []

@@ -108,7 +108,7 @@ def test_shutdown_cancels_what_runs_and_leaves_the_kv_as_the_pool_says(tiny_mode
     sched, ctx = engine.scheduler, engine.runner.ctx
     assert not sched.live and all(s.request is None for s in sched.slots)
     for slot in sched.slots:  # the real KV holds exactly what each idle cache says
-        assert ctx.seq_pos_max(slot.index) == len(slot.tokens) - 1
+        assert ctx.memory.seq_pos_max(slot.index) == len(slot.tokens) - 1
         assert len(slot.pages) == sched.cache.pages_for(len(slot.tokens))
     assert sched.cache.used_pages == sum(len(s.pages) for s in sched.slots)
     engine.close()

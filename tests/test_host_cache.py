@@ -93,7 +93,7 @@ def test_a_restored_state_gives_the_logits_of_a_fresh_prefill(two_streams):
     runner.seq_rm(0, 0)
     prefill(ctx, batch, model.tokenize("something else entirely " * 4)[:40], 0, 0)  # the stream is reused
     runner.restore(1, saved, 60)
-    assert ctx.seq_pos_max(1) == 59
+    assert ctx.memory.seq_pos_max(1) == 59
     restored = prefill(ctx, batch, tokens[60:], 60, 1)
     np.testing.assert_array_equal(restored, fresh)
 

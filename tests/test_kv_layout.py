@@ -60,7 +60,7 @@ def test_a_prefix_copied_across_streams_gives_the_logits_of_a_fresh_prefill(two_
     prefill(ctx, batch, tokens[:60], 0, 0)
     fresh = prefill(ctx, batch, tokens[60:], 60, 0)
     runner.seq_cp(0, 1, 60)
-    assert ctx.seq_pos_max(1) == 59 and ctx.seq_pos_max(0) == 89
+    assert ctx.memory.seq_pos_max(1) == 59 and ctx.memory.seq_pos_max(0) == 89
     copied = prefill(ctx, batch, tokens[60:], 60, 1)
     np.testing.assert_array_equal(copied, fresh)
-    assert ctx.seq_pos_max(0) == 89, "the source stream changed"
+    assert ctx.memory.seq_pos_max(0) == 89, "the source stream changed"

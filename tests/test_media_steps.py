@@ -93,7 +93,7 @@ def test_a_mixed_steps_gaps_get_filler_rows_and_every_token_and_cell_stays_as_wi
             engine.stop()
             ctx = engine.runner.ctx
             for slot in engine.scheduler.slots:
-                assert ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens)
+                assert ctx.memory.seq_pos_max(slot.index) + 1 == len(slot.tokens)
             assert [r.held_slot for r in requests] == [0, 1, 2]
             runs[steady] = [r.output_tokens for r in requests], held
         finally:

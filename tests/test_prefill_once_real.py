@@ -57,7 +57,7 @@ def test_the_choices_of_one_prompt_decode_its_tokens_once_and_agree_with_separat
         sched = engine.scheduler
         assert not sched.live and sched.cache.used_pages == sum(len(s.pages) for s in sched.slots)
         for slot in sched.slots:  # the real KV holds exactly what each idle cache says
-            assert engine.runner.ctx.seq_pos_max(slot.index) == len(slot.tokens) - 1
+            assert engine.runner.ctx.memory.seq_pos_max(slot.index) == len(slot.tokens) - 1
     finally:
         engine.stop()
 

@@ -157,7 +157,7 @@ def test_the_device_path_draws_from_the_distribution(model, case):
         batch.add(token, 0, 0, True)
         ctx.decode(batch)
         logits = ctx.logits(0)
-        ctx.seq_rm(0)
+        ctx.memory.seq_rm(0)
         p = params(case, logits)
         for seq in range(n_seqs):
             chains.append(SamplerChain(model, dataclasses.replace(p, seed=seq), device=True))
@@ -172,7 +172,7 @@ def test_the_device_path_draws_from_the_distribution(model, case):
             ctx.decode(batch)
             draws += [ctx.sampled_token(i) for i in range(n_seqs)]
             for seq in range(n_seqs):
-                ctx.seq_rm(seq)
+                ctx.memory.seq_rm(seq)
     finally:
         for seq in range(len(chains)):
             ctx.set_sampler(seq, None)

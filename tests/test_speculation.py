@@ -88,7 +88,7 @@ def test_rejected_drafts_leave_no_kv_cells_and_the_prefix_cache_stays_exact(tiny
                 spec = engine.stats().speculation
                 assert spec.drafted > spec.accepted > 0
                 for slot in engine.scheduler.slots:
-                    assert engine.runner.ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens)
+                    assert engine.runner.ctx.memory.seq_pos_max(slot.index) + 1 == len(slot.tokens)
             second = Request(first.prefill_tokens + first.output_tokens + model.tokenize(" again:"), GREEDY)
             run_texts(engine, [second])
             assert second.cached_tokens >= len(first.prefill_tokens) + len(first.output_tokens) - 1

@@ -260,7 +260,7 @@ def run_real(tiny_model, arrivals: list[Arrival], overlaps: bool, steady: bool, 
 
     def check(step: Step) -> None:
         for slot in sched.slots:  # each slot's KV exactly its tokens
-            assert ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens), (slot.index, step)
+            assert ctx.memory.seq_pos_max(slot.index) + 1 == len(slot.tokens), (slot.index, step)
 
     preempted, cut_steps = sched.steps.preempted, []
 
@@ -399,7 +399,7 @@ def test_image_workloads_give_the_same_answers_in_every_order_with_and_without_f
         def check(step: Step) -> None:  # an M-RoPE image's cells share positions (positions.py): not at one's end
             for slot in sched.slots:
                 if not slot.tokens or slot.tokens[-1] >= MROPE_IDS_BELOW:
-                    assert runner.ctx.seq_pos_max(slot.index) + 1 == kv_position(slot.tokens, len(slot.tokens))
+                    assert runner.ctx.memory.seq_pos_max(slot.index) + 1 == kv_position(slot.tokens, len(slot.tokens))
 
         try:
             return drive(sched, engine.stepping, arrivals, overlaps, check, make=make)

@@ -104,7 +104,7 @@ def test_filler_rows_on_a_real_model_leave_every_token_and_the_kv_as_they_were(t
             reused = ctx.graph_reuses() - reused
             engine.stop()
             for slot in engine.scheduler.slots:
-                assert ctx.seq_pos_max(slot.index) + 1 == len(slot.tokens)
+                assert ctx.memory.seq_pos_max(slot.index) + 1 == len(slot.tokens)
             runs[steady] = tokens, reused
         finally:
             engine.close()

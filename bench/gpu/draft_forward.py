@@ -78,7 +78,7 @@ class Windows:
         ubatches = 0
         start = time.perf_counter()
         for first in range(0, len(tokens), self.window):
-            self.ctx.clear()
+            self.ctx.memory.clear()
             window = tokens[first:first + self.window]
             for done in range(0, len(window), self.n_ubatch):
                 self.batch.clear()

@@ -78,7 +78,7 @@ class Verify:
         self.ctx.synchronize()
         logits = self.ctx.output_logits(self.rows * (k + 1))[:k + 1].copy()
         for seq in range(self.rows):
-            self.ctx.seq_rm(seq, self.context, -1)
+            self.ctx.memory.seq_rm(seq, self.context, -1)
         return logits
 
     def close(self) -> None:

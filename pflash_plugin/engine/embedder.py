@@ -87,7 +87,7 @@ class Embedder:
 
     def _embed(self, tokens: list[int]) -> list[float]:
         """Mean-pooled (or the model's own pooling) embedding, L2-normalised; on the embedder's thread."""
-        self.ctx.clear()
+        self.ctx.memory.clear()
         self.batch.clear()
         for pos, token in enumerate(tokens):
             self.batch.add(token, pos, 0, True)

@@ -36,24 +36,24 @@ class LlamaRunner:
 
     # ---- KVOps -----------------------------------------------------------------------------
     def seq_rm(self, slot: int, start: int) -> None:
-        self.ctx.seq_rm(slot, start, -1)
+        self.ctx.memory.seq_rm(slot, start, -1)
 
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None:
         """`dst` (empty) gets the first `n_tokens` of `src`: cells shared in place in a unified KV;
         across streams llama.cpp copies only whole streams, so the copy's tail is removed."""
         if self.ctx.config.kv_unified:
-            self.ctx.seq_cp(src, dst, 0, n_tokens)
+            self.ctx.memory.seq_cp(src, dst, 0, n_tokens)
         else:
-            self.ctx.seq_cp(src, dst, -1, -1)
-            self.ctx.seq_rm(dst, n_tokens, -1)
+            self.ctx.memory.seq_cp(src, dst, -1, -1)
+            self.ctx.memory.seq_rm(dst, n_tokens, -1)
 
     def save(self, slot: int, max_bytes: int) -> bytes | None:
-        return self.ctx.state_seq_get(slot, max_bytes)
+        return self.ctx.memory.state_seq_get(slot, max_bytes)
 
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None:
         """`slot` (emptied by the caller) gets the first `n_tokens` of a saved sequence."""
-        self.ctx.state_seq_set(slot, data)
-        self.ctx.seq_rm(slot, n_tokens, -1)
+        self.ctx.memory.state_seq_set(slot, data)
+        self.ctx.memory.seq_rm(slot, n_tokens, -1)
 
     # ---- a slot's request (its sampler) ------------------------------------------------------
     def start_request(self, slot: int, request: Request) -> None:
@@ -69,7 +69,7 @@ class LlamaRunner:
 
     def kv_tokens(self, slot: int) -> int:
         """The KV positions `slot` holds (after an aborted decode: those its computed ubatches wrote)."""
-        return self.ctx.seq_pos_max(slot) + 1
+        return self.ctx.memory.seq_pos_max(slot) + 1
 
     def close(self) -> None:
         """Free the samplers, the batch and the context (the model belongs to whoever loaded it)."""

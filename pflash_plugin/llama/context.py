@@ -1,4 +1,5 @@
-"""A llama.cpp context: decode, logits, and the KV memory operations per sequence."""
+"""A llama.cpp context: decode and its outputs (logits, sampled tokens, embeddings), with its KV
+memory per sequence as `Context.memory` (llama/memory.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -11,12 +12,11 @@ import llama_cpp.llama_cpp as C
 from .batch import Batch
 from .held import holding_gil
 from .log import hush
+from .memory import Memory
 from .model import Model
 
 
 _perf_context = holding_gil(C.llama_perf_context)  # a copy of a few counters: microseconds
-# cells' bookkeeping (no device work), 10-24 a step while requests are admitted (bench/vision_steps.py --calls)
-_seq_rm_held = holding_gil(C.llama_memory_seq_rm)
 
 
 class Decodable(Protocol):
@@ -104,7 +104,7 @@ class Context:
         self.n_ctx: int = C.llama_n_ctx(self.ptr)
         self.n_batch = config.n_batch
         self.n_ubatch: int = C.llama_n_ubatch(self.ptr)
-        self.mem = C.llama_get_memory(self.ptr)
+        self.memory = Memory(self.ptr)  # the sequences' KV cells
         self.n_threads: int = C.llama_n_threads(self.ptr)
         self.n_threads_batch: int = C.llama_n_threads_batch(self.ptr)
         self._threads_now = (self.n_threads, self.n_threads_batch)
@@ -217,47 +217,6 @@ class Context:
     def embeddings_ith(self, index: int, n_embd: int) -> np.ndarray:
         ptr = C.llama_get_embeddings_ith(self.ptr, index)
         return np.ctypeslib.as_array(ptr, shape=(n_embd,)).copy()
-
-    # ---- KV memory -------------------------------------------------------------------------
-    def seq_rm(self, seq_id: int, start: int = 0, end: int = -1) -> None:
-        if not _seq_rm_held(self.mem, seq_id, start, end):
-            raise RuntimeError(f"llama.cpp could not remove positions {start}..{end} of sequence {seq_id}")
-
-    def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:
-        C.llama_memory_seq_cp(self.mem, src, dst, start, end)
-
-    def seq_add(self, seq_id: int, start: int, end: int, delta: int) -> None:
-        """Move the positions [start, end) of a sequence by `delta` (K is re-rotated at the next decode)."""
-        C.llama_memory_seq_add(self.mem, seq_id, start, end, delta)
-
-    @property
-    def can_shift(self) -> bool:
-        """Whether this context's KV cache can move positions (seq_add); some architectures cannot."""
-        return bool(C.llama_memory_can_shift(self.mem))
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return C.llama_memory_seq_pos_max(self.mem, seq_id)
-
-    def clear(self) -> None:
-        C.llama_memory_clear(self.mem, True)
-
-    def state_seq_get(self, seq_id: int, max_bytes: int) -> bytes | None:
-        """One sequence's cells (positions, K and V) as llama.cpp serializes them, copied to host
-        RAM; None when that is over `max_bytes` (nothing is copied)."""
-        size = C.llama_state_seq_get_size(self.ptr, seq_id)
-        if size > max_bytes:
-            return None
-        buf = (ctypes.c_uint8 * size)()
-        written = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
-        if written != size:
-            raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of sequence {seq_id}'s state")
-        return ctypes.string_at(buf, written)
-
-    def state_seq_set(self, seq_id: int, data: bytes) -> None:
-        """Load a sequence saved by `state_seq_get` into `seq_id` (which must be empty)."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) == 0:
-            raise RuntimeError(f"llama.cpp could not restore {len(data)} bytes of state into sequence {seq_id}")
 
     def graph_reuses(self) -> int:
         """Ubatches llama.cpp computed on the previous ubatch's graph, not a new one, so far (held:

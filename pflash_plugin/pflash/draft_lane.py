@@ -81,7 +81,7 @@ class DraftLane:
         self.aborted_chunks = 0  # chunks aborted for interactive work and redone
         self.ctx = self._open_context(max_tokens, n_threads)
         self.ctx.set_abort(lambda: self._abort_if())
-        if windows.window and windows.sink and not self.ctx.can_shift:
+        if windows.window and windows.sink and not self.ctx.memory.can_shift:
             self.close()
             raise DrafterError(
                 f"windowed drafting with a sink moves the sink's last cell next to each window, and the "
@@ -133,14 +133,14 @@ class DraftLane:
                 self.ctx.decode(batch)
         finally:
             batch.close()
-        self.ctx.seq_rm(PIN_SEQ, 0, cells - 1)
+        self.ctx.memory.seq_rm(PIN_SEQ, 0, cells - 1)
 
     def clear(self) -> None:
         """Empty the drafting sequences (but the pin)."""
         if self.pinned:
-            self.ctx.seq_rm(0)
+            self.ctx.memory.seq_rm(0)
         else:
-            self.ctx.clear()
+            self.ctx.memory.clear()
 
     def draft_from_first(self, first: Stage, windows: list[Stage], job: Job, batch: Batch) -> None:
         """The first stage (the sink and a first window), then `windows` beside the sink."""
@@ -175,10 +175,10 @@ class DraftLane:
         """Drop the previous window's cells, keeping the sink, and move the sink's last cell to just
         before this window: llama.cpp wants each sequence to continue at its last position + 1, and
         a cell of the previous window there would carry that window into this one."""
-        self.ctx.seq_rm(0, bridge + 1, -1)
+        self.ctx.memory.seq_rm(0, bridge + 1, -1)
         if bridge < 0:
             return -1  # no sink: the sequence is empty, and may start anywhere
-        self.ctx.seq_add(0, bridge, bridge + 1, stage.start - 1 - bridge)
+        self.ctx.memory.seq_add(0, bridge, bridge + 1, stage.start - 1 - bridge)
         return stage.start - 1
 
     def _draft_stage(self, stage: Stage, job: Job, batch: Batch) -> None:

@@ -134,7 +134,7 @@ class DraftModelProposer:
         state = self._sequences.pop(key, None)
         self._no_room.discard(key)
         if state is not None:
-            self.ctx.seq_rm(state.seq)
+            self.ctx.memory.seq_rm(state.seq)
             self._free.append(state.seq)
             self._no_room.clear()  # cells freed: the rows that found none may try again
 
@@ -155,7 +155,7 @@ class DraftModelProposer:
                 continue
             kept = min(r.state.kept(tokens), len(tokens) - 1)  # the last token is decoded again: its logits draft
             if kept < len(r.state.held):
-                self.ctx.seq_rm(r.state.seq, kept, -1)
+                self.ctx.memory.seq_rm(r.state.seq, kept, -1)
                 del r.state.held[kept:]
             r.state.confirmed = len(tokens)
             pending.append((i, tokens[kept:]))
@@ -208,7 +208,7 @@ class DraftModelProposer:
                         self.batch.n_tokens, error, len(involved))
             self._no_room.update(r.state.key for r in involved)
             for r in involved:
-                self.ctx.seq_rm(r.state.seq)
+                self.ctx.memory.seq_rm(r.state.seq)
                 r.state.held.clear()
                 r.state.confirmed = 0
                 r.drafts.clear()
