@@ -172,3 +172,21 @@ def test_infill_refuses_what_llama_server_refuses(server, extra):
                                              "n_probs": 2})
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("input_extra.0")
     assert probs.status_code == 400 and probs.json()["error"]["param"] == "n_probs"
+
+
+def test_infill_applies_the_editors_line_limits(server):
+    """llama.vim's n_indent and t_max_predict_ms end the answer as llama-server's do (stop_type limit)."""
+    body = {"model": "coder", "input_prefix": "def f():\n", "input_suffix": "", "n_predict": 64,
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500}
+    code = 'root ::= "x = 1\\n    y = 2\\nz = 3\\n"'
+    slow = 'root ::= "the sound of water the sound of water the sound of water\\nmore\\nend\\n"'
+    with server.client() as client:
+        indented = client.post("/infill", json={**body, "grammar": code, "n_indent": 4}).json()
+        streamed = _events(client.post("/infill", json={**body, "grammar": code, "n_indent": 4, "stream": True}))
+        timed = client.post("/infill", json={**body, "grammar": slow, "t_max_predict_ms": 1}).json()
+        free = client.post("/infill", json={**body, "grammar": code}).json()
+    assert indented["content"] == "x = 1\n    y = 2\n" and indented["stop_type"] == "limit"
+    assert "".join(e["content"] for e in streamed) == "x = 1\n    y = 2\n" and streamed[-1]["stop_type"] == "limit"
+    assert timed["content"] == "the sound of water the sound of water the sound of water\n"
+    assert timed["stop_type"] == "limit"
+    assert free["content"] == "x = 1\n    y = 2\nz = 3\n" and free["stop_type"] == "eos"

@@ -48,8 +48,9 @@ class Intake:
         for n, one in enumerate(taken, 1):
             if not self._one(request, one):
                 return
-            if n < len(taken) and request.params.stop and self.text.release(request):  # stops mid-run
-                self.finish(request, RequestStatus.FINISHED_STOP)
+            watched = request.params.stop or request.line_limits
+            if n < len(taken) and watched and self.text.release(request):  # stops mid-run
+                self.finish(request, self._ended_by_text(request))
                 return
 
     def _one(self, request: Request, out: TokenOutput) -> bool:
@@ -64,9 +65,14 @@ class Intake:
         self.text.take(request, out)
         if len(request.output_tokens) >= request.params.max_tokens:
             stopped = self.text.release(request)
-            self.finish(request, RequestStatus.FINISHED_STOP if stopped else RequestStatus.FINISHED_LENGTH)
+            self.finish(request, self._ended_by_text(request) if stopped else RequestStatus.FINISHED_LENGTH)
             return False
         return True
+
+    def _ended_by_text(self, request: Request) -> RequestStatus:
+        """A stop string ends a request as stop; a line limit as length (llama-server's stop_type
+        limit: the text was cut, not finished)."""
+        return RequestStatus.FINISHED_LENGTH if self.text.limited(request) else RequestStatus.FINISHED_STOP
 
     def release(self, running: Iterable[Request], fresh_only: bool = False) -> None:
         """The text of the tokens taken since the last call, as events; a request whose text
@@ -79,6 +85,6 @@ class Intake:
         for request in [r for r in running if self.text.unread(r)]:
             try:
                 if self.text.release(request):
-                    self.finish(request, RequestStatus.FINISHED_STOP)
+                    self.finish(request, self._ended_by_text(request))
             except Exception as error:
                 self.fail(request, error, "releasing its text")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from ..llama import SamplerParams
+from .line_limits import LineLimits
 from .media_prompt import MediaSpan
 from .reasoning_budget import ReasoningBudget, Thinking
 
@@ -247,6 +248,7 @@ class Request:
     thinking: Thinking | None = None  # its reasoning budget's state, where it has one
     # its media chunks (issue 46, media_prompt.py): prompt_tokens holds pseudo-token ids at their positions
     media: tuple[MediaSpan, ...] = ()
+    line_limits: LineLimits | None = None  # a code editor's n_indent / t_max_predict_ms (line_limits.py)
 
     def __post_init__(self) -> None:
         if not self.prefill_tokens:

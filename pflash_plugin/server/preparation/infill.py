@@ -28,4 +28,8 @@ def prepare_infill(served: ServedModel, body: InfillRequest) -> tuple[list[int],
     tokens = infill_tokens(served, body.checked())
     if body.n_predict == 0:
         return tokens, None
-    return tokens, prepare_completion(served, body.completion(tokens))
+    generation = prepare_completion(served, body.completion(tokens))
+    limits = body.line_limits()
+    for request in generation.requests if limits else ():
+        request.line_limits = limits
+    return tokens, generation

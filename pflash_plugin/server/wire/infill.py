@@ -7,6 +7,7 @@ from typing import Any, List, Optional, Union
 
 from pydantic import AliasChoices, BaseModel, Field, StrictInt
 
+from ...engine.line_limits import LineLimits
 from .protocol import CompletionRequest, RequestError
 
 Mixed = Union[str, List[Union[StrictInt, str]]]  # text, or texts and token ids (llama-server's tokenize_mixed)
@@ -43,13 +44,15 @@ class InfillRequest(BaseModel):
     n_probs: int = Field(default=0, ge=0)
     response_fields: Optional[List[str]] = Field(
         default=None, description="The answer's fields to send; 'a/b' sends a's b as 'a/b'.")
+    n_indent: int = Field(default=0, ge=0, description="Lines after the first indented at least this much, else "
+                          "the answer ends before the line's first character.")
+    t_max_predict_ms: int = Field(default=-1, ge=-1, description="Past this long since the first token, a newline "
+                                  "ends the answer (<= 0: no limit).")
     # accepted and not applied (docs/api.md): the prefix cache always reuses, the engine picks slots,
-    # llama-server itself ignores t_max_prompt_ms; the editor's hints only bound or shape the answer
+    # llama-server itself ignores t_max_prompt_ms; the sampler chain's order is the server's
     cache_prompt: bool = True
     id_slot: int = -1
     t_max_prompt_ms: int = -1
-    t_max_predict_ms: int = -1
-    n_indent: int = 0
     samplers: Optional[List[str]] = None
 
     def checked(self) -> InfillRequest:
@@ -67,3 +70,7 @@ class InfillRequest(BaseModel):
         fields["seed"] = None if self.seed is None or self.seed == -1 else self.seed
         fields["max_tokens"] = None if self.n_predict is None or self.n_predict < 0 else self.n_predict
         return CompletionRequest(prompt=tokens, **fields)
+
+    def line_limits(self) -> LineLimits:
+        """The editor's stop rules on lines (engine/line_limits.py)."""
+        return LineLimits(self.n_indent, float(max(self.t_max_predict_ms, 0)))
