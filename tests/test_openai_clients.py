@@ -178,3 +178,20 @@ def test_the_demo_model_answers_a_chat(demo_model):
             {"role": "system", "content": "Answer in French."}, *ask])
     assert reply.choices[0].message.content.strip() and reply.usage.completion_tokens > 1
     assert told.usage.prompt_tokens > reply.usage.prompt_tokens + 3
+
+
+def test_null_sampling_fields_take_their_defaults(server, sdk):
+    """OpenAI reads null as the default, and the SDK sends null for an argument given as None
+    (wrappers pass `temperature=kwargs.get("temperature")`); stock's types refused it."""
+    reply = sdk.chat.completions.create(model="tiny", messages=ASK, max_tokens=3, temperature=None, top_p=None)
+    assert reply.choices[0].finish_reason == "length"
+    for path, body in (("/v1/chat/completions", {"messages": ASK}),
+                       ("/v1/completions", {"prompt": "hi", "echo": None})):
+        nulls = {"temperature": None, "top_p": None, "top_k": None, "min_p": None, "stream": None, "priority": None}
+        answer = httpx.post(server.url + path, json={"model": "tiny", "max_tokens": 3, **body, **nulls}, timeout=60)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3, answer.text
+    for path, body in (("/v1/responses", {"input": "hi", "max_output_tokens": 3}),
+                       ("/v1/messages", {"messages": ASK, "max_tokens": 3})):
+        answer = httpx.post(server.url + path, json={"model": "tiny", **body, "stream": None, "temperature": None},
+                            timeout=60)
+        assert answer.status_code == 200 and answer.json()["usage"]["output_tokens"] == 3, answer.text

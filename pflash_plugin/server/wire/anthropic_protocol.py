@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...chat.switches import template_kwargs
 from .chat_request import as_chat, chat_tool, content_with_media
 from .media_parts import MediaSource, anthropic_source
-from .protocol import ChatCompletionRequest, PflashOverride, RequestError
+from .protocol import ChatCompletionRequest, NullIsDefault, PflashOverride, RequestError
 
 
 class AnthropicErrorDetail(BaseModel):
@@ -82,7 +82,7 @@ class Thinking(BaseModel):
         "closes the thinking block and the model answers (docs/reasoning.md).")
 
 
-class CountTokensRequest(BaseModel):
+class CountTokensRequest(NullIsDefault):
     model: Optional[str] = None
     messages: List[InputMessage]
     system: Optional[Union[str, List[ContentBlock]]] = None

@@ -1,8 +1,9 @@
 """OpenAI request types (llama_cpp.server's, extended), the error shape, and sampling parameters."""
 from __future__ import annotations
 
+import functools
 import math
-from typing import Annotated, Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union, get_args
 
 from llama_cpp.llama_types import ChatCompletionMessageToolCalls, ChatCompletionRequestAssistantMessageFunctionCall
 from llama_cpp.server.types import CreateChatCompletionRequest as StockChatRequest
@@ -32,7 +33,22 @@ class PflashOverride(BaseModel):
     query: Optional[str] = Field(default=None, description="Text whose tokens score the prompt.")
 
 
-class _Extensions(BaseModel):
+class NullIsDefault(BaseModel):
+    """A request model whose fields sent as null take their defaults where their type has no null."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """A field sent as null that does not take null gets its default, as OpenAI reads null for
+        `temperature`, `top_p`, `stream` and the rest (the openai SDK sends null for an argument
+        given as None); stock's types refused it with a 422."""
+        if isinstance(data, dict) and None in data.values():
+            defaulted = _defaulted_by_null(cls)
+            return {key: value for key, value in data.items() if value is not None or key not in defaulted}
+        return data
+
+
+class _Extensions(NullIsDefault):
     stream_options: Optional[StreamOptions] = None
     typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
     pflash: Optional[PflashOverride] = None
@@ -40,6 +56,17 @@ class _Extensions(BaseModel):
                           "with a lower value takes a free slot first (ties in arrival order); otherwise ignored.")
     speculative: bool = Field(default=True, description="False: no speculative decoding for this request (where the "
                               "server speculates: --draft_model); the text is the same either way for greedy requests.")
+
+
+@functools.cache
+def _defaulted_by_null(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of `model` with a default whose type does not take None."""
+    return frozenset(name for name, field in model.model_fields.items()
+                     if not field.is_required() and not _takes_none(field.annotation))
+
+
+def _takes_none(annotation: Any) -> bool:
+    return annotation is Any or annotation is None or type(None) in get_args(annotation)
 
 
 MAX_N = 128  # choices per request: each one is an engine request

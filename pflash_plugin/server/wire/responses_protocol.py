@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .chat_request import as_chat, chat_tool, content_with_media, joined_text
 from .media_parts import MediaSource, responses_source
-from .protocol import ChatCompletionRequest, PflashOverride, RequestError
+from .protocol import ChatCompletionRequest, NullIsDefault, PflashOverride, RequestError
 
 
 class FunctionTool(BaseModel):
@@ -43,7 +43,7 @@ class ReasoningConfig(BaseModel):
                                    "as reasoning_text content, with no summary.")
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(NullIsDefault):
     model: Optional[str] = None
     input: Union[str, List[Dict[str, Any]]] = Field(description="Text, or message and function-call items.")
     instructions: Optional[str] = None
