@@ -21,8 +21,8 @@ FORCED = 'root ::= "world"'  # the answer's shape on a random model
 def _settings(tokens: tuple[str, ...], **kw):
     from pflash_plugin.server.config.settings import ModelSettings
 
-    return ModelSettings(model=str(cached_tiny_llama(control_tokens=tokens)), n_ctx=512, verbose=False,
-                         n_threads=1, n_threads_batch=1, **kw)
+    return ModelSettings(**{"model": str(cached_tiny_llama(control_tokens=tokens)), "n_ctx": 512, "verbose": False,
+                            "n_threads": 1, "n_threads_batch": 1, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +190,28 @@ def test_infill_applies_the_editors_line_limits(server):
     assert timed["content"] == "the sound of water the sound of water the sound of water\n"
     assert timed["stop_type"] == "limit"
     assert free["content"] == "x = 1\n    y = 2\nz = 3\n" and free["stop_type"] == "eos"
+
+
+def test_pflash_leaves_fim_prompts_whole_unless_asked():
+    """A FIM prompt's tokens between prefix and suffix are not among the spans compression keeps:
+    it is skipped (fill_in_the_middle), as tools and JSON are, unless the request asks."""
+    from conftest import NOTES, TINY_PFLASH
+    from pflash_plugin.server.preparation.infill import prepare_infill
+    from pflash_plugin.server.preparation.prepare import prepare_completion
+    from pflash_plugin.server.runtime.models import ServedModel
+    from pflash_plugin.server.wire.infill import InfillRequest
+    from pflash_plugin.server.wire.protocol import CompletionRequest
+
+    served = ServedModel(_settings(FIM, **{**TINY_PFLASH, "n_ctx": 1024}))
+    try:
+        plain = prepare_completion(served, CompletionRequest(prompt=NOTES, max_tokens=2)).requests[0]
+        fim = prepare_completion(served, CompletionRequest(prompt=NOTES, suffix="x", max_tokens=2)).requests[0]
+        asked = prepare_completion(served, CompletionRequest(prompt=NOTES, suffix="x", max_tokens=2,
+                                                             pflash={"mode": "always"})).requests[0]
+        _, infill = prepare_infill(served, InfillRequest(input_prefix=NOTES, input_suffix="x", n_predict=2))
+    finally:
+        served.close()
+    assert plain.compression is not None and asked.compression is not None
+    assert infill is not None
+    for skipped in (fim, infill.requests[0]):
+        assert skipped.compression is None and skipped.pflash.cause == "fill_in_the_middle"

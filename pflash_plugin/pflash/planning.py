@@ -44,6 +44,7 @@ class PromptFacts:
     system: str | None = None  # the system prompt: always kept
     has_tools: bool = False
     json_format: bool = False
+    fill_in: bool = False  # a fill-in-the-middle prompt: its FIM tokens sit mid-prompt, where a cut could drop them
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Planner:
         """A job to run, or a `skipped` report saying why not, or neither. Raises PlanError."""
         n = len(tokens)
         mode = ask.mode if ask else None
-        skip = skip_reason(self.config, n, mode, facts.has_tools, facts.json_format)
+        skip = skip_reason(self.config, n, mode, facts.has_tools, facts.json_format, facts.fill_in)
         if skip is not None and skip[0] == "off" and mode is None:
             return Plan()  # PFlash is off and the request did not ask: report nothing
         if skip is None and not self.enabled:
@@ -97,18 +98,22 @@ def skip_reason(
     mode_override: str | None,
     has_tools: bool = False,
     json_format: bool = False,
+    fill_in: bool = False,
 ) -> tuple[str, str] | None:
     """None when the prompt should be compressed, else why not: (the label /metrics counts it
     under, the reason the report gives).
 
-    Tool calls and JSON output depend on exact prompt details (schemas, examples), so they are
-    compressed only when the request itself asks for it.
+    Tool calls and JSON output depend on exact prompt details (schemas, examples), and a
+    fill-in-the-middle prompt on its FIM tokens between prefix and suffix, which the selection does
+    not keep; so they are compressed only when the request itself asks for it.
     """
     mode = mode_override or config.mode
     if mode == "off":
         return "off", "off"
     if (has_tools or json_format) and mode_override is None:
         return "tools_or_json", "tools or a JSON response format (set pflash.mode to compress anyway)"
+    if fill_in and mode_override is None:
+        return "fill_in_the_middle", "a fill-in-the-middle prompt (set pflash.mode to compress anyway)"
     if mode == "auto" and n_tokens <= config.threshold:
         note = f"; {config.threshold_note}" if config.threshold_note else ""
         return "below_threshold", f"prompt of {n_tokens} tokens is not over the threshold ({config.threshold}{note})"

@@ -28,7 +28,7 @@ def prepare_infill(served: ServedModel, body: InfillRequest) -> tuple[list[int],
     tokens = infill_tokens(served, body.checked())
     if body.n_predict == 0:
         return tokens, None
-    generation = prepare_completion(served, body.completion(tokens))
+    generation = prepare_completion(served, body.completion(tokens), fill_in=True)
     limits = body.line_limits()
     for request in generation.requests if limits else ():
         request.line_limits = limits

@@ -82,13 +82,15 @@ def _completion_prompts(served: ServedModel, body: CompletionRequest) -> list[tu
     return [(tokens, tokens, text) for tokens, text in prompts]
 
 
-def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generation:
+def prepare_completion(served: ServedModel, body: CompletionRequest, fill_in: bool = False) -> Generation:
+    """`fill_in`: the token-id prompt is a FIM prompt already (/infill's); a `suffix` makes one."""
     n_prompts = count_prompts(body.prompt)  # before tokenizing: 10,000 prompts of 500 characters, +60 MB
     if n_prompts * (body.n or 1) > MAX_N:
         raise RequestError(400, f"{n_prompts} prompts x n={body.n} is over {MAX_N} choices", param="n")
     prompts = _completion_prompts(served, body)
     bias = served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
     grammar = format_grammar(served, body.response_format, body.grammar)
+    facts = PromptFacts(json_format=bool(grammar), fill_in=fill_in or wants_fim(served, body.suffix))
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
     for tokens, own, text in prompts:
@@ -96,8 +98,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest) -> Generati
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
                                  logprobs=body.logprobs, grammar=grammar.grammar, logit_bias=bias)
         params.constraint = grammar.constraint
-        for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash,
-                                        PromptFacts(json_format=bool(grammar)), body.priority):
+        for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash, facts, body.priority):
             requests.append(request)
             choices.append(CompletionChoice(len(choices), served.model.piece, echo,
                                             body.logprobs is not None))
