@@ -1,9 +1,9 @@
 """The engine thread's foreign calls that release the GIL (ctypes releases it around every call of a
 CDLL's function): on a busy process (the event loop streaming 32 answers, image chats' preparation)
-each one waits to take it back, so a decode step makes only the long ones (the decode, the logits,
-the sampler over them, a new token's text). The end-of-generation check of every row and the KV
-cells' removal keep it (llama/held.py), as do a new token's text and a request's sampler chain built
-and freed: a 32-row decode step made 35 such calls, now 3-4 (bench/vision_steps.py --calls)."""
+each one waits to take it back, so a decode step makes only the long ones (the decode, the logits).
+The end-of-generation check of every row and the KV cells' removal keep it (llama/held.py), as do a
+new token's text, a request's sampler chain built and freed, and the native sampler over the step's
+logits: a 32-row decode step made 35 such calls, then 3-4 (bench/vision_steps.py --calls), now 2-3."""
 from __future__ import annotations
 
 import ctypes
@@ -44,3 +44,46 @@ def test_decode_steps_release_the_gil_only_for_long_calls(tiny_model, monkeypatc
              "llama_sampler_chain_add", "llama_sampler_init_greedy", "llama_sampler_free")
     assert not any(released[name] for name in short), released
     assert sum(released.values()) <= 4 * steps, (steps, released)
+
+
+def test_the_native_sampler_keeps_the_gil():
+    """Sampling's call, every step on the engine thread, keeps the GIL: a Python thread waiting for
+    it gets nothing during the call (released, the waiting thread runs until the switch interval
+    forces it to hand the GIL back, which the engine thread then waits for)."""
+    import sys
+    import time
+
+    import numpy as np
+    import pytest
+
+    from pflash_plugin.llama import native
+
+    if native.load() is None:
+        pytest.skip("the native library is not built")
+    logits = np.random.default_rng(0).standard_normal((256, 131072), dtype=np.float32)
+    rows = np.zeros(256, dtype=native.SAMPLE_ROW)
+    rows["row"] = np.arange(256)
+    native.sample_rows(logits, rows, 1)  # warm: pages and the call's binding
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        time.sleep(0.01)  # the spinner holds the GIL at times; the main thread takes it back
+        during = []
+        for _ in range(5):
+            before = ticks[0]
+            native.sample_rows(logits, rows, 1)
+            during.append(ticks[0] - before)
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(old)
+    assert min(during) == 0, during
