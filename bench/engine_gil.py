@@ -27,8 +27,8 @@ def child(arm: str, busy: bool, path: str) -> list[float]:
     from pflash_plugin.engine.request import Request, SamplingParams
     from pflash_plugin.llama import native
 
-    if arm == "release":  # the binding as ctypes makes it: the GIL released around the call
-        native._sampler = lambda: native.load().pfx_sample_rows  # type: ignore[assignment]
+    if arm == "release":  # the bindings as ctypes makes them: the GIL released around the calls
+        native.held = lambda name: getattr(native.load(), name)  # type: ignore[assignment]
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import run_requests
 

@@ -11,6 +11,7 @@ import threading
 from collections import Counter
 
 import llama_cpp.llama_cpp as C
+import pytest
 
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import Request, SamplingParams
@@ -46,24 +47,36 @@ def test_decode_steps_release_the_gil_only_for_long_calls(tiny_model, monkeypatc
     assert sum(released.values()) <= 4 * steps, (steps, released)
 
 
-def test_the_native_sampler_keeps_the_gil():
-    """Sampling's call, every step on the engine thread, keeps the GIL: a Python thread waiting for
-    it gets nothing during the call (released, the waiting thread runs until the switch interval
-    forces it to hand the GIL back, which the engine thread then waits for)."""
+
+def native_calls():
+    """A long call of each native function the engine thread makes every step (256 rows of 128K)."""
+    import numpy as np
+
+    from pflash_plugin.llama import native
+
+    logits = np.random.default_rng(0).standard_normal((256, 131072), dtype=np.float32)
+    rows = np.zeros(256, dtype=native.SAMPLE_ROW)
+    rows["row"] = np.arange(256)
+    masks = np.zeros((256, 131072 // 32), dtype=np.int32)  # every token forbidden: a store each
+    index = np.arange(256, dtype=np.int64)
+    return {"sample_rows": lambda: native.sample_rows(logits, rows, 1),
+            "apply_bitmask": lambda: native.apply_bitmask(logits, index, masks, index, 1)}
+
+
+@pytest.mark.parametrize("name", ["sample_rows", "apply_bitmask"])
+def test_the_native_step_calls_keep_the_gil(name):
+    """The host sampler and the grammar masks, called every step on the engine thread, keep the GIL:
+    a Python thread waiting for it gets nothing during the call (released, the waiting thread runs
+    until the switch interval forces it to hand the GIL back, which the engine thread waits for)."""
     import sys
     import time
-
-    import numpy as np
-    import pytest
 
     from pflash_plugin.llama import native
 
     if native.load() is None:
         pytest.skip("the native library is not built")
-    logits = np.random.default_rng(0).standard_normal((256, 131072), dtype=np.float32)
-    rows = np.zeros(256, dtype=native.SAMPLE_ROW)
-    rows["row"] = np.arange(256)
-    native.sample_rows(logits, rows, 1)  # warm: pages and the call's binding
+    call = native_calls()[name]
+    call()  # warm: pages and the call's binding
     old = sys.getswitchinterval()
     sys.setswitchinterval(0.05)
     ticks = [0]
@@ -80,7 +93,7 @@ def test_the_native_sampler_keeps_the_gil():
         during = []
         for _ in range(5):
             before = ticks[0]
-            native.sample_rows(logits, rows, 1)
+            call()
             during.append(ticks[0] - before)
     finally:
         stop.set()

@@ -76,6 +76,10 @@ def load() -> ctypes.CDLL | None:
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
+    bitmask = getattr(lib, "pfx_apply_bitmask", None)  # absent from a library built before it
+    if bitmask is not None:
+        bitmask.argtypes = [f32p, ctypes.c_int64, p, p, ctypes.c_int64, p, i32, i32]
+        bitmask.restype = i32
     return lib
 
 
@@ -99,14 +103,16 @@ assert SAMPLE_ROW.itemsize == 32, "SAMPLE_ROW must match pfx_sample_row"
 
 
 @functools.cache
-def _sampler() -> Any:
-    """pfx_sample_rows keeping the GIL through the call (llama/held.py): the engine thread calls it
-    every step, between the logits and the next launch, and its threads are OpenMP's, which need no
-    GIL. Released, the engine thread waited to take the GIL back after each step's sampling whenever
-    another thread ran Python: 64 greedy rows of a 128K vocabulary beside a busy Python thread on 2
-    CPU cores, 95-106 ms a step released against 67-86 held (quiet: the same)."""
+def held(name: str) -> Any:
+    """The library's function `name` keeping the GIL through the call (llama/held.py; None where the
+    library or the function is not there): the sampler and the grammar masks, which the engine
+    thread calls every step between the logits and the next launch, and whose threads are OpenMP's,
+    needing no GIL. Released, the engine thread waited to take the GIL back after each such call
+    whenever another thread ran Python: 64 greedy rows of a 128K vocabulary beside a busy Python
+    thread on 2 shared CPU cores, 83.3 ms a step released against 70.7 held (bench/engine_gil.py)."""
     lib = load()
-    return None if lib is None else holding_gil(lib.pfx_sample_rows)
+    fn = getattr(lib, name, None) if lib is not None else None
+    return None if fn is None else holding_gil(fn)
 
 
 def sample_rows(logits: np.ndarray, rows: np.ndarray, n_threads: int) -> np.ndarray | None:
@@ -121,8 +127,8 @@ def sample_rows(logits: np.ndarray, rows: np.ndarray, n_threads: int) -> np.ndar
         raise ValueError("a row index is outside the logits")
     rows = np.ascontiguousarray(rows)
     tokens = np.empty(rows.size, dtype=np.int32)
-    status = _sampler()(_floats(logits), logits.shape[1], rows.ctypes.data, rows.size,
-                        tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n_threads)
+    status = held("pfx_sample_rows")(_floats(logits), logits.shape[1], rows.ctypes.data, rows.size,
+                                     tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n_threads)
     if status != 0:
         raise NativeError(f"native sampling failed ({status})")
     return tokens
@@ -133,8 +139,7 @@ def apply_bitmask(logits: np.ndarray, rows: np.ndarray, masks: np.ndarray, mask_
     """-inf in each of `rows` of float32 `logits` [*, n_vocab] wherever its mask (row `mask_rows[r]`
     of int32 `masks` [*, words], llguidance's bitmasks) has a 0 bit; False without the library (or
     a library built before it), where the caller applies them itself."""
-    lib = load()
-    fn = getattr(lib, "pfx_apply_bitmask", None) if lib is not None else None
+    fn = held("pfx_apply_bitmask")
     if fn is None:
         return False
     if logits.dtype != np.float32 or logits.ndim != 2 or not logits.flags.c_contiguous or masks.dtype != np.int32 \
@@ -144,9 +149,6 @@ def apply_bitmask(logits: np.ndarray, rows: np.ndarray, masks: np.ndarray, mask_
                           and 0 <= mask_rows.min() and mask_rows.max() < masks.shape[0]):
         raise ValueError("a row index is outside the logits or the masks")
     rows, mask_rows = np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(mask_rows, dtype=np.int64)
-    fn.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
-    fn.restype = ctypes.c_int32
     status = fn(_floats(logits), logits.shape[1], rows.ctypes.data, masks.ctypes.data, masks.shape[1],
                 mask_rows.ctypes.data, rows.size, n_threads)
     if status != 0:
