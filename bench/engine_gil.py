@@ -1,5 +1,6 @@
-"""The engine's decode step beside a busy Python thread, with the native sampler's call keeping the GIL
-(this tree) or releasing it (ctypes' default, as before): 64 greedy rows of the tiny model at a 128K
+"""The engine's decode step beside a busy Python thread, with the step's short calls after the decode
+(the logits' read on the CPU, the native sampler, the grammar masks) keeping the GIL (this tree) or
+releasing it (ctypes' default, as before): 64 greedy rows of the tiny model at a 128K
 vocabulary, the arms interleaved, each in its own process, ms a step per rep.
 
     python bench/engine_gil.py [--reps 3] [--quiet]
@@ -28,7 +29,12 @@ def child(arm: str, busy: bool, path: str) -> list[float]:
     from pflash_plugin.llama import native
 
     if arm == "release":  # the bindings as ctypes makes them: the GIL released around the calls
+        import llama_cpp.llama_cpp as C
+
+        from pflash_plugin.llama import context
+
         native.held = lambda name: getattr(native.load(), name)  # type: ignore[assignment]
+        context._get_logits_held, context._get_logits_ith_held = C.llama_get_logits, C.llama_get_logits_ith
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import run_requests
 

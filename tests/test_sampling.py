@@ -78,10 +78,10 @@ def test_auto_samples_on_a_gpu_host_only_without_the_native_sampler(tiny_model, 
     """auto with the output layer on a GPU: the device chains where numpy would sample the rows, the
     host where the native sampler does (it beat the device chains on an H200: docs/sampling.md)."""
     from pflash_plugin.engine import sampling
-    from pflash_plugin.llama import Model
+    from pflash_plugin.llama import Model, model as model_module
 
     model = Model(tiny_model)
-    monkeypatch.setattr(sampling, "gpu_count", lambda: 1)
+    monkeypatch.setattr(model_module, "gpu_count", lambda: 1)
     monkeypatch.setattr(model, "n_gpu_layers", -1)
     monkeypatch.setattr(sampling.native, "load", lambda: object())
     assert sampling.device_sampling("auto", model) == "none"

@@ -8,7 +8,7 @@ from ..llama import Batch, Context, Model
 from ..llama.media import MediaDecoder, MediaPiece
 from ..llama.ubatches import UbatchCounts
 from .request import Request, RequestStatus, TokenOutput
-from .sampling import Sampling, output_on_gpu
+from .sampling import Sampling
 from .scheduler import Step
 from .threads import DecodeThreads
 
@@ -29,7 +29,7 @@ class LlamaRunner:
         self.ubatches = UbatchCounts()  # the decode calls' ubatches and reused graphs (/status media)
         self.media = MediaDecoder(ctx, self.ubatches)  # media pieces' embeddings (issue 46)
         self.decode_threads = DecodeThreads(ctx.n_threads, ctx.n_threads_batch)
-        self.overlaps = output_on_gpu(model) if overlaps is None else overlaps
+        self.overlaps = model.output_on_gpu if overlaps is None else overlaps
         self._rows: list[tuple[Request, int]] = []  # the launched step's rows that want logits
         self._drafts: dict[int, list[int]] = {}  # its speculating rows' drafts, by request id
         self._timing: tuple[int, float] | None = None  # a decode step's threads and its seconds so far

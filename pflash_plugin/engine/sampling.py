@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain, native
-from ..llama.devices import gpu_count
 from .batch_sampling import RowParams, bias_rows, greedy_rows, penalize_rows, penalizes, sample_rows
 from .constrained_rows import commit, constrain
 from .constraints import Constraints
@@ -64,12 +63,7 @@ def device_sampling(setting: str, model: Model) -> str:
         raise ValueError(f"backend_sampling must be auto, on or off, not {setting!r}")
     if setting != "auto":
         return "all" if setting == "on" else "none"
-    return "sampled" if output_on_gpu(model) and native.load() is None else "none"
-
-
-def output_on_gpu(model: Model) -> bool:
-    """Whether the model's output layer (so its logits) is computed on a GPU."""
-    return gpu_count() > 0 and (model.n_gpu_layers < 0 or model.n_gpu_layers > model.n_layer)
+    return "sampled" if model.output_on_gpu and native.load() is None else "none"
 
 
 def asked_fields(p: SamplingParams) -> set[str]:

@@ -17,6 +17,10 @@ from .model import Model
 
 
 _perf_context = holding_gil(C.llama_perf_context)  # a copy of a few counters: microseconds
+# the outputs' pointers where the decode computed them before it returned (the output layer not on a
+# GPU): no wait inside, so no GIL released (llama/held.py) for the engine thread to wait back for
+_get_logits_held = holding_gil(C.llama_get_logits)
+_get_logits_ith_held = holding_gil(C.llama_get_logits_ith)
 
 
 class Decodable(Protocol):
@@ -111,6 +115,7 @@ class Context:
         self._aborting = False  # the abort callback asked to abort the decode in flight
         self._abort: Any = None  # the abort callback (set_abort), kept referenced while llama.cpp holds it
         self._abort_armed = False  # whether llama.cpp polls it (arm_abort)
+        self._outputs_wait = model.output_on_gpu  # reading the outputs waits for the device
 
     def _apply_loras(self) -> None:
         """The model's LoRA adapters, on this context as on every other context of the model."""
@@ -188,14 +193,15 @@ class Context:
 
     def logits(self, index: int) -> np.ndarray:
         """Logits row of batch token `index` (a copy: the next decode overwrites the buffer)."""
-        ptr = C.llama_get_logits_ith(self.ptr, index)
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+        get = C.llama_get_logits_ith if self._outputs_wait else _get_logits_ith_held
+        return np.ctypeslib.as_array(get(self.ptr, index), shape=(self.model.n_vocab,)).copy()
 
     def output_logits(self, n_outputs: int) -> np.ndarray:
         """The last decode's logits, [n_outputs, n_vocab] in the batch order of the tokens that asked
-        for them: a view of llama.cpp's buffer, valid until the next decode (no copy)."""
-        ptr = C.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.model.n_vocab))
+        for them: a view of llama.cpp's buffer, valid until the next decode (no copy). On a GPU the
+        call waits for the device, releasing the GIL; elsewhere they are there already."""
+        get = C.llama_get_logits if self._outputs_wait else _get_logits_held
+        return np.ctypeslib.as_array(get(self.ptr), shape=(n_outputs, self.model.n_vocab))
 
     def set_sampler(self, seq_id: int, chain: Any) -> bool:
         """Sample `seq_id`'s outputs inside the decode with this llama.cpp sampler chain (None: stop),

@@ -10,6 +10,7 @@ import llama_cpp.llama_cpp as C
 
 from .backend import init_backend
 from .cpu_path import CpuPath, verdict
+from .devices import gpu_count
 from .fim import FimTokens, fim_tokens
 from .held import holding_gil
 
@@ -190,6 +191,13 @@ class Model:
     @property
     def architecture(self) -> str:
         return self.meta("general.architecture") or "unknown"
+
+    @property
+    def output_on_gpu(self) -> bool:
+        """Whether the output layer (so the logits) is computed on a GPU: llama_decode then returns
+        before its outputs are there, and reading them waits for the device. Elsewhere the decode
+        has computed them when it returns."""
+        return gpu_count() > 0 and (self.n_gpu_layers < 0 or self.n_gpu_layers > self.n_layer)
 
     def chat_template(self) -> str | None:
         raw = C.llama_model_chat_template(self.ptr, None)
