@@ -2,9 +2,9 @@
 Messages API, served by concurrent engines.
 
 `create_app` only assembles: the routes live in module-level routers (openai_api, responses_api,
-anthropic_api, extras_api) that find their models through the ServerContext attached to the app,
-so they can be mounted into another FastAPI app as well (`attach(app, context)` then
-`include_router`).
+anthropic_api, llama-server's infill_api, completion_api and native_extras_api, extras_api) that
+find their models through the ServerContext attached to the app, so they can be mounted into
+another FastAPI app as well (`attach(app, context)` then `include_router`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api.anthropic_api import router as anthropic_router
+from ..api.completion_api import router as completion_router
 from ..api.extras_api import extras, operations
 from ..api.infill_api import router as infill_router
+from ..api.native_extras_api import router as native_extras_router
 from ..api.openai_api import router as openai_router
 from ..api.responses_api import router as responses_router
 from ..config.settings import ModelSettings, ServerSettings
@@ -30,7 +32,8 @@ from ..runtime.models import ModelRegistry
 from ..wire.errors import http_error
 from .shutdown import drain_on_signal
 
-ROUTERS = (openai_router, responses_router, anthropic_router, infill_router, extras, operations)
+ROUTERS = (openai_router, responses_router, anthropic_router, infill_router, completion_router, native_extras_router,
+           extras, operations)
 
 
 def create_app(

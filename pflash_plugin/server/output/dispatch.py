@@ -83,7 +83,7 @@ def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
 
 
 async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bool,
-                  presenter: Presenter | None = None) -> Response | dict:
+                  presenter: Presenter | None = None) -> Response | dict | list[dict]:
     """Submit the generation's requests and answer with their output in the presenter's shapes
     (OpenAI chat or completions by default): an SSE response, or the whole body (a dict the route
     validates against its response model), or an error response."""
@@ -148,7 +148,8 @@ def _marked(usage: Usage, marks: Timings, clock: bool) -> Usage:
                    clock=marks.clock() if clock else None)
 
 
-async def _collect(http: Request, gen: Generation, shown: Presenter, events: asyncio.Queue) -> Response | dict:
+async def _collect(http: Request, gen: Generation, shown: Presenter,
+                   events: asyncio.Queue) -> Response | dict | list[dict]:
     watcher = asyncio.ensure_future(_put_on_disconnect(http, events))
     ends: dict[int, FinishEvent] = {}
     finals: dict[int, dict] = {}

@@ -51,8 +51,8 @@ class Presenter(Protocol):
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
         """The events that end a stream a request failed in."""
 
-    def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict:
-        """The whole answer, not streamed."""
+    def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict | list[dict]:
+        """The whole answer, not streamed (llama-server's for several prompts: a list)."""
 
     def error(self, event: ErrorEvent) -> JSONResponse:
         """The answer when a request failed before a non-streamed answer was complete."""

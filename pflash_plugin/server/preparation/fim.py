@@ -67,16 +67,19 @@ def require_fim(served: ServedModel, param: str) -> FimTokens:
     return fim
 
 
-def text_tokens(served: ServedModel, value: Mixed, param: str) -> list[int]:
-    """Text (or llama-server's mix of texts and token ids) as FIM reads it: no BOS, control
-    tokens spelled in it left as text; each id checked against the vocabulary."""
+def text_tokens(served: ServedModel, value: Mixed, param: str, add_special: bool = False,
+                parse_special: bool = False) -> list[int]:
+    """Text (or llama-server's mix of texts and token ids, its tokenize_mixed) as FIM reads it: no
+    BOS, control tokens spelled in it left as text; /completion and /tokenize ask for a BOS (before
+    a first item of text only) and control tokens parsed. Each id checked against the vocabulary."""
     if isinstance(value, str):
         served.prompts.limit.check_text(value, param)
-        return served.model.tokenize(value, add_special=False, parse_special=False)
+        return served.model.tokenize(value, add_special=add_special, parse_special=parse_special)
     tokens: list[int] = []
     for i, item in enumerate(value):
         if isinstance(item, str):
-            tokens += text_tokens(served, item, f"{param}.{i}")
+            served.prompts.limit.check_text(item, f"{param}.{i}")
+            tokens += served.model.tokenize(item, add_special=add_special and i == 0, parse_special=parse_special)
         elif not 0 <= item < served.model.n_vocab:
             raise RequestError(400, f"{param}.{i}: token id {item} is outside the vocabulary "
                                f"(0..{served.model.n_vocab - 1})", param=f"{param}.{i}")

@@ -35,6 +35,7 @@ class ChatPrompt:
     pieces: tuple[list[int], ...] = ()
     media: tuple[MediaInput, ...] = ()
     spans: tuple[MediaSpan, ...] = ()  # where `tokens` hold the media (pseudo-token ids), once tokenized
+    text: str = ""  # the template's output, as llama-server's /apply-template answers it
 
 
 def chat_formatter(model: Model, chat_format: str | None) -> Any:
@@ -144,9 +145,9 @@ class Prompts:
         last_user, system = _last(messages, "user"), _last(messages, "system")
         if media:
             return ChatPrompt([], stop, _last_text(last_user), system, self._media_pieces(text, guarded, media, added),
-                              media)
+                              media, text=text)
         tokens = self._content.tokenize(text, guarded, add_special=not added)
-        return ChatPrompt(tokens, stop, last_user, system)
+        return ChatPrompt(tokens, stop, last_user, system, text=text)
 
     def _media_pieces(self, text: str, guarded: Guarded, media: tuple[MediaInput, ...],
                       added: bool) -> tuple[list[int], ...]:

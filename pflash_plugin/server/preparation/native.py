@@ -1,0 +1,60 @@
+"""llama-server's /completion request -> the engine's: its prompt read as llama-server reads it
+(server-common.cpp, tokenize_input_prompts), run as a /v1/completions request of those tokens."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..runtime.generation import Generation
+from ..runtime.models import ServedModel
+from ..wire.native import NativeCompletionRequest, PromptObject, TokenChoice
+from ..wire.protocol import RequestError
+from .fim import text_tokens
+from .prepare import prepare_completion
+
+
+def _one(served: ServedModel, item: Any, param: str) -> list[int]:
+    """One prompt: text, ids, a mix of both, or the multimodal object's text (media refused)."""
+    if isinstance(item, PromptObject):
+        if item.multimodal_data:
+            raise RequestError(400, f"{param}.multimodal_data: this route takes no media here; "
+                               "/v1/chat/completions with image parts does", param=f"{param}.multimodal_data")
+        item = item.prompt_string
+    if isinstance(item, int):
+        item = [item]
+    return text_tokens(served, item, param, add_special=True, parse_special=True)
+
+
+def native_prompts(served: ServedModel, prompt: str | list[Any]) -> list[list[int]]:
+    """The prompts' tokens: a string, or a list of ids and texts with at least one id, is one
+    prompt (llama-server's rule); any other list holds one prompt an item."""
+    if isinstance(prompt, str) or any(isinstance(item, int) for item in prompt):
+        if any(isinstance(item, (list, PromptObject)) for item in prompt):
+            raise RequestError(400, "prompt: a list of token ids cannot hold lists or objects", param="prompt")
+        return [_one(served, prompt, "prompt")]
+    if not prompt:
+        raise RequestError(400, "prompt: the list is empty", param="prompt")
+    return [_one(served, item, f"prompt.{i}") for i, item in enumerate(prompt)]
+
+
+@dataclass(frozen=True)
+class NativePrepared:
+    prompts: list[list[int]]  # each prompt's tokens
+    texts: list[str]  # each prompt's text (the answer's `prompt`), where the answer shows it
+    generation: Generation | None  # None for n_predict 0: empty answers, nothing to run
+
+
+def prepare_native(served: ServedModel, body: NativeCompletionRequest) -> NativePrepared:
+    """The prompts and their generation, whose choices keep their token ids for `tokens` where
+    return_tokens asks for them."""
+    prompts = native_prompts(served, body.checked().prompt)
+    for i, tokens in enumerate(prompts):
+        served.prompts.limit.check_tokens(tokens, f"prompt.{i}" if len(prompts) > 1 else "prompt")
+    shown = not body.response_fields or "prompt" in body.response_fields
+    texts = [served.model.detokenize(tokens) for tokens in prompts] if shown else []
+    if body.n_predict == 0:
+        return NativePrepared(prompts, texts, None)
+    generation = prepare_completion(served, body.completion(prompts))
+    if body.return_tokens:
+        generation.choices = [TokenChoice(i) for i in range(len(generation.choices))]
+    return NativePrepared(prompts, texts, generation)

@@ -1,0 +1,97 @@
+"""llama-server's own request fields (tools/server/server-task.cpp, params_from_json_cmpl) shared by its
+/completion and /infill: the sampling fields, n_predict, stream, response_fields; made a
+/v1/completions request of token ids, which the engine runs as any other. And /completion's body:
+its prompt as llama-server reads it (text, token ids, a mix of both, or a list of such prompts)."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Union
+
+from pydantic import AliasChoices, BaseModel, Field, StrictInt
+
+from ...engine.request import TokenOutput
+from .protocol import CompletionRequest, RequestError
+from .responses import CompletionChoice
+
+Mixed = Union[str, List[Union[StrictInt, str]]]  # text, or texts and token ids (llama-server's tokenize_mixed)
+
+
+class NativeSampling(BaseModel):
+    model: Optional[str] = None
+    n_predict: Optional[int] = Field(
+        default=None, ge=-1, validation_alias=AliasChoices("n_predict", "max_tokens", "max_completion_tokens"),
+        description="Tokens at most; -1: until the context ends; 0: none (an empty answer).")
+    temperature: float = 0.8
+    top_k: int = Field(default=40, ge=0)
+    top_p: float = Field(default=0.95, ge=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(default=None, description="-1 or none: random.")
+    stop: List[str] = []
+    repeat_penalty: float = Field(default=1.0, ge=0.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    grammar: Optional[str] = None
+    stream: bool = False
+    n_probs: int = Field(default=0, ge=0)
+    response_fields: Optional[List[str]] = Field(
+        default=None, description="The answer's fields to send; 'a/b' sends a's b as 'a/b'.")
+    # accepted and not applied (docs/api.md): the prefix cache always reuses, the engine picks slots,
+    # llama-server itself ignores t_max_prompt_ms; the sampler chain's order is the server's
+    cache_prompt: bool = True
+    id_slot: int = -1
+    t_max_prompt_ms: int = -1
+    samplers: Optional[List[str]] = None
+
+    def checked(self) -> Any:
+        """The body, or a 400 for a field this server cannot answer as llama-server does."""
+        if self.n_probs:
+            raise RequestError(400, "n_probs: llama-server's routes do not return token probabilities here; "
+                               "/v1/completions with logprobs does", param="n_probs")
+        return self
+
+    def completion(self, prompt: list[int] | list[list[int]]) -> CompletionRequest:
+        """The request as /v1/completions of the prompt's tokens."""
+        fields: dict[str, Any] = {name: getattr(self, name) for name in (
+            "model", "temperature", "top_k", "top_p", "min_p", "typical_p", "stop", "repeat_penalty",
+            "presence_penalty", "frequency_penalty", "grammar", "stream")}
+        fields["seed"] = None if self.seed is None or self.seed == -1 else self.seed
+        fields["max_tokens"] = None if self.n_predict is None or self.n_predict < 0 else self.n_predict
+        return CompletionRequest(prompt=prompt, **fields)
+
+    def settings(self) -> dict[str, Any]:
+        """llama-server's `generation_settings`: the fields of this request that we apply."""
+        names = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+                 "frequency_penalty", "stop", "n_probs", "grammar", "stream")
+        return {"n_predict": -1 if self.n_predict is None else self.n_predict,
+                "seed": -1 if self.seed is None else self.seed, **{name: getattr(self, name) for name in names}}
+
+
+class PromptObject(BaseModel):
+    """llama-server's multimodal prompt item: text, and media this route does not take here."""
+
+    prompt_string: str
+    multimodal_data: Optional[List[str]] = None
+
+
+PromptItem = Union[StrictInt, str, List[Union[StrictInt, str]], PromptObject]
+
+
+class NativeCompletionRequest(NativeSampling):
+    prompt: Union[str, List[PromptItem]] = Field(
+        description="Text, token ids, texts and ids mixed, or a list of such prompts (one answer each).")
+    return_tokens: bool = Field(default=False, description="Send the answer's token ids in `tokens`.")
+
+
+class TokenChoice(CompletionChoice):
+    """A completion's choice that also keeps its token ids (llama-server's `tokens`)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index, lambda token: b"", "", False)  # no logprobs: the pieces are never read
+        self.ids: list[int] = []
+
+    def add(self, text: str, outputs: list[TokenOutput]) -> None:
+        super().add(text, outputs)
+        self.ids += [taken.token for output in outputs for taken in output.unrolled()]
+
+    def final(self, finish: str) -> dict:
+        return {**super().final(finish), "tokens": self.ids}

@@ -1,0 +1,153 @@
+"""llama-server's own routes (tools/server/server.cpp's route table): POST /completion (and
+/completions), /tokenize, /detokenize, /apply-template and GET /props, in llama-server's request and
+answer shapes (its tests/unit/test_completion.py, test_tokenize.py, test_template.py), its errors
+{"error": {"code": 400, ...}}, under the API key and counted in /metrics as the other routes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pflash_plugin.llama import Model
+from pflash_plugin.testing import cached_tiny_llama
+
+from conftest import live_server
+
+TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}" \
+           "{% if add_generation_prompt %}<assistant>{% endif %}"
+FORCED = 'root ::= "world"'  # the answer's shape on a random model
+KEY = "sk-llama"
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Model:
+    return Model(cached_tiny_llama(chat_template=TEMPLATE), vocab_only=True)
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = {"model": str(cached_tiny_llama(chat_template=TEMPLATE)), "model_alias": "tiny", "n_ctx": 512,
+             "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model], api_key=KEY) as running:
+        yield running
+
+
+def _post(server, path: str, body: dict, key: str | None = KEY):
+    with server.client() as client:
+        return client.post(path, json=body, headers={"Authorization": f"Bearer {key}"} if key else {})
+
+
+def _events(reply) -> list[dict]:
+    lines = [line[len("data: "):] for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert lines and "[DONE]" not in lines  # llama-server ends its stream with the last object, no [DONE]
+    return [json.loads(line) for line in lines]
+
+
+def test_completion_answers_in_llama_servers_shape(server, vocab):
+    body = {"prompt": "Hello", "n_predict": 8, "grammar": FORCED, "return_tokens": True, "cache_prompt": False}
+    whole = _post(server, "/completion", body).json()
+    assert whole["content"] == "world" and whole["stop"] is True and whole["stop_type"] == "eos"
+    assert vocab.detokenize(whole["tokens"]) == "world" and whole["tokens_predicted"] == len(whole["tokens"])
+    assert whole["tokens_evaluated"] == len(vocab.tokenize("Hello", add_special=True)) and whole["truncated"] is False
+    assert whole["timings"]["predicted_n"] == len(whole["tokens"]) and whole["has_new_line"] is False
+    assert whole["generation_settings"]["n_predict"] == 8 and "prompt" in whole
+    assert _post(server, "/completion", {**body, "return_tokens": False}).json()["tokens"] == []
+    alias = _post(server, "/completions", body).json()  # llama-server's alias; /v1/completions stays OpenAI's
+    assert alias["content"] == "world" and "choices" in _post(server, "/v1/completions", body).json()
+
+
+def test_completion_streams_without_done(server, vocab):
+    events = _events(_post(server, "/completion", {"prompt": "Hello", "n_predict": 8, "grammar": FORCED,
+                                                   "stream": True, "return_tokens": True}))
+    assert "".join(e["content"] for e in events) == "world"
+    assert vocab.detokenize([t for e in events for t in e["tokens"]]) == "world"
+    assert events[-1]["stop"] is True and events[-1]["stop_type"] == "eos" and "timings" in events[-1]
+    assert not any(e["stop"] for e in events[:-1])
+
+
+def test_completion_reads_llama_servers_prompts(server, vocab):
+    ids = vocab.tokenize("Hello", add_special=True)
+    two = _post(server, "/completion", {"prompt": [ids, "Hello"], "n_predict": 4, "grammar": FORCED}).json()
+    assert [a["content"] for a in two] == ["world", "world"] and [a["index"] for a in two] == [0, 1]
+    assert two[0]["tokens_evaluated"] == two[1]["tokens_evaluated"] == len(ids)  # the text gets its BOS too
+    mixed = _post(server, "/completion", {"prompt": [*ids, " there"], "n_predict": 4, "grammar": FORCED}).json()
+    assert mixed["tokens_evaluated"] == len(ids) + len(vocab.tokenize(" there", add_special=False))
+    obj = _post(server, "/completion", {"prompt": [{"prompt_string": "Hello"}, ids], "n_predict": 4}).json()
+    assert len(obj) == 2 and obj[0]["tokens_evaluated"] == len(ids)
+    picked = _post(server, "/completion", {"prompt": "Hello", "n_predict": 4, "grammar": FORCED,
+                                           "response_fields": ["content", "generation_settings/n_predict"]}).json()
+    assert picked == {"content": "world", "generation_settings/n_predict": 4}
+    every = _post(server, "/completion", {"prompt": "Hello", "n_predict": 1, "response_fields": []}).json()
+    assert "generation_settings" in every and "timings" in every  # none listed: all of them (llama-server's rule)
+    nothing = _post(server, "/completion", {"prompt": "Hello", "n_predict": 0}).json()
+    assert nothing["content"] == "" and nothing["tokens_predicted"] == 0 and nothing["stop_type"] == "limit"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "a", "n_probs": 2}, "n_probs"),
+    ({"prompt": [1, 10**9]}, "prompt.1"),
+    ({"prompt": [{"prompt_string": "a", "multimodal_data": ["AAAA"]}]}, "prompt.0.multimodal_data"),
+    ({"prompt": [1, [2, 3]]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": "a", "temperature": "hot"}, "temperature"),
+])
+def test_completion_errors_name_the_field_in_llama_servers_shape(server, body, field):
+    reply = _post(server, "/completion", body)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["code"] == 400 and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(field) and error["param"] == field
+
+
+def test_tokenize_and_detokenize(server, vocab):
+    text = "Hello world"
+    plain = _post(server, "/tokenize", {"content": text}).json()["tokens"]
+    assert plain == vocab.tokenize(text, add_special=False, parse_special=True)
+    assert _post(server, "/tokenize", {"content": text, "add_special": True}).json()["tokens"] == [vocab.bos, *plain]
+    pieces = _post(server, "/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == plain and "".join(p["piece"] for p in pieces) == text
+    assert _post(server, "/detokenize", {"tokens": plain}).json() == {"content": text}
+    bad = _post(server, "/detokenize", {"tokens": [1, 10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens.1"
+    assert _post(server, "/tokenize", {}).json()["error"]["param"] == "content"
+
+
+def test_apply_template_renders_the_chat(server):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    reply = _post(server, "/apply-template", {"messages": messages})
+    assert reply.json() == {"prompt": "<system>Be brief.</system><user>Hi</user><assistant>"}
+    bad = _post(server, "/apply-template", {"messages": []})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == 400
+
+
+def test_props_holds_what_a_client_reads(server):
+    props = _post_get(server, "/props")
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 2
+    assert props["chat_template"] == TEMPLATE and props["model_path"].endswith(".gguf")
+    assert props["modalities"] == {"vision": False, "audio": False} and "pflash-plugin" in props["build_info"]
+
+
+def _post_get(server, path: str) -> dict:
+    with server.client() as client:
+        return client.get(path, headers={"Authorization": f"Bearer {KEY}"}).json()
+
+
+def test_the_api_key_and_metrics_apply(server):
+    for path in ("/completion", "/tokenize", "/detokenize", "/apply-template"):
+        assert _post(server, path, {"prompt": "a"}, key=None).status_code == 401
+    metrics = _post_get_text(server, "/metrics")
+    _post(server, "/completion", {"prompt": "a", "n_probs": 1})
+    _post(server, "/completion", {"prompt": "a", "n_predict": 8, "grammar": FORCED})
+    after = _post_get_text(server, "/metrics")
+    assert _count(after, 'pflash_errors_total{model_name="tiny",status="400"}') == \
+        _count(metrics, 'pflash_errors_total{model_name="tiny",status="400"}') + 1
+    assert _count(after, 'pflash_requests_total{finish_reason="stop",model_name="tiny"}') == \
+        _count(metrics, 'pflash_requests_total{finish_reason="stop",model_name="tiny"}') + 1
+
+
+def _post_get_text(server, path: str) -> str:
+    with server.client() as client:
+        return client.get(path, headers={"Authorization": f"Bearer {KEY}"}).text
+
+
+def _count(metrics: str, name: str) -> float:
+    return next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name)), 0.0)
