@@ -74,6 +74,8 @@ def test_completion_reads_llama_servers_prompts(server, vocab):
     assert mixed["tokens_evaluated"] == len(ids) + len(vocab.tokenize(" there", add_special=False))
     obj = _post(server, "/completion", {"prompt": [{"prompt_string": "Hello"}, ids], "n_predict": 4}).json()
     assert len(obj) == 2 and obj[0]["tokens_evaluated"] == len(ids)
+    alone = _post(server, "/completion", {"prompt": {"prompt_string": "Hello"}, "n_predict": 4}).json()
+    assert alone["tokens_evaluated"] == len(ids)
     picked = _post(server, "/completion", {"prompt": "Hello", "n_predict": 4, "grammar": FORCED,
                                            "response_fields": ["content", "generation_settings/n_predict"]}).json()
     assert picked == {"content": "world", "generation_settings/n_predict": 4}
@@ -83,6 +85,16 @@ def test_completion_reads_llama_servers_prompts(server, vocab):
     assert nothing["content"] == "" and nothing["tokens_predicted"] == 0 and nothing["stop_type"] == "limit"
 
 
+def test_completion_takes_llama_servers_logit_bias(server, vocab):
+    """[[text or id, bias]] or {text or id: bias}: a text's tokens each get the bias."""
+    body = {"prompt": "Hello", "n_predict": 8, "temperature": 0, "grammar": 'root ::= "world" | "there"'}
+    ids = vocab.tokenize("there", add_special=False)
+    for bias in ([["there", 100]], {"there": 100}, [[t, 100] for t in ids], {str(t): 100 for t in ids}):
+        assert _post(server, "/completion", {**body, "logit_bias": bias}).json()["content"] == "there"
+    for bias in ([["world", 100]], {"world": 100}):
+        assert _post(server, "/completion", {**body, "logit_bias": bias}).json()["content"] == "world"
+
+
 @pytest.mark.parametrize("body, field", [
     ({"prompt": "a", "n_probs": 2}, "n_probs"),
     ({"prompt": [1, 10**9]}, "prompt.1"),
@@ -90,6 +102,7 @@ def test_completion_reads_llama_servers_prompts(server, vocab):
     ({"prompt": [1, [2, 3]]}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": "a", "temperature": "hot"}, "temperature"),
+    ({"prompt": "a", "logit_bias": [[10**9, 5]]}, "logit_bias"),
 ])
 def test_completion_errors_name_the_field_in_llama_servers_shape(server, body, field):
     reply = _post(server, "/completion", body)

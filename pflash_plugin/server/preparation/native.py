@@ -7,7 +7,7 @@ from typing import Any
 
 from ..runtime.generation import Generation
 from ..runtime.models import ServedModel
-from ..wire.native import NativeCompletionRequest, PromptObject, TokenChoice
+from ..wire.native import Bias, NativeCompletionRequest, PromptObject, TokenChoice
 from ..wire.protocol import RequestError
 from .fim import text_tokens
 from .prepare import prepare_completion
@@ -25,16 +25,32 @@ def _one(served: ServedModel, item: Any, param: str) -> list[int]:
     return text_tokens(served, item, param, add_special=True, parse_special=True)
 
 
-def native_prompts(served: ServedModel, prompt: str | list[Any]) -> list[list[int]]:
-    """The prompts' tokens: a string, or a list of ids and texts with at least one id, is one
-    prompt (llama-server's rule); any other list holds one prompt an item."""
-    if isinstance(prompt, str) or any(isinstance(item, int) for item in prompt):
+def native_prompts(served: ServedModel, prompt: str | PromptObject | list[Any]) -> list[list[int]]:
+    """The prompts' tokens: a string (or object), or a list of ids and texts with at least one id,
+    is one prompt (llama-server's rule); any other list holds one prompt an item."""
+    if isinstance(prompt, (str, PromptObject)):
+        return [_one(served, prompt, "prompt")]
+    if any(isinstance(item, int) for item in prompt):
         if any(isinstance(item, (list, PromptObject)) for item in prompt):
             raise RequestError(400, "prompt: a list of token ids cannot hold lists or objects", param="prompt")
         return [_one(served, prompt, "prompt")]
     if not prompt:
         raise RequestError(400, "prompt: the list is empty", param="prompt")
     return [_one(served, item, f"prompt.{i}") for i, item in enumerate(prompt)]
+
+
+def bias_by_id(served: ServedModel, bias: Bias | None) -> dict[str, float] | None:
+    """llama-server's logit_bias as OpenAI's (token ids as keys): a key that is not a number is
+    text, each of its tokens biased (server-task.cpp); the ids are checked where OpenAI's are."""
+    if bias is None:
+        return None
+    by_id: dict[str, float] = {}
+    for key, value in bias.items() if isinstance(bias, dict) else bias:
+        if isinstance(key, str) and not key.strip().lstrip("-").isdigit():
+            by_id.update((str(t), value) for t in served.model.tokenize(key, add_special=False, parse_special=False))
+        else:
+            by_id[str(key).strip()] = value
+    return by_id
 
 
 @dataclass(frozen=True)
@@ -54,7 +70,7 @@ def prepare_native(served: ServedModel, body: NativeCompletionRequest) -> Native
     texts = [served.model.detokenize(tokens) for tokens in prompts] if shown else []
     if body.n_predict == 0:
         return NativePrepared(prompts, texts, None)
-    generation = prepare_completion(served, body.completion(prompts))
+    generation = prepare_completion(served, body.completion(prompts, logit_bias=bias_by_id(served, body.logit_bias)))
     if body.return_tokens:
         generation.choices = [TokenChoice(i) for i in range(len(generation.choices))]
     return NativePrepared(prompts, texts, generation)

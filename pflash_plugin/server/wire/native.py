@@ -4,7 +4,7 @@
 its prompt as llama-server reads it (text, token ids, a mix of both, or a list of such prompts)."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import AliasChoices, BaseModel, Field, StrictInt
 
@@ -49,14 +49,14 @@ class NativeSampling(BaseModel):
                                "/v1/completions with logprobs does", param="n_probs")
         return self
 
-    def completion(self, prompt: list[int] | list[list[int]]) -> CompletionRequest:
-        """The request as /v1/completions of the prompt's tokens."""
+    def completion(self, prompt: list[int] | list[list[int]], **more: Any) -> CompletionRequest:
+        """The request as /v1/completions of the prompt's tokens (and `more` of its fields)."""
         fields: dict[str, Any] = {name: getattr(self, name) for name in (
             "model", "temperature", "top_k", "top_p", "min_p", "typical_p", "stop", "repeat_penalty",
             "presence_penalty", "frequency_penalty", "grammar", "stream")}
         fields["seed"] = None if self.seed is None or self.seed == -1 else self.seed
         fields["max_tokens"] = None if self.n_predict is None or self.n_predict < 0 else self.n_predict
-        return CompletionRequest(prompt=prompt, **fields)
+        return CompletionRequest(prompt=prompt, **fields, **more)
 
     def settings(self) -> dict[str, Any]:
         """llama-server's `generation_settings`: the fields of this request that we apply."""
@@ -76,10 +76,15 @@ class PromptObject(BaseModel):
 PromptItem = Union[StrictInt, str, List[Union[StrictInt, str]], PromptObject]
 
 
+Bias = Union[List[Tuple[Union[StrictInt, str], float]], Dict[str, float]]
+
+
 class NativeCompletionRequest(NativeSampling):
-    prompt: Union[str, List[PromptItem]] = Field(
+    prompt: Union[str, PromptObject, List[PromptItem]] = Field(
         description="Text, token ids, texts and ids mixed, or a list of such prompts (one answer each).")
     return_tokens: bool = Field(default=False, description="Send the answer's token ids in `tokens`.")
+    logit_bias: Optional[Bias] = Field(default=None, description="[[token id or text, bias], ...] or {id or text: "
+                                       "bias}: a text's tokens each get its bias (-100..100).")
 
 
 class TokenChoice(CompletionChoice):
