@@ -89,9 +89,11 @@ def test_completion_takes_llama_servers_logit_bias(server, vocab):
     """[[text or id, bias]] or {text or id: bias}: a text's tokens each get the bias."""
     body = {"prompt": "Hello", "n_predict": 8, "temperature": 0, "grammar": 'root ::= "world" | "there"'}
     ids = vocab.tokenize("there", add_special=False)
-    for bias in ([["there", 100]], {"there": 100}, [[t, 100] for t in ids], {str(t): 100 for t in ids}):
+    starts = [t for t in range(vocab.n_vocab) if vocab.piece(t) and b"world".startswith(vocab.piece(t))]
+    for bias in ([["there", 100]], {"there": 100}, [[t, 100] for t in ids], {str(t): 100 for t in ids},
+                 [[t, False] for t in starts]):  # false: never (each way to start "world")
         assert _post(server, "/completion", {**body, "logit_bias": bias}).json()["content"] == "there"
-    for bias in ([["world", 100]], {"world": 100}):
+    for bias in ([["world", 100]], {"world": 100}, {"there": True}):  # true: skipped
         assert _post(server, "/completion", {**body, "logit_bias": bias}).json()["content"] == "world"
 
 

@@ -41,11 +41,15 @@ def native_prompts(served: ServedModel, prompt: str | PromptObject | list[Any]) 
 
 def bias_by_id(served: ServedModel, bias: Bias | None) -> dict[str, float] | None:
     """llama-server's logit_bias as OpenAI's (token ids as keys): a key that is not a number is
-    text, each of its tokens biased (server-task.cpp); the ids are checked where OpenAI's are."""
+    text, each of its tokens biased (server-task.cpp); `false` is -100, OpenAI's ban, where
+    llama-server's is -inf (the engine takes -100..100). The ids are checked where OpenAI's are."""
     if bias is None:
         return None
     by_id: dict[str, float] = {}
-    for key, value in bias.items() if isinstance(bias, dict) else bias:
+    for key, given in bias.items() if isinstance(bias, dict) else bias:
+        if given is True:  # llama-server skips it
+            continue
+        value = -100.0 if given is False else given
         if isinstance(key, str) and not key.strip().lstrip("-").isdigit():
             by_id.update((str(t), value) for t in served.model.tokenize(key, add_special=False, parse_special=False))
         else:

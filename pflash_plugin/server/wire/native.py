@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from pydantic import AliasChoices, BaseModel, Field, StrictInt
+from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
 
 from ...engine.request import TokenOutput
 from .protocol import CompletionRequest, RequestError
@@ -76,7 +76,8 @@ class PromptObject(BaseModel):
 PromptItem = Union[StrictInt, str, List[Union[StrictInt, str]], PromptObject]
 
 
-Bias = Union[List[Tuple[Union[StrictInt, str], float]], Dict[str, float]]
+BiasValue = Union[StrictBool, float]  # false: never (llama-server's -inf; -100 here, OpenAI's ban); true: ignored
+Bias = Union[List[Tuple[Union[StrictInt, str], BiasValue]], Dict[str, BiasValue]]
 
 
 class NativeCompletionRequest(NativeSampling):
