@@ -4,7 +4,7 @@
 its prompt as llama-server reads it (text, token ids, a mix of both, or a list of such prompts)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, TypeVar, Union
 
 from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
 
@@ -13,6 +13,7 @@ from .protocol import CompletionRequest, RequestError
 from .responses import CompletionChoice
 
 Mixed = Union[str, List[Union[StrictInt, str]]]  # text, or texts and token ids (llama-server's tokenize_mixed)
+Body = TypeVar("Body", bound="NativeSampling")
 
 
 class NativeSampling(BaseModel):
@@ -42,7 +43,7 @@ class NativeSampling(BaseModel):
     t_max_prompt_ms: int = -1
     samplers: Optional[List[str]] = None
 
-    def checked(self) -> Any:
+    def checked(self: Body) -> Body:
         """The body, or a 400 for a field this server cannot answer as llama-server does."""
         if self.n_probs:
             raise RequestError(400, "n_probs: llama-server's routes do not return token probabilities here; "
