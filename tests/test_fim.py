@@ -141,7 +141,9 @@ def test_infill_over_http(server):
         picked = client.post("/infill", json={**body, "response_fields": fields}).json()
         streamed = client.post("/infill", json={**body, "stream": True})
         nothing = client.post("/infill", json={**body, "n_predict": 0}).json()
+        probs = client.post("/infill", json={**body, "n_probs": 2}).json()["completion_probabilities"]
     assert whole["content"] == "world" and whole["stop"] is True and whole["stop_type"] == "eos"
+    assert len(probs) == whole["tokens_predicted"] and all(len(p["top_logprobs"]) == 2 for p in probs)
     vocab = Model(cached_tiny_llama(control_tokens=FIM), vocab_only=True)
     assert whole["tokens_predicted"] == whole["timings"]["predicted_n"] > 0
     assert whole["tokens_evaluated"] == 1 + 3 + sum(len(_text(vocab, t)) for t in ("x = ", "hello ", "\n"))
@@ -169,7 +171,7 @@ def test_infill_refuses_what_llama_server_refuses(server, extra):
         bad = client.post("/infill", json={"model": "coder", "input_prefix": "a", "input_suffix": "b",
                                            "input_extra": [extra]})
         probs = client.post("/infill", json={"model": "coder", "input_prefix": "a", "input_suffix": "b",
-                                             "n_probs": 2})
+                                             "n_probs": 21})
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("input_extra.0")
     assert probs.status_code == 400 and probs.json()["error"]["param"] == "n_probs"
 

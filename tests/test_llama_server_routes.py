@@ -97,8 +97,30 @@ def test_completion_takes_llama_servers_logit_bias(server, vocab):
         assert _post(server, "/completion", {**body, "logit_bias": bias}).json()["content"] == "world"
 
 
+def test_completion_probabilities_as_llama_server_sends_them(server, vocab):
+    """n_probs: each token's id, text, bytes and log-probability, and the n best; streamed, one
+    event a token, each with its one entry (llama.cpp's test_n_probs, test_n_probs_stream)."""
+    body = {"prompt": "Hello", "n_predict": 4, "n_probs": 3, "temperature": 0}
+    whole = _post(server, "/completion", {**body, "return_tokens": True}).json()
+    probs = whole["completion_probabilities"]
+    assert [p["id"] for p in probs] == whole["tokens"] and len(probs) == whole["tokens_predicted"] > 0
+    for p in probs:
+        assert p["token"] == vocab.piece(p["id"]).decode(errors="replace") and p["bytes"] == list(vocab.piece(p["id"]))
+        assert p["logprob"] <= 0 and len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"]  # greedy
+        assert all(set(top) == {"id", "token", "bytes", "logprob"} for top in p["top_logprobs"])
+    events = _events(_post(server, "/completion", {**body, "stream": True}))
+    pieces = [e for e in events if not e["stop"]]
+    assert [len(e["completion_probabilities"]) for e in pieces] == [1] * len(probs)
+    assert [e["completion_probabilities"][0]["id"] for e in pieces] == whole["tokens"]
+    assert [e["completion_probabilities"][0]["logprob"] for e in pieces] == pytest.approx([p["logprob"] for p in probs],
+                                                                                          abs=1e-3)
+    assert "".join(e["content"] for e in events) == whole["content"] and "completion_probabilities" not in events[-1]
+    assert "completion_probabilities" not in _post(server, "/completion", {**body, "n_probs": 0}).json()
+
+
 @pytest.mark.parametrize("body, field", [
-    ({"prompt": "a", "n_probs": 2}, "n_probs"),
+    ({"prompt": "a", "n_probs": 21}, "n_probs"),
+    ({"prompt": "a", "n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
     ({"prompt": [1, 10**9]}, "prompt.1"),
     ({"prompt": [{"prompt_string": "a", "multimodal_data": ["AAAA"]}]}, "prompt.0.multimodal_data"),
     ({"prompt": [1, [2, 3]]}, "prompt"),
@@ -150,7 +172,7 @@ def test_the_api_key_and_metrics_apply(server):
     for path in ("/completion", "/tokenize", "/detokenize", "/apply-template"):
         assert _post(server, path, {"prompt": "a"}, key=None).status_code == 401
     metrics = _post_get_text(server, "/metrics")
-    _post(server, "/completion", {"prompt": "a", "n_probs": 1})
+    _post(server, "/completion", {"prompt": [1, 10**9]})
     _post(server, "/completion", {"prompt": "a", "n_predict": 8, "grammar": FORCED})
     after = _post_get_text(server, "/metrics")
     assert _count(after, 'pflash_errors_total{model_name="tiny",status="400"}') == \

@@ -28,5 +28,5 @@ async def completion(http: Request, body: NativeCompletionRequest, ctx: ServerCo
     shape = NativeShape(body.response_fields, body.settings(), prepared.texts)
     if prepared.generation is None:  # n_predict 0: nothing to generate
         return unrun(served.name, [len(tokens) for tokens in prepared.prompts], shape, body.stream)
-    presenter = NativePresenter(prepared.generation, shape, body.return_tokens)
+    presenter = NativePresenter(prepared.generation, shape, body.return_tokens, body.n_probs > 0)
     return await respond(http, ctx, prepared.generation, body.stream, presenter)

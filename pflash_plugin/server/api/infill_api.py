@@ -26,4 +26,4 @@ async def infill(http: Request, body: InfillRequest, ctx: ServerContext = Depend
     shape = NativeShape(body.response_fields)
     if generation is None:  # n_predict 0: llama-server evaluates the prompt into its cache and answers nothing
         return unrun(served.name, [len(tokens)], shape, body.stream)
-    return await respond(http, ctx, generation, body.stream, NativePresenter(generation, shape))
+    return await respond(http, ctx, generation, body.stream, NativePresenter(generation, shape, probs=body.n_probs > 0))

@@ -10,8 +10,9 @@ from typing import Any
 from sse_starlette.sse import EventSourceResponse
 from starlette.responses import JSONResponse
 
-from ...engine.request import ErrorEvent, FinishEvent, TextEvent, Usage
+from ...engine.request import ErrorEvent, FinishEvent, TextEvent, TokenOutput, Usage
 from ..runtime.generation import Generation
+from ..wire.native import native_probs
 from ..wire.usage import Totals
 from .presenters import ChatPresenter, Sse, openai_error, sse
 
@@ -61,12 +62,14 @@ class NativeShape:
 
 
 def final(model: str, text: str, end: FinishEvent | None, prompt_tokens: int, shape: NativeShape,
-          index: int = 0, tokens: list[int] | None = None) -> dict[str, Any]:
+          index: int = 0, choice: dict[str, Any] | None = None) -> dict[str, Any]:
     """An answer's last object: `text` all of it (streamed: "" after the pieces); `end` None for
-    an answer of no tokens (n_predict 0), which the engine never ran."""
+    an answer of no tokens (n_predict 0), which the engine never ran; `choice` the whole choice,
+    whose `tokens` and `completion_probabilities` it carries where the choice kept them."""
     usage = end.usage if end is not None else None
     stop_type = "limit" if end is None or end.reason == "length" else "word" if end.stop else "eos"
-    body = {"index": index, "content": text, "tokens": tokens or [], "stop": True, "model": model,
+    kept = choice or {}
+    body = {"index": index, "content": text, "tokens": kept.get("tokens", []), "stop": True, "model": model,
             "tokens_predicted": usage.completion_tokens if usage else 0,
             "tokens_evaluated": usage.prompt_tokens if usage else prompt_tokens,
             "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
@@ -78,6 +81,8 @@ def final(model: str, text: str, end: FinishEvent | None, prompt_tokens: int, sh
         body["prompt"] = shape.prompts[index]
     if usage is not None:
         body["timings"] = timings(usage)
+    if "completion_probabilities" in kept:
+        body["completion_probabilities"] = kept["completion_probabilities"]
     return nested(shape.fields, body)
 
 
@@ -94,10 +99,12 @@ def unrun(model: str, prompt_tokens: list[int], shape: NativeShape, stream: bool
 
 
 class NativePresenter:
-    """Completions in llama-server's shape, one per prompt; `tokens` where return_tokens asks."""
+    """Completions in llama-server's shape, one per prompt; `tokens` where return_tokens asks;
+    `completion_probabilities` where `probs` (n_probs) asks: streamed, one event a token as
+    llama-server sends them, the event's text on its last token."""
 
-    def __init__(self, gen: Generation, shape: NativeShape, return_tokens: bool = False) -> None:
-        self.gen, self.shape, self.return_tokens = gen, shape, return_tokens
+    def __init__(self, gen: Generation, shape: NativeShape, return_tokens: bool = False, probs: bool = False) -> None:
+        self.gen, self.shape, self.return_tokens, self.probs = gen, shape, return_tokens, probs
         self.predicted = [0] * len(gen.requests)
         self.new_line = [False] * len(gen.requests)  # a streamed answer's text had one (its has_new_line)
 
@@ -108,11 +115,21 @@ class NativePresenter:
         return []
 
     def delta(self, index: int, event: TextEvent) -> list[Sse]:
-        self.predicted[index] += len(event.tokens)
         self.new_line[index] |= "\n" in event.text
-        ids = [taken.token for output in event.tokens for taken in output.unrolled()] if self.return_tokens else []
-        return [sse({"index": index, "content": event.text, "tokens": ids, "stop": False,
-                     "tokens_predicted": self.predicted[index], "tokens_evaluated": self._prompt_tokens(index)})]
+        taken = [one for output in event.tokens for one in output.unrolled()]
+        if not self.probs or not taken:
+            return [self._piece(index, event.text, taken)]
+        last = len(taken) - 1
+        return [self._piece(index, event.text if i == last else "", [one],
+                            native_probs(self.gen.served.model.piece, [one])) for i, one in enumerate(taken)]
+
+    def _piece(self, index: int, text: str, taken: list[TokenOutput], probs: list[dict[str, Any]] | None = None) -> Sse:
+        """One streamed event of the tokens `taken` (tokens_predicted counts them)."""
+        self.predicted[index] += len(taken)
+        ids = [one.token for one in taken] if self.return_tokens else []
+        body = {"index": index, "content": text, "tokens": ids, "stop": False,
+                "tokens_predicted": self.predicted[index], "tokens_evaluated": self._prompt_tokens(index)}
+        return sse(body if probs is None else {**body, "completion_probabilities": probs})
 
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
         whole = NativeShape(None, self.shape.settings, self.shape.prompts)
@@ -128,7 +145,7 @@ class NativePresenter:
 
     def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict | list[dict]:
         return answers([final(self.gen.served.name, choice["text"], end, self._prompt_tokens(i), self.shape, i,
-                              choice.get("tokens")) for i, (choice, end) in enumerate(zip(finals, ends))])
+                              choice) for i, (choice, end) in enumerate(zip(finals, ends))])
 
     def error(self, event: ErrorEvent) -> JSONResponse:
         return openai_error(event)

@@ -6,6 +6,7 @@ from ..runtime.generation import Generation
 from ..runtime.models import ServedModel
 from ..wire.infill import InfillRequest
 from .fim import FimParts, bos_of, extra_tokens, fim_prompt, require_fim, text_tokens, trimmed
+from .native import native_choices
 from .prepare import prepare_completion
 
 
@@ -28,7 +29,8 @@ def prepare_infill(served: ServedModel, body: InfillRequest) -> tuple[list[int],
     tokens = infill_tokens(served, body.checked())
     if body.n_predict == 0:
         return tokens, None
-    generation = prepare_completion(served, body.completion(tokens), fill_in=True)
+    generation = native_choices(prepare_completion(served, body.completion(tokens), fill_in=True), False,
+                                body.n_probs > 0)
     limits = body.line_limits()
     for request in generation.requests if limits else ():
         request.line_limits = limits

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..runtime.generation import Generation
 from ..runtime.models import ServedModel
-from ..wire.native import Bias, NativeCompletionRequest, PromptObject, TokenChoice
+from ..wire.native import Bias, NativeChoice, NativeCompletionRequest, PromptObject
 from ..wire.protocol import RequestError
 from .fim import text_tokens
 from .prepare import prepare_completion
@@ -65,8 +65,7 @@ class NativePrepared:
 
 
 def prepare_native(served: ServedModel, body: NativeCompletionRequest) -> NativePrepared:
-    """The prompts and their generation, whose choices keep their token ids for `tokens` where
-    return_tokens asks for them."""
+    """The prompts and their generation (native_choices)."""
     prompts = native_prompts(served, body.checked().prompt)
     for i, tokens in enumerate(prompts):
         served.prompts.limit.check_tokens(tokens, f"prompt.{i}" if len(prompts) > 1 else "prompt")
@@ -75,6 +74,13 @@ def prepare_native(served: ServedModel, body: NativeCompletionRequest) -> Native
     if body.n_predict == 0:
         return NativePrepared(prompts, texts, None)
     generation = prepare_completion(served, body.completion(prompts, logit_bias=bias_by_id(served, body.logit_bias)))
-    if body.return_tokens:
-        generation.choices = [TokenChoice(i) for i in range(len(generation.choices))]
-    return NativePrepared(prompts, texts, generation)
+    return NativePrepared(prompts, texts, native_choices(generation, body.return_tokens, body.n_probs > 0))
+
+
+def native_choices(generation: Generation, ids: bool, probs: bool) -> Generation:
+    """The generation, its choices keeping their token ids (`tokens`) and probabilities
+    (`completion_probabilities`) where the request asks for them."""
+    if ids or probs:
+        piece = generation.served.model.piece
+        generation.choices = [NativeChoice(i, piece, ids, probs) for i in range(len(generation.choices))]
+    return generation

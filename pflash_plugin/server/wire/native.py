@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional, Tuple, TypeVar, Union
 from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
 
 from ...engine.request import TokenOutput
-from .protocol import CompletionRequest, RequestError
-from .responses import CompletionChoice
+from .protocol import MAX_LOGPROBS, CompletionRequest, RequestError
+from .responses import CompletionChoice, Piece, chat_logprobs
 
 Mixed = Union[str, List[Union[StrictInt, str]]]  # text, or texts and token ids (llama-server's tokenize_mixed)
 Body = TypeVar("Body", bound="NativeSampling")
@@ -33,7 +33,9 @@ class NativeSampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     grammar: Optional[str] = None
     stream: bool = False
-    n_probs: int = Field(default=0, ge=0)
+    n_probs: int = Field(default=0, ge=0, description="Each token's probability and the n best alternatives "
+                         "(`completion_probabilities`, log-probabilities from the model before sampling).")
+    post_sampling_probs: bool = False
     response_fields: Optional[List[str]] = Field(
         default=None, description="The answer's fields to send; 'a/b' sends a's b as 'a/b'.")
     # accepted and not applied (docs/api.md): the prefix cache always reuses, the engine picks slots,
@@ -45,9 +47,12 @@ class NativeSampling(BaseModel):
 
     def checked(self: Body) -> Body:
         """The body, or a 400 for a field this server cannot answer as llama-server does."""
-        if self.n_probs:
-            raise RequestError(400, "n_probs: llama-server's routes do not return token probabilities here; "
-                               "/v1/completions with logprobs does", param="n_probs")
+        if self.n_probs > MAX_LOGPROBS:  # each token would carry that many alternatives
+            raise RequestError(400, f"n_probs: at most {MAX_LOGPROBS} probabilities per token", param="n_probs")
+        if self.n_probs and self.post_sampling_probs:
+            raise RequestError(400, "post_sampling_probs: the probabilities served here are the model's, before "
+                               "sampling (top_k, top_p, min_p, temperature); send it false",
+                               param="post_sampling_probs")
         return self
 
     def completion(self, prompt: list[int] | list[list[int]], **more: Any) -> CompletionRequest:
@@ -57,12 +62,13 @@ class NativeSampling(BaseModel):
             "presence_penalty", "frequency_penalty", "grammar", "stream")}
         fields["seed"] = None if self.seed is None or self.seed == -1 else self.seed
         fields["max_tokens"] = None if self.n_predict is None or self.n_predict < 0 else self.n_predict
+        fields["logprobs"] = self.n_probs or None
         return CompletionRequest(prompt=prompt, **fields, **more)
 
     def settings(self) -> dict[str, Any]:
         """llama-server's `generation_settings`: the fields of this request that we apply."""
         names = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "stop", "n_probs", "grammar", "stream")
+                 "frequency_penalty", "stop", "n_probs", "post_sampling_probs", "grammar", "stream")
         return {"n_predict": -1 if self.n_predict is None else self.n_predict,
                 "seed": -1 if self.seed is None else self.seed, **{name: getattr(self, name) for name in names}}
 
@@ -89,16 +95,32 @@ class NativeCompletionRequest(NativeSampling):
                                        "bias}: a text's tokens each get its bias (-100..100).")
 
 
-class TokenChoice(CompletionChoice):
-    """A completion's choice that also keeps its token ids (llama-server's `tokens`)."""
+class NativeChoice(CompletionChoice):
+    """A completion's choice that also keeps its token ids (llama-server's `tokens`, where
+    return_tokens asks) and their probabilities (`completion_probabilities`, where n_probs asks)."""
 
-    def __init__(self, index: int) -> None:
-        super().__init__(index, lambda token: b"", "", False)  # no logprobs: the pieces are never read
+    def __init__(self, index: int, piece: Piece, ids: bool, probs: bool) -> None:
+        super().__init__(index, piece, "", False)  # OpenAI's logprobs off: these are llama-server's
+        self.piece, self.keep_ids, self.keep_probs = piece, ids, probs
         self.ids: list[int] = []
+        self.probs: list[dict[str, Any]] = []
 
     def add(self, text: str, outputs: list[TokenOutput]) -> None:
         super().add(text, outputs)
-        self.ids += [taken.token for output in outputs for taken in output.unrolled()]
+        taken = [one for output in outputs for one in output.unrolled()]
+        self.ids += [one.token for one in taken] if self.keep_ids else []
+        self.probs += native_probs(self.piece, taken) if self.keep_probs else []
 
     def final(self, finish: str) -> dict:
-        return {**super().final(finish), "tokens": self.ids}
+        body = super().final(finish)
+        if self.keep_ids:
+            body["tokens"] = self.ids
+        if self.keep_probs:
+            body["completion_probabilities"] = self.probs
+        return body
+
+
+def native_probs(piece: Piece, taken: list[TokenOutput]) -> list[dict[str, Any]]:
+    """llama-server's completion_probabilities of tokens taken one by one: the chat logprobs' entries
+    (token, logprob, bytes, top_logprobs) with each token's id."""
+    return chat_logprobs(piece, taken, ids=True)

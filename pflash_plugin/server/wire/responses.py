@@ -176,10 +176,12 @@ class CompletionLogprobs:
         }
 
 
-def chat_logprobs(piece: Piece, outputs: list[TokenOutput]) -> list[dict[str, Any]]:
+def chat_logprobs(piece: Piece, outputs: list[TokenOutput], ids: bool = False) -> list[dict[str, Any]]:
+    """OpenAI's chat logprobs; `ids`: each token's id too (llama-server's completion_probabilities)."""
     def entry(token: int, logprob: float | None) -> dict[str, Any]:
         raw = piece(token)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+        shown = {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+        return {"id": token, **shown} if ids else shown
 
     return [
         {**entry(o.token, o.logprob), "top_logprobs": [entry(t, lp) for t, lp in o.top_logprobs or []]}
