@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -142,11 +143,19 @@ def extract(bundle: Path, dest: Path) -> Path:
     return tests
 
 
+def free_port() -> int:
+    """A port no one listens on now: two runs at once (or a server left over) on a fixed port would
+    answer each other's health checks, and a test would talk to the wrong server."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def run_file(tests: Path, name: str, server: str, model: str, limit: float, log: Path) -> dict[str, str]:
     """{test id: passed|failed|skipped} for one test file; a file over the limit fails what is left."""
     xml = log.with_suffix(".xml")
     xml.unlink(missing_ok=True)
-    env = {**os.environ, "SUITE_SERVER": server, "SUITE_MODEL": model, "PORT": "8080" if server == "ours" else "8090",
+    env = {**os.environ, "SUITE_SERVER": server, "SUITE_MODEL": model, "PORT": str(free_port()),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "pytest", "-p", "pflash_suite_plugin", "-p", "no:cacheprovider", "-q",
            "-m", "not slow", f"--junitxml={xml}", f"unit/{name}"]
