@@ -5,6 +5,7 @@ answer shapes (its tests/unit/test_completion.py, test_tokenize.py, test_templat
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -188,3 +189,36 @@ def _post_get_text(server, path: str) -> str:
 
 def _count(metrics: str, name: str) -> float:
     return next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name)), 0.0)
+
+
+def test_slots_show_each_slots_state(vocab):
+    """GET /slots as llama-server answers it (test_basic's test_server_slots, test_completion's
+    test_cancel_request): each slot, busy while a request runs in it, idle once the client is gone;
+    ?fail_on_no_slot=1 a 503 when none is idle."""
+    model = {"model": str(cached_tiny_llama(chat_template=TEMPLATE)), "n_ctx": 4096, "max_concurrency": 2,
+             "n_threads": 1, "n_threads_batch": 1}
+    endless = {"prompt": "Hello", "n_predict": 4000, "stream": True,  # seconds of tokens, cut short below
+               "logit_bias": [[t, False] for t in range(vocab.n_vocab) if vocab.is_eog(t)]}
+    with live_server([model]) as running, running.client() as client:
+        idle = client.get("/slots").json()
+        assert [s["id"] for s in idle] == [0, 1] and all(s["n_ctx"] == 4096 and not s["is_processing"] for s in idle)
+        with client.stream("POST", "/completion", json=endless) as one, \
+                client.stream("POST", "/completion", json=endless) as two:
+            lines = one.iter_lines(), two.iter_lines()  # kept: a dropped iterator closes its stream
+            assert all(next(each).startswith("data: ") for each in lines)  # both decoding
+            busy = client.get("/slots").json()
+            full = client.get("/slots?fail_on_no_slot=1")
+        assert all(s["is_processing"] and s["state"] in ("prefill", "decode") and "id_task" in s for s in busy), busy
+        assert full.status_code == 503 and full.json()["error"]["code"] == 503
+        deadline = time.monotonic() + 10
+        while any(s["is_processing"] for s in client.get("/slots").json()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(s["is_processing"] for s in client.get("/slots").json())  # the clients left: cancelled
+        assert client.get("/slots?fail_on_no_slot=1").status_code == 200
+
+
+def test_slots_can_be_turned_off():
+    model = {"model": str(cached_tiny_llama()), "n_ctx": 256, "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model], slots=False) as running, running.client() as client:
+        reply = client.get("/slots")
+    assert reply.status_code == 501 and reply.json()["error"]["type"] == "not_supported_error"

@@ -23,6 +23,7 @@ from ..api.infill_api import router as infill_router
 from ..api.native_extras_api import router as native_extras_router
 from ..api.openai_api import router as openai_router
 from ..api.responses_api import router as responses_router
+from ..api.slots_api import router as slots_router
 from ..config.settings import ModelSettings, ServerSettings
 from ..operations.received import ReceivedAt
 from ..operations.security import install_security
@@ -33,7 +34,7 @@ from ..wire.errors import http_error
 from .shutdown import drain_on_signal
 
 ROUTERS = (openai_router, responses_router, anthropic_router, infill_router, completion_router, native_extras_router,
-           extras, operations)
+           slots_router, extras, operations)
 
 
 def create_app(

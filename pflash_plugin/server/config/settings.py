@@ -263,6 +263,9 @@ class ServerSettings(StockServerSettings):
         default=[], description="Paths answered without the API key when api_key is set, e.g. /docs /openapi.json "
         "(/health always is).",
     )
+    slots: bool = Field(
+        default=True, description="Serve llama-server's GET /slots, each slot's state (llama-server's --slots; "
+        "false: its --no-slots, a 501).")
     max_body_bytes: int = Field(default=8 * 2**20, ge=1, description="Largest request body in bytes; larger get 413.")
     header_timeout_s: float = Field(
         default=10.0, gt=0, description="A connection must send a request's headers within this long, else it is "
