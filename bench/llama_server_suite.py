@@ -91,6 +91,8 @@ def _args(self):
         args += ["--api_key", self.api_key]
     if self.n_slots and SERVER == "ours":
         args += ["--max_concurrency", self.n_slots]
+    if not self.server_slots and SERVER == "ours":
+        args += ["--slots", "false"]  # llama-server's --no-slots, which the suite passes unless server_slots
     return [str(a) for a in args]
 
 
