@@ -182,6 +182,48 @@ def test_the_api_key_and_metrics_apply(server):
         _count(metrics, 'pflash_requests_total{finish_reason="stop",model_name="tiny"}') + 1
 
 
+def test_metrics_carry_llama_servers_series(server):
+    """llama-server's unlabelled llamacpp:* lines, each with its HELP and TYPE (a counter's TYPE names
+    its _total sample, as llama-server writes it), counting what /completion's timings report
+    (llama.cpp's test_metrics.py); the Process-Start-Time-Unix header; timings' rate over the
+    tokens after the first."""
+    before = _llama_series(_post_get_text(server, "/metrics"))
+    one = _post(server, "/completion", {"prompt": "Hello", "n_predict": 1}).json()["timings"]
+    six = _post(server, "/completion", {"prompt": "Hello there", "n_predict": 6, "grammar": 'root ::= "a"{6}'}).json()
+    with server.client() as client:
+        reply = client.get("/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    after = _llama_series(reply.text)
+    assert abs(int(reply.headers["Process-Start-Time-Unix"]) - time.time()) < 3600
+    grown = {name: after[name][1] - before[name][1] for name in after}
+    assert grown["llamacpp:tokens_predicted_total"] == one["predicted_n"] + six["timings"]["predicted_n"] == 7
+    assert grown["llamacpp:prompt_tokens_total"] == one["prompt_n"] + six["timings"]["prompt_n"]
+    assert grown["llamacpp:prompt_tokens_cached_total"] == one["cache_n"] + six["timings"]["cache_n"]
+    assert after["llamacpp:n_decode_total"] == ("counter", after["llamacpp:n_decode_total"][1]) and grown[
+        "llamacpp:n_decode_total"] > 0
+    assert after["llamacpp:requests_processing"] == ("gauge", 0.0) and after["llamacpp:n_tokens_max"][1] >= 7
+    assert one["predicted_per_second"] == 0.0  # one token: no decode step of its own
+    timed = six["timings"]
+    assert timed["predicted_per_second"] == pytest.approx(1e3 / timed["predicted_ms"] * 5)
+
+
+def _llama_series(text: str) -> dict[str, tuple[str, float]]:
+    """{name: (TYPE, value)} of the llamacpp:* samples; each has its HELP line and a TYPE of its own name."""
+    types = dict(line.split(" ")[2:4] for line in text.splitlines() if line.startswith("# TYPE llamacpp:"))
+    series = {}
+    for line in text.splitlines():
+        if line.startswith("llamacpp:"):
+            name, value = line.split(" ")
+            assert f"# HELP {name} " in text
+            series[name] = (types[name], float(value))
+    return series
+
+
+def test_metrics_can_be_turned_off():
+    model = {"model": str(cached_tiny_llama()), "n_ctx": 256, "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model], metrics=False) as running, running.client() as client:
+        assert client.get("/metrics").status_code == 501
+
+
 def _post_get_text(server, path: str) -> str:
     with server.client() as client:
         return client.get(path, headers={"Authorization": f"Bearer {KEY}"}).text

@@ -82,4 +82,8 @@ async def server_status(ctx: ServerContext = Depends(get_context)) -> Any:
 
 @operations.get("/metrics", response_class=Response)
 async def prometheus(ctx: ServerContext = Depends(get_context)) -> Response:
-    return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
+    if not ctx.settings.metrics:
+        raise RequestError(501, "This server does not serve /metrics: start it with --metrics true",
+                           type_="not_supported_error")
+    return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4",
+                    headers={"Process-Start-Time-Unix": str(ctx.metrics.started)})

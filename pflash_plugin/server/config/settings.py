@@ -263,6 +263,8 @@ class ServerSettings(StockServerSettings):
         default=[], description="Paths answered without the API key when api_key is set, e.g. /docs /openapi.json "
         "(/health always is).",
     )
+    metrics: bool = Field(
+        default=True, description="Serve GET /metrics (false: a 501, as llama-server answers without --metrics).")
     slots: bool = Field(
         default=True, description="Serve llama-server's GET /slots, each slot's state (llama-server's --slots; "
         "false: its --no-slots, a 501).")

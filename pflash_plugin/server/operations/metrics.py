@@ -1,6 +1,7 @@
 """Prometheus metrics for /metrics, on a registry of the app's own (several apps per process in tests)."""
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -8,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ...engine.request import Usage
 from ...engine.stats import SchedulerStats
+from .llama_metrics import LlamaServerSeries
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
 _RATIO_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
@@ -38,6 +40,9 @@ class Metrics:
             ["where"], registry=registry)
         self.pflash = _PflashMetrics(registry)
         self.registry.register(_EngineCollector(engine_stats))
+        self.engine_stats = engine_stats
+        self.llama = LlamaServerSeries()  # llama-server's llamacpp:* lines
+        self.started = int(time.time())  # llama-server's Process-Start-Time-Unix header
 
     def finished(self, model: str, reason: str, usage: Usage, pflash: Any = None) -> None:
         """One finished request; `pflash`: its compression report (pflash.report.PflashReport), if
@@ -47,6 +52,7 @@ class Metrics:
         self.cached_tokens.labels(model).inc(usage.cached_tokens)
         self.media_tokens.labels(model).inc(usage.media_tokens)
         self.generated_tokens.labels(model).inc(usage.completion_tokens)
+        self.llama.count(usage)
         if usage.completion_tokens:
             self.ttft.labels(model).observe(usage.latency.ttft_ms / 1000.0)
         if usage.completion_tokens > 1:
@@ -55,7 +61,7 @@ class Metrics:
             self.pflash.count(model, pflash)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.llama.render(self.engine_stats()).encode()
 
 
 class _PflashMetrics:

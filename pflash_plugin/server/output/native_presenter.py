@@ -27,7 +27,8 @@ def timings(usage: Usage) -> dict[str, Any]:
     prompt_n = usage.prompt_tokens - usage.cached_tokens
     prompt_ms, predicted_ms = usage.latency.prefill_ms, usage.latency.decode_ms
     prompt_per_token, prompt_per_second = _rate(prompt_n, prompt_ms)
-    predicted_per_token, predicted_per_second = _rate(usage.completion_tokens, predicted_ms)
+    # the first token came with the prompt's last batch: the decode time is the steps of the others (llama-server's)
+    predicted_per_token, predicted_per_second = _rate(max(usage.completion_tokens - 1, 0), predicted_ms)
     return {"cache_n": usage.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
             "predicted_n": usage.completion_tokens, "predicted_ms": predicted_ms,
