@@ -93,6 +93,8 @@ def _args(self):
         args += ["--max_concurrency", self.n_slots]
     if not self.server_slots and SERVER == "ours":
         args += ["--slots", "false"]  # llama-server's --no-slots, which the suite passes unless server_slots
+    if not self.server_metrics and SERVER == "ours":
+        args += ["--metrics", "false"]  # llama-server serves /metrics only with --metrics
     return [str(a) for a in args]
 
 
