@@ -36,7 +36,19 @@ def anthropic_error(server, body: dict) -> str:
 def test_responses_context_errors_name_max_output_tokens(server):
     error = openai_error(server, "/v1/responses", {"input": "hi", "max_output_tokens": 100_000})
     assert "max_output_tokens (100000)" in error["message"] and "max_tokens" not in error["message"], error
-    assert error["code"] == "context_length_exceeded"
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "context_length_exceeded",
+                                                              "input"), error
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": ASK}, "messages"),
+    ("/v1/completions", {"prompt": "weather?"}, "prompt"),
+])
+def test_a_prompt_over_the_context_is_openais_context_length_exceeded(server, path, body, param):
+    """OpenAI's answer: an invalid_request_error with code context_length_exceeded and the prompt's field."""
+    error = openai_error(server, path, {"model": "hermes", "max_tokens": 100_000, **body})
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "context_length_exceeded",
+                                                              param), error
 
 
 @pytest.mark.parametrize("body, said", [

@@ -30,21 +30,25 @@ async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
         raise renamed(error, fields) from None
 
 
+# Chat fields renamed whole only: the chat request's messages are not the client's items one for one
+# (the Responses API's instructions come first), so `messages.2` names no input item.
+_WHOLE_ONLY = frozenset({"messages"})
+
+
 def renamed(error: RequestError, fields: Mapping[str, str]) -> RequestError:
-    """`error` with its chat field as the client named it: the start of its param and of its
-    message, or, in the message of an error without a param (the engine's "prompt (N tokens) +
-    max_tokens (M)"), where the field's value follows it in parentheses."""
-    chat_field = next((f for f in fields if error.param is not None
-                       and (error.param == f or error.param.startswith(f + "."))), None)
-    if chat_field is None and error.param is None:
-        said = next((f for f in fields if f"{f} (" in error.message), None)
-        if said is not None:
-            message = error.message.replace(f"{said} (", f"{fields[said]} (")
-            return RequestError(error.status, message, error.type, None, error.code, error.counted)
-    if chat_field is None:
+    """`error` with its chat fields as the client named them: the param and the start of the
+    message (`response_format.schema` -> `text.format.schema`), and each field the message shows
+    with its value in parentheses (the engine's "prompt (N tokens) + max_tokens (M)")."""
+    param, message = error.param, error.message
+    chat_field = next((f for f in fields if param is not None and (
+        param == f or f not in _WHOLE_ONLY and param.startswith(f + "."))), None)
+    if chat_field is not None:
+        assert param is not None
+        ours = fields[chat_field]
+        param = ours + param[len(chat_field):]
+        message = ours + message[len(chat_field):] if message.startswith(chat_field) else message
+    for said, ours in fields.items():
+        message = message.replace(f"{said} (", f"{ours} (")
+    if (param, message) == (error.param, error.message):
         return error
-    assert error.param is not None
-    ours = fields[chat_field]
-    message = ours + error.message[len(chat_field):] if error.message.startswith(chat_field) else error.message
-    return RequestError(error.status, message, error.type, ours + error.param[len(chat_field):], error.code,
-                        error.counted)
+    return RequestError(error.status, message, error.type, param, error.code, error.counted)

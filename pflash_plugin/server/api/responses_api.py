@@ -24,7 +24,8 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI Responses"], responses
 async def create_response(http: Request, body: ResponsesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     chat = await run_in_threadpool(_converted, ctx.models.get(body.model), body)  # off the event loop
     return await answer(http, ctx, chat, lambda generation: ResponsesPresenter(generation, body),
-                        {"response_format": "text.format", "max_tokens": "max_output_tokens"})
+                        {"response_format": "text.format", "max_tokens": "max_output_tokens",
+                         "messages": "input"})
 
 
 def _converted(served: ServedModel, body: ResponsesRequest) -> ChatCompletionRequest:

@@ -63,7 +63,7 @@ async def _answer(scope: Scope, receive: Receive, send: Send, start: Message | N
     """A 503 if no answer had started; an error event and the end of an SSE stream that had (any
     other answer under way is left as it is: the server closes its connection)."""
     event = ErrorEvent(ErrorKind.UNAVAILABLE, CUT)
-    status, kind = http_of(event.kind)
+    status, kind, code = http_of(event.kind)
     presenter = scope.get("state", {}).get("presenter")
     if start is None:
         if presenter is not None:
@@ -71,7 +71,7 @@ async def _answer(scope: Scope, receive: Receive, send: Send, start: Message | N
         elif under_messages(route_path(scope)):  # still being prepared: no presenter yet, but its API is known
             response = JSONResponse(anthropic_error(status, CUT), status)
         else:
-            response = error_response(status, CUT, kind, code=kind)
+            response = error_response(status, CUT, kind, code=code)
         await response(scope, receive, send)
         return
     if b"text/event-stream" not in dict(start.get("headers", [])).get(b"content-type", b""):

@@ -105,7 +105,7 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
 
         request.sink, request.flush = sink, mailbox.wake
     try:
-        await ctx.submit(gen.served, gen.requests)
+        await ctx.submit(gen.served, gen.requests, "messages" if gen.object == "chat.completion" else "prompt")
     except RequestError:
         gen.done.update(range(len(gen.requests)))  # refused, all of them: nothing to cancel
         raise

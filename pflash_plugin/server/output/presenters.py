@@ -86,8 +86,8 @@ class ChatPresenter:
         return [*tail, {"data": "[DONE]"}]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
-        kind = http_of(event.kind).type
-        return [sse(error_body(event.message, kind, code=kind))]
+        http = http_of(event.kind)
+        return [sse(error_body(event.message, http.type, code=http.code))]
 
     def body(self, finals: list[dict], ends: list[FinishEvent], usage: Totals) -> dict:
         return envelope(self.gen.rid, self.gen.object, self.gen.served.name, finals, self._usage(usage))
@@ -98,5 +98,5 @@ class ChatPresenter:
 
 def openai_error(event: ErrorEvent) -> JSONResponse:
     """A failed request's answer in OpenAI's error shape."""
-    status, kind = http_of(event.kind)
-    return error_response(status, event.message, kind, code=kind)
+    status, kind, code = http_of(event.kind)
+    return error_response(status, event.message, kind, code=code)

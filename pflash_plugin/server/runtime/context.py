@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 
+from ...engine.request import ErrorKind
 from ...engine.request import Request as EngineRequest
 from ...engine.scheduler import AdmissionError
 from ..config.settings import ServerSettings
@@ -31,22 +32,23 @@ class ServerContext:
         threads = settings.tokenizer_threads or max(1, (os.cpu_count() or 1) // 8)
         return cls(settings, models, metrics, TokenizerPool(threads, settings.tokenizer_queue))
 
-    async def submit(self, served: ServedModel, requests: list[EngineRequest]) -> None:
+    async def submit(self, served: ServedModel, requests: list[EngineRequest], prompt_field: str) -> None:
         """Hand a client's requests (its n choices) to their model's engine and wait for the engine
         thread's answer, so that a refusal (400, 429, 503) is a RequestError before any byte of
-        the response, streamed or not."""
+        the response, streamed or not. A prompt too long names `prompt_field` (the client's
+        `messages` or `prompt`), as OpenAI's context_length_exceeded does."""
         try:
             await asyncio.wrap_future(served.engine.submit(*requests))
         except AdmissionError as error:
             # more choices than slots + queue: the client's `n` (times its prompts) asked for them
             param = "n" if len(requests) > served.engine.scheduler.limits.capacity else None
-            raise self.refusal(served, error, param) from None
+            raise self.refusal(served, error, prompt_field if error.kind is ErrorKind.TOO_LONG else param) from None
 
     def refusal(self, served: ServedModel, error: AdmissionError, param: str | None = None) -> RequestError:
         """A model's refusal (too long, busy, unavailable...) as the client's error, counted in /metrics."""
-        status, kind = http_of(error.kind)
+        status, kind, code = http_of(error.kind)
         self.metrics.errors.labels(served.name, str(status)).inc()
-        return RequestError(status, error.message, kind, param=param, code=kind, counted=True)
+        return RequestError(status, error.message, kind, param=param, code=code, counted=True)
 
     def close(self) -> None:
         self.tokenizer.close()

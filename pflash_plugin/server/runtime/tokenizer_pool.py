@@ -33,9 +33,9 @@ class TokenizerPool:
         """`work(*args)` on the pool's threads; a RequestError 429 when the pool is full."""
         with self._lock:
             if self._held >= self.workers + self.max_queue:
-                status, kind = http_of(ErrorKind.BUSY)
+                status, kind, code = http_of(ErrorKind.BUSY)
                 raise RequestError(status, f"the tokenizer is busy ({self.workers} running, {self.max_queue} "
-                                   "waiting): retry later", kind, code=kind)
+                                   "waiting): retry later", kind, code=code)
             self._held += 1
         future = self._executor.submit(work, *args)
         future.add_done_callback(self._release)  # also when cancelled before it ran

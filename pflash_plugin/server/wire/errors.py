@@ -34,18 +34,20 @@ def route_path(scope: Scope) -> str:
 
 class HttpError(NamedTuple):
     status: int
-    type: str  # OpenAI's error type (also its `code`); Anthropic's follows from the status
+    type: str  # OpenAI's error type; Anthropic's follows from the status
+    code: str  # OpenAI's error code
 
 
 # The one place where the engine's reasons (a refusal, a request that failed) become HTTP: every
-# route, presenter, metric label and the shutdown cut read them here.
+# route, presenter, metric label and the shutdown cut read them here. A prompt over the context is
+# OpenAI's invalid_request_error with code context_length_exceeded.
 _HTTP: dict[ErrorKind, HttpError] = {
-    ErrorKind.INVALID: HttpError(400, "invalid_request_error"),
-    ErrorKind.TOO_LONG: HttpError(400, "context_length_exceeded"),
-    ErrorKind.BUSY: HttpError(429, "rate_limit_exceeded"),
-    ErrorKind.UNAVAILABLE: HttpError(503, "service_unavailable"),
-    ErrorKind.FAILED: HttpError(500, "server_error"),
-    ErrorKind.MODEL_FAILED: HttpError(503, "server_error"),
+    ErrorKind.INVALID: HttpError(400, "invalid_request_error", "invalid_request_error"),
+    ErrorKind.TOO_LONG: HttpError(400, "invalid_request_error", "context_length_exceeded"),
+    ErrorKind.BUSY: HttpError(429, "rate_limit_exceeded", "rate_limit_exceeded"),
+    ErrorKind.UNAVAILABLE: HttpError(503, "service_unavailable", "service_unavailable"),
+    ErrorKind.FAILED: HttpError(500, "server_error", "server_error"),
+    ErrorKind.MODEL_FAILED: HttpError(503, "server_error", "server_error"),
 }
 
 
