@@ -56,13 +56,31 @@ def test_text_whole_and_streamed_agree_in_shape_and_count(sdk):
     assert final.output[0].id == events[2].item.id and final.usage.output_tokens == 6
 
 
+def test_the_item_cut_by_max_output_tokens_is_incomplete_whole_and_streamed(sdk):
+    """OpenAI marks the item being written when max_output_tokens ran out `incomplete`, as the response
+    is, with its text so far; a finished item stays `completed` (the forced call below)."""
+    whole = sdk.responses.create(model="hermes", input="Hello there", max_output_tokens=4, temperature=0)
+    [item] = whole.output
+    assert whole.status == item.status == "incomplete" and item.content[0].text == whole.output_text != ""
+
+    events = list(sdk.responses.create(model="hermes", input="Hello there", max_output_tokens=4, temperature=0,
+                                       stream=True))
+    [added] = [e.item for e in events if e.type == "response.output_item.added"]
+    [done] = [e.item for e in events if e.type == "response.output_item.done"]
+    final = events[-1].response
+    assert (added.status, done.status, final.status, final.output[0].status) == ("in_progress", "incomplete",
+                                                                                  "incomplete", "incomplete")
+    assert done.content[0].text == final.output_text == whole.output_text
+
+
 @pytest.mark.parametrize("choice", [{"type": "function", "name": "get_weather"}, "required"])
 def test_a_forced_function_call_is_an_output_item_whole_and_streamed(sdk, choice):
     whole = sdk.responses.create(model="hermes", input="Weather in Paris?", tools=[TOOL], tool_choice=choice,
                                  max_output_tokens=200, temperature=1.0)
     assert whole.status == "completed"
     [call] = whole.output
-    assert call.type == "function_call" and call.name == "get_weather" and call.call_id and call.id.startswith("fc_")
+    assert call.status == "completed" and call.type == "function_call" and call.name == "get_weather"
+    assert call.call_id and call.id.startswith("fc_")
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
     with sdk.responses.stream(model="hermes", input="Weather in Paris?", tools=[TOOL], tool_choice=choice,

@@ -33,11 +33,13 @@ class ResponsesPresenter:
         self.item_ids: dict[int, str] = {}
         self.sequence = 0
         self.finish_reason = "stop"
+        self.ending = False  # in finish(): the blocks closed now were open when the answer ended
+        self.closed: dict[int, str] = {}  # each streamed item's status at its output_item.done
 
     # ---- shapes shared by the stream and the body ---------------------------------------------
     def _item(self, block: Block, status: str) -> dict[str, Any]:
         item_id = self.item_ids.setdefault(block.position, _id(_PREFIX[block.kind]))
-        done = status == "completed"
+        done = status != "in_progress"  # completed, or incomplete: cut by max_output_tokens, its text so far
         if block.kind == "text":
             return {"type": "message", "id": item_id, "status": status, "role": "assistant",
                     "content": [_part(block.text)] if done else []}
@@ -45,7 +47,7 @@ class ResponsesPresenter:
             return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
                     "content": [_part(block.text, "reasoning_text")] if done else []}
         return {"type": "function_call", "id": item_id, "call_id": block.call_id, "name": block.name,
-                "arguments": block.text if status == "completed" else "", "status": status}
+                "arguments": block.text if done else "", "status": status}
 
     def _response(self, status: str, output: list[dict], used: Totals | None) -> dict[str, Any]:
         body = self.request
@@ -68,6 +70,11 @@ class ResponsesPresenter:
 
     def _status(self) -> str:
         return "incomplete" if self.finish_reason == "length" else "completed"
+
+    def _closing_status(self) -> str:
+        """An item closed at an answer cut by max_output_tokens is incomplete (as OpenAI marks it);
+        any other closed item is completed."""
+        return "incomplete" if self.ending and self._status() == "incomplete" else "completed"
 
     # ---- the stream ---------------------------------------------------------------------------
     def _event(self, kind: str, **fields: Any) -> Sse:
@@ -100,7 +107,8 @@ class ResponsesPresenter:
         else:
             closing = [self._event("response.function_call_arguments.done", **where, name=block.name,
                                    arguments=block.text)]
-        done = self._event("response.output_item.done", output_index=at, item=self._item(block, "completed"))
+        status = self.closed[at] = self._closing_status()
+        done = self._event("response.output_item.done", output_index=at, item=self._item(block, status))
         return [*closing, done]
 
     def head(self) -> list[Sse]:
@@ -114,22 +122,24 @@ class ResponsesPresenter:
 
     def finish(self, index: int, event: FinishEvent) -> list[Sse]:
         events, reason = self.blocks.end(chat_choice(self.gen.choices[index]), event.reason)
-        self.finish_reason = reason
+        self.finish_reason, self.ending = reason, True
         return [item for e in events for item in self._rendered(e)]
 
     def done(self, used: Totals) -> list[Sse]:
-        output = [self._item(block, "completed") for block in self.blocks.blocks]
+        output = [self._item(block, self.closed.get(block.position, "completed")) for block in self.blocks.blocks]
         status = self._status()
         return [self._event(f"response.{status}", response=self._response(status, output, used))]
 
     def stream_error(self, event: ErrorEvent) -> list[Sse]:
-        return [self._event("error", code=http_of(event.kind).type, message=event.message, param=None)]
+        return [self._event("error", code=http_of(event.kind).code, message=event.message, param=None)]
 
     # ---- the whole body -----------------------------------------------------------------------
     def body(self, finals: list[dict], ends: list[FinishEvent], used: Totals) -> dict:
         answer = chat_choice(self.gen.choices[0]).finished(ends[0].reason)
         self.finish_reason = answer.finish_reason
-        output = [self._item(block, "completed") for block in blocks_of(answer)]
+        blocks = blocks_of(answer)
+        cut = len(blocks) - 1 if self._status() == "incomplete" else None  # the last item: the one being written
+        output = [self._item(block, "incomplete" if i == cut else "completed") for i, block in enumerate(blocks)]
         return self._response(self._status(), output, used)
 
     def error(self, event: ErrorEvent) -> JSONResponse:
