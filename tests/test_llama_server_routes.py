@@ -10,6 +10,7 @@ import time
 import pytest
 
 from pflash_plugin.llama import Model
+from pflash_plugin.llama.tiny_gguf import write_tiny_lora
 from pflash_plugin.testing import cached_tiny_llama
 
 from conftest import live_server
@@ -222,6 +223,32 @@ def test_metrics_can_be_turned_off():
     model = {"model": str(cached_tiny_llama()), "n_ctx": 256, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model], metrics=False) as running, running.client() as client:
         assert client.get("/metrics").status_code == 501
+
+
+def test_lora_adapters_are_the_servers(tmp_path):
+    """GET /lora-adapters lists the adapter; its scales are the server's: POST and a request's
+    `lora` (llama-server's [{id, scale}], the unlisted 0) pass where they leave them as they are,
+    and are a 400 saying so where they would change them (one batch carries every request here)."""
+    lora = str(write_tiny_lora(tmp_path / "lora.gguf"))
+    model = {"model": str(cached_tiny_llama(chat_template=TEMPLATE)), "lora_path": lora, "n_ctx": 256,
+             "n_threads": 1, "n_threads_batch": 1}
+    with live_server([model]) as running, running.client() as client:
+        listed = client.get("/lora-adapters").json()
+        assert listed == [{"id": 0, "path": lora, "scale": 1.0, "task_name": "", "prompt_prefix": ""}]
+        assert client.post("/lora-adapters", json=[{"id": 0, "scale": 1.0}]).json() == {"success": True}
+        for scales in ([{"id": 0, "scale": 0.5}], []):  # [] sets every adapter to 0
+            changed = client.post("/lora-adapters", json=scales)
+            assert changed.status_code == 400 and changed.json()["error"]["code"] == 400
+            assert "--lora_path" in changed.json()["error"]["message"]
+        same = {"prompt": "Hello", "n_predict": 2, "lora": [{"id": 0, "scale": 1}]}
+        assert client.post("/completion", json=same).status_code == 200
+        assert client.post("/completion", json={**same, "lora": []}).status_code == 200  # []: the server's
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        for path, body in (("/completion", same), ("/v1/completions", same), ("/v1/chat/completions", chat)):
+            other = client.post(path, json={**body, "lora": [{"id": 0, "scale": 0.0}]})
+            assert other.status_code == 400 and other.json()["error"]["param"] == "lora"
+        unknown = client.post("/completion", json={**same, "lora": [{"id": 3, "scale": 1.0}]})
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "lora.0.id"
 
 
 def _post_get_text(server, path: str) -> str:

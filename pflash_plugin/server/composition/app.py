@@ -20,6 +20,7 @@ from ..api.anthropic_api import router as anthropic_router
 from ..api.completion_api import router as completion_router
 from ..api.extras_api import extras, operations
 from ..api.infill_api import router as infill_router
+from ..api.lora_api import router as lora_router
 from ..api.native_extras_api import router as native_extras_router
 from ..api.openai_api import router as openai_router
 from ..api.responses_api import router as responses_router
@@ -34,7 +35,7 @@ from ..wire.errors import http_error
 from .shutdown import drain_on_signal
 
 ROUTERS = (openai_router, responses_router, anthropic_router, infill_router, completion_router, native_extras_router,
-           slots_router, extras, operations)
+           slots_router, lora_router, extras, operations)
 
 
 def create_app(

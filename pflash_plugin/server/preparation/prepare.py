@@ -36,6 +36,7 @@ from ..wire.protocol import (
 from ..wire.responses import ChatChoice, CompletionChoice, new_id
 from .constraint import Constrained, constrained
 from .fim import completion_prompts, wants_fim
+from .lora import refuse_request_scales
 from .media import media_tokens
 from .schema_bounds import schema_grammar
 from .tool_requests import ToolRequest, plain_history
@@ -84,6 +85,7 @@ def _completion_prompts(served: ServedModel, body: CompletionRequest) -> list[tu
 
 def prepare_completion(served: ServedModel, body: CompletionRequest, fill_in: bool = False) -> Generation:
     """`fill_in`: the token-id prompt is a FIM prompt already (/infill's); a `suffix` makes one."""
+    refuse_request_scales(served, body.lora)
     n_prompts = count_prompts(body.prompt)  # before tokenizing: 10,000 prompts of 500 characters, +60 MB
     if n_prompts * (body.n or 1) > MAX_N:
         raise RequestError(400, f"{n_prompts} prompts x n={body.n} is over {MAX_N} choices", param="n")
@@ -220,6 +222,7 @@ def chat_prompt(served: ServedModel, body: ChatCompletionRequest) -> tuple[ToolR
 
 
 def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation:
+    refuse_request_scales(served, body.lora)
     tools, rendered = chat_prompt(served, body)
     grammar = _chat_grammar(served, body, tools, rendered)
     top = (body.top_logprobs or 0) if body.logprobs else None

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple, TypeVar, Union
 from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
 
 from ...engine.request import TokenOutput
-from .protocol import MAX_LOGPROBS, CompletionRequest, RequestError
+from .protocol import MAX_LOGPROBS, CompletionRequest, LoraScale, RequestError
 from .responses import CompletionChoice, Piece, chat_logprobs
 
 Mixed = Union[str, List[Union[StrictInt, str]]]  # text, or texts and token ids (llama-server's tokenize_mixed)
@@ -44,6 +44,8 @@ class NativeSampling(BaseModel):
     id_slot: int = -1
     t_max_prompt_ms: int = -1
     samplers: Optional[List[str]] = None
+    lora: Optional[List[LoraScale]] = Field(default=None, description="Per-request LoRA scales: only the server's "
+                                            "are served (a 400 for others).")
 
     def checked(self: Body) -> Body:
         """The body, or a 400 for a field this server cannot answer as llama-server does."""
@@ -59,7 +61,7 @@ class NativeSampling(BaseModel):
         """The request as /v1/completions of the prompt's tokens (and `more` of its fields)."""
         fields: dict[str, Any] = {name: getattr(self, name) for name in (
             "model", "temperature", "top_k", "top_p", "min_p", "typical_p", "stop", "repeat_penalty",
-            "presence_penalty", "frequency_penalty", "grammar", "stream")}
+            "presence_penalty", "frequency_penalty", "grammar", "stream", "lora")}
         fields["seed"] = None if self.seed is None or self.seed == -1 else self.seed
         fields["max_tokens"] = None if self.n_predict is None or self.n_predict < 0 else self.n_predict
         fields["logprobs"] = self.n_probs or None

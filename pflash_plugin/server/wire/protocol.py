@@ -9,7 +9,7 @@ from llama_cpp.llama_types import ChatCompletionMessageToolCalls, ChatCompletion
 from llama_cpp.server.types import CreateChatCompletionRequest as StockChatRequest
 from llama_cpp.server.types import CreateCompletionRequest as StockCompletionRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
-from pydantic import field_validator, model_validator
+from pydantic import StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from typing_extensions import NotRequired, TypedDict
 
@@ -48,6 +48,13 @@ class NullIsDefault(BaseModel):
         return data
 
 
+class LoraScale(BaseModel):
+    """One entry of llama-server's LoRA scale lists (wire/lora.py)."""
+
+    id: StrictInt
+    scale: float = 0.0
+
+
 class _Extensions(NullIsDefault):
     stream_options: Optional[StreamOptions] = None
     typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -56,6 +63,8 @@ class _Extensions(NullIsDefault):
                           "with a lower value takes a free slot first (ties in arrival order); otherwise ignored.")
     speculative: bool = Field(default=True, description="False: no speculative decoding for this request (where the "
                               "server speculates: --draft_model); the text is the same either way for greedy requests.")
+    lora: Optional[List[LoraScale]] = Field(default=None, description="llama-server's per-request LoRA scales "
+                                            "([{id, scale}], the unlisted 0): only the server's own are served here.")
 
 
 @functools.cache
