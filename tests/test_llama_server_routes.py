@@ -236,6 +236,8 @@ def test_lora_adapters_are_the_servers(tmp_path):
         listed = client.get("/lora-adapters").json()
         assert listed == [{"id": 0, "path": lora, "scale": 1.0, "task_name": "", "prompt_prefix": ""}]
         assert client.post("/lora-adapters", json=[{"id": 0, "scale": 1.0}]).json() == {"success": True}
+        assert "array" in client.post("/lora-adapters", json={"id": 0}).json()["error"]["message"]
+        assert client.post("/lora-adapters", json=[{"id": "x"}]).json()["error"]["param"] == "0.id"
         for scales in ([{"id": 0, "scale": 0.5}], []):  # [] sets every adapter to 0
             changed = client.post("/lora-adapters", json=scales)
             assert changed.status_code == 400 and changed.json()["error"]["code"] == 400

@@ -4,14 +4,14 @@ scales as they are, a 400 saying why otherwise (preparation/lora.py: they are th
 start, here)."""
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from fastapi import APIRouter, Body, Depends
 
 from ..preparation.lora import adapters, refuse_other_scales
 from ..runtime.context import ServerContext, get_context
 from ..wire.native_errors import NativeRoute
-from ..wire.protocol import LoraScale
+from ..wire.lora import scale_list
 from ..wire.responses import ERROR_RESPONSES
 
 router = APIRouter(route_class=NativeRoute, tags=["llama-server"], responses=ERROR_RESPONSES)
@@ -23,6 +23,6 @@ async def lora_adapters(ctx: ServerContext = Depends(get_context)) -> Any:
 
 
 @router.post("/lora-adapters")
-async def set_lora_adapters(scales: List[LoraScale] = Body(...), ctx: ServerContext = Depends(get_context)) -> Any:
-    refuse_other_scales(ctx.models.default, scales, "body")
+async def set_lora_adapters(body: Any = Body(...), ctx: ServerContext = Depends(get_context)) -> Any:
+    refuse_other_scales(ctx.models.default, scale_list(body), "body")
     return {"success": True}

@@ -4,9 +4,25 @@ adapter gets its scale, every other one 0."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, List, Sequence
+
+from pydantic import TypeAdapter, ValidationError
 
 from .protocol import LoraScale, RequestError
+
+_SCALES = TypeAdapter(List[LoraScale])
+
+
+def scale_list(body: Any) -> list[LoraScale]:
+    """POST /lora-adapters' body: an array of {id, scale} (llama-server refuses anything else too)."""
+    if not isinstance(body, list):
+        raise RequestError(400, 'the body must be an array of {"id", "scale"} objects')
+    try:
+        return _SCALES.validate_python(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RequestError(400, f"{where}: {first['msg']}", param=where) from None
 
 
 def asked_scales(entries: Sequence[LoraScale], loaded: int, param: str) -> list[float]:
