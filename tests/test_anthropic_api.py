@@ -144,6 +144,20 @@ def test_a_stream_left_early_frees_its_slot(server):
     assert server.status("hermes")["running"] == 0
 
 
+def test_a_plain_text_document_is_read_as_its_text(sdk):
+    """Anthropic's document block with a `text` or `content` source: the model reads its text (with
+    its title first), as if sent as text blocks."""
+    text = "The bridge opens at dawn."
+    as_text = [{"role": "user", "content": [{"type": "text", "text": "Report"}, {"type": "text", "text": text}]}]
+    sources = [{"type": "text", "media_type": "text/plain", "data": text},
+               {"type": "content", "content": [{"type": "text", "text": text}]}]
+    expected = sdk.messages.count_tokens(model="hermes", messages=as_text).input_tokens
+    for source in sources:
+        doc = [{"role": "user", "content": [{"type": "document", "title": "Report", "source": source}]}]
+        assert sdk.messages.count_tokens(model="hermes", messages=doc).input_tokens == expected, source
+        assert sdk.messages.create(model="hermes", max_tokens=2, messages=doc).usage.output_tokens == 2
+
+
 @pytest.mark.parametrize("body, status, kind, words", [
     ({"messages": ASK}, 400, "invalid_request_error", "max_tokens"),
     ({"max_tokens": 4, "messages": []}, 400, "invalid_request_error", "messages"),
@@ -159,6 +173,15 @@ def test_a_stream_left_early_frees_its_slot(server):
     ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
      400, "invalid_request_error", "tool_use_id"),
     ({"model": "nope", "max_tokens": 4, "messages": ASK}, 404, "not_found_error", "nope"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "document", "source": {
+        "type": "base64", "media_type": "application/pdf", "data": "AA=="}}]}]},
+     400, "invalid_request_error", "messages.0.content.0.source: a base64 document (a PDF) is not read"),
+    # a block after a tool_result is named by its index in the client's content (not among the text blocks)
+    ({"max_tokens": 4, "tools": [TOOL], "messages": [*ASK, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                                     {"type": "mystery"}]}]},
+     400, "invalid_request_error", "messages.2.content.1: a block of type 'mystery'"),
     ({"max_tokens": 4, "messages": ASK, "output_config": {"format": {"type": "json_schema", "schema": {
         "type": "array", "items": {"type": "integer"}, "minItems": 10_000_000}}}},
      400, "invalid_request_error", "output_config.format: minItems"),

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...chat.switches import template_kwargs
-from .chat_request import as_chat, chat_tool, content_with_media
+from .chat_request import as_chat, chat_tool, content_with_media, joined_text
 from .media_parts import MediaSource, anthropic_source
 from .protocol import ChatCompletionRequest, NullIsDefault, PflashOverride, RequestError
 
@@ -108,20 +108,52 @@ class MessagesRequest(CountTokensRequest):
 
 
 def _text(content: str | list[ContentBlock] | None, field: str, at: list[int] | None = None) -> str | list[Any]:
-    """Text blocks joined by newlines, or chat content parts where image blocks are among them
-    (each a MediaPart, its source named by the client's field); any other block is refused, naming
-    its field. `at`: each block's index in the client's content (default: its own)."""
+    """Text blocks (and plain-text documents) joined by newlines, or chat content parts where image
+    blocks are among them (each a MediaPart, its source named by the client's field); any other
+    block is refused, naming its field. `at`: each block's index in the client's content (default:
+    its own)."""
     if content is None or isinstance(content, str):
         return content or ""
     blocks = content
+    names = list(range(len(blocks)) if at is None else at)
 
     def media(k: int, where: str) -> MediaSource | None:
         block = blocks[k]
         if block.type != "image":
             return None
-        return anthropic_source((block.model_extra or {}).get("source"), where if at is None else f"{field}.{at[k]}")
+        return anthropic_source((block.model_extra or {}).get("source"), where)
 
-    return content_with_media([(block.type, block.text) for block in blocks], field, ("text",), "block", media)
+    parts = [("text", _document(block, f"{field}.{k}")) if block.type == "document" else (block.type, block.text)
+             for k, block in zip(names, blocks)]
+    return content_with_media(parts, field, ("text",), "block", media, names)
+
+
+def _document(block: ContentBlock, where: str) -> str:
+    """A document block's text: its title (if any) on the first line, then a `text` source's data or
+    a `content` source's text blocks; a PDF (base64, url or file source) is refused: it is not read here."""
+    source = (block.model_extra or {}).get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text" and isinstance(source, dict) and isinstance(source.get("data"), str):
+        text = source["data"]
+    elif kind == "content" and isinstance(source, dict):
+        text = _document_content(source.get("content"), f"{where}.source.content")
+    elif kind in ("base64", "url", "file"):
+        raise RequestError(400, f"{where}.source: a {kind} document (a PDF) is not read by this server: send its "
+                           "text (source type 'text' or 'content')", param=f"{where}.source.type")
+    else:
+        raise RequestError(400, f"{where}.source: a document needs a source of type 'text' (with a string "
+                           "'data') or 'content'", param=f"{where}.source")
+    title = (block.model_extra or {}).get("title")
+    return f"{title}\n{text}" if isinstance(title, str) and title else text
+
+
+def _document_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(400, f"{where}: a string or a list of text blocks", param=where)
+    pairs = [(b.get("type"), b.get("text")) if isinstance(b, dict) else (None, None) for b in content]
+    return joined_text(pairs, where, ("text",), "block")
 
 
 def _call(block: ContentBlock, field: str) -> dict[str, Any]:

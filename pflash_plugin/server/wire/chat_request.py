@@ -11,10 +11,13 @@ from .media_parts import MediaPart, MediaSource
 from .protocol import ChatCompletionRequest, RequestError
 
 
-def joined_text(parts: Sequence[tuple[Any, Any]], field: str, accepted: tuple[str, ...], noun: str) -> str:
+def joined_text(parts: Sequence[tuple[Any, Any]], field: str, accepted: tuple[str, ...], noun: str,
+                at: Sequence[int] | None = None) -> str:
     """Text parts, as (type, text) pairs, joined by newlines (chat templates render a string); a part
-    of another type, or without text, is refused naming its field and the first accepted type."""
-    return "\n".join(_part_text(kind, text, f"{field}.{j}", accepted, noun) for j, (kind, text) in enumerate(parts))
+    of another type, or without text, is refused naming its field and the first accepted type.
+    `at`: each part's index in the client's list (default: its own)."""
+    names = range(len(parts)) if at is None else at
+    return "\n".join(_part_text(kind, text, f"{field}.{k}", accepted, noun) for k, (kind, text) in zip(names, parts))
 
 
 def _part_text(kind: Any, text: Any, where: str, accepted: tuple[str, ...], noun: str) -> str:
@@ -27,15 +30,17 @@ def _part_text(kind: Any, text: Any, where: str, accepted: tuple[str, ...], noun
 
 
 def content_with_media(parts: Sequence[tuple[Any, Any]], field: str, accepted: tuple[str, ...], noun: str,
-                       media: Callable[[int, str], MediaSource | None]) -> str | list[Any]:
+                       media: Callable[[int, str], MediaSource | None],
+                       at: Sequence[int] | None = None) -> str | list[Any]:
     """`joined_text`, where no part is media (`media(j, where)` gives a part's source, else None);
     otherwise the parts as chat content: text parts, and each media part a MediaPart holding its
-    source (wire/chat_content.py puts the marker where it was)."""
-    sources = [media(j, f"{field}.{j}") for j in range(len(parts))]
+    source (wire/chat_content.py puts the marker where it was). `at`: as joined_text's."""
+    names = list(range(len(parts)) if at is None else at)
+    sources = [media(j, f"{field}.{names[j]}") for j in range(len(parts))]
     if not any(sources):
-        return joined_text(parts, field, accepted, noun)
+        return joined_text(parts, field, accepted, noun, names)
     return [MediaPart(type="media", source=source) if source is not None
-            else {"type": "text", "text": _part_text(kind, text, f"{field}.{j}", accepted, noun)}
+            else {"type": "text", "text": _part_text(kind, text, f"{field}.{names[j]}", accepted, noun)}
             for j, ((kind, text), source) in enumerate(zip(parts, sources))]
 
 
