@@ -11,11 +11,11 @@ plugin written beside it. The plugin:
   our `--max_concurrency`) and waiting for `GET /v1/models`;
 - sends the OpenAI routes that llama-server also serves without `/v1` (`/chat/completions`,
   `/completions`, `/embeddings`, `/models`, `/responses`) to their `/v1` paths, as the Python
-  servers serve them only there. llama-server's own routes (`/completion`, `/props`, `/slots`,
-  `/tokenize`, `/v1/messages`, ...) are left as they are, and fail on both.
+  servers serve them only there. Other routes (llama-server's `/completion`, `/props`, `/slots`,
+  `/tokenize`, ..., Anthropic's `/v1/messages`) are left as they are: stock serves none of them.
 
-Every test file runs in its own pytest process under a wall-clock limit (the suite's streaming
-requests have no timeout). Prints pass/fail counts per file and the tests that stock passes and
+Every test file runs in its own pytest process, its server on a free port, under a wall-clock limit
+(the suite's streaming requests have no timeout). Prints pass/fail counts per file and the tests that stock passes and
 ours fails.
 
     python bench/llama_server_suite.py                 # both servers, every test file
