@@ -51,6 +51,22 @@ def test_a_prompt_over_the_context_is_openais_context_length_exceeded(server, pa
                                                               param), error
 
 
+HUGE_TEXT = "x" * 100_000  # over max_ctx (2048) x the longest piece (12 characters) whatever its tokens
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": HUGE_TEXT}]}, "messages"),
+    ("/v1/completions", {"prompt": HUGE_TEXT}, "prompt"),
+    ("/v1/responses", {"input": HUGE_TEXT}, "input"),
+])
+def test_a_text_too_long_to_tokenize_is_context_length_exceeded_too(server, path, body, param):
+    """Refused before it is tokenized (runtime/text_limits.py), with the code admission gives."""
+    error = openai_error(server, path, {"model": "hermes", **body})
+    assert "characters are over max_ctx" in error["message"], error
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "context_length_exceeded",
+                                                              param), error
+
+
 @pytest.mark.parametrize("body, said", [
     ({"messages": ASK, "tool_choice": {"type": "any"}}, "tool_choice: type 'any' needs tools"),
     ({"messages": ASK, "tools": [{"name": "w", "input_schema": WEATHER}], "tool_choice": {"type": "any"},

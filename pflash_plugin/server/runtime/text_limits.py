@@ -13,8 +13,17 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ...engine.request import ErrorKind
 from ...llama import Model
+from ..wire.errors import http_of
 from ..wire.protocol import RequestError
+
+
+def _too_long(message: str, param: str) -> RequestError:
+    """Over max_ctx: the 400 the engine's admission gives a prompt too long (OpenAI's
+    invalid_request_error, code context_length_exceeded), found before the prompt is tokenized."""
+    status, kind, code = http_of(ErrorKind.TOO_LONG)
+    return RequestError(status, message, kind, param, code)
 
 
 class TextLimit:
@@ -47,25 +56,27 @@ class TextLimit:
         """A 400 for more messages (or tool calls and results) than max_ctx tokens: a template
         writes each one in at least a token of its own (a role marker, a result's tags)."""
         if count > self.max_tokens:
-            raise RequestError(400, f"{param}: {count:,} {what} are over max_ctx ({self.max_tokens:,} tokens): each "
-                               "one takes at least a token of the prompt", param=param)
+            raise _too_long(f"{param}: {count:,} {what} are over max_ctx ({self.max_tokens:,} tokens): each "
+                            "one takes at least a token of the prompt", param)
 
     def _check_chars(self, chars: int, param: str, max_tokens: int) -> None:
         if chars <= max_tokens:  # every token holds at least one character
             return
         most = max_tokens * self.longest_piece()
         if chars > most:
-            raise RequestError(400, f"{param}: {chars:,} characters are over {self._limit(max_tokens)} whatever they "
-                               f"are: a token of this model holds at most {self.longest_piece()} characters, so "
-                               f"{most:,} characters at most", param=param)
+            message = (f"{param}: {chars:,} characters are over {self._limit(max_tokens)} whatever they are: a "
+                       f"token of this model holds at most {self.longest_piece()} characters, so {most:,} "
+                       "characters at most")
+            if max_tokens == self.max_tokens:
+                raise _too_long(message, param)
+            raise RequestError(400, message, param=param)  # another field's own limit (pflash.query)
 
     def _limit(self, max_tokens: int) -> str:
         return f"max_ctx ({max_tokens:,} tokens)" if max_tokens == self.max_tokens else f"{max_tokens:,} tokens"
 
     def check_tokens(self, tokens: list[int], param: str) -> None:
         if len(tokens) > self.max_tokens:
-            raise RequestError(400, f"{param}: {len(tokens):,} tokens are over max_ctx ({self.max_tokens:,})",
-                               param=param)
+            raise _too_long(f"{param}: {len(tokens):,} tokens are over max_ctx ({self.max_tokens:,})", param)
 
     def longest_piece(self) -> int:
         with self._lock:
