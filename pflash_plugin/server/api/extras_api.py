@@ -85,5 +85,8 @@ async def prometheus(ctx: ServerContext = Depends(get_context)) -> Response:
     if not ctx.settings.metrics:
         raise RequestError(501, "This server does not serve /metrics: start it with --metrics true",
                            type_="not_supported_error")
-    return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4",
-                    headers={"Process-Start-Time-Unix": str(ctx.metrics.started)})
+    response = Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
+    # llama-server's header, in its own case (Starlette lowercases the names it is given; llama.cpp's tests look
+    # the name up as llama-server spells it)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(ctx.metrics.started).encode()))
+    return response
