@@ -220,6 +220,18 @@ def _llama_series(text: str) -> dict[str, tuple[str, float]]:
     return series
 
 
+def test_metrics_count_embeddings_as_llama_server():
+    """An embeddings request's prompt counts among the prompt tokens, its decodes among the decode calls,
+    nothing predicted (llama.cpp's test_metrics_embedding_prompt_is_counted)."""
+    model = {"model": str(cached_tiny_llama()), "embedding": True, "n_ctx": 256, "n_threads": 1,
+             "n_threads_batch": 1}
+    with live_server([model]) as running, running.client() as client:
+        reply = client.post("/v1/embeddings", json={"input": ["hello world", "goodbye world"]}).json()
+        after = _llama_series(client.get("/metrics").text)
+    assert after["llamacpp:prompt_tokens_total"][1] == reply["usage"]["prompt_tokens"] > 0
+    assert after["llamacpp:n_decode_total"][1] == 2 and after["llamacpp:tokens_predicted_total"][1] == 0
+
+
 def test_metrics_can_be_turned_off():
     model = {"model": str(cached_tiny_llama()), "n_ctx": 256, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model], metrics=False) as running, running.client() as client:

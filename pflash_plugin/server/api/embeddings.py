@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ async def embed(http: Request, ctx: ServerContext, served: ServedModel, body: Em
     if served.embedder is None:
         raise RequestError(400, f"the model {served.name!r} is not served with embedding: true", param="model")
     inputs = await run_in_threadpool(_inputs, served, served.embedder, body)
+    started = time.perf_counter()
     try:
         vectors = await _vectors(http, served.embedder, inputs)
     except AdmissionError as error:
@@ -34,6 +36,7 @@ async def embed(http: Request, ctx: ServerContext, served: ServedModel, body: Em
         return Response(status_code=499)
     data = [Embedding(embedding=_encoded(v, body.encoding_format), index=i) for i, v in enumerate(vectors)]
     n_tokens = sum(len(tokens) for tokens in inputs)
+    ctx.metrics.llama.embedded(n_tokens, len(inputs), time.perf_counter() - started)  # llamacpp:* series
     return EmbeddingResponse(data=data, model=served.name, usage={"prompt_tokens": n_tokens, "total_tokens": n_tokens})
 
 

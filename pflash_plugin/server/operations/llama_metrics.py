@@ -30,7 +30,7 @@ class LlamaServerSeries:
 
     def __init__(self) -> None:
         self.total, self.window = _Sums(), _Sums()
-        self.cached_n = self.tokens_max = 0
+        self.cached_n = self.tokens_max = self.embedding_decodes = 0
         self._lock = threading.Lock()
 
     def count(self, usage: Usage) -> None:
@@ -43,11 +43,20 @@ class LlamaServerSeries:
             self.cached_n += usage.cached_tokens
             self.tokens_max = max(self.tokens_max, usage.prompt_tokens + usage.completion_tokens)
 
+    def embedded(self, prompt_n: int, decodes: int, seconds: float) -> None:
+        """An embeddings request: its prompt tokens and their time count as a prompt's (llama-server's
+        rule: no token sampled, the prompt decoded), its decodes (one an input) among the decode calls."""
+        with self._lock:
+            for sums in (self.total, self.window):
+                sums.prompt_n += prompt_n
+                sums.prompt_s += seconds
+            self.embedding_decodes += decodes
+
     def render(self, engines: dict[str, SchedulerStats]) -> str:
         """The series as Prometheus text; the throughput window starts again."""
         with self._lock:
             total, window, self.window = self.total, self.window, _Sums()
-            cached_n, tokens_max = self.cached_n, self.tokens_max
+            cached_n, tokens_max, embedding_decodes = self.cached_n, self.tokens_max, self.embedding_decodes
         stats = list(engines.values())
         steps = sum(s.steps for s in stats)
         spec = [s.speculation for s in stats if s.speculation is not None]
@@ -57,7 +66,8 @@ class LlamaServerSeries:
             ("prompt_seconds_total", "Total time spent processing prompts", total.prompt_s),
             ("tokens_predicted_total", "Number of generation tokens processed", total.predicted_n),
             ("tokens_predicted_seconds_total", "Total time spent generating tokens", total.predicted_s),
-            ("n_decode_total", "Total number of decode steps the engines ran", steps),
+            ("n_decode_total", "Total number of decode steps the engines ran, and embedding decodes",
+             steps + embedding_decodes),
             ("n_tokens_max", "Largest observed sequence length (prompt + generation)", tokens_max),
             ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
              sum(s.drafted for s in spec)),
