@@ -299,6 +299,8 @@ def test_slots_show_each_slots_state(vocab):
             time.sleep(0.05)
         assert not any(s["is_processing"] for s in client.get("/slots").json())  # the clients left: cancelled
         assert client.get("/slots?fail_on_no_slot=1").status_code == 200
+        saved = client.post("/slots/0?action=save", json={"filename": "a.bin"})
+        assert saved.status_code == 501 and saved.json()["error"]["type"] == "not_supported_error"
 
 
 def test_slots_can_be_turned_off():

@@ -1,6 +1,7 @@
 """llama-server's GET /slots (server-context.cpp, SERVER_TASK_TYPE_SLOT_GET): each slot's state, as
 monitors and llama.cpp's web UI read it, from what the engine publishes for /status (its last
-round's frozen stats); nothing of a request's parameters, which the engine does not publish."""
+round's frozen stats); nothing of a request's parameters, which the engine does not publish. Its
+save/restore/erase actions are a 501."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -42,3 +43,12 @@ async def slots(model: Optional[str] = None, fail_on_no_slot: Optional[str] = No
     if fail_on_no_slot and all(slot["is_processing"] for slot in body):
         raise RequestError(503, "no slot available", type_="unavailable_error")
     return body
+
+
+@router.post("/slots/{id_slot}")
+async def slot_action(id_slot: str) -> Any:
+    """llama-server's save, restore and erase of a slot's KV (its --slot-save-path): not served, a 501
+    as llama-server answers without that option. Requests here are not tied to a slot, whose cache
+    the engine keeps, moves and evicts on its own (docs/api.md)."""
+    raise RequestError(501, "slot save, restore and erase are not served here: the engine places requests and "
+                       "keeps their prefixes in its own cache", type_="not_supported_error")
