@@ -57,7 +57,9 @@ def test_every_private_route_needs_the_key(keyed_server):
                 assert_401(client.request(method, path, headers=headers, json={}))
         for method, path in private:
             response = client.request(method, path, headers={"Authorization": f"Bearer {KEY}"}, json={})
-            assert response.status_code != 401 and response.status_code < 500, (method, path, response.status_code)
+            # 501: a llama-server feature not served here says so (POST /slots/{id}), as llama-server does
+            assert response.status_code != 401 and (response.status_code < 500 or response.status_code == 501), (
+                method, path, response.status_code)
             if method == "GET" and "{" not in path:  # a templated path is a request for the name "{...}"
                 assert response.status_code == 200, path
         ok = client.post("/v1/completions", headers={"Authorization": f"bearer {KEY}"},
