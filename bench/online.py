@@ -14,6 +14,8 @@ times 0.25 (median 35 tokens), long prompts 1-6K tokens (the field's 4-32K over 
 
     python bench/online.py [--reps 3] [--rates 0.15 0.3 0.6 1.2] [--ours-tree DIR]   # -> docs/data/online_cpu.json
     python bench/online.py --report                                                 # -> docs/online.md + PNGs
+    python bench/online.py --arms ours ours-base --base-tree DIR --out F; python bench/online.py --tables F
+                                                            # a change's before (DIR) and after, interleaved
 """
 from __future__ import annotations
 
@@ -61,6 +63,9 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
         Arm("stock", ServerProcess("online-stock", ["--model", model, "--n_ctx", "8192", "--interrupt_requests",
                                                     "false"], module="llama_cpp.server", log_dir=log_dir), "min_tokens"),
     ]
+    if args.base_tree:  # ours from another tree (PFlash off), beside this one's: a change's before and after
+        out.append(Arm("ours-base", ServerProcess("online-ours-base", ours_args, cwd=Path(args.base_tree),
+                                                  log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
     if available():  # as serving.py runs it: 4 sequences of 8,192 cells, n_batch 512
         options = model_options(model, slots=4, n_ctx=4 * 8192, gpu=False, n_batch=512, n_ubatch=512)
         out.append(Arm("upstream", UpstreamServer("online-upstream", [], log_dir=log_dir,
@@ -142,6 +147,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--arms", nargs="*", help="only these arms (labels)")
     parser.add_argument("--ours-tree", help="a copy of the project to run ours from (e.g. `git archive HEAD`)")
+    parser.add_argument("--base-tree", help="another copy of the project: adds arm ours-base (PFlash off) run from it")
+    parser.add_argument("--tables", type=Path, help="only print the tables of this data file (e.g. a --base-tree run's)")
     parser.add_argument("--llama-server", help="a llama-server binary: adds its arms (with and without -bs)")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="each run's arrivals span about this long")
     parser.add_argument("--drain-s", type=float, default=DRAIN_S, help="a run's requests are cut this long after its last arrival")
@@ -149,6 +156,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report", action="store_true", help="only write docs/online.md and its plots")
     args = parser.parse_args()
+    if args.tables:
+        import json
+
+        from online_report import medians, tables
+
+        data = json.loads(args.tables.read_text())
+        print(tables(data, medians(data)))
+        return 0
     if args.report:
         from online_report import write_page
 

@@ -1,8 +1,8 @@
 """--prefill_chunk by where the model runs (engine/loader.py, step_chunks, measured on each): on the
-CPU 128 per prompt while others decode, and a lone prefill step past 128 tokens cut short for a
-newcomer; with the layers on a GPU no cap (the step's whole budget after the decode rows, as
-llama-server) and the cut past 512. An explicit value is the cap everywhere, and the threshold
-where it is the smaller."""
+CPU 128 per step while others decode, however many prompts prefill, and a lone prefill step past
+128 tokens cut short for a newcomer; with the layers on a GPU no cap (the step's whole budget after
+the decode rows, as llama-server), an explicit one per prompt prefilling, and the cut past 512. An
+explicit value is the cap everywhere, and the threshold where it is the smaller."""
 from __future__ import annotations
 
 import pytest
@@ -13,9 +13,9 @@ from pflash_plugin.llama import ModelParams
 
 
 @pytest.mark.parametrize("gpus, layers, chunk, expected", [
-    (0, 0, None, (128, 128)), (0, -1, None, (128, 128)),  # a CPU build: -1 asks for layers no GPU takes
-    (1, -1, None, (None, 512)), (1, 0, None, (128, 128)),  # a GPU, but the layers left on the CPU
-    (1, -1, 64, (64, 64)), (1, -1, 2048, (2048, 512)), (0, 0, 1024, (1024, 128)),
+    (0, 0, None, (128, 128, True)), (0, -1, None, (128, 128, True)),  # a CPU build: -1 asks for layers no GPU takes
+    (1, -1, None, (None, 512, False)), (1, 0, None, (128, 128, True)),  # a GPU, but the layers left on the CPU
+    (1, -1, 64, (64, 64, False)), (1, -1, 2048, (2048, 512, False)), (0, 0, 1024, (1024, 128, True)),
 ])
 def test_the_step_chunks_follow_the_layers(tiny_model, monkeypatch, gpus, layers, chunk, expected):
     monkeypatch.setattr(loader, "gpu_count", lambda: gpus)
@@ -24,7 +24,8 @@ def test_the_step_chunks_follow_the_layers(tiny_model, monkeypatch, gpus, layers
     model = load_model(tiny_model, config)
     engine = build_engine(model, config)
     try:
-        assert (engine.scheduler.config.prefill_chunk, engine.scheduler.config.preempt_chunk) == expected
+        limits = engine.scheduler.config
+        assert (limits.prefill_chunk, limits.preempt_chunk, limits.chunk_per_step) == expected
     finally:
         engine.shutdown(0.0)
         engine.close()

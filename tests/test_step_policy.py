@@ -39,6 +39,19 @@ def test_decode_rows_first_then_the_shortest_prefill_capped_while_others_decode(
     assert alone == Plan((), (("long", 512),), ())  # no one decodes: no cap
 
 
+def test_a_cap_per_step_bounds_the_steps_prefill_however_many_prompts_prefill():
+    """The CPU's cap: a request decoding beside 3 long prompts (the online load, bench/online_steps.py)
+    has steps of prefill_chunk prefill tokens, as beside one prompt, not a chunk per prompt (384
+    tokens, a step 2-3x as long on 2 cores); shortest first, finishing prompts together."""
+    policy = StepPolicy(max_batch_tokens=512, prefill_chunk=128, chunk_per_step=True)
+    longs = [prefilling("p2k", 2048), prefilling("p4k", 4096), prefilling("p6k", 6144)]
+    assert policy.plan([decoding("d"), *longs]) == Plan(("d",), (("p2k", 128),), ("p4k", "p6k"))
+    assert policy.plan([decoding("d"), longs[2]]) == Plan(("d",), (("p6k", 128),), ())
+    ending = policy.plan([decoding("d"), prefilling("a", 40), prefilling("b", 60), *longs])
+    assert ending.chunks == (("a", 40), ("b", 60)) and sum(n for _, n in ending.chunks) <= 128
+    assert policy.plan(longs).chunks == (("p2k", 512),)  # nothing decodes: the whole step
+
+
 def test_a_step_holds_at_most_its_tokens_of_decode_rows():
     plan = StepPolicy(max_batch_tokens=2).plan([decoding("a"), decoding("b"), decoding("c"), prefilling("p", 5)])
     assert plan == Plan(("a", "b"), (), ("p",))

@@ -54,8 +54,8 @@ class EngineConfig:
     host_cache_bytes: int = 0  # the host-RAM tier of saved sequences (engine/host_cache.py); 0: none
     host_cache_min_tokens: int = 256  # shorter sequences are not saved, nor restored for a smaller gain
     page_size: int = 32
-    prefill_chunk: int | None = None  # while requests decode: prefill tokens per step, times the prompts
-    # prefilling; None: step_chunks' default for where the model's layers run
+    prefill_chunk: int | None = None  # while requests decode: prefill tokens per step (on a GPU times the
+    # prompts prefilling); None: step_chunks' default for where the model's layers run
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
     n_batch: int = 512
     n_ubatch: int = 512
@@ -191,21 +191,24 @@ def check_config(config: EngineConfig, model: Model) -> None:
 class StepChunks(NamedTuple):
     prefill: int | None  # SchedulerConfig.prefill_chunk
     preempt: int  # SchedulerConfig.preempt_chunk
+    per_step: bool  # SchedulerConfig.chunk_per_step
 
 
 def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
-    """The prefill a step gives each prompt while others decode, and the step's prefill past
-    which a newcomer aborts it. On the CPU (2 cores) each chunk's time adds to every decoding
-    request's step: 128 for both. On a GPU, by default, no cap: the step's whole budget after the
-    decode rows, as llama-server does. On an H200 (issue 28, docs/concurrent_gpu.md) a cap of 128
-    made the seed's cd4 (4 x 84K prompts, full prefill) take 1.28x llama-server's time; 512 left
-    mix8, qa8 and cd4 1.03-1.06x behind it; the whole step (2,048) brought all three within 1.04x, at
-    llama-server's time per token for the decoding answers. A step prefilling past 512 tokens is
-    cut short for a newcomer (a 512-token step costs little on a GPU); an explicit chunk below
-    that is the threshold too."""
+    """The prefill a step gives while others decode, and the step's prefill past which a
+    newcomer aborts it. On the CPU (2 cores) each prefill token's time adds to every decoding
+    request's step: 128 for both, the cap on the step's prefill in all, however many prompts
+    prefill (per prompt, a request decoding beside 3 long prompts had steps of 384 prefill tokens:
+    step_policy.py). On a GPU an explicit cap is per prompt prefilling and, by default, no cap:
+    the step's whole budget after the decode rows, as llama-server does. On an H200 (issue 28,
+    docs/concurrent_gpu.md) a cap of 128 made the seed's cd4 (4 x 84K prompts, full prefill) take
+    1.28x llama-server's time; 512 left mix8, qa8 and cd4 1.03-1.06x behind it; the whole step
+    (2,048) brought all three within 1.04x, at llama-server's time per token for the decoding
+    answers. A step prefilling past 512 tokens is cut short for a newcomer (a 512-token step costs
+    little on a GPU); an explicit chunk below that is the threshold too."""
     interactive = 512 if on_gpu else 128
     prefill = prefill_chunk or (None if on_gpu else interactive)
-    return StepChunks(prefill, min(prefill or interactive, interactive))
+    return StepChunks(prefill, min(prefill or interactive, interactive), not on_gpu)
 
 
 def build_engine(
@@ -246,6 +249,7 @@ def build_engine(
     chunks = step_chunks(config.prefill_chunk, on_gpu=gpu_count() > 0 and model.n_gpu_layers != 0)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
+                             chunk_per_step=chunks.per_step,
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
                              can_compress=compressor is not None, schedule_policy=config.schedule_policy)

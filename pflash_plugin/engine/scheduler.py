@@ -71,10 +71,11 @@ class SchedulerConfig:
     max_batch_tokens: int  # tokens of one step (decode tokens first, prefill chunks in the rest)
     max_ctx: int  # per request: prompt + max_tokens
     max_queue: int  # live requests beyond the slots; more are refused for load
-    # while requests decode, a step prefills at most this many tokens times the prompts prefilling,
-    # all of it to the shortest first, so steps stay short and the decoding ones keep their latency
-    # (None: no cap)
+    # while requests decode, a step prefills at most this many tokens times the prompts prefilling
+    # (this many in all where chunk_per_step), all of it to the shortest first, so steps stay short
+    # and the decoding ones keep their latency (None: no cap)
     prefill_chunk: int | None = None
+    chunk_per_step: bool = False
     # a step prefilling more tokens than this (one prompt or several) is aborted for a newcomer
     # whose prompt fits a step, so its first token need not wait for the whole step (None: never)
     preempt_chunk: int | None = None
@@ -121,7 +122,7 @@ class Scheduler:
         self.text = LiveText(piece, self.outbox)
         self.intake = Intake(self.text, is_eog, self.finish, self.fail)
         self.steps = Steps(StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging,
-                                      config.preempt_chunk), self.cache, self.text)
+                                      config.preempt_chunk, config.chunk_per_step), self.cache, self.text)
         self.running: list[Request] = []
         # the queue's tiers and the compressing requests, under the names tests and stats read
         self.waiting, self.prepared = self.queue.waiting, self.queue.prepared

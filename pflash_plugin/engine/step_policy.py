@@ -4,9 +4,13 @@ running requests, with nothing of llama.cpp in it, so a test drives it with plai
 Each step decodes one token for every generating request (up to the step's tokens), then fills the
 rest with prefill chunks: shortest remaining prefill first, aged so a long prompt gets through a
 steady stream of short ones; while requests decode, the prefill may be capped at `prefill_chunk`
-per prompt prefilling, so decode steps stay short; prompts that finish their prefill in this step
-go alone, so a long chunk never delays their first token. A prompt prefilling alone gets the whole
-step.
+per prompt prefilling, or at `prefill_chunk` in all where `chunk_per_step` (the CPU's), so decode
+steps stay short; prompts that finish their prefill in this step go alone, so a long chunk never
+delays their first token. A prompt prefilling alone gets the whole step. On the CPU a step's time
+grows with its prefill tokens, whoever they belong to: per prompt, a request decoding beside 3 long
+prompts (demo model, 2 cores) had steps of 384 and 256 prefill tokens, each its inter-token latency
+(bench/online_steps.py, docs/online.md). A GPU's explicit cap stays per prompt, as measured there
+(a step of 2,048 tokens costs it little more than one of 512: loader.step_chunks).
 
 A step whose prefill chunks together pass `preempt_chunk` (one prompt or several, beside decode
 rows or not) is cut short by a newcomer whose whole prompt fits a step (`newcomer_gains`): its
@@ -79,6 +83,7 @@ class StepPolicy:
     prefill_chunk: int | None = None  # prefill tokens per prompt prefilling while others decode (None: no cap)
     aging: int = 128  # each step a prompt is left out of counts as this many fewer tokens left
     preempt_chunk: int | None = None  # a step prefilling past this many tokens is cut short for a newcomer
+    chunk_per_step: bool = False  # prefill_chunk caps the step's prefill in all, however many prompts prefill
 
     def urgency(self, seat: Seat[K]) -> int:
         """Tokens left to prefill, fewer for every step the prompt was left out of."""
@@ -91,7 +96,7 @@ class StepPolicy:
         # shortest remaining prefill first (a short prompt beside a long one starts at once), aged
         prefilling = sorted((s for s in seats if not s.decoding), key=self.urgency)
         if decode and self.prefill_chunk:  # others are decoding: keep their steps short
-            budget = min(budget, self.prefill_chunk * len(prefilling))
+            budget = min(budget, self.prefill_chunk * (1 if self.chunk_per_step else len(prefilling)))
         # those that finish their prefill now go alone: a long chunk would delay their first token
         queue = [s for s in prefilling if self.urgency(s) <= budget] or prefilling
         chunks: list[tuple[K, int]] = []

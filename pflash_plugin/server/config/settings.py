@@ -80,9 +80,10 @@ class ModelSettings(StockModelSettings):
     kv_page_size: int = Field(default=32, ge=1, description="Tokens per KV pool page.")
     prefill_chunk: Optional[int] = Field(
         default=None, ge=1,
-        description="While requests decode, a step prefills at most this many tokens times the prompts waiting for "
-        "their first token, shortest prompt first (so decode steps stay short); default: 128 on the CPU, and where "
-        "the model's layers run on a GPU no cap (the step's whole n_batch after the decode rows, as llama-server).",
+        description="While requests decode, a step prefills at most this many tokens, shortest prompt first (so "
+        "decode steps stay short): on the CPU in all, where the model's layers run on a GPU times the prompts "
+        "waiting for their first token; default: 128 on the CPU, on a GPU no cap (the step's whole n_batch after "
+        "the decode rows, as llama-server).",
     )
     spm_infill: bool = Field(
         default=False,
