@@ -148,9 +148,24 @@ bash bench/gpu/queue.sh wait 560`, then its online_h200.json into docs/data/ and
 """
 
 
+def change_section(data: dict[str, Any]) -> str:
+    """A change's before and after (`bench/online.py --base-tree`): its title and notes as the data
+    file states them, the run's command and machine, and the tables."""
+    notes = "\n".join(f"- {note}" for note in data.get("notes", []))
+    return f"""## {data['title']}
+
+{notes}
+- Command: `{data['command']}` (commit {data.get('commit', '?')}); `uptime` at start:
+  `{data.get('uptime_at_start', '?')}`, at end: `{data.get('uptime_at_end', '?')}`.
+
+{tables(data, medians(data))}
+"""
+
+
 def write_page() -> Path:
     parts = [section(key, title, json.loads(path.read_text())) if path.exists() else GPU_PENDING if key == "h200" else ""
              for key, title, path in SOURCES]
+    parts += [change_section(json.loads(path.read_text())) for path in sorted((DOCS / "data").glob("online_change_*.json"))]
     page = DOCS / "online.md"
     page.write_text(HEAD + "\n".join(parts) + METHOD)
     return page
@@ -166,7 +181,8 @@ sdist, bench/upstream.py), and llama-server with and without `-bs` where one is 
 All servers are up at once and driven one at a time, the arms side by side at each rate.
 
 Regenerate this page: `python bench/online.py --report` (data: docs/data/online_cpu.json, online_h200.json;
-measured by `python bench/online.py` and `bench/gpu/online_gpu.py`).
+measured by `python bench/online.py` and `bench/gpu/online_gpu.py`; a change's before and after from
+docs/data/online_change_*.json, measured by `python bench/online.py --base-tree`).
 
 """
 METHOD = """

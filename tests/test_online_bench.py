@@ -88,3 +88,23 @@ def test_page_shows_medians_over_reps_and_ours_over_the_best_peer(tmp_path, monk
     assert goodput["ours, PFlash off"] == "0.300" and goodput["llama_cpp.server"] == "0.150"
     assert "over the best peer (llama_cpp.server): **2.00x**" in page
     assert (tmp_path / "online_cpu.png").stat().st_size > 0
+
+
+def test_page_shows_a_changes_before_and_after_from_its_data_file(tmp_path, monkeypatch):
+    """`bench/online.py --base-tree` runs (arm ours-base) land on the page as their own section, the
+    data file's title and notes first, each arm's medians over the reps in its column."""
+    runs = [{"arm": arm, "rate": 0.3, "rep": rep, "requests": 6, "completed": 6, "ttft_censored": 0, "goodput": good,
+             "p99_ttft_s": 1.0, "median_ttft_s": 0.5, "median_itl_s": 0.03, "p99_itl_s": itl, "output_throughput": 9.0}
+            for arm, goods, itl in (("ours", (0.2, 0.3, 0.25), 0.15), ("ours-base", (0.1, 0.2, 0.3), 0.4))
+            for rep, good in enumerate(goods)]
+    data = {"title": "CPU: a change", "notes": ["what changed"], "command": "python bench/online.py --base-tree B",
+            "arms": ["ours", "ours-base"], "runs": runs}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "online_change_x.json").write_text(json.dumps(data))
+    monkeypatch.setattr(online_report, "DOCS", tmp_path)
+    monkeypatch.setattr(online_report, "SOURCES", ())
+    page = online_report.write_page().read_text()
+    assert "## CPU: a change\n\n- what changed\n- Command: `python bench/online.py --base-tree B`" in page
+    goodput, _, itl = tables(page)[:3]
+    assert goodput[0] == {"rate (req/s)": "0.3", "ours, PFlash off": "0.250", "ours, PFlash off (base tree)": "0.200"}
+    assert itl[0]["ours, PFlash off (base tree)"] == "30 / 400"
