@@ -10,7 +10,7 @@ the engine, with the same logs (its slowest steps say where a stall came from).
 Each arm runs in a child process of its own tree (`--baseline REV`: a temporary worktree of that
 revision beside this tree), interleaved per rep:
 
-    python bench/online_steps.py [--baseline REV] [--reps 2] [--long 2048 4096 6144] [--gap_s 0.5]
+    python bench/online_steps.py [--baseline REV] [--chunks 64] [--reps 2] [--long 2048 4096 6144] [--gap_s 0.5]
     python bench/online_steps.py --replay 0.3 [--replay_rep 0] [--baseline REV] [--reps 3]
 """
 from __future__ import annotations
@@ -70,13 +70,14 @@ def replay(model: Any, rate: float, rep: int) -> list[tuple[float, list[int], in
     return [(at, model.tokenize(item.prompt), item.output_tokens) for at, item in zip(offsets, items)]
 
 
-def run_once(seed: int, long: list[int], gap_s: float, rate: float | None = None) -> dict[str, Any]:
+def run_once(seed: int, long: list[int], gap_s: float, rate: float | None = None,
+             prefill_chunk: int | None = None) -> dict[str, Any]:
     """In this process's pflash_plugin: the engine, then the requests (`synthetic`, or `replay` of
     `rate` with `seed` as its rep) at their offsets, each step's composition and time logged."""
     from pflash_plugin.engine import loader
     from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams, TextEvent
 
-    config = loader.EngineConfig(max_ctx=8192, n_slots=4)
+    config = loader.EngineConfig(max_ctx=8192, n_slots=4, prefill_chunk=prefill_chunk)
     model, engine = loader.load_engine(demo_model_path(), config)
     plan = synthetic(long, gap_s, seed) if rate is None else replay(model, rate, seed)
     marks: list[tuple[float, int, int]] = []  # per step: start, decode rows, prefill tokens
@@ -140,9 +141,9 @@ def summary(plan: list[tuple[float, list[int], int]], requests: list[Any], token
             "slowest_steps": [(round(ms), d, p) for d, p, ms in sorted(steps, key=lambda s: -s[2])[:5]]}
 
 
-def child(tree: Path, seed: int, long: list[int], gap_s: float, rate: float | None) -> dict[str, Any]:
+def child(tree: Path, seed: int, long: list[int], gap_s: float, rate: float | None, chunk: int | None) -> dict[str, Any]:
     code = (f"import sys, json; sys.path[:0] = [{str(tree)!r}, {str(REPO / 'bench')!r}]; import online_steps; "
-            f"print(json.dumps(online_steps.run_once({seed!r}, {long!r}, {gap_s!r}, {rate!r})))")
+            f"print(json.dumps(online_steps.run_once({seed!r}, {long!r}, {gap_s!r}, {rate!r}, {chunk!r})))")
     done = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=900)
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
@@ -157,16 +158,18 @@ def main() -> int:
     parser.add_argument("--gap_s", type=float, default=0.5, help="the long prompts arrive this long after the decoder")
     parser.add_argument("--replay", type=float, help="instead: bench/online.py's run at this rate, its rep each rep")
     parser.add_argument("--replay_rep", type=int, help="that run's rep in every rep (default: each rep its own)")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[], help="this tree also with these --prefill_chunk")
     args = parser.parse_args()
-    trees = {"this": REPO}
+    trees: dict[str, tuple[Path, int | None]] = {"this": (REPO, None)}
+    trees.update({f"this-chunk{n}": (REPO, n) for n in args.chunks})
     base = worktree(args.baseline) if args.baseline else None
     if base is not None:
-        trees["baseline"] = base
+        trees["baseline"] = (base, None)
     try:
         for rep in range(args.reps):
             seed = rep if args.replay_rep is None else args.replay_rep
             for label in (list(trees) if rep % 2 == 0 else list(trees)[::-1]):
-                row = child(trees[label], seed, args.long, args.gap_s, args.replay)
+                row = child(trees[label][0], seed, args.long, args.gap_s, args.replay, trees[label][1])
                 print(json.dumps({"arm": label, "rep": rep, **row}), flush=True)
     finally:
         if base is not None:
