@@ -66,6 +66,7 @@ class EngineConfig:
     model: ModelParams = field(default_factory=ModelParams)  # the target's load, rope and LoRA
     flash_attn: bool | None = None
     offload_kqv: bool = True
+    swa_full: bool = True  # False: a window-sized SWA cache (faster long prefill, reuse near a sequence's end)
     type_k: int | None = None
     type_v: int | None = None
     seed: int | None = None  # requests without a seed draw one from an RNG seeded with this (None: random)
@@ -240,6 +241,7 @@ def build_engine(
             n_threads_batch=config.n_threads_batch,
             flash_attn=config.flash_attn,
             offload_kqv=config.offload_kqv,
+            swa_full=config.swa_full,
             type_k=config.type_k,
             type_v=config.type_v,
         ),
@@ -252,6 +254,7 @@ def build_engine(
                              chunk_per_step=chunks.per_step,
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
+                             swa_window=0 if config.swa_full else model.n_swa,
                              can_compress=compressor is not None, schedule_policy=config.schedule_policy)
     host = HostCache(config.host_cache_bytes, config.host_cache_min_tokens) if config.host_cache_bytes else None
     scheduler = Scheduler(runner, layout.pools(config.n_slots, config.page_size), limits, model.piece, model.is_eog,

@@ -16,7 +16,7 @@ Below both, an optional host-RAM tier (engine/host_cache.py) keeps the cells a s
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from .host_tier import HostTier
 from .kv_pool import PagePool
@@ -38,6 +38,7 @@ class KVOps(Protocol):
     def seq_cp(self, src: int, dst: int, n_tokens: int) -> None: ...
     def save(self, slot: int, max_bytes: int) -> bytes | None: ...  # None: the state is larger
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None: ...
+    def first_cell(self, slot: int) -> int: ...  # the sequence's lowest KV position held (-1: none)
 
 
 class PrefixCache:
@@ -46,8 +47,10 @@ class PrefixCache:
     (`min_copy_tokens`: how much longer a prefix in another stream must be to be copied)."""
 
     def __init__(self, kv: KVOps, pools: list[PagePool], clock: Callable[[], float],
-                 min_copy_tokens: int = 0, reuse_compressed: bool = False, host: HostCache | None = None) -> None:
+                 min_copy_tokens: int = 0, reuse_compressed: bool = False, host: HostCache | None = None,
+                 swa_window: int = 0) -> None:
         self.kv, self.clock, self.host = kv, clock, host
+        self.swa_window = swa_window  # n_swa of a window-sized SWA cache (0: every cell is kept)
         self.tier = HostTier(kv, host) if host is not None else None
         self.reused_tokens = {"in_place": 0, "copied": 0, "restored": 0}  # prefix tokens by where they came from
         self._copying: set[int] = set()  # slots a stream copy reads or writes at the next decode
@@ -106,6 +109,8 @@ class PrefixCache:
     def _fit(self, request: Request, dst: Slot, prefix: Prefix, idle: list[Slot]) -> bool:
         """Bind `dst` with `prefix` once its pages fit, evicting other idle caches of its pool LRU;
         False if they never do."""
+        if prefix.saved is None and not self._in_window(prefix.slot or dst, prefix.n):
+            prefix = Prefix(0)
         needed = self.pages_for(request.reserve_tokens)
         peak = max(needed, self.pages_for(len(prefix.saved.tokens))) if prefix.saved else needed
         victims = sorted((s for s in idle if s is not dst and s is not prefix.slot and s.pages and s.pool is dst.pool),
@@ -139,6 +144,9 @@ class PrefixCache:
                     self._copying |= {prefix.slot.index, dst.index}
             elif prefix.saved is not None and self.tier is not None:
                 restored = self.tier.restore(dst.index, prefix.saved, prefix.n)
+                if restored and not self._in_window(dst, prefix.n, prefix.saved.tokens):
+                    self.kv.seq_rm(dst.index, 0)
+                    restored = False
                 prefix = prefix if restored else Prefix(0)
         self.reused_tokens[prefix.kind] += prefix.n
         dst.pages += dst.pool.allocate(needed - len(dst.pages))
@@ -148,6 +156,16 @@ class PrefixCache:
         dst.request = request
         request.slot = dst.index
         request.cached_tokens = request.n_prefilled = prefix.n
+
+    def _in_window(self, slot: Slot, n: int, tokens: Sequence[int] | None = None) -> bool:
+        """Whether `slot`'s KV can go on after its first `n` tokens: a window-sized SWA cache drops
+        cells n_swa or more behind a sequence's end, and the token at position p attends to the
+        cells from p - n_swa + 1 (llama_hparams::is_masked_swa), so they must all be there
+        (llama-server checks seq_pos_min likewise, a cell or two stricter)."""
+        if not self.swa_window or n == 0:
+            return True
+        end = kv_position(slot.tokens if tokens is None else tokens, n)
+        return 0 <= self.kv.first_cell(slot.index) <= max(0, end - self.swa_window + 1)
 
     # ---- giving back -------------------------------------------------------------------------
     def release(self, slot: Slot, forget_kv: bool) -> None:

@@ -67,6 +67,9 @@ class LlamaRunner:
     def set_abort(self, should_abort: Callable[[], bool]) -> None:
         self.ctx.set_abort(should_abort)
 
+    def first_cell(self, slot: int) -> int:
+        return self.ctx.memory.seq_pos_min(slot)
+
     def kv_tokens(self, slot: int) -> int:
         """The KV positions `slot` holds (after an aborted decode: those its computed ubatches wrote)."""
         return self.ctx.memory.seq_pos_max(slot) + 1

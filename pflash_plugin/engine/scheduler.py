@@ -91,6 +91,8 @@ class SchedulerConfig:
     # per-slot KV streams: a prefix another slot holds is copied (a whole stream) only when it is
     # this many tokens longer than what the chosen slot reuses in place (PrefixCache)
     min_copy_tokens: int = 0
+    # n_swa of a window-sized SWA KV cache: a prefix is reused only where its last n_swa cells remain
+    swa_window: int = 0
     # a queued request whose prefix a running one is prefilling waits for it (prefill_sharing.py)
     # where that saves at least this many tokens (and min_copy_tokens); None: never
     share_prefill_tokens: int | None = 64
@@ -109,7 +111,8 @@ class Scheduler:
                  host: HostCache | None = None) -> None:
         assert len(pools) == config.n_slots, "one page pool per slot (the same one for a unified KV)"
         self.kv, self.config, self.clock = kv, config, clock
-        self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host)
+        self.cache = PrefixCache(kv, pools, clock, config.min_copy_tokens, config.reuse_compressed, host,
+                                 config.swa_window)
         self.slots: list[Slot] = self.cache.slots
         share = config.share_prefill_tokens
         self.sharing = PrefillSharing(self.cache, None if share is None else max(share, config.min_copy_tokens))

@@ -57,7 +57,7 @@ class ContextConfig:
     n_threads: int = 0  # 0: llama.cpp's default
     n_threads_batch: int = 0
     kv_unified: bool = True
-    swa_full: bool = True  # whole-context SWA cells: prefix reuse stays exact on iSWA models
+    swa_full: bool = True  # whole-context SWA cells; False: ~n_swa per sequence (reuse only near its end)
     flash_attn: bool | None = None  # None: llama.cpp decides
     offload_kqv: bool = True
     type_k: int | None = None

@@ -46,6 +46,10 @@ class Memory:
     def seq_pos_max(self, seq_id: int) -> int:
         return C.llama_memory_seq_pos_max(self._mem, seq_id)
 
+    def seq_pos_min(self, seq_id: int) -> int:
+        """The sequence's first cell (-1: none); in a window-sized SWA cache, that of the SWA layers."""
+        return C.llama_memory_seq_pos_min(self._mem, seq_id)
+
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)
 

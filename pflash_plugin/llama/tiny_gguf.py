@@ -115,6 +115,8 @@ class TinyLlama:
     per_layer_kv_heads: bool = False
     control_tokens: tuple[str, ...] = ()
     arch: str = "llama"  # or "qwen2vl": the same weights read at M-RoPE positions (Qwen2-VL's text side)
+    sliding_window: int = 0  # with arch "gemma3": n_swa, every 6th layer full (the iSWA KV cache's shape)
+    scale: float = 0.02  # the weights' spread; larger makes attention (the context) steer the text more
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
@@ -156,6 +158,8 @@ class TinyLlama:
             pairs = self.head_dim // 2
             w.add_rope_dimension_sections([pairs - 2 * (3 * pairs // 8), 3 * pairs // 8, 3 * pairs // 8, 0])
         w.add_layer_norm_rms_eps(1e-5)
+        if self.arch == "gemma3":
+            w.add_sliding_window(self.sliding_window)
         w.add_vocab_size(len(tokens))
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)
@@ -196,6 +200,11 @@ class TinyLlama:
             w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
             for name, shape in (("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff))):
                 w.add_tensor(f"blk.{i}.{name}.weight", **draw.matrix(*shape))
+            if self.arch == "gemma3":  # its q/k norms and the norms after attention and the FFN
+                for name in ("attn_q_norm", "attn_k_norm"):
+                    w.add_tensor(f"blk.{i}.{name}.weight", np.ones(self.head_dim, dtype=np.float32))
+                for name in ("post_attention_norm", "post_ffw_norm"):
+                    w.add_tensor(f"blk.{i}.{name}.weight", ones)
         w.add_tensor("output_norm.weight", ones)
         w.add_tensor("output.weight", out)
 
@@ -213,7 +222,7 @@ class _Draw:
         # numpy shape is ggml ne reversed: [rows=out, cols=in] gives ne=[in, out]
         if self.spec.tiled and shape in self.drawn:
             return self.drawn[shape]
-        array = (0.02 * self.rng.standard_normal(shape)).astype(self.dtype)
+        array = (self.spec.scale * self.rng.standard_normal(shape)).astype(self.dtype)
         if self.spec.tiled:
             self.drawn[shape] = array
         return array

@@ -331,6 +331,7 @@ def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> Engine
         model=target,
         flash_attn=s.flash_attn,
         offload_kqv=s.offload_kqv,
+        swa_full=s.swa_full,
         type_k=s.type_k,
         type_v=s.type_v,
         seed=seed,

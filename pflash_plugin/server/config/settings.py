@@ -85,6 +85,12 @@ class ModelSettings(StockModelSettings):
         "waiting for their first token; default: 128 on the CPU, on a GPU no cap (the step's whole n_batch after "
         "the decode rows, as llama-server).",
     )
+    swa_full: bool = Field(
+        default=True,
+        description="Sliding-window models (Gemma 2/3, gpt-oss, Cohere2): keep every SWA layer's cells (true) or "
+        "only about the window per sequence (false, llama-server's default: long prompts prefill faster, less KV "
+        "memory, but a cached prompt is reused only near its end; an earlier shared prefix is prefilled again).",
+    )
     spm_infill: bool = Field(
         default=False,
         description="Fill-in-the-middle prompts (/infill, /v1/completions with a suffix) put the suffix before the "
