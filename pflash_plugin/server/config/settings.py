@@ -88,8 +88,8 @@ class ModelSettings(StockModelSettings):
     swa_full: bool = Field(
         default=True,
         description="Sliding-window models (Gemma 2/3, gpt-oss, Cohere2): keep every SWA layer's cells (true) or "
-        "only about the window per sequence (false, llama-server's default: long prompts prefill faster, less KV "
-        "memory, but a cached prompt is reused only near its end; an earlier shared prefix is prefilled again).",
+        "only about the window per sequence (false, llama-server's default: far less KV memory, but a cached prompt "
+        "is reused only near its end; an earlier shared prefix is prefilled again).",
     )
     spm_infill: bool = Field(
         default=False,
