@@ -4,9 +4,12 @@ cached one (whose window cells are gone, so it must prefill afresh, not attend t
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
+from pflash_plugin.engine.engine import Engine
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams
 from pflash_plugin.llama.tiny_gguf import cached_tiny_llama
@@ -30,17 +33,24 @@ def run(engine, tokens: list[int]) -> tuple[list[int], int]:
     return request.output_tokens, request.cached_tokens
 
 
-def turns(path: str, swa_full: bool, prompts: list[list[int]]) -> list[tuple[list[int], int]]:
+@contextmanager
+def engine_of(path: str, swa_full: bool) -> Iterator[Engine]:
+    """A one-slot engine on the tiny gemma3, its SWA cache full or window-sized."""
     config = EngineConfig(n_slots=1, max_ctx=1024, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1,
                           swa_full=swa_full)
     model, engine = load_engine(path, config)
     try:
         assert model.n_swa == N_SWA
-        return [run(engine, p) for p in prompts]
+        yield engine
     finally:
         engine.stop()
         engine.close()
         model.close()
+
+
+def turns(path: str, swa_full: bool, prompts: list[list[int]]) -> list[tuple[list[int], int]]:
+    with engine_of(path, swa_full) as engine:
+        return [run(engine, p) for p in prompts]
 
 
 def words(seed: int, n: int) -> list[int]:
@@ -70,16 +80,9 @@ def test_the_bound_is_exact_to_the_cell(tiny_gemma3):
     """The token at position p attends to cells from p - n_swa + 1: a prefix ending there is reused,
     one a cell shorter prefills afresh (reused, its text would differ from a full cache's)."""
     cached = words(3, 800)
-    config = EngineConfig(n_slots=1, max_ctx=1024, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1,
-                          swa_full=False)
-    model, engine = load_engine(tiny_gemma3, config)
-    try:
+    with engine_of(tiny_gemma3, False) as engine:
         run(engine, cached)
         first = engine.scheduler.cache.kv.first_cell(0)
-    finally:
-        engine.stop()
-        engine.close()
-        model.close()
     for n, reused in ((first + N_SWA - 1, True), (first + N_SWA - 2, False)):
         later = cached[:n] + words(4, 50)
         full, window = (turns(tiny_gemma3, f, [cached, later])[1] for f in (True, False))
