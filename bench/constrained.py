@@ -69,7 +69,7 @@ KINDS = {"plain": None, "person": PERSON, "order": ORDER, "plain_as_person": Non
 SAME_LENGTHS = {"plain_as_person": "person"}
 MARK = "<!-- bench/constrained.py: {} -->"
 # /status's constraint phases (engine/constraint_masks.py ConstraintCounts), reported in ms per engine step
-PHASES = ("bind_s", "fill_ahead_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
+PHASES = ("bind_s", "fill_ahead_s", "fill_start_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
 PHASE_MS = [key.removesuffix("_s") + "_ms" for key in PHASES]
 MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", "decode_step_ms", *PHASE_MS,
            "masked_rows", "dense_share", "forced_share")

@@ -4,6 +4,7 @@ clock in any of it; GBNF that llguidance cannot read served by llama.cpp's gramm
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from llama_cpp import llama_grammar
 
 from pflash_plugin.engine.constraint_masks import ConstraintCounts
-from pflash_plugin.engine.constraints import compile_gbnf, compile_schema
+from pflash_plugin.engine.constraints import PREBUILT, compile_gbnf, compile_schema
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 
@@ -270,6 +271,36 @@ def test_masks_filled_beside_the_decode_give_the_serial_tokens(tiny_model, monke
     assert counts.fills_ahead > 0 and counts.fill_ahead_s > 0 and counts.fills_due == 0
 
 
+def test_a_fill_beside_the_decode_has_begun_when_the_engine_thread_goes_on(tiny_model):
+    """`fill_ahead` returns once the fill thread has begun its fill: Python that the engine thread
+    runs right after (the last step's text and events) does not hold the fill's start until the
+    interpreter's switch interval makes it let go of the GIL (5 ms by default, 200 ms here)."""
+    from pflash_plugin.engine.constraint_masks import ConstraintMasks
+    from pflash_plugin.engine.constraints import check_constraint
+
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=1, max_ctx=256, n_threads=1, n_threads_batch=1))
+    engine.stop()
+    grammar = compile_schema(PERSON)
+    check_constraint(model, grammar)
+    counts = ConstraintCounts()
+    masks = ConstraintMasks(model.n_vocab, {0: PREBUILT.take(model, grammar)}, counts)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.2)
+    try:
+        masks.fill([0])  # the fill thread started (a thread's start hands it the GIL)
+        masks.fill_ahead([0])
+        busy = time.perf_counter() + 0.1
+        while time.perf_counter() < busy:  # the engine thread's Python: it holds the GIL throughout
+            pass
+        first = counts.fill_start_s
+        masks.fill_due([0])
+    finally:
+        sys.setswitchinterval(interval)
+        masks.close()
+    assert counts.fills_ahead == 1 and counts.rows_filled == 2
+    assert counts.fill_start_s - first < 0.05, counts  # without the wait for its start: ~0.1 s (the busy loop)
+
+
 def test_rows_that_their_mask_forces_skip_mask_and_sampler_for_the_same_tokens(tiny_model, monkeypatch):
     """A constrained row whose mask allows one token alone (a JSON key, a bracket) takes it without
     its logits masked or sampled: every filled row is masked or forced, and the tokens (greedy,
@@ -305,11 +336,12 @@ def test_a_fill_beside_the_decode_runs_while_the_engine_thread_releases_the_last
     released, overlapped, engine_thread = threading.Event(), [], []
     fill, release = ConstraintMasks._fill_thread, Stepping.release_last
 
-    def waiting_fill(self, jobs, masks):
+    def waiting_fill(self, jobs, masks, handed):  # its end waits for the release to begin
+        filled = fill(self, jobs, masks, handed)
         elsewhere = threading.current_thread() not in engine_thread
         overlapped.append(elsewhere and released.wait(2 if all(overlapped) else 0))
         released.clear()
-        return fill(self, jobs, masks)
+        return filled
 
     def spy(self, fresh_only=False):  # a first token's release at its collect is not the one beside the decode
         if not fresh_only:

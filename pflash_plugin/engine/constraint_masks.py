@@ -8,6 +8,7 @@ every step, on a thread that may run beside the device's decode, read and applie
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,8 +20,8 @@ import numpy as np
 from ..llama import native
 from .stats import rounded
 
-# a fill's seconds, its dense rows and its rows' forced tokens (_forced)
-_Filled = tuple[float, int, np.ndarray]
+# a fill's seconds, its start's wait after the hand-over, its dense rows and its rows' forced tokens (_forced)
+_Filled = tuple[float, float, int, np.ndarray]
 
 # rows of masks per thread at least: on 2 busy cores a second thread made 4 rows 5x slower (2.8
 # against 0.56 ms at a 262K vocabulary), and 64 rows 1.5x
@@ -43,6 +44,7 @@ class ConstraintCounts:
     fills_ahead: int = 0  # fills beside the device's decode (the runner's launch returned early) ...
     fill_ahead_s: float = 0.0  # ... on the fill thread, beside the engine thread's own work too
     fill_wait_s: float = 0.0  # the sampling step's wait for a fill beside the decode (its critical-path share)
+    fill_start_s: float = 0.0  # fills' hand-over to the fill thread's start (its wait for the GIL)
     fills_due: int = 0  # fills on the critical path: just before the step's sampling
     fill_due_s: float = 0.0
     rows_filled: int = 0
@@ -113,6 +115,7 @@ class ConstraintMasks:
         self._ahead = False  # the step in flight's masks were filled beside its decode
         self._pending: Future[_Filled] | None = None  # a fill beside the decode, until waited for
         self._forced = np.zeros(0, dtype=np.int64)  # per row of _masks: the one token it allows, else -1
+        self._entered = threading.Event()  # the fill thread has begun the fill handed to it
 
     def close(self) -> None:
         """The fill thread stopped (after a fill in flight)."""
@@ -148,20 +151,23 @@ class ConstraintMasks:
             self.counts.fill_threads = _executor_threads()
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="constraint-fill")
         jobs = [(self._matchers[slot], k) for slot, k in self._filled.items()]
-        return self._thread.submit(self._fill_thread, jobs, self._masks)
+        self._entered.clear()
+        return self._thread.submit(self._fill_thread, jobs, self._masks, time.perf_counter())
 
-    def _fill_thread(self, jobs: list[tuple[llguidance.LLMatcher, int]], masks: np.ndarray) -> _Filled:
-        """On the fill thread: the masks of `jobs` into `masks`' rows; its seconds, dense rows and
-        forced tokens (read here, off the engine thread)."""
+    def _fill_thread(self, jobs: list[tuple[llguidance.LLMatcher, int]], masks: np.ndarray, handed: float) -> _Filled:
+        """On the fill thread: the masks of `jobs` into `masks`' rows; its seconds, its start's wait,
+        dense rows and forced tokens (read here, off the engine thread)."""
         start = time.perf_counter()
+        self._entered.set()  # from here to llguidance's call (which drops the GIL) is a few lines
         if self._executor is None:
             self._executor = llguidance.LLExecutor(self.counts.fill_threads)
         self._executor.unsafe_compute_mask_ptr(jobs, masks.ctypes.data, masks.shape[1] * 4, masks.shape[0])
         filled = masks[:len(jobs)]
-        return time.perf_counter() - start, _dense(filled), _forced(filled, self.n_vocab)
+        return time.perf_counter() - start, start - handed, _dense(filled), _forced(filled, self.n_vocab)
 
     def _count(self, done: _Filled) -> float:
-        seconds, dense, self._forced = done
+        seconds, start_wait, dense, self._forced = done
+        self.counts.fill_start_s += start_wait
         self.counts.rows_filled += len(self._filled)
         self.counts.dense_rows += dense
         self.counts.rows_forced += int(np.count_nonzero(self._forced >= 0))
@@ -175,8 +181,13 @@ class ConstraintMasks:
     def fill_ahead(self, slots: list[int]) -> None:
         """`fill` beside the device's decode (the runner's launch returned early), on the fill
         thread: the mask of a row's next token depends only on the tokens it has, so sampling need
-        not wait for it, and the engine thread need not either until it samples (`fill_due`)."""
+        not wait for it, and the engine thread need not either until it samples (`fill_due`). It
+        waits only for the fill thread to begin: a thread woken while the engine thread runs Python
+        (the last step's text and events) gets the GIL at the next switch interval (up to 5 ms,
+        beside an H100 step of ~20 ms at 64 rows), and its fill would begin that much later."""
         self._pending = self._start(slots)
+        if self._pending is not None:
+            self._entered.wait()
         self._ahead = True
 
     def fill_due(self, slots: list[int]) -> None:
