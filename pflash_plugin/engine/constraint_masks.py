@@ -187,7 +187,7 @@ class ConstraintMasks:
         beside an H100 step of ~20 ms at 64 rows), and its fill would begin that much later."""
         self._pending = self._start(slots)
         if self._pending is not None:
-            self._entered.wait()
+            self._entered.wait(1.0)  # bounded: fill_due waits for the fill itself anyway
         self._ahead = True
 
     def fill_due(self, slots: list[int]) -> None:
