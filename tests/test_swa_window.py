@@ -34,10 +34,11 @@ def run(engine, tokens: list[int]) -> tuple[list[int], int]:
 
 
 @contextmanager
-def engine_of(path: str, swa_full: bool) -> Iterator[Engine]:
-    """A one-slot engine on the tiny gemma3, its SWA cache full or window-sized."""
+def engine_of(path: str, swa_full: bool, host_cache_bytes: int = 0) -> Iterator[Engine]:
+    """A one-slot engine on the tiny gemma3, its SWA cache full or window-sized, with a host-RAM tier
+    of that many bytes (0: none)."""
     config = EngineConfig(n_slots=1, max_ctx=1024, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1,
-                          swa_full=swa_full)
+                          swa_full=swa_full, host_cache_bytes=host_cache_bytes, host_cache_min_tokens=64)
     model, engine = load_engine(path, config)
     try:
         assert model.n_swa == N_SWA
@@ -48,8 +49,9 @@ def engine_of(path: str, swa_full: bool) -> Iterator[Engine]:
         model.close()
 
 
-def turns(path: str, swa_full: bool, prompts: list[list[int]]) -> list[tuple[list[int], int]]:
-    with engine_of(path, swa_full) as engine:
+def turns(path: str, swa_full: bool, prompts: list[list[int]],
+          host_cache_bytes: int = 0) -> list[tuple[list[int], int]]:
+    with engine_of(path, swa_full, host_cache_bytes) as engine:
         return [run(engine, p) for p in prompts]
 
 
@@ -74,6 +76,18 @@ def test_a_prompt_sharing_only_an_early_prefix_prefills_afresh(tiny_gemma3):
     window = turns(tiny_gemma3, False, [cached, later])
     assert [out for out, _ in window] == [out for out, _ in full]  # stale cells would change the text
     assert full[1][1] >= 200 and window[1][1] == 0  # the window's cells at 200 are gone: no reuse
+
+
+def test_a_restore_from_host_ram_sharing_only_an_early_prefix_prefills_afresh(tiny_gemma3):
+    """A sequence saved to the host tier (its slot taken by another prompt) and restored for a prompt
+    sharing only its beginning: the window cache saved only its last cells, so the restore is undone
+    and the prompt prefilled afresh, as alone; with a full cache the same restore is kept (its text
+    may differ from a fresh prefill's: a prompt prefilled in other pieces, docs/limits.md)."""
+    cached, other = words(3, 800), words(5, 100)
+    later = cached[:300] + words(4, 100)
+    full, window = (turns(tiny_gemma3, f, [cached, other, later], host_cache_bytes=256 << 20) for f in (True, False))
+    assert full[2][1] >= 300 and window[2][1] == 0
+    assert window[2][0] == turns(tiny_gemma3, True, [later])[0][0]  # the text of a fresh prefill
 
 
 def test_the_bound_is_exact_to_the_cell(tiny_gemma3):
