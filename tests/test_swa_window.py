@@ -34,10 +34,10 @@ def run(engine, tokens: list[int]) -> tuple[list[int], int]:
 
 
 @contextmanager
-def engine_of(path: str, swa_full: bool, host_cache_bytes: int = 0) -> Iterator[Engine]:
-    """A one-slot engine on the tiny gemma3, its SWA cache full or window-sized, with a host-RAM tier
-    of that many bytes (0: none)."""
-    config = EngineConfig(n_slots=1, max_ctx=1024, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1,
+def engine_of(path: str, swa_full: bool, host_cache_bytes: int = 0, n_slots: int = 1) -> Iterator[Engine]:
+    """An engine of `n_slots` on the tiny gemma3, its SWA cache full or window-sized, with a host-RAM
+    tier of that many bytes (0: none)."""
+    config = EngineConfig(n_slots=n_slots, max_ctx=1024, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1,
                           swa_full=swa_full, host_cache_bytes=host_cache_bytes, host_cache_min_tokens=64)
     model, engine = load_engine(path, config)
     try:
@@ -88,6 +88,33 @@ def test_a_restore_from_host_ram_sharing_only_an_early_prefix_prefills_afresh(ti
     full, window = (turns(tiny_gemma3, f, [cached, other, later], host_cache_bytes=256 << 20) for f in (True, False))
     assert full[2][1] >= 300 and window[2][1] == 0
     assert window[2][0] == turns(tiny_gemma3, True, [later])[0][0]  # the text of a fresh prefill
+
+
+def test_a_copy_from_another_slot_sharing_only_an_early_prefix_prefills_afresh(tiny_gemma3):
+    """A prompt sharing only the first 300 tokens of an idle slot's cached sequence, while another
+    request runs two slots away, is placed beside the running one with that prefix copied across
+    (slot_placement: the long cache kept, no ubatch of its own); with a window-sized cache those
+    cells are gone, so nothing is copied and it prefills afresh, as alone."""
+    cached, later = words(3, 800), words(3, 300) + words(4, 100)
+
+    def copied(swa_full: bool) -> tuple[list[int], int, int]:
+        with engine_of(tiny_gemma3, swa_full, n_slots=4) as engine:
+            run(engine, cached)  # slot 0
+            run(engine, words(7, 50))  # slot 1: a cache, so that the running request takes slot 2
+            started, done = threading.Event(), threading.Event()
+            running = Request(words(8, 40), SamplingParams(max_tokens=400, min_tokens=400, temperature=0.0))
+            running.sink = lambda event: (done if isinstance(event, FinishEvent) else started).set()
+            engine.submit(running)
+            assert started.wait(120)
+            out, reused = run(engine, later)
+            assert not done.is_set() and running.slot == 2  # placed while the other ran two slots away
+            assert done.wait(120)
+            return out, reused, engine.scheduler.cache.reused_tokens["copied"]
+
+    full, window = copied(True), copied(False)
+    assert full[1:] == (300, 300)  # the full cache copies the prefix to another slot
+    assert window[1:] == (0, 0)
+    assert window[0] == turns(tiny_gemma3, True, [later])[0][0]  # the text of a fresh prefill
 
 
 def test_the_bound_is_exact_to_the_cell(tiny_gemma3):
