@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.append(sys.path.pop(0))  # as in bench/serving.py: bench/ must not shadow the standard library
 
 import httpx
-from harness import REPO, ServerProcess, demo_model_path, machine
+from harness import REPO, ServerProcess, demo_model_path, machine, uptime
 from host_overhead import remove_worktree, worktree
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
@@ -186,10 +185,6 @@ def _parses(text: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

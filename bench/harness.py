@@ -133,6 +133,11 @@ def run_to_end(engine, requests: list, timeout_s: float) -> float:
     return time.perf_counter() - start
 
 
+def uptime() -> str:
+    """`uptime`'s line: the load a run shared the machine with, for its record."""
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def machine() -> dict:
     cpu = "unknown"
     try:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, ServerProcess, demo_model_path, machine
+from harness import REPO, ServerProcess, demo_model_path, machine, uptime
 from online_data import Item, Mix, demo_counter, long_length, scaled, sharegpt_pairs
 from online_load import Objective
 from online_sweep import Arm, Sweep, eog_tokens, wait_idle
@@ -104,10 +104,6 @@ class CpuItems:
                 prompt, _, n_prompt = fit_needle_prompt(self.count, target, "prose", rng.random(), rng.randrange(10**6))
             items.append(Item(prompt, n_prompt, scaled(n_answer, MIX.output_scale), kind))
         return items
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def commit(tree: Path) -> str:

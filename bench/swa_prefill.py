@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 import urllib.request
 
-from harness import ServerProcess, demo_model_path
+from harness import ServerProcess, demo_model_path, uptime
 
 
 def server(model: str, n_ctx: int, swa_full: bool) -> ServerProcess:
@@ -47,14 +46,14 @@ def main() -> None:
     try:
         for proc in servers.values():
             proc.wait_ready(600)
-        print("uptime before:", subprocess.check_output(["uptime"], text=True).strip(), flush=True)
+        print("uptime before:", uptime(), flush=True)
         seconds: dict[bool, list[float]] = {arm: [] for arm in servers}
         for rep in range(args.reps):
             for arm in (True, False) if rep % 2 == 0 else (False, True):
                 s, n = prefill(servers[arm].url, prompt(rep, args.words))
                 seconds[arm].append(s)
                 print(f"rep {rep} swa_full={arm}: {s:.2f} s, {n} prompt tokens", flush=True)
-        print("uptime after:", subprocess.check_output(["uptime"], text=True).strip())
+        print("uptime after:", uptime())
         for arm, values in seconds.items():
             print(f"swa_full={arm}: median {statistics.median(values):.2f} s {[round(v, 2) for v in values]}")
     finally:
