@@ -66,7 +66,7 @@ class EngineConfig:
     model: ModelParams = field(default_factory=ModelParams)  # the target's load, rope and LoRA
     flash_attn: bool | None = None
     offload_kqv: bool = True
-    swa_full: bool = True  # False: a window-sized SWA cache (faster long prefill, reuse near a sequence's end)
+    swa_full: bool = True  # False: a window-sized SWA cache (less KV memory; reuse only near a sequence's end)
     type_k: int | None = None
     type_v: int | None = None
     seed: int | None = None  # requests without a seed draw one from an RNG seeded with this (None: random)
