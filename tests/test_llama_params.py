@@ -1,6 +1,7 @@
 """Every stock llama_cpp.server model key is applied to llama.cpp or refused at start (llama_params.py)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -266,3 +267,37 @@ def test_n_batch_defaults_to_llama_servers_on_a_gpu(monkeypatch, given, gpu_laye
     settings = ModelSettings(model="m.gguf", n_gpu_layers=gpu_layers, **given)
     engine = llama_params.engine_config(settings, llama_params.ModelParams(n_gpu_layers=gpu_layers), 4096)
     assert engine.n_batch == expected
+
+
+@pytest.mark.parametrize("given, env_before, expected", [
+    ({"max_concurrency": 128}, None, "1"),  # past 64 slots, flash attention llama.cpp's auto (on with a GPU)
+    ({"max_concurrency": 128, "flash_attn": True}, None, "1"),
+    ({"max_concurrency": 64}, None, None),  # what ran clean with CUDA graphs
+    ({"max_concurrency": 128, "flash_attn": False}, None, None),  # the hang needs flash attention
+    ({"max_concurrency": 128, "cuda_graphs": "on"}, None, None),  # the operator's choice
+    ({"max_concurrency": 4, "cuda_graphs": "off"}, None, "1"),
+    ({"max_concurrency": 128, "n_gpu_layers": 0}, None, None),  # no layers on the GPU: no graphs to turn off
+    ({"max_concurrency": 128}, "0", "0"),  # the environment decided already: kept
+])
+def test_cuda_graphs_go_off_where_they_hung(monkeypatch, given, env_before, expected):
+    """CUDA graphs hung a 128-slot server with flash attention (llama/cuda_graphs.py): auto turns
+    them off for the process past 64 slots, through ggml's own switch, before any weights load."""
+    from pflash_plugin.llama.cuda_graphs import DISABLE_ENV
+    from pflash_plugin.server.config import llama_params
+
+    if env_before is None:
+        monkeypatch.delenv(DISABLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DISABLE_ENV, env_before)
+    monkeypatch.setattr(llama_params, "gpu_count", lambda: 1)  # no GPU here: what one would see
+    llama_params.bring_up(plan(ModelSettings(model="m.gguf", n_gpu_layers=given.pop("n_gpu_layers", -1), **given)))
+    assert os.environ.get(DISABLE_ENV) == expected
+
+
+def test_cuda_graphs_are_left_alone_without_a_gpu(monkeypatch):
+    from pflash_plugin.llama.cuda_graphs import DISABLE_ENV
+    from pflash_plugin.server.config import llama_params
+
+    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    llama_params.bring_up(plan(ModelSettings(model="m.gguf", max_concurrency=128, cuda_graphs="off")))
+    assert DISABLE_ENV not in os.environ

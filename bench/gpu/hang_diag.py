@@ -9,7 +9,9 @@ server stays up beside each variant's (`--beside none` leaves it out): an earlie
 came only with a second process on the device and went with GGML_CUDA_DISABLE_GRAPHS=1 (variant
 `nographs=ENV:GGML_CUDA_DISABLE_GRAPHS=1`).
   bash bench/gpu/servers.sh bench/gpu/hang_diag.py --out /tmp/queue/hang_diag_h200.json [--variants ...]
-A variant is NAME or NAME=ARG,ARG (extra server arguments) or NAME=ENV:KEY=VALUE.
+A variant is NAME or NAME=ITEM,ITEM: each item an extra server argument or ENV:KEY=VALUE (its environment).
+Since --cuda_graphs auto turns CUDA graphs off past 64 slots (llama/cuda_graphs.py), a variant that
+looks at the hang itself passes --cuda_graphs,on.
 """
 from __future__ import annotations
 
@@ -74,11 +76,11 @@ def beside_rate(server: Any, args: Any) -> dict[str, Any]:
 
 
 def variant(spec: str) -> tuple[str, list[str], dict[str, str]]:
+    """NAME=ITEM,ITEM: each item a server argument, or ENV:KEY=VALUE for its environment."""
     name, _, rest = spec.partition("=")
-    if rest.startswith("ENV:"):
-        key, _, value = rest[4:].partition("=")
-        return name, [], {key: value}
-    return name, [a for a in rest.split(",") if a], {}
+    items = [item for item in rest.split(",") if item]
+    env = dict(item[4:].partition("=")[::2] for item in items if item.startswith("ENV:"))
+    return name, [item for item in items if not item.startswith("ENV:")], env
 
 
 def main() -> None:

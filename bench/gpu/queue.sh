@@ -34,7 +34,12 @@ case "${1:-}" in
         *.sh) cmd="bash $line" ;;
         *) cmd="bash bench/gpu/servers.sh $line" ;;
       esac
+      touch "$DIR/.line"
       $cmd > "$DIR/$n.log" 2>&1 < /dev/null && status=0 || status=$?
+      if [ "$status" != 0 ]; then  # a server that would not start says why in its own log (bench/results/logs)
+        find bench/results/logs -name '*.log' -newer "$DIR/.line" 2>/dev/null | while read -r server_log; do
+          echo "== $server_log"; tail -20 "$server_log"; done >> "$DIR/$n.log"
+      fi
       echo "$n: exit $status in $(( $(date +%s) - start )) s: $line"
     done ;;
   wait)

@@ -31,7 +31,7 @@ _MODEL_KEYS = {"model", "model_alias", "chat_format", "chat_template_kwargs", "n
                "media_cache_mb", "media_encoders", "spm_infill"}
 _CONCURRENCY_KEYS = {"max_concurrency", "max_queue", "kv_pool_tokens", "kv_layout", "max_ctx", "kv_page_size",
                      "prefill_chunk", "schedule_policy", "max_step_s", "n_ctx", "n_batch", "n_ubatch", "n_threads",
-                     "n_threads_batch", "flash_attn", "swa_full"}
+                     "n_threads_batch", "flash_attn", "swa_full", "cuda_graphs"}
 NO_EFFECT = {
     "interrupt_requests": "requests run together in slots: none interrupts another",
     **ALWAYS_SO,

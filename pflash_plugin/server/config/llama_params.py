@@ -10,6 +10,7 @@ stock fields and checks each one.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -23,12 +24,15 @@ from ...engine.loader import EngineConfig, check_config
 from ...engine.speculation.setup import DRAFT_PFLASH, PROMPT_LOOKUP, SpeculationConfig
 from ...llama import Model, ModelParams, RopeParams
 from ...llama.backend import init_numa
+from ...llama.cuda_graphs import disable_graphs, graphs_off_reason
 from ...llama.devices import add_rpc_servers, gpu_count, gpus_split_rows
 from ...pflash.compressor import PflashConfig
 from ...pflash.planning import MAX_EXPLICIT_QUERY
 from ...pflash.selection import KeepCurve
 from ...pflash.windows import DraftWindows
 from .settings import ModelSettings
+
+log = logging.getLogger(__name__)
 
 
 class SettingsRefused(ValueError):
@@ -96,6 +100,7 @@ class LlamaPlan:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
     mmproj: str | None = None  # the multimodal projector GGUF (--mmproj, clip_model_path), loaded beside the model
+    cuda_graphs: str | None = None  # why CUDA graphs go off on a GPU (cuda_graphs.graphs_off_reason); None: not
 
 
 # drafter ubatch (capped by n_batch); on an H200, 2048 drafted 64K-128K tokens 7-13% slower than 512
@@ -161,6 +166,7 @@ def plan(s: ModelSettings) -> LlamaPlan:
         chat_template_kwargs=dict(s.chat_template_kwargs or {}),
         verbose=s.verbose,
         mmproj=projector_path(s),
+        cuda_graphs=graphs_off_reason(s.cuda_graphs, s.max_concurrency, s.flash_attn, s.n_gpu_layers != 0),
     )
 
 
@@ -401,6 +407,8 @@ def bring_up(p: LlamaPlan) -> None:
         except RuntimeError as error:
             raise SettingsRefused("rpc_servers", str(error)) from None
     gpus, main_gpu = gpu_count(), p.target.main_gpu
+    if gpus and p.cuda_graphs and disable_graphs():
+        log.warning("CUDA graphs off: %s", p.cuda_graphs)
     if gpus and main_gpu >= gpus:
         raise SettingsRefused("main_gpu", f"{main_gpu} is not one of the {gpus} GPU devices llama.cpp sees")
     if gpus and p.target.split_mode == llama_cpp.LLAMA_SPLIT_MODE_ROW and not gpus_split_rows():

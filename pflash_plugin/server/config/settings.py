@@ -71,6 +71,11 @@ class ModelSettings(StockModelSettings):
         "idle slots, so llama.cpp decodes a step as one ubatch on the graph it built before; auto: where the output "
         "layer runs on a GPU and each slot has a KV stream (docs/sampling.md).",
     )
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="ggml's CUDA graphs (process-wide: ggml reads the choice at the first decode); auto: off past 64 "
+        "slots with flash attention on a GPU, where they hung (docs/deployment.md).",
+    )
     constraint_engine: Literal["llguidance", "llama"] = Field(
         default="llguidance",
         description="What enforces json_schema, response_format, forced tool calls and grammar: llguidance (every "
