@@ -120,6 +120,9 @@ class MockRunner:
         self.overlaps = False  # the engine releases text between launch and collect (a GPU's order)
         self.n_ubatch: int | None = None  # overlapping, a step of more tokens launches as one that waits (a GPU's)
         self._outputs: dict[int, TokenOutput | Exception] = {}
+        # slot -> the lowest KV position llama.cpp still holds for it where a test says so: a
+        # window-sized SWA cache overwrites cells n_swa behind a sequence's end (first_cell)
+        self.window_first: dict[int, int] = {}
 
     # ---- simulated KV ----------------------------------------------------------------------
     @property
@@ -140,6 +143,11 @@ class MockRunner:
 
     def seq_tokens(self, seq: int) -> list[int]:
         return [c.token for c in self.seq_cells(seq)]
+
+    def first_cell(self, seq: int) -> int:
+        """llama_memory_seq_pos_min: -1 for an empty sequence."""
+        cells = self.seq_cells(seq)
+        return max(cells[0].pos, self.window_first.get(seq, 0)) if cells else -1
 
     def seq_pos_max(self, seq: int) -> int:
         return max((c.pos for c in self.cells if c is not None and seq in c.seqs), default=-1)

@@ -173,3 +173,32 @@ def test_a_stream_copy_llama_cpp_has_not_made_yet_is_neither_saved_nor_overwritt
     assert runner.ops_of("seq_cp") == [("seq_cp", 1, 0, 15)] and refused.status is RequestStatus.FINISHED_REJECTED
     run_until_idle(sched, runner)  # check_scheduler after every step: each slot's cells hold its tokens
     assert sink_of(extends).finish.reason == "length"
+
+
+def test_a_saved_state_a_window_sized_swa_cache_cannot_serve_is_never_restored():
+    """A window-sized SWA cache holds only a sequence's last cells (n_swa back): a saved state serves
+    a prompt only from near its end. Its first cell is read when it is saved, so a prompt sharing only
+    its beginning prefills without the state copied back first (and undone), and one extending it
+    still restores it."""
+    host = HostCache(capacity_bytes=1 << 20, min_tokens=8)
+    sched, runner = make_scheduler(n_slots=1, n_pages=16, page_size=4, max_batch_tokens=32, max_ctx=64,
+                                   per_slot=True, host=host, swa_window=8)
+    turn1 = make_request(list(range(100, 130)), max_tokens=4)
+    sched.add(turn1)
+    run_until_idle(sched, runner)
+    history = turn1.prompt_tokens + turn1.output_tokens[:-1]
+    runner.window_first[0] = len(history) - 8  # what a window of 8 keeps of the slot's sequence
+    sched.add(make_request(list(range(500, 520)), max_tokens=2))  # takes the slot: turn 1's state saved
+    run_until_idle(sched, runner)
+    runner.window_first.clear()
+    assert len(host) == 1
+
+    early = make_request(history[:12] + [900, 901], max_tokens=2)
+    sched.add(early)
+    run_until_idle(sched, runner)
+    assert runner.ops_of("restore") == [] and early.cached_tokens == 0
+
+    later = make_request(history + [900, 901], max_tokens=2)
+    sched.add(later)
+    step_once(sched, runner)
+    assert runner.ops_of("restore") == [("restore", 0, len(history))] and later.cached_tokens == len(history)

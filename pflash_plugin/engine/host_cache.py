@@ -18,6 +18,7 @@ from .prefixes import longest_prefix
 class Saved:
     tokens: tuple[int, ...]
     data: bytes
+    first_cell: int = 0  # the lowest KV position it holds (a window-sized SWA cache drops the early ones)
 
 
 class HostCache:
@@ -38,9 +39,10 @@ class HostCache:
         key = tuple(tokens)
         return not any(k[:len(key)] == key for k in self._entries)
 
-    def put(self, tokens: list[int], data: bytes) -> None:
-        """Keep `data` for `tokens`, dropping entries it extends, then the least recently used
-        until it fits; a state larger than the whole tier is not kept."""
+    def put(self, tokens: list[int], data: bytes, first_cell: int = 0) -> None:
+        """Keep `data` for `tokens` (its cells from KV position `first_cell` on), dropping entries
+        it extends, then the least recently used until it fits; a state larger than the whole tier
+        is not kept."""
         if len(data) > self.capacity_bytes:
             return
         key = tuple(tokens)
@@ -48,7 +50,7 @@ class HostCache:
             self._drop(k)
         while self.bytes_used + len(data) > self.capacity_bytes:
             self._drop(next(iter(self._entries)))
-        self._entries[key] = Saved(key, data)
+        self._entries[key] = Saved(key, data, first_cell)
         self.bytes_used += len(data)
         self.saved += 1
 

@@ -16,6 +16,7 @@ class StateOps(Protocol):
     """The KV operations the tier needs (prefix_cache.KVOps has them)."""
 
     def seq_rm(self, slot: int, start: int) -> None: ...
+    def first_cell(self, slot: int) -> int: ...
     def save(self, slot: int, max_bytes: int) -> bytes | None: ...
     def restore(self, slot: int, data: bytes, n_tokens: int) -> None: ...
 
@@ -31,12 +32,12 @@ class HostTier:
         if len(tokens) - keep < host.min_tokens or not host.worth_saving(tokens):
             return
         try:
-            data = self.kv.save(slot, host.capacity_bytes)
+            first, data = self.kv.first_cell(slot), self.kv.save(slot, host.capacity_bytes)
         except Exception as error:
             log.warning("slot %d: saving %d tokens to host RAM failed: %s", slot, len(tokens), error)
             return
         if data is not None:
-            host.put(tokens, data)
+            host.put(tokens, data, first)
 
     def restore(self, slot: int, saved: Saved, n: int) -> bool:
         """Load a saved state's first `n` tokens into the slot; False (the slot emptied) where

@@ -109,7 +109,7 @@ class PrefixCache:
     def _fit(self, request: Request, dst: Slot, prefix: Prefix, idle: list[Slot]) -> bool:
         """Bind `dst` with `prefix` once its pages fit, evicting other idle caches of its pool LRU;
         False if they never do."""
-        if prefix.saved is None and not self._in_window(prefix.slot or dst, prefix.n):
+        if not self._in_window(prefix, dst):
             prefix = Prefix(0)
         needed = self.pages_for(request.reserve_tokens)
         peak = max(needed, self.pages_for(len(prefix.saved.tokens))) if prefix.saved else needed
@@ -144,9 +144,6 @@ class PrefixCache:
                     self._copying |= {prefix.slot.index, dst.index}
             elif prefix.saved is not None and self.tier is not None:
                 restored = self.tier.restore(dst.index, prefix.saved, prefix.n)
-                if restored and not self._in_window(dst, prefix.n, prefix.saved.tokens):
-                    self.kv.seq_rm(dst.index, 0)
-                    restored = False
                 prefix = prefix if restored else Prefix(0)
         self.reused_tokens[prefix.kind] += prefix.n
         dst.pages += dst.pool.allocate(needed - len(dst.pages))
@@ -157,15 +154,22 @@ class PrefixCache:
         request.slot = dst.index
         request.cached_tokens = request.n_prefilled = prefix.n
 
-    def _in_window(self, slot: Slot, n: int, tokens: Sequence[int] | None = None) -> bool:
-        """Whether `slot`'s KV can go on after its first `n` tokens: a window-sized SWA cache drops
-        cells n_swa or more behind a sequence's end, and the token at position p attends to the
-        cells from p - n_swa + 1 (llama_hparams::is_masked_swa), so they must all be there
-        (llama-server checks seq_pos_min likewise, a cell or two stricter)."""
-        if not self.swa_window or n == 0:
+    def _in_window(self, prefix: Prefix, dst: Slot) -> bool:
+        """Whether the KV the prefix comes from (`dst`'s own, another slot's, a saved state's) can go
+        on after its first `n` tokens: a window-sized SWA cache drops cells n_swa or more behind a
+        sequence's end, and the token at position p attends to the cells from p - n_swa + 1
+        (llama_hparams::is_masked_swa), so they must all be there (llama-server checks seq_pos_min
+        likewise, a cell or two stricter). A saved state's first cell was read when it was saved:
+        one that cannot serve is never copied back."""
+        if not self.swa_window or prefix.n == 0:
             return True
-        end = kv_position(slot.tokens if tokens is None else tokens, n)
-        return 0 <= self.kv.first_cell(slot.index) <= max(0, end - self.swa_window + 1)
+        tokens: Sequence[int]
+        if prefix.saved is not None:
+            first, tokens = prefix.saved.first_cell, prefix.saved.tokens
+        else:
+            holder = prefix.slot or dst
+            first, tokens = self.kv.first_cell(holder.index), holder.tokens
+        return 0 <= first <= max(0, kv_position(tokens, prefix.n) - self.swa_window + 1)
 
     # ---- giving back -------------------------------------------------------------------------
     def release(self, slot: Slot, forget_kv: bool) -> None:
