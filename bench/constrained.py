@@ -40,7 +40,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.append(sys.path.pop(0))  # as in bench/serving.py: bench/ must not shadow the standard library
 
 import httpx
-from harness import REPO, ServerProcess, demo_model_path, machine, uptime
+from harness import REPO, ServerProcess, arm_items, demo_model_path, machine, uptime
 from host_overhead import remove_worktree, worktree
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
@@ -193,10 +193,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              str(args.slots), "--n_gpu_layers", str(args.gpu_layers), "--verbose", "false", *args.server_flags]
     ours = [arm for arm in args.arms if arm != "llama-server"]
     servers = {arm: ServerProcess(f"constrained-{arm}", [*flags, "--constraint_engine", arm]) for arm in ours}
-    for arm in args.ours_arms:  # NAME=FLAGS: llguidance with those flags too (commas for spaces: a queue line)
-        name, _, extra = arm.partition("=")
-        servers[name] = ServerProcess(f"constrained-{name}", [*flags, "--constraint_engine", "llguidance",
-                                                              *extra.split(",")])
+    for arm in args.ours_arms:  # NAME=ITEMS: llguidance with those flags and environment too (harness.arm_items)
+        name, _, items = arm.partition("=")
+        extra, env = arm_items(items)
+        servers[name] = ServerProcess(f"constrained-{name}", [*flags, "--constraint_engine", "llguidance", *extra],
+                                      env=env)
     if "llama-server" in args.arms:
         servers.update(llama_server(args, model))
     tree = baseline_tree(args.baseline) if args.baseline else None
@@ -338,8 +339,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", nargs="+", default=["llama", "llguidance"], choices=["llama", "llguidance", "llama-server"])
     p.add_argument("--llama-server", dest="llama_server", help="llama-server's binary, for the llama-server arm")
     p.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
-                   help="more arms: llguidance with these server flags (commas for spaces), e.g. "
-                        "unsteady=--steady_decode,off")
+                   help="more arms: llguidance with these server flags (commas for spaces; ENV:KEY=VALUE for its "
+                        "environment), e.g. unsteady=--steady_decode,off")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--slots", type=int, default=4)

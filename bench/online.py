@@ -63,6 +63,10 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
         Arm("stock", ServerProcess("online-stock", ["--model", model, "--n_ctx", "8192", "--interrupt_requests",
                                                     "false"], module="llama_cpp.server", log_dir=log_dir), "min_tokens"),
     ]
+    for arm in args.ours_arms:  # NAME=FLAGS: ours (PFlash off) with these flags too, commas for spaces
+        name, _, extra = arm.partition("=")
+        out.append(Arm(f"ours-{name}", ServerProcess(f"online-ours-{name}", [*ours_args, *extra.split(",")], cwd=tree,
+                                                     log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
     if args.base_tree:  # ours from another tree (PFlash off), beside this one's: a change's before and after
         out.append(Arm("ours-base", ServerProcess("online-ours-base", ours_args, cwd=Path(args.base_tree),
                                                   log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
@@ -143,6 +147,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--arms", nargs="*", help="only these arms (labels)")
     parser.add_argument("--ours-tree", help="a copy of the project to run ours from (e.g. `git archive HEAD`)")
+    parser.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
+                        help="also ours (PFlash off) with these flags, an arm each: u8=--max_concurrency,8,--kv_layout,unified")
     parser.add_argument("--base-tree", help="another copy of the project: adds arm ours-base (PFlash off) run from it")
     parser.add_argument("--tables", type=Path, help="only print the tables of this data file (e.g. a --base-tree run's)")
     parser.add_argument("--llama-server", help="a llama-server binary: adds its arms (with and without -bs)")

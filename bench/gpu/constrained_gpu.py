@@ -35,7 +35,8 @@ def main() -> None:
     parser.add_argument("--llama-server", dest="llama_server", help="llama-server's binary (the llama-server arm)")
     parser.add_argument("--arms", nargs="+", default=["llguidance"], choices=["llama", "llguidance", "llama-server"])
     parser.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
-                        help="more arms: llguidance with these server flags, e.g. unsteady=--steady_decode,off")
+                        help="more arms: llguidance with these server flags (ENV:KEY=VALUE: its environment), e.g. "
+                             "unsteady=--steady_decode,off")
     parser.add_argument("--kinds", nargs="+", default=list(constrained.KINDS), choices=list(constrained.KINDS))
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--slots", type=int, default=64)

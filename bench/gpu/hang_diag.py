@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_scale import ours, throughput  # noqa: E402
+from harness import arm_items  # noqa: E402
 from multi_gpu import Record, models_parser, run_arms  # noqa: E402
 
 
@@ -76,11 +77,9 @@ def beside_rate(server: Any, args: Any) -> dict[str, Any]:
 
 
 def variant(spec: str) -> tuple[str, list[str], dict[str, str]]:
-    """NAME=ITEM,ITEM: each item a server argument, or ENV:KEY=VALUE for its environment."""
+    """NAME=ITEM,ITEM (harness.arm_items)."""
     name, _, rest = spec.partition("=")
-    items = [item for item in rest.split(",") if item]
-    env = dict(item[4:].partition("=")[::2] for item in items if item.startswith("ENV:"))
-    return name, [item for item in items if not item.startswith("ENV:")], env
+    return (name, *arm_items(rest))
 
 
 def main() -> None:
