@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, ServerProcess, demo_model_path, machine, uptime
+from harness import REPO, ServerProcess, arm_items, demo_model_path, machine, uptime
 from online_data import Item, Mix, demo_counter, long_length, scaled, sharegpt_pairs
 from online_load import Objective
 from online_sweep import Arm, Sweep, eog_tokens, wait_idle
@@ -63,9 +63,10 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
         Arm("stock", ServerProcess("online-stock", ["--model", model, "--n_ctx", "8192", "--interrupt_requests",
                                                     "false"], module="llama_cpp.server", log_dir=log_dir), "min_tokens"),
     ]
-    for arm in args.ours_arms:  # NAME=FLAGS: ours (PFlash off) with these flags too, commas for spaces
-        name, _, extra = arm.partition("=")
-        out.append(Arm(f"ours-{name}", ServerProcess(f"online-ours-{name}", [*ours_args, *extra.split(",")], cwd=tree,
+    for arm in args.ours_arms:  # NAME=ITEMS: ours (PFlash off) with these flags and environment (harness.arm_items)
+        name, _, items = arm.partition("=")
+        extra, env = arm_items(items)
+        out.append(Arm(f"ours-{name}", ServerProcess(f"online-ours-{name}", [*ours_args, *extra], env=env, cwd=tree,
                                                      log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
     if args.base_tree:  # ours from another tree (PFlash off), beside this one's: a change's before and after
         out.append(Arm("ours-base", ServerProcess("online-ours-base", ours_args, cwd=Path(args.base_tree),

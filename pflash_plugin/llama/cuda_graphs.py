@@ -8,9 +8,9 @@ good with the GPU at 100% (at 0193d94 too). The same load ran to the end with
 GGML_CUDA_DISABLE_GRAPHS=1 (3,136 tok/s), with flash attention off (1,343 tok/s) and with
 CUDA_LAUNCH_BLOCKING=1 (3,536 tok/s: CUDA graphs still on, each launch waited for); one unified KV
 stream hung too. 64 slots ran clean on every run since the hang was first seen. So a kernel of the
-captured 128-row step never ends while the host launches ahead of it (ggml's flash attention under
-CUDA graphs, which launch kernels with programmatic dependent launch on Hopper); the exact kernel is
-not known. ggml reads GGML_CUDA_DISABLE_GRAPHS once per process, at its first graph: the decision is
+captured 128-row step with flash attention never ends (the clean run with each launch waited for
+suggests it needs the host to launch ahead of it); which kernel is not known (a suspect: ggml
+launches kernels with programmatic dependent launch on Hopper, GGML_CUDA_PDL=0 turns it off). ggml reads GGML_CUDA_DISABLE_GRAPHS once per process, at its first graph: the decision is
 the process's, taken before any weights load (server/config/llama_params.bring_up).
 """
 from __future__ import annotations
