@@ -10,8 +10,9 @@ CUDA_LAUNCH_BLOCKING=1 (3,536 tok/s: CUDA graphs still on, each launch waited fo
 stream hung too. 64 slots ran clean on every run since the hang was first seen. So a kernel of the
 captured 128-row step with flash attention never ends (the clean run with each launch waited for
 suggests it needs the host to launch ahead of it); which kernel is not known (a suspect: ggml
-launches kernels with programmatic dependent launch on Hopper, GGML_CUDA_PDL=0 turns it off). ggml reads GGML_CUDA_DISABLE_GRAPHS once per process, at its first graph: the decision is
-the process's, taken before any weights load (server/config/llama_params.bring_up).
+launches kernels with programmatic dependent launch on Hopper, GGML_CUDA_PDL=0 turns it off).
+ggml reads GGML_CUDA_DISABLE_GRAPHS once per process, at its first graph: the decision is the
+process's, taken before any weights load (server/config/llama_params.bring_up).
 """
 from __future__ import annotations
 
