@@ -285,10 +285,9 @@ def test_cuda_graphs_go_off_where_they_hung(monkeypatch, given, env_before, expe
     from pflash_plugin.llama.cuda_graphs import DISABLE_ENV
     from pflash_plugin.server.config import llama_params
 
+    monkeypatch.setenv(DISABLE_ENV, env_before or "")  # recorded, so what bring_up sets is undone after
     if env_before is None:
-        monkeypatch.delenv(DISABLE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(DISABLE_ENV, env_before)
+        monkeypatch.delenv(DISABLE_ENV)
     monkeypatch.setattr(llama_params, "gpu_count", lambda: 1)  # no GPU here: what one would see
     llama_params.bring_up(plan(ModelSettings(model="m.gguf", n_gpu_layers=given.pop("n_gpu_layers", -1), **given)))
     assert os.environ.get(DISABLE_ENV) == expected
@@ -298,6 +297,7 @@ def test_cuda_graphs_are_left_alone_without_a_gpu(monkeypatch):
     from pflash_plugin.llama.cuda_graphs import DISABLE_ENV
     from pflash_plugin.server.config import llama_params
 
-    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    monkeypatch.setenv(DISABLE_ENV, "")  # recorded, so what bring_up might set is undone after
+    monkeypatch.delenv(DISABLE_ENV)
     llama_params.bring_up(plan(ModelSettings(model="m.gguf", max_concurrency=128, cuda_graphs="off")))
     assert DISABLE_ENV not in os.environ
