@@ -74,8 +74,13 @@ class ServerProcess:
         return self
 
     def launch(self) -> ServerProcess:
-        """Spawn the process (stopped at exit) without waiting for it."""
+        """Spawn the process (stopped at exit) without waiting for it. A second launch of this
+        server keeps the first one's log beside as LABEL.N.log (a bench that starts each server
+        afresh every rep lost the log of the rep that failed)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.proc is not None and self.log_path.exists():
+            runs = len(list(self.log_dir.glob(f"{self.label}.*.log")))
+            self.log_path.rename(self.log_dir / f"{self.label}.{runs + 1}.log")
         path = os.pathsep.join(filter(None, [str(self.cwd), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path, **self.env}
         with self.log_path.open("wb") as log:
@@ -101,12 +106,9 @@ class ServerProcess:
         raise RuntimeError(f"{self.label} not ready after {timeout_s:.0f} s ({', '.join(self.ready_paths)})")
 
     def restart(self, timeout_s: float = 120.0) -> float:
-        """Stop and start afresh (a hung or wedged server), its log so far kept beside as LABEL.N.log
-        (the new process writes LABEL.log again); returns the seconds it took to be ready."""
+        """Stop and start afresh (a hung or wedged server), its log so far kept beside (launch);
+        returns the seconds it took to be ready."""
         self.stop()
-        if self.log_path.exists():
-            runs = len(list(self.log_dir.glob(f"{self.label}.*.log")))
-            self.log_path.rename(self.log_dir / f"{self.label}.{runs + 1}.log")
         self.launch()
         return self.wait_ready(timeout_s)
 

@@ -302,6 +302,8 @@ def measured(server: Server, mode: str, clients: int, rep: int, args: argparse.N
             row["speculation"] = {k: round(after.get(k, 0) - before.get(k, 0), 4) for k in SPEC_COUNTS}
     except Exception as error:
         row.update(clients=clients, error=f"{type(error).__name__}: {error}"[:1000])
+        if server.proc is not None and server.proc.poll() is not None:  # a ReadError: did it die?
+            row["exit_code"] = server.proc.returncode
         if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
             row["restart"] = restart(server, args)  # hung: its later rows would only time out
     return row
