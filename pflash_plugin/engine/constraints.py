@@ -87,55 +87,51 @@ def compile_gbnf(gbnf: str) -> str:
 
 def check_constraint(model: Model, grammar: str) -> None:
     """Raise ConstraintError unless llguidance builds a matcher of `grammar` for this model; the
-    matcher built is kept for the engine's `Constraints.bind` of the same grammar (PREBUILT)."""
-    matcher = _matcher(model, grammar)
-    PREBUILT.put(model, grammar, matcher)
+    matcher built stays as the grammar's template (TEMPLATES) for the engine's `Constraints.bind`."""
+    TEMPLATES.matcher(model, grammar)
 
 
-def _matcher(model: Model, grammar: str) -> llguidance.LLMatcher:
+def _built(model: Model, grammar: str) -> llguidance.LLMatcher:
     matcher = llguidance.LLMatcher(guidance_tokenizer(model), grammar, log_level=0, limits=LIMITS)
     if matcher.is_error():
         raise ConstraintError(_worded(matcher.get_error()))
     return matcher
 
 
-class Prebuilt:
-    """Fresh matchers built where the server checked a request's constraint (its preparation
-    thread: llguidance builds without the GIL), by model and grammar, for the engine's bind to take
-    instead of building one on its own thread (0.3-0.8 ms a request for the bench's schemas at a
-    128K vocabulary, 64 of them at once when 64 clients start). Bounded: a checked request that
-    never starts leaves its matcher, and the oldest go past `limit` (a large grammar's matcher is
-    megabytes)."""
+class Templates:
+    """Each grammar's matcher as built, before any token, by model and grammar (the `limit` last
+    used): a request's matcher is a copy of it (llguidance's deep_copy, ~1 us against 0.3-0.8 ms a
+    build at a 128K vocabulary). So a grammar is built once, where the server first checks it (its
+    preparation thread: llguidance builds without the GIL), not on the engine thread for each
+    request that starts (64 at once when 64 clients start), and a client that sends the same schema
+    with every request pays its build once. Bounded in grammars: a large grammar's matcher is
+    megabytes."""
 
-    def __init__(self, limit: int = 64) -> None:
+    def __init__(self, limit: int = 32) -> None:
         self.limit = limit
-        self._lock = threading.Lock()
-        self._ready: weakref.WeakKeyDictionary[Model, OrderedDict[str, list[llguidance.LLMatcher]]] = \
+        self._lock = threading.Lock()  # deep_copy reads the template: one thread at a time
+        self._ready: weakref.WeakKeyDictionary[Model, OrderedDict[str, llguidance.LLMatcher]] = \
             weakref.WeakKeyDictionary()
 
-    def put(self, model: Model, grammar: str, matcher: llguidance.LLMatcher) -> None:
+    def matcher(self, model: Model, grammar: str) -> tuple[llguidance.LLMatcher, bool]:
+        """A fresh matcher of `grammar`, and whether it was built here (not copied); ConstraintError
+        where llguidance refuses the grammar."""
         with self._lock:
             ready = self._ready.setdefault(model, OrderedDict())
-            ready.setdefault(grammar, []).append(matcher)
-            ready.move_to_end(grammar)
-            if sum(len(matchers) for matchers in ready.values()) > self.limit:
-                oldest = next(iter(ready))
-                ready[oldest].pop(0)
-                if not ready[oldest]:
-                    del ready[oldest]
-
-    def take(self, model: Model, grammar: str) -> llguidance.LLMatcher | None:
+            template = ready.get(grammar)
+            if template is not None:
+                ready.move_to_end(grammar)
+                return template.deep_copy(), False
+        built = _built(model, grammar)
         with self._lock:
-            ready = self._ready.get(model)
-            if ready is None or not ready.get(grammar):
-                return None
-            matcher = ready[grammar].pop()
-            if not ready[grammar]:
-                del ready[grammar]
-            return matcher
+            ready[grammar] = built.deep_copy()
+            ready.move_to_end(grammar)
+            while len(ready) > self.limit:
+                ready.popitem(last=False)
+        return built, True
 
 
-PREBUILT = Prebuilt()
+TEMPLATES = Templates()
 
 
 class Constraints:
@@ -151,16 +147,13 @@ class Constraints:
     def bind(self, slot: int, grammar: str) -> None:
         """A matcher for the slot's request (ConstraintError: llguidance refuses the grammar)."""
         self.unbind(slot)
-        matcher = PREBUILT.take(self.model, grammar)
-        if matcher is not None:
-            self.counts.binds_prebuilt += 1
+        start = time.perf_counter()
+        matcher, built = TEMPLATES.matcher(self.model, grammar)
+        if built:
+            self.counts.binds += 1
+            self.counts.bind_s += time.perf_counter() - start
         else:
-            start = time.perf_counter()
-            try:
-                matcher = _matcher(self.model, grammar)
-            finally:
-                self.counts.binds += 1
-                self.counts.bind_s += time.perf_counter() - start
+            self.counts.binds_copied += 1
         self._matchers[slot] = matcher
 
     def unbind(self, slot: int) -> None:
