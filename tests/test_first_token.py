@@ -12,9 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from pflash_plugin.server.preparation.inline import INLINE_CHARS, INLINE_IDS, inline
+from pflash_plugin.server.preparation.format_cache import MAX_NODES, FormatCache, format_key, formats
+from pflash_plugin.server.preparation.inline import INLINE_CHARS, INLINE_IDS
+from pflash_plugin.server.preparation.inline import inline as on_loop
 from pflash_plugin.server.wire.errors import LOOP_PARSE_BYTES
-from pflash_plugin.server.wire.protocol import ChatCompletionRequest, CompletionRequest
+from pflash_plugin.server.wire.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 
 
 class HeldParse:
@@ -117,6 +119,9 @@ def test_only_short_requests_with_nothing_to_compile_are_prepared_on_the_loop():
     def chat(**kw) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "Hi"}], **kw})
 
+    def inline(body) -> bool:
+        return on_loop(body, FormatCache())
+
     assert inline(CompletionRequest(prompt="x" * INLINE_CHARS)) and inline(CompletionRequest(prompt=[1] * INLINE_IDS))
     assert not inline(CompletionRequest(prompt="x" * (INLINE_CHARS + 1)))
     assert not inline(CompletionRequest(prompt=[1] * (INLINE_IDS + 1)))
@@ -131,6 +136,29 @@ def test_only_short_requests_with_nothing_to_compile_are_prepared_on_the_loop():
     long = [{"role": "user", "content": "x" * (INLINE_CHARS // 2)}, {"role": "assistant", "content": "y"},
             {"role": "user", "content": "z" * (INLINE_CHARS // 2)}]
     assert not inline(ChatCompletionRequest.model_validate({"messages": long}))
+
+
+def test_a_schema_prepared_before_is_prepared_on_the_loop_after(tiny_server):
+    """A JSON schema is checked, converted and built once per served model: the next request with
+    the same schema (its keys in another order too) takes that constraint and, with a short prompt,
+    is prepared on the event loop like a plain one (format_cache.py; issue 49). A schema over
+    MAX_NODES values is never keyed, so never inlined."""
+    served = tiny_server.app.state.models.get("tiny")
+    person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    body = {"prompt": "a person:", "max_tokens": 30, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": person}}}
+    reordered = {**body, "response_format": {"type": "json_schema", "json_schema": {"name": "q", "schema": dict(
+        reversed(list(person.items())))}}}
+    assert not on_loop(CompletionRequest.model_validate(reordered), formats(served))
+    answers = [httpx.post(tiny_server.url + "/v1/completions", json=b, timeout=60) for b in (body, reordered)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]
+    assert on_loop(CompletionRequest.model_validate(reordered), formats(served))
+    assert not on_loop(CompletionRequest.model_validate({**body, "response_format": {"type": "json_object"}}),
+                       formats(served))
+    wide = {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(MAX_NODES)}}
+    assert format_key(ResponseFormat.model_validate({"type": "json_object", "schema": wide})) is None
 
 
 @pytest.mark.parametrize("stream", [True, False])

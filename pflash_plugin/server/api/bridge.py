@@ -9,6 +9,7 @@ from fastapi import Request
 
 from ..output.dispatch import respond
 from ..output.presenters import Presenter
+from ..preparation.format_cache import formats
 from ..preparation.inline import inline
 from ..preparation.prepare import prepare_chat
 from ..runtime.media_prepare import prepared
@@ -23,7 +24,7 @@ async def answer(http: Request, ctx: ServerContext, chat: ChatCompletionRequest,
     refusal names the client's field where `fields` maps the chat field it was found in."""
     served = ctx.models.get(chat.model)
     try:
-        generation = prepare_chat(served, chat) if inline(chat) else await prepared(
+        generation = prepare_chat(served, chat) if inline(chat, formats(served)) else await prepared(
             http, served.media_preparation, chat, prepare_chat, served, chat)
         return await respond(http, ctx, generation, bool(chat.stream), presenter(generation))
     except RequestError as error:  # a refusal, before any byte of the answer

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from ..output.dispatch import respond
+from ..preparation.format_cache import formats
 from ..preparation.inline import inline
 from ..preparation.prepare import prepare_chat, prepare_completion
 from ..runtime.media_prepare import prepared
@@ -32,7 +33,7 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI V1"], responses=ERROR_
 @router.post("/v1/engines/copilot-codex/completions", response_model=CompletionResponse, include_in_schema=False)
 async def create_completion(http: Request, body: CompletionRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     served = ctx.models.get(body.model)
-    generation = prepare_completion(served, body) if inline(body) else await run_in_threadpool(
+    generation = prepare_completion(served, body) if inline(body, formats(served)) else await run_in_threadpool(
         prepare_completion, served, body)
     return await respond(http, ctx, generation, body.stream)
 
@@ -41,7 +42,7 @@ async def create_completion(http: Request, body: CompletionRequest, ctx: ServerC
 async def create_chat_completion(http: Request, body: ChatCompletionRequest,
                                  ctx: ServerContext = Depends(get_context)) -> Any:
     served = ctx.models.get(body.model)
-    generation = prepare_chat(served, body) if inline(body) else await prepared(
+    generation = prepare_chat(served, body) if inline(body, formats(served)) else await prepared(
         http, served.media_preparation, body, prepare_chat, served, body)
     return await respond(http, ctx, generation, body.stream)
 

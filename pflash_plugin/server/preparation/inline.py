@@ -1,5 +1,6 @@
 """Which requests are prepared on the event loop itself rather than on a worker thread: a short
-prompt with nothing to compile (no grammar, schema, tools, logit bias, media, one choice). Their
+prompt with nothing to compile (no grammar, tools, logit bias, media, one choice; a schema only once
+compiled). Their
 preparation is a small template render and tokenization, less than the hop it saves: a worker
 thread, then the loop again, each waited for beside the long prompts' preparation (the GIL) and
 behind them in the pool. Beside mix8's 4 long bodies on 2 CPU cores the hop took 7 ms (median) of
@@ -7,17 +8,20 @@ a short request's way to the engine (issue 48)."""
 from __future__ import annotations
 
 from ..wire.protocol import ChatCompletionRequest, CompletionRequest
+from .format_cache import FormatCache, format_key
 
 INLINE_CHARS = 4096  # a prompt's characters (a chat's message texts together)
 INLINE_IDS = 2048  # a prompt's token ids
 INLINE_MESSAGES = 32
 
 
-def inline(body: CompletionRequest | ChatCompletionRequest) -> bool:
-    """Whether `body` is prepared on the event loop (its preparation is bounded and small)."""
+def inline(body: CompletionRequest | ChatCompletionRequest, prepared: FormatCache) -> bool:
+    """Whether `body` is prepared on the event loop (its preparation is bounded and small): a
+    JSON response_format only where `prepared` holds that schema (format_cache.py)."""
     if (body.n or 1) != 1 or body.grammar or body.logit_bias:
         return False
-    if body.response_format is not None and body.response_format.type != "text":
+    if body.response_format is not None and body.response_format.type != "text" \
+            and format_key(body.response_format) not in prepared:
         return False
     if isinstance(body, CompletionRequest):
         prompt = body.prompt

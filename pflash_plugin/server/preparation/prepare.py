@@ -36,6 +36,7 @@ from ..wire.protocol import (
 from ..wire.responses import ChatChoice, CompletionChoice, new_id
 from .constraint import Constrained, constrained
 from .fim import completion_prompts, wants_fim
+from .format_cache import format_key, formats
 from .lora import refuse_request_scales
 from .media import media_tokens
 from .schema_bounds import schema_grammar
@@ -139,9 +140,13 @@ def format_grammar(served: ServedModel, response_format: ResponseFormat | None, 
     schema either way), for chat and completions alike; otherwise the request's own grammar."""
     if response_format is None or response_format.type == "text":
         return constrained(served, grammar, "grammar")
-    schema = response_format.schema_for_grammar()
-    gbnf = schema_grammar(schema, "response_format") if schema else llama_grammar.JSON_GBNF
-    return constrained(served, gbnf, "response_format", schema or None)
+
+    def prepared() -> Constrained:
+        schema = response_format.schema_for_grammar()
+        gbnf = schema_grammar(schema, "response_format") if schema else llama_grammar.JSON_GBNF
+        return constrained(served, gbnf, "response_format", schema or None)
+
+    return formats(served).get(format_key(response_format), prepared)
 
 
 def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
