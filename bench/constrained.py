@@ -71,6 +71,7 @@ MARK = "<!-- bench/constrained.py: {} -->"
 PHASES = ("bind_s", "fill_ahead_s", "fill_start_s", "fill_wait_s", "fill_due_s", "apply_s", "commit_s", "logits_wait_s", "sample_s")
 PHASE_MS = [key.removesuffix("_s") + "_ms" for key in PHASES]
 MEDIANS = ("tok_s", "ms_per_token", "tokens", "valid_json", "ttft_ms", "steps", "step_ms", "decode_step_ms", *PHASE_MS,
+           "median_prepare_ms", "median_queue_ms", "median_prefill_ms",
            "masked_rows", "dense_share", "forced_share")
 
 
@@ -103,6 +104,7 @@ async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int,
     /status: tokens/s, ms/token and TTFT only."""
     all_started = asyncio.Event()
     firsts: list[float] = []
+    spans: list[dict[str, float]] = []  # each request's usage.timings (ours)
     ours = not is_llama_server(server)
 
     async def one(i: int, http: httpx.AsyncClient) -> tuple[int, float, bool, float]:
@@ -110,7 +112,7 @@ async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int,
         request = {**body(kind, f"Record {rep}.{i} of the shop's database, as JSON:", wanted, 1000 * (rep + 1) + i,
                           not ours),
                    "stream": True, "stream_options": {"include_usage": True}}
-        started, first, text, tokens = time.perf_counter(), None, "", 0
+        started, first, text, tokens, timings = time.perf_counter(), None, "", 0, {}
         async with http.stream("POST", server.url + "/v1/completions", json=request) as reply:
             reply.raise_for_status()
             async for line in reply.aiter_lines():
@@ -125,7 +127,9 @@ async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int,
                         if len(firsts) == clients:
                             all_started.set()
                 tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
+                timings = (chunk.get("usage") or {}).get("timings") or timings
         done = time.perf_counter()
+        spans.append(timings)
         return tokens, done - started, _parses(text), (first or done) - started
 
     async def decoding(http: httpx.AsyncClient) -> tuple[float, dict[str, Any]]:
@@ -147,12 +151,21 @@ async def trial(server: ServerProcess, kind: str, clients: int, max_tokens: int,
            "ms_per_token": round(statistics.median(1000 * s / max(t, 1) for t, s, _, _ in results), 1),
            "ttft_ms": round(1000 * statistics.median(r[3] for r in results), 1),
            "valid_json": sum(r[2] for r in results), "load_1m": load, "lengths": [r[0] for r in results],
-           **(per_step(before, after, wall) if ours else {})}
+           **(per_step(before, after, wall) if ours else {}), **span_medians(spans)}
     if mark is not None and mark.done() and not mark.cancelled():
         at, middle = mark.result()
         steps = after["steps"] - middle["steps"]
         row["decode_step_ms"] = round(1000 * (start + wall - at) / steps, 2) if steps > 0 else None
     return row
+
+
+SPANS = ("prepare_ms", "queue_ms", "prefill_ms")  # where a request's first token waited (usage.timings)
+
+
+def span_medians(spans: list[dict[str, float]]) -> dict[str, float]:
+    """The median over the trial's requests of each of SPANS (the server reports them: ours)."""
+    return {f"median_{key}": round(statistics.median(t[key] for t in spans), 1)
+            for key in SPANS if spans and all(key in t for t in spans)}
 
 
 async def engine_counts(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
