@@ -31,7 +31,9 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -215,7 +217,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         servers.update(llama_server(args, model))
     tree = baseline_tree(args.baseline) if args.baseline else None
     if tree is not None:  # the same arms on another revision's code, for a before/after in one run
-        servers.update({f"{arm}@{args.baseline}": ServerProcess(f"constrained-{arm}-base", [
+        base = Path(args.baseline).name.removesuffix(".tgz")  # a revision, or its archive's name
+        servers.update({f"{arm}@{base}": ServerProcess(f"constrained-{arm}-base", [
             *flags, "--constraint_engine", arm], cwd=tree) for arm in ours})
     check_kinds(args.kinds)
     rows: list[dict[str, Any]] = []
@@ -281,8 +284,13 @@ def llama_server(args: argparse.Namespace, model: str) -> dict[str, ServerProces
 
 def baseline_tree(rev: str) -> Path:
     """A temporary checkout of `rev` whose servers run its code, with this tree's native library
-    where it has none built (host_overhead.worktree; removed after the run)."""
-    tree = worktree(rev)
+    where it has none built (host_overhead.worktree; removed after the run). `rev` may be a `git
+    archive --format=tar.gz` of pflash_plugin instead (the GPU machine has no git history)."""
+    if rev.endswith(".tgz"):
+        tree = Path(tempfile.mkdtemp(prefix="pflash-baseline-"))
+        subprocess.run(["tar", "xzf", str(Path(rev).resolve()), "-C", str(tree)], check=True)
+    else:
+        tree = worktree(rev)
     for built in (REPO / "pflash_plugin").glob("_pflash_ext*"):
         if not (tree / "pflash_plugin" / built.name).exists():
             shutil.copy2(built, tree / "pflash_plugin" / built.name)
@@ -359,7 +367,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--baseline", help="also each arm on this git revision's code (arm@REV), trials interleaved")
+    p.add_argument("--baseline", help="also each arm on this git revision's code (arm@REV), trials interleaved; or "
+                                      "on a `git archive --format=tar.gz REV pflash_plugin` saved as NAME.tgz (arm@NAME)")
     p.add_argument("--n-ctx", dest="n_ctx", type=int, default=4096)
     p.add_argument("--gpu-layers", dest="gpu_layers", type=int, default=0)
     p.add_argument("--server-flags", dest="server_flags", nargs=argparse.REMAINDER, default=[],
