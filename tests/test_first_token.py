@@ -140,22 +140,28 @@ def test_only_short_requests_with_nothing_to_compile_are_prepared_on_the_loop():
 
 def test_a_schema_prepared_before_is_prepared_on_the_loop_after(tiny_server):
     """A JSON schema is checked, converted and built once per served model: the next request with
-    the same schema (its keys in another order too) takes that constraint and, with a short prompt,
-    is prepared on the event loop like a plain one (format_cache.py; issue 49). A schema over
-    MAX_NODES values is never keyed, so never inlined."""
+    the same schema takes that constraint (the same answer) and, with a short prompt, is prepared on
+    the event loop like a plain one (format_cache.py; issue 49). The same properties in another
+    order are another schema (the answer's order of fields). A schema over MAX_NODES values is never
+    kept, so never prepared on the loop."""
     served = tiny_server.app.state.models.get("tiny")
     person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
-    body = {"prompt": "a person:", "max_tokens": 30, "temperature": 0,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": person}}}
-    reordered = {**body, "response_format": {"type": "json_schema", "json_schema": {"name": "q", "schema": dict(
-        reversed(list(person.items())))}}}
-    assert not on_loop(CompletionRequest.model_validate(reordered), formats(served))
-    answers = [httpx.post(tiny_server.url + "/v1/completions", json=b, timeout=60) for b in (body, reordered)]
+    swapped = {**person, "properties": dict(reversed(list(person["properties"].items())))}
+
+    def body(schema: dict) -> dict:
+        return {"prompt": "a person:", "max_tokens": 30, "temperature": 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}
+
+    def kept(schema: dict) -> bool:
+        return on_loop(CompletionRequest.model_validate(body(schema)), formats(served))
+
+    assert not kept(person)
+    answers = [httpx.post(tiny_server.url + "/v1/completions", json=body(person), timeout=60) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200], answers[0].text
     assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]
-    assert on_loop(CompletionRequest.model_validate(reordered), formats(served))
-    assert not on_loop(CompletionRequest.model_validate({**body, "response_format": {"type": "json_object"}}),
+    assert kept(person) and not kept(swapped)
+    assert not on_loop(CompletionRequest.model_validate({**body(person), "response_format": {"type": "json_object"}}),
                        formats(served))
     wide = {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(MAX_NODES)}}
     assert format_key(ResponseFormat.model_validate({"type": "json_object", "schema": wide})) is None

@@ -36,9 +36,10 @@ def _small(schema: Any, limit: int = MAX_NODES) -> bool:
 
 
 def format_key(response_format: ResponseFormat | None) -> str | None:
-    """The cache's key of a JSON response_format (its schema as canonical JSON: json_object and a
-    json_schema without one both mean any JSON, and prepare alike); None for
-    text, a schema over MAX_NODES, or a format the preparation refuses (it says why there)."""
+    """The cache's key of a JSON response_format: its schema as JSON text, keys in the client's order
+    (the order of `properties` is the answer's order of fields; json_object and a json_schema without
+    a schema both mean any JSON, and prepare alike); None for text, a schema over MAX_NODES, or a
+    format the preparation refuses (it says why there)."""
     if response_format is None or response_format.type == "text":
         return None
     try:
@@ -47,7 +48,7 @@ def format_key(response_format: ResponseFormat | None) -> str | None:
         return None
     if not _small(schema):
         return None
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    return json.dumps(schema, separators=(",", ":"))
 
 
 class FormatCache:
