@@ -13,7 +13,7 @@ import pytest
 from llama_cpp import llama_grammar
 
 from pflash_plugin.engine.constraint_masks import ConstraintCounts
-from pflash_plugin.engine.constraints import TEMPLATES, compile_gbnf, compile_schema
+from pflash_plugin.engine.constraints import PREBUILT, compile_gbnf, compile_schema
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
 
@@ -157,7 +157,7 @@ def test_status_counts_the_constraint_phases_of_a_schema_request(server):
     after = counts()
     tokens = answer.json()["usage"]["completion_tokens"]
     grew = {key: after[key] - before[key] for key in after}
-    assert grew["binds_copied"] == 1 and grew["binds"] == 0  # built where the route checked it
+    assert grew["binds_prebuilt"] == 1 and grew["binds"] == 0  # built where the route checked it
     assert grew["fills_due"] >= tokens and grew["rows_filled"] >= tokens and grew["fills_ahead"] == 0  # the CPU: serial
     assert grew["rows_masked"] + grew["rows_forced"] >= tokens and grew["commits"] >= tokens and grew["commit_s"] > 0
     assert 0 < grew["rows_forced"] < tokens  # a key's or a bracket's token: no mask, no sampler
@@ -165,31 +165,26 @@ def test_status_counts_the_constraint_phases_of_a_schema_request(server):
     assert grew["logits_waits"] >= tokens and grew["sample_s"] > 0
 
 
-def test_a_grammar_is_built_once_and_each_request_gets_a_copy(tiny_model):
-    """The route's check builds the grammar's matcher (on its thread, beside the engine), and the
-    engine's binds copy it instead of building on the engine thread, for every later request with
-    that grammar too; each copy starts fresh and moves alone; bounded in grammars."""
-    from pflash_plugin.engine.constraints import Constraints, Templates, check_constraint
+def test_a_checked_constraints_matcher_is_the_one_the_engine_binds(tiny_model):
+    """The route's check builds the matcher (on its thread, beside the engine), and the engine's bind
+    takes it instead of building another on the engine thread; one request per check; bounded."""
+    from pflash_plugin.engine.constraints import Constraints, Prebuilt, check_constraint
     from pflash_plugin.engine.loader import load_model
 
-    model = load_model(tiny_model, EngineConfig(n_slots=2, max_ctx=256))
+    model = load_model(tiny_model, EngineConfig(n_slots=1, max_ctx=256))
     grammar = compile_schema(PERSON)
     check_constraint(model, grammar)
     constraints = Constraints(model)
     constraints.bind(0, grammar)
-    constraints.bind(1, grammar)  # no check for this one: copied all the same
-    assert (constraints.counts.binds_copied, constraints.counts.binds) == (2, 0)
+    assert (constraints.counts.binds_prebuilt, constraints.counts.binds) == (1, 0)
+    constraints.bind(1, grammar)  # no check for this one: built here
+    assert (constraints.counts.binds_prebuilt, constraints.counts.binds) == (1, 1)
     constraints.masks.fill([0, 1])
-    first = constraints.masks.allowed(0).tolist()
-    assert first == constraints.masks.allowed(1).tolist()  # both fresh: '{' alone
-    assert constraints.commit(0, first[0]) is None  # slot 0 moves on, slot 1 and the template do not
-    constraints.masks.fill([0, 1])
-    assert constraints.masks.allowed(0).tolist() != first and constraints.masks.allowed(1).tolist() == first
-    constraints.bind(1, grammar)
-    constraints.masks.fill([1])
-    assert constraints.masks.allowed(1).tolist() == first
-    pool, other = Templates(limit=1), compile_gbnf(LIST_GBNF)
-    assert [pool.matcher(model, text)[1] for text in (grammar, grammar, other, grammar)] == [True, False, True, True]
+    assert constraints.masks.allowed(0).tolist() == constraints.masks.allowed(1).tolist()  # both fresh: '{' alone
+    pool, other = Prebuilt(limit=2), compile_gbnf(LIST_GBNF)
+    for text in (grammar, other, other):
+        pool.put(model, text, constraints._matchers[0])
+    assert pool.take(model, grammar) is None and pool.take(model, other) is not None  # the oldest went
 
 
 def test_llama_grammar_json_still_converts():
@@ -288,7 +283,7 @@ def test_a_fill_beside_the_decode_has_begun_when_the_engine_thread_goes_on(tiny_
     grammar = compile_schema(PERSON)
     check_constraint(model, grammar)
     counts = ConstraintCounts()
-    masks = ConstraintMasks(model.n_vocab, {0: TEMPLATES.matcher(model, grammar)[0]}, counts)
+    masks = ConstraintMasks(model.n_vocab, {0: PREBUILT.take(model, grammar)}, counts)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(0.2)
     try:

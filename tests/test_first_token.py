@@ -139,9 +139,10 @@ def test_only_short_requests_with_nothing_to_compile_are_prepared_on_the_loop():
 
 
 def test_a_schema_prepared_before_is_prepared_on_the_loop_after(tiny_server):
-    """A JSON schema is checked, converted and built once per served model: the next request with
+    """A JSON schema is checked, converted and compiled once per served model: the next request with
     the same schema takes that constraint (the same answer) and, with a short prompt, is prepared on
-    the event loop like a plain one (format_cache.py; issue 49). The same properties in another
+    the event loop like a plain one, its matcher built beside for the engine to take (format_cache.py,
+    engine/constraints.py prebuild; issue 49). The same properties in another
     order are another schema (the answer's order of fields). A schema over MAX_NODES values is never
     kept, so never prepared on the loop."""
     served = tiny_server.app.state.models.get("tiny")
@@ -157,8 +158,11 @@ def test_a_schema_prepared_before_is_prepared_on_the_loop_after(tiny_server):
         return on_loop(CompletionRequest.model_validate(body(schema)), formats(served))
 
     assert not kept(person)
+    before = tiny_server.status("tiny")["constraints"]
     answers = [httpx.post(tiny_server.url + "/v1/completions", json=body(person), timeout=60) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    after = tiny_server.status("tiny")["constraints"]  # each request's own matcher, neither built by the engine
+    assert (after["binds_prebuilt"] - before["binds_prebuilt"], after["binds"] - before["binds"]) == (2, 0)
     assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]
     assert kept(person) and not kept(swapped)
     assert not on_loop(CompletionRequest.model_validate({**body(person), "response_format": {"type": "json_object"}}),

@@ -37,7 +37,7 @@ class ConstraintCounts:
     """Sums since start of the constraint work's phases on the engine thread, for /status and
     bench/constrained.py's per-step split (issue 49: where an H200 step of schema rows goes)."""
 
-    binds_copied: int = 0  # starting requests' matchers copied from their grammar's template (Templates)
+    binds_prebuilt: int = 0  # starting requests' matchers built where the server checked them (Prebuilt)
     binds: int = 0  # those built on the engine thread instead (no check before: a second choice of n, a test)
     bind_s: float = 0.0
     fill_threads: int = 0  # llguidance's executor threads (0: no fill yet)

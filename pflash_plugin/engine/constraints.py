@@ -20,7 +20,8 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Union
 
 import llguidance
 import numpy as np
@@ -87,51 +88,82 @@ def compile_gbnf(gbnf: str) -> str:
 
 def check_constraint(model: Model, grammar: str) -> None:
     """Raise ConstraintError unless llguidance builds a matcher of `grammar` for this model; the
-    matcher built stays as the grammar's template (TEMPLATES) for the engine's `Constraints.bind`."""
-    TEMPLATES.matcher(model, grammar)
+    matcher built is kept for the engine's `Constraints.bind` of the same grammar (PREBUILT)."""
+    matcher = _matcher(model, grammar)
+    PREBUILT.put(model, grammar, matcher)
 
 
-def _built(model: Model, grammar: str) -> llguidance.LLMatcher:
+def prebuild(model: Model, grammar: str) -> None:
+    """A matcher of a grammar checked before, built on a builder thread and kept for the engine's
+    bind (PREBUILT): a request prepared on the event loop (its schema's constraint kept) neither
+    builds on the loop nor leaves the build to the engine thread. Each request gets a matcher of its
+    own: llguidance's deep_copy shares the lexer and its lock, so the copies' masks fill one at a time."""
+    PREBUILT.put(model, grammar, _builder().submit(_matcher, model, grammar))
+
+
+_BUILDER: ThreadPoolExecutor | None = None
+_BUILDER_LOCK = threading.Lock()
+
+
+def _builder() -> ThreadPoolExecutor:
+    global _BUILDER
+    with _BUILDER_LOCK:
+        if _BUILDER is None:  # llguidance builds without the GIL: two threads beside the engine
+            _BUILDER = ThreadPoolExecutor(2, thread_name_prefix="constraint-build")
+        return _BUILDER
+
+
+def _matcher(model: Model, grammar: str) -> llguidance.LLMatcher:
     matcher = llguidance.LLMatcher(guidance_tokenizer(model), grammar, log_level=0, limits=LIMITS)
     if matcher.is_error():
         raise ConstraintError(_worded(matcher.get_error()))
     return matcher
 
 
-class Templates:
-    """Each grammar's matcher as built, before any token, by model and grammar (the `limit` last
-    used): a request's matcher is a copy of it (llguidance's deep_copy, ~1 us against 0.3-0.8 ms a
-    build at a 128K vocabulary). So a grammar is built once, where the server first checks it (its
-    preparation thread: llguidance builds without the GIL), not on the engine thread for each
-    request that starts (64 at once when 64 clients start), and a client that sends the same schema
-    with every request pays its build once. Bounded in grammars: a large grammar's matcher is
-    megabytes."""
+_Ready = Union[llguidance.LLMatcher, "Future[llguidance.LLMatcher]"]  # built, or being built (prebuild)
 
-    def __init__(self, limit: int = 32) -> None:
+
+class Prebuilt:
+    """Fresh matchers built where the server checked a request's constraint (its preparation
+    thread: llguidance builds without the GIL), by model and grammar, for the engine's bind to take
+    instead of building one on its own thread (0.3-0.8 ms a request for the bench's schemas at a
+    128K vocabulary, 64 of them at once when 64 clients start), or being built there (`prebuild`:
+    a future, waited for at the bind). Bounded: a checked request that never starts leaves its
+    matcher, and the oldest go past `limit` (a large grammar's matcher is megabytes)."""
+
+    def __init__(self, limit: int = 64) -> None:
         self.limit = limit
-        self._lock = threading.Lock()  # deep_copy reads the template: one thread at a time
-        self._ready: weakref.WeakKeyDictionary[Model, OrderedDict[str, llguidance.LLMatcher]] = \
-            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._ready: weakref.WeakKeyDictionary[Model, OrderedDict[str, list[_Ready]]] = weakref.WeakKeyDictionary()
 
-    def matcher(self, model: Model, grammar: str) -> tuple[llguidance.LLMatcher, bool]:
-        """A fresh matcher of `grammar`, and whether it was built here (not copied); ConstraintError
-        where llguidance refuses the grammar."""
+    def put(self, model: Model, grammar: str, matcher: _Ready) -> None:
         with self._lock:
             ready = self._ready.setdefault(model, OrderedDict())
-            template = ready.get(grammar)
-            if template is not None:
-                ready.move_to_end(grammar)
-                return template.deep_copy(), False
-        built = _built(model, grammar)
-        with self._lock:
-            ready[grammar] = built.deep_copy()
+            ready.setdefault(grammar, []).append(matcher)
             ready.move_to_end(grammar)
-            while len(ready) > self.limit:
-                ready.popitem(last=False)
-        return built, True
+            if sum(len(matchers) for matchers in ready.values()) > self.limit:
+                oldest = next(iter(ready))
+                ready[oldest].pop(0)
+                if not ready[oldest]:
+                    del ready[oldest]
+
+    def take(self, model: Model, grammar: str) -> llguidance.LLMatcher | None:
+        with self._lock:
+            ready = self._ready.get(model)
+            if ready is None or not ready.get(grammar):
+                return None
+            matcher = ready[grammar].pop()
+            if not ready[grammar]:
+                del ready[grammar]
+        if isinstance(matcher, Future):  # built by prebuild: done by now, or nearly (GIL released)
+            try:
+                return matcher.result()
+            except ConstraintError:
+                return None
+        return matcher
 
 
-TEMPLATES = Templates()
+PREBUILT = Prebuilt()
 
 
 class Constraints:
@@ -147,13 +179,16 @@ class Constraints:
     def bind(self, slot: int, grammar: str) -> None:
         """A matcher for the slot's request (ConstraintError: llguidance refuses the grammar)."""
         self.unbind(slot)
-        start = time.perf_counter()
-        matcher, built = TEMPLATES.matcher(self.model, grammar)
-        if built:
-            self.counts.binds += 1
-            self.counts.bind_s += time.perf_counter() - start
+        matcher = PREBUILT.take(self.model, grammar)
+        if matcher is not None:
+            self.counts.binds_prebuilt += 1
         else:
-            self.counts.binds_copied += 1
+            start = time.perf_counter()
+            try:
+                matcher = _matcher(self.model, grammar)
+            finally:
+                self.counts.binds += 1
+                self.counts.bind_s += time.perf_counter() - start
         self._matchers[slot] = matcher
 
     def unbind(self, slot: int) -> None:

@@ -1,6 +1,7 @@
 """The constraint of each response_format a model has prepared, by its schema's text: a client that
 sends the same schema with every request (a pydantic parse, an extraction loop, a benchmark) pays
-the schema's checks, bounds, GBNF conversion and llguidance build once, and such a request with a
+the schema's checks, bounds, GBNF conversion and llguidance compile once (each request's matcher
+is still its own, built beside: engine/constraints.py `prebuild`), and such a request with a
 short prompt is then prepared on the event loop as a plain one is (inline.py), not behind a worker
 thread and the GIL beside its peers. 64 clients starting at once with one schema on 2 CPU cores had
 their first token ~60 ms later than plain ones through that hop alone (issue 49).
@@ -52,11 +53,9 @@ def format_key(response_format: ResponseFormat | None) -> str | None:
 
 
 class FormatCache:
-    """The last `limit` formats' constraints of one served model (its model, its constraint engine);
-    as many as the engine keeps grammars' matchers (engine/constraints.py Templates), so that a
-    request prepared from here finds its matcher to copy."""
+    """The last `limit` formats' constraints of one served model (its model, its constraint engine)."""
 
-    def __init__(self, limit: int = 32) -> None:
+    def __init__(self, limit: int = 64) -> None:
         self.limit = limit
         self._lock = threading.Lock()
         self._ready: OrderedDict[str, Constrained] = OrderedDict()
@@ -65,21 +64,22 @@ class FormatCache:
         with self._lock:
             return key is not None and key in self._ready
 
-    def get(self, key: str | None, prepare: Callable[[], Constrained]) -> Constrained:
-        """The constraint kept for `key`, else `prepare()`'s, kept where keyed (an error is not)."""
+    def get(self, key: str | None, prepare: Callable[[], Constrained]) -> tuple[Constrained, bool]:
+        """The constraint kept for `key` (and True), else `prepare()`'s, kept where keyed (an
+        error is not), and False."""
         if key is None:
-            return prepare()
+            return prepare(), False
         with self._lock:
             found = self._ready.get(key)
             if found is not None:
                 self._ready.move_to_end(key)
-                return found
+                return found, True
         made = prepare()
         with self._lock:
             self._ready[key] = made
             while len(self._ready) > self.limit:
                 self._ready.popitem(last=False)
-        return made
+        return made, False
 
 
 _CACHES: weakref.WeakKeyDictionary[ServedModel, FormatCache] = weakref.WeakKeyDictionary()

@@ -15,6 +15,7 @@ from llama_cpp import llama_grammar
 from ...chat.reasoning import Reader, for_template, opens_in_prompt, reader_for, requested_tags
 from ...chat.switches import THINKING_DEFAULT
 from ...chat.tool_calls import GENERIC, ToolCallReader
+from ...engine.constraints import prebuild
 from ...engine.media_prompt import MediaSpan
 from ...engine.reasoning_budget import ReasoningBudget
 from ...engine.request import Request as EngineRequest
@@ -146,7 +147,10 @@ def format_grammar(served: ServedModel, response_format: ResponseFormat | None, 
         gbnf = schema_grammar(schema, "response_format") if schema else llama_grammar.JSON_GBNF
         return constrained(served, gbnf, "response_format", schema or None)
 
-    return formats(served).get(format_key(response_format), prepared)
+    constraint, kept = formats(served).get(format_key(response_format), prepared)
+    if kept and constraint.constraint:  # checked before: this request's own matcher, built beside
+        prebuild(served.model, constraint.constraint)
+    return constraint
 
 
 def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
