@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from pflash_plugin.server.preparation.format_cache import MAX_NODES, FormatCache, format_key, formats
+from pflash_plugin.server.preparation.format_cache import MAX_CHARS, MAX_NODES, FormatCache, format_key, formats
 from pflash_plugin.server.preparation.inline import INLINE_CHARS, INLINE_IDS
 from pflash_plugin.server.preparation.inline import inline as on_loop
 from pflash_plugin.server.wire.errors import LOOP_PARSE_BYTES
@@ -143,8 +143,8 @@ def test_a_schema_prepared_before_is_prepared_on_the_loop_after(tiny_server):
     the same schema takes that constraint (the same answer) and, with a short prompt, is prepared on
     the event loop like a plain one, its matcher built beside for the engine to take (format_cache.py,
     engine/constraints.py prebuild; issue 49). The same properties in another
-    order are another schema (the answer's order of fields). A schema over MAX_NODES values is never
-    kept, so never prepared on the loop."""
+    order are another schema (the answer's order of fields). A schema over MAX_NODES values or
+    MAX_CHARS characters is never kept, so never prepared on the loop (its key is made there)."""
     served = tiny_server.app.state.models.get("tiny")
     person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
@@ -168,7 +168,10 @@ def test_a_schema_prepared_before_is_prepared_on_the_loop_after(tiny_server):
     assert not on_loop(CompletionRequest.model_validate({**body(person), "response_format": {"type": "json_object"}}),
                        formats(served))
     wide = {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(MAX_NODES)}}
-    assert format_key(ResponseFormat.model_validate({"type": "json_object", "schema": wide})) is None
+    long = {**person, "description": "x" * (MAX_CHARS + 1)}
+    for schema in (wide, long):
+        assert format_key(ResponseFormat.model_validate({"type": "json_object", "schema": schema})) is None
+    assert format_key(ResponseFormat.model_validate({"type": "json_object", "schema": person})) is not None
 
 
 @pytest.mark.parametrize("stream", [True, False])

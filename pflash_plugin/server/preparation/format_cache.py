@@ -19,28 +19,33 @@ from ..wire.protocol import RequestError, ResponseFormat
 from .constraint import Constrained
 
 MAX_NODES = 512  # a schema with more objects, lists and values than this is never keyed (nor inlined)
+MAX_CHARS = 65536  # nor one whose keys and strings hold more characters: its key is JSON text, made on the loop
 
 
-def _small(schema: Any, limit: int = MAX_NODES) -> bool:
-    """Whether the schema holds at most `limit` values (walked no further than that)."""
-    stack, seen = [schema], 0
+def _small(schema: Any) -> bool:
+    """Whether the schema holds at most MAX_NODES values and MAX_CHARS characters of keys and
+    strings (walked no further than either)."""
+    stack, nodes, chars = [schema], 0, 0
     while stack:
-        seen += 1
-        if seen > limit:
-            return False
+        nodes += 1
         value = stack.pop()
         if isinstance(value, dict):
+            chars += sum(len(key) for key in value)
             stack.extend(value.values())
         elif isinstance(value, list):
             stack.extend(value)
+        elif isinstance(value, str):
+            chars += len(value)
+        if nodes > MAX_NODES or chars > MAX_CHARS:
+            return False
     return True
 
 
 def format_key(response_format: ResponseFormat | None) -> str | None:
     """The cache's key of a JSON response_format: its schema as JSON text, keys in the client's order
     (the order of `properties` is the answer's order of fields; json_object and a json_schema without
-    a schema both mean any JSON, and prepare alike); None for text, a schema over MAX_NODES, or a
-    format the preparation refuses (it says why there)."""
+    a schema both mean any JSON, and prepare alike); None for text, a schema over MAX_NODES or
+    MAX_CHARS, or a format the preparation refuses (it says why there)."""
     if response_format is None or response_format.type == "text":
         return None
     try:
