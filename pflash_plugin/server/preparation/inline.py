@@ -1,10 +1,9 @@
 """Which requests are prepared on the event loop itself rather than on a worker thread: a short
 prompt with nothing to compile (no grammar, tools, logit bias, media, one choice; a schema only once
-compiled). Their
-preparation is a small template render and tokenization, less than the hop it saves: a worker
-thread, then the loop again, each waited for beside the long prompts' preparation (the GIL) and
-behind them in the pool. Beside mix8's 4 long bodies on 2 CPU cores the hop took 7 ms (median) of
-a short request's way to the engine (issue 48)."""
+its constraint is kept, format_cache.py). Their preparation is a small template render and
+tokenization, less than the hop it saves: a worker thread, then the loop again, each waited for
+beside the long prompts' preparation (the GIL) and behind them in the pool. Beside mix8's 4 long
+bodies on 2 CPU cores the hop took 7 ms (median) of a short request's way to the engine (issue 48)."""
 from __future__ import annotations
 
 from ..wire.protocol import ChatCompletionRequest, CompletionRequest
