@@ -100,3 +100,5 @@ def test_connections_over_max_connections_are_closed_at_once_and_logged_at_a_bou
     assert completion_works(server)
     log = server.log.read_text(errors="replace")
     assert 1 <= log.count("closed a new connection") <= 2 and "Traceback" not in log, log[-2000:]
+    # said at start, as a warning: a burst of clients meets so low a limit (--max_connections here)
+    assert "WARNING uvicorn.error: at most 20 connections open at once (--max_connections)" in log

@@ -18,7 +18,7 @@ from .composition.app import create_app
 from .composition.startup import START_ERRORS, listen_socket, log_summary, start_error
 from .config.cli import build_parser
 from .config.settings import ConfigFileSettings, ModelSettings, ServerSettings
-from .operations.connections import ConnectionLimits, default_max_connections, guarded_protocol
+from .operations.connections import ConnectionLimits, default_max_connections, guarded_protocol, log_limit
 
 
 def read_config_file(path: str) -> ConfigFileSettings:
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         print(start_error(error), file=sys.stderr)
         sys.exit(2)
     log_summary(app.state.models, server_settings, host, sock.getsockname()[1])
+    limits = ConnectionLimits(server_settings.header_timeout_s, server_settings.body_timeout_s,
+                              server_settings.max_connections or default_max_connections())
+    log_limit(limits.max_connections, derived=server_settings.max_connections is None)
     config = uvicorn.Config(
         app,
         host=host,
@@ -84,8 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         ssl_keyfile=server_settings.ssl_keyfile,
         ssl_certfile=server_settings.ssl_certfile,
         timeout_graceful_shutdown=SHUTDOWN_MARGIN_S,  # type: ignore[arg-type]
-        http=guarded_protocol(ConnectionLimits(server_settings.header_timeout_s, server_settings.body_timeout_s,
-                                               server_settings.max_connections or default_max_connections())),
+        http=guarded_protocol(limits),
     )
     _BoundServer(config).run(sockets=[sock])
 

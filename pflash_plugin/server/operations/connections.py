@@ -33,6 +33,18 @@ class ConnectionLimits:
     max_connections: int
 
 
+FEW_CONNECTIONS = 256  # below this a limit is said as a warning at start: a burst of clients meets it
+
+
+def log_limit(max_connections: int, derived: bool) -> None:
+    """Say at start how many connections stay open at once: past that a new one is closed as it is
+    accepted, which its client sees as a dropped connection; where the open-file limit set it, how
+    to raise it."""
+    source = f"the open-file limit less {FILES_KEPT}: `ulimit -n` raises it" if derived else "--max_connections"
+    log.log(logging.WARNING if max_connections < FEW_CONNECTIONS else logging.INFO,
+            "at most %d connections open at once (%s); more are closed as soon as accepted", max_connections, source)
+
+
 def default_max_connections() -> int:
     """The process's open-file limit less what it needs itself: past it, accept() fails."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
