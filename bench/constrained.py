@@ -31,9 +31,7 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -215,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                       env=env)
     if "llama-server" in args.arms:
         servers.update(llama_server(args, model))
-    tree = baseline_tree(args.baseline) if args.baseline else None
+    tree = worktree(args.baseline) if args.baseline else None
     if tree is not None:  # the same arms on another revision's code, for a before/after in one run
         base = Path(args.baseline).name.removesuffix(".tgz")  # a revision, or its archive's name
         servers.update({f"{arm}@{base}": ServerProcess(f"constrained-{arm}-base", [
@@ -280,21 +278,6 @@ def llama_server(args: argparse.Namespace, model: str) -> dict[str, ServerProces
     return {"llama-server": ServerProcess("constrained-llama-server", [
         "-m", model, "--host", "127.0.0.1", "-c", str(args.slots * args.n_ctx), "-np", str(args.slots),
         "-ngl", str(layers), "-fa", "on", "--cache-ram", "0"], program=[program], ready_paths=("/health",))}
-
-
-def baseline_tree(rev: str) -> Path:
-    """A temporary checkout of `rev` whose servers run its code, with this tree's native library
-    where it has none built (host_overhead.worktree; removed after the run). `rev` may be a `git
-    archive --format=tar.gz` of pflash_plugin instead (the GPU machine has no git history)."""
-    if rev.endswith(".tgz"):
-        tree = Path(tempfile.mkdtemp(prefix="pflash-baseline-"))
-        subprocess.run(["tar", "xzf", str(Path(rev).resolve()), "-C", str(tree)], check=True)
-    else:
-        tree = worktree(rev)
-    for built in (REPO / "pflash_plugin").glob("_pflash_ext*"):
-        if not (tree / "pflash_plugin" / built.name).exists():
-            shutil.copy2(built, tree / "pflash_plugin" / built.name)
-    return tree
 
 
 def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -160,10 +160,15 @@ async def _clients(url: str, args: argparse.Namespace, stream: bool) -> float:
 
 def worktree(rev: str) -> Path:
     """A temporary checkout of `rev` (a baseline arm's tree), with this checkout's native library
-    (ignored by git: a tree without it runs the Python fallbacks); `remove_worktree` takes it away."""
+    (ignored by git: a tree without it runs the Python fallbacks); `remove_worktree` takes it away.
+    `rev` may be a `git archive --format=tar.gz REV pflash_plugin` saved as NAME.tgz instead (the GPU
+    machine has no git history)."""
     path = Path(tempfile.mkdtemp(prefix="pflash-baseline-"))
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True,
-                   capture_output=True)
+    if rev.endswith(".tgz"):
+        subprocess.run(["tar", "xzf", str(Path(rev).resolve()), "-C", str(path)], check=True)
+    else:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True,
+                       capture_output=True)
     for built in (REPO / "pflash_plugin").glob("_pflash_ext*"):
         shutil.copy2(built, path / "pflash_plugin" / built.name)
     return path

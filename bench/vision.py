@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import base64
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from harness import REPO, ServerProcess, machine, sse_events
+from harness import REPO, ServerProcess, arm_items, machine, sse_events
 from pflash_plugin.llama.tiny_gguf import cached_tiny_llama
 from pflash_plugin.llama.tiny_projector import cached_tiny_projector
 from pflash_plugin.testing.media_files import png
@@ -61,9 +60,10 @@ def servers(args: argparse.Namespace, model: str, mmproj: str, slots: int) -> li
             "--n_ctx", str(ctx), *gpu]
     out = [ServerProcess(f"vision-ours-{slots}", ours)]
     out += [ServerProcess(f"vision-ours-enc{n}-{slots}", [*ours, "--media_encoders", str(n)]) for n in args.encoders]
-    for arm in args.ours_arms:  # NAME=FLAGS: ours with those flags too (commas for spaces: a queue line splits on spaces)
-        name, _, flags = arm.partition("=")
-        out.append(ServerProcess(f"vision-ours-{name}-{slots}", [*ours, *shlex.split(flags.replace(",", " "))]))
+    for arm in args.ours_arms:  # NAME=ITEMS: ours with those flags and environment too (harness.arm_items)
+        name, _, items = arm.partition("=")
+        extra, env = arm_items(items)
+        out.append(ServerProcess(f"vision-ours-{name}-{slots}", [*ours, *extra], env=env))
     for arm in args.ours_trees:  # NAME=PATH: ours from another checkout (a commit's `git archive`), the same flags
         name, _, path = arm.partition("=")
         out.append(ServerProcess(f"vision-ours-{name}-{slots}", ours, cwd=Path(path).resolve()))
@@ -223,7 +223,8 @@ def main() -> None:
     ap.add_argument("--encoders", type=int, nargs="*", default=[],
                     help="also ours with --media_encoders N, an arm each (the default arm: the server's auto)")
     ap.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
-                    help="also ours with these server flags (commas for spaces), an arm each: nb2048=--n_batch,2048")
+                    help="also ours with these server flags (commas for spaces; ENV:KEY=VALUE for its environment), an arm "
+                         "each: nb2048=--n_batch,2048")
     ap.add_argument("--ours-trees", dest="ours_trees", nargs="*", default=[], metavar="NAME=PATH",
                     help="also ours from another checkout, an arm each (before/after a change: git archive "
                          "COMMIT | tar -x -C PATH, with its built pflash_plugin/_pflash_ext*.so copied in)")
