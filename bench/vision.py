@@ -61,8 +61,7 @@ def servers(args: argparse.Namespace, model: str, mmproj: str, slots: int) -> li
     out = [ServerProcess(f"vision-ours-{slots}", ours)]
     out += [ServerProcess(f"vision-ours-enc{n}-{slots}", [*ours, "--media_encoders", str(n)]) for n in args.encoders]
     for arm in args.ours_arms:  # NAME=ITEMS: ours with those flags and environment too (harness.arm_items)
-        name, _, items = arm.partition("=")
-        extra, env = arm_items(items)
+        name, extra, env = arm_items(arm)
         out.append(ServerProcess(f"vision-ours-{name}-{slots}", [*ours, *extra], env=env))
     for arm in args.ours_trees:  # NAME=PATH: ours from another checkout (a commit's `git archive`), the same flags
         name, _, path = arm.partition("=")

@@ -76,12 +76,6 @@ def beside_rate(server: Any, args: Any) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}"[:300]}
 
 
-def variant(spec: str) -> tuple[str, list[str], dict[str, str]]:
-    """NAME=ITEM,ITEM (harness.arm_items)."""
-    name, _, rest = spec.partition("=")
-    return (name, *arm_items(rest))
-
-
 def main() -> None:
     parser = models_parser(__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["default"])
@@ -104,7 +98,7 @@ def main() -> None:
         asyncio.run(throughput(beside, "greedy", 4, args, seed=1))
 
     def run(spec: str, record: Record) -> None:
-        name, extra, env = variant(spec)
+        name, extra, env = arm_items(spec)
         server = ours(name, ports[spec], args, "off", *extra)
         server.env.update(env)
         server.launch()
