@@ -82,9 +82,11 @@ def image_body(image: bytes, max_tokens: int) -> dict[str, Any]:
 
 
 async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: float) -> dict[str, Any]:
-    """One streamed chat: its time to first content, the pieces it streamed, and the server's
-    timings (ours: usage.timings; llama-server: the last chunk's timings)."""
-    first, pieces, timings = None, 0, {}
+    """One streamed chat: its time to first content, the pieces it streamed, the tokens it
+    generated (usage.completion_tokens, or llama-server's timings.predicted_n: pieces are not
+    tokens, a server may send several in one) and the server's timings (ours: usage.timings;
+    llama-server: the last chunk's timings)."""
+    first, pieces, timings, tokens = None, 0, {}, None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
@@ -92,11 +94,14 @@ async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent:
             if data != "[DONE]":
                 chunk = json.loads(data)
                 timings = chunk.get("timings") or (chunk.get("usage") or {}).get("timings") or timings
+                tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
                 choices = chunk.get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
                     pieces += 1
                     first = first or time.perf_counter()
-    return {"ttft_s": (first or time.perf_counter()) - sent, "pieces": pieces, "timings": timings}
+    if tokens is None:
+        tokens = timings.get("predicted_n", 0)
+    return {"ttft_s": (first or time.perf_counter()) - sent, "pieces": pieces, "tokens": tokens, "timings": timings}
 
 
 def server_status(url: str) -> dict[str, Any] | None:
@@ -175,9 +180,10 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
         done = await asyncio.gather(*chats)
         wall = time.perf_counter() - start
     after = await asyncio.to_thread(server_status, url)
-    pieces = sum(d["pieces"] for d in done)
+    pieces, tokens = sum(d["pieces"] for d in done), [d["tokens"] for d in done]
     return {"wall_s": round(wall, 3), "requests_per_s": round(len(images) / wall, 3),
-            "pieces_per_s": round(pieces / wall, 2), "mean_ttft_s": round(sum(d["ttft_s"] for d in done) / len(done), 3),
+            "pieces_per_s": round(pieces / wall, 2), "tokens": sum(tokens), "tokens_per_request": [min(tokens), max(tokens)],
+            "tokens_per_s": round(sum(tokens) / wall, 1), "mean_ttft_s": round(sum(d["ttft_s"] for d in done) / len(done), 3),
             "text_ttft_beside_s": round(beside["ttft_s"], 3), "phases": phases(before, after, wall, done)}
 
 
@@ -202,13 +208,14 @@ def run_arms(args: argparse.Namespace, arms: list[ServerProcess], slots: int, si
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    """Per arm and client count: the median rep's requests/s and TTFTs, and that rep's phases."""
-    lines = ["arm | clients | req/s (median) | image TTFT s | text TTFT beside s | phases of that rep"]
+    """Per arm and client count: the median rep's requests/s, tokens/s and TTFTs, and that rep's
+    phases; requests/s compares arms only where each request generated its max_tokens."""
+    lines = ["arm | clients | req/s (median) | tok/s | tokens a request | image TTFT s | text TTFT beside s | phases of that rep"]
     for key in dict.fromkeys((r["arm"], r["clients"]) for r in rows):
         reps = sorted((r for r in rows if (r["arm"], r["clients"]) == key), key=lambda r: r["requests_per_s"])
         mid = reps[len(reps) // 2]
-        lines.append(f"{key[0]} | {key[1]} | {mid['requests_per_s']} | {mid['mean_ttft_s']} | "
-                     f"{mid['text_ttft_beside_s']} | {json.dumps(mid['phases'])}")
+        lines.append(f"{key[0]} | {key[1]} | {mid['requests_per_s']} | {mid['tokens_per_s']} | {mid['tokens_per_request']} | "
+                     f"{mid['mean_ttft_s']} | {mid['text_ttft_beside_s']} | {json.dumps(mid['phases'])}")
     return "\n".join(lines)
 
 
