@@ -81,7 +81,8 @@ def image_body(image: bytes, max_tokens: int) -> dict[str, Any]:
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: float) -> dict[str, Any]:
+async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent: float,
+                started: asyncio.Queue[float] | None = None) -> dict[str, Any]:
     """One streamed chat: its time to first content, the pieces it streamed, the tokens it
     generated (usage.completion_tokens, or llama-server's timings.predicted_n: pieces are not
     tokens, a server may send several in one) and the server's timings (ours: usage.timings;
@@ -98,7 +99,10 @@ async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent:
                 choices = chunk.get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
                     pieces += 1
-                    first = first or time.perf_counter()
+                    if first is None:
+                        first = time.perf_counter()
+                        if started is not None:
+                            started.put_nowait(first)
     if tokens is None:
         tokens = timings.get("predicted_n", 0)
     return {"ttft_s": (first or time.perf_counter()) - sent, "pieces": pieces, "tokens": tokens, "timings": timings}
@@ -172,19 +176,41 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
     text = {"model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
             "temperature": 0, "stream": True}
     before = await asyncio.to_thread(server_status, url)
+    started: asyncio.Queue[float] = asyncio.Queue()
     async with httpx.AsyncClient(timeout=1800) as client:
         start = time.perf_counter()
-        chats = [asyncio.create_task(timed(client, url, image_body(i, max_tokens), start)) for i in images]
+        chats = [asyncio.create_task(timed(client, url, image_body(i, max_tokens), start, started)) for i in images]
+        tail = asyncio.create_task(all_started(url, started, len(images)))
         await asyncio.sleep(0.2)
         beside = await timed(client, url, text, time.perf_counter())
         done = await asyncio.gather(*chats)
         wall = time.perf_counter() - start
+        last_first, middle = await tail
     after = await asyncio.to_thread(server_status, url)
     pieces, tokens = sum(d["pieces"] for d in done), [d["tokens"] for d in done]
     return {"wall_s": round(wall, 3), "requests_per_s": round(len(images) / wall, 3),
             "pieces_per_s": round(pieces / wall, 2), "tokens": sum(tokens), "tokens_per_request": [min(tokens), max(tokens)],
             "tokens_per_s": round(sum(tokens) / wall, 1), "mean_ttft_s": round(sum(d["ttft_s"] for d in done) / len(done), 3),
-            "text_ttft_beside_s": round(beside["ttft_s"], 3), "phases": phases(before, after, wall, done)}
+            "text_ttft_beside_s": round(beside["ttft_s"], 3), "phases": phases(before, after, wall, done),
+            "tail": decode_tail(middle, after, wall - (last_first - start), done)}
+
+
+async def all_started(url: str, started: asyncio.Queue[float], n: int) -> tuple[float, dict[str, Any] | None]:
+    """When the last image chat had its first text, and the server's counters then (ours)."""
+    last = 0.0
+    for _ in range(n):
+        last = await started.get()
+    return last, await asyncio.to_thread(server_status, url)
+
+
+def decode_tail(middle: dict[str, Any] | None, after: dict[str, Any] | None, tail_s: float,
+                done: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round after every image chat had its first text: decode alone (the images are in), its ms
+    a step where the server counts steps (ours), else a token of the longest answer (~ a step)."""
+    steps = (after["steps"] - middle["steps"]) if middle and after else None
+    out: dict[str, Any] = {"tail_s": round(tail_s, 3), "steps": steps}
+    out["ms_per_step"] = round(1000 * tail_s / steps, 2) if steps else None
+    return out
 
 
 def run_arms(args: argparse.Namespace, arms: list[ServerProcess], slots: int, side: int) -> list[dict[str, Any]]:
