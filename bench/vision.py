@@ -206,11 +206,13 @@ async def all_started(url: str, started: asyncio.Queue[float], n: int) -> tuple[
 def decode_tail(middle: dict[str, Any] | None, after: dict[str, Any] | None, tail_s: float,
                 done: list[dict[str, Any]]) -> dict[str, Any]:
     """The round after every image chat had its first text: decode alone (the images are in), its ms
-    a step where the server counts steps (ours), else a token of the longest answer (~ a step)."""
+    a step where the server counts steps (ours), and a token of the longest answer (the last chat to
+    start generates all of it in the tail, a token a step: any server)."""
     steps = (after["steps"] - middle["steps"]) if middle and after else None
-    out: dict[str, Any] = {"tail_s": round(tail_s, 3), "steps": steps}
-    out["ms_per_step"] = round(1000 * tail_s / steps, 2) if steps else None
-    return out
+    longest = max(d["tokens"] for d in done)
+    return {"tail_s": round(tail_s, 3), "steps": steps,
+            "ms_per_step": round(1000 * tail_s / steps, 2) if steps else None,
+            "ms_per_token": round(1000 * tail_s / (longest - 1), 2) if longest > 1 else None}
 
 
 def run_arms(args: argparse.Namespace, arms: list[ServerProcess], slots: int, side: int) -> list[dict[str, Any]]:
