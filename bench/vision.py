@@ -185,7 +185,9 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
         beside = await timed(client, url, text, time.perf_counter())
         done = await asyncio.gather(*chats)
         wall = time.perf_counter() - start
-        last_first, middle = await tail
+        # a chat may stream no text at all (llama-server holds back bytes that are not yet valid
+        # UTF-8, and drops them at the end): then there is no tail to measure
+        last_first, middle = await tail if tail.done() or await _settled(tail) else (time.perf_counter(), None)
     after = await asyncio.to_thread(server_status, url)
     pieces, tokens = sum(d["pieces"] for d in done), [d["tokens"] for d in done]
     return {"wall_s": round(wall, 3), "requests_per_s": round(len(images) / wall, 3),
@@ -193,6 +195,14 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
             "tokens_per_s": round(sum(tokens) / wall, 1), "mean_ttft_s": round(sum(d["ttft_s"] for d in done) / len(done), 3),
             "text_ttft_beside_s": round(beside["ttft_s"], 3), "phases": phases(before, after, wall, done),
             "tail": decode_tail(middle, after, wall - (last_first - start), done)}
+
+
+async def _settled(task: asyncio.Task[Any]) -> bool:
+    """Whether `task` ends within a second (its /status read); cancelled if not."""
+    done, _ = await asyncio.wait({task}, timeout=1.0)
+    if not done:
+        task.cancel()
+    return bool(done)
 
 
 async def all_started(url: str, started: asyncio.Queue[float], n: int) -> tuple[float, dict[str, Any] | None]:
@@ -210,9 +220,25 @@ def decode_tail(middle: dict[str, Any] | None, after: dict[str, Any] | None, tai
     start generates all of it in the tail, a token a step: any server)."""
     steps = (after["steps"] - middle["steps"]) if middle and after else None
     longest = max(d["tokens"] for d in done)
-    return {"tail_s": round(tail_s, 3), "steps": steps,
+    paces = sorted(p for p in map(decode_pace, done) if p is not None)
+    return {"tail_s": round(tail_s, 3) if tail_s > 0 else None, "steps": steps,
             "ms_per_step": round(1000 * tail_s / steps, 2) if steps else None,
-            "ms_per_token": round(1000 * tail_s / (longest - 1), 2) if longest > 1 else None}
+            "ms_per_token": round(1000 * tail_s / (longest - 1), 2) if longest > 1 and tail_s > 0 else None,
+            "server_ms_per_token": [round(paces[0], 2), round(paces[len(paces) // 2], 2), round(paces[-1], 2)]
+            if paces else None}
+
+
+def decode_pace(chat: dict[str, Any]) -> float | None:
+    """A request's ms a token after its first, as its server timed it (llama-server's
+    predicted_per_token_ms, ours' usage.timings decode_ms over its tokens less one): any server's
+    decode pace, where a streamed answer's first text says nothing (llama-server holds back bytes
+    that are not yet valid UTF-8, so a random model's answer may stream no text for many tokens)."""
+    timings, tokens = chat["timings"], chat["tokens"]
+    if "predicted_per_token_ms" in timings:
+        return float(timings["predicted_per_token_ms"])
+    if "decode_ms" in timings and tokens > 1:
+        return float(timings["decode_ms"]) / (tokens - 1)
+    return None
 
 
 def run_arms(args: argparse.Namespace, arms: list[ServerProcess], slots: int, side: int) -> list[dict[str, Any]]:
