@@ -95,7 +95,8 @@ async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any], sent:
     generated (usage.completion_tokens, or llama-server's timings.predicted_n: pieces are not
     tokens, a server may send several in one) and the server's timings (ours: usage.timings;
     llama-server: the last chunk's timings)."""
-    first, pieces, timings, tokens = None, 0, {}, None
+    first, pieces, tokens = None, 0, None
+    timings: dict[str, Any] = {}
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
@@ -194,9 +195,7 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
         beside = await timed(client, url, text, time.perf_counter())
         done = await asyncio.gather(*chats)
         wall = time.perf_counter() - start
-        # a chat may stream no text at all (llama-server holds back bytes that are not yet valid
-        # UTF-8, and drops them at the end): then there is no tail to measure
-        last_first, middle = await tail if tail.done() or await _settled(tail) else (time.perf_counter(), None)
+        last_first, middle = await ended(tail)
     after = await asyncio.to_thread(server_status, url)
     pieces, tokens = sum(d["pieces"] for d in done), [d["tokens"] for d in done]
     return {"wall_s": round(wall, 3), "requests_per_s": round(len(images) / wall, 3),
@@ -206,12 +205,15 @@ async def round_of(url: str, images: list[bytes], max_tokens: int) -> dict[str, 
             "tail": decode_tail(middle, after, max(d["end"] for d in done) - last_first, done)}
 
 
-async def _settled(task: asyncio.Task[Any]) -> bool:
-    """Whether `task` ends within a second (its /status read); cancelled if not."""
-    done, _ = await asyncio.wait({task}, timeout=1.0)
-    if not done:
-        task.cancel()
-    return bool(done)
+async def ended(tail: asyncio.Task[tuple[float, dict[str, Any] | None]]) -> tuple[float, dict[str, Any] | None]:
+    """`all_started`'s result once the chats are done (its /status read may still be under way), or
+    now and None where a chat streamed no text at all (a server may hold back bytes that are not yet
+    valid UTF-8 and drop them at the end: llama-server does): then there is no tail to measure."""
+    await asyncio.wait({tail}, timeout=5.0)
+    if tail.done():
+        return tail.result()
+    tail.cancel()
+    return time.perf_counter(), None
 
 
 async def all_started(url: str, started: asyncio.Queue[float], n: int) -> tuple[float, dict[str, Any] | None]:
