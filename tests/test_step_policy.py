@@ -278,3 +278,28 @@ def test_short_prompts_arriving_with_long_ones_take_the_free_slots(harness):
     assert {r.request_id for r in sched.running} == {r.request_id for r in shorts}
     assert all(r.status is RequestStatus.WAITING for r in longs)
 
+
+
+def test_a_served_prompt_ages_again_from_zero_so_it_does_not_hold_every_step_ahead_of_newcomers():
+    """Aging counts the steps a prompt was left out of since its last chunk. Counted since its
+    start, a long prompt once aged past the step's budget went first in every later step, and a
+    short prompt arriving then waited for the long one's whole prefill (on 2 CPU cores a 2,236-token
+    prompt held the steps' 128 tokens for ~5 s: docs/online.md)."""
+    sched, runner = make_scheduler(n_slots=4, n_pages=256, max_batch_tokens=64, max_ctx=1024, prefill_chunk=8,
+                                   chunk_per_step=True, aging=64)
+    chat = make_request([900, 901, 902], max_tokens=200)
+    sched.submit(chat)
+    step_once(sched, runner)  # it decodes from now on: the steps' prefill is capped at 8 tokens
+    long, first = make_request(list(range(1, 201)), max_tokens=2), make_request(list(range(300, 320)), max_tokens=2)
+    sched.submit(long, first)
+    for _ in range(3):  # the shorter one first: the long one is left out 3 steps, 200 - 3 x 64 <= 8
+        step_once(sched, runner)
+    assert first.timings.first_token is not None and long.n_prefilled == 0
+    step_once(sched, runner)  # aged, the long prompt has its chunk
+    assert long.n_prefilled == 8
+    newcomer = make_request(list(range(400, 410)), max_tokens=2)
+    sched.submit(newcomer)
+    for _ in range(3):
+        step_once(sched, runner)
+    assert newcomer.timings.first_token is not None, "the newcomer waits for the long prompt's whole prefill"
+    assert long.prefill_left > 0
