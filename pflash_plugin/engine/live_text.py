@@ -19,7 +19,7 @@ class _Live:
     stream: TextStream
     unread: list[TokenOutput] = field(default_factory=list)  # taken, not yet through the text stream
     pending: list[TokenOutput] = field(default_factory=list)  # through the stream, their text held back
-    starved: int = 0  # steps it was left out of while prefilling, since its last chunk (aging)
+    starved: int = 0  # steps it was left out of while prefilling (aging)
     lines: LineRule | None = None  # an editor's line limits (line_limits.py), where the request has them
 
     @property
@@ -47,15 +47,11 @@ class LiveText:
                                                lines=LineRule(limits) if limits else None)
 
     def starved(self, request: Request) -> int:
-        """Steps the request was left out of while prefilling, since it last prefilled a chunk."""
+        """Steps the request was left out of while prefilling."""
         return self._live[request.request_id].starved
 
     def left_out(self, request: Request) -> None:
         self._live[request.request_id].starved += 1
-
-    def served(self, request: Request) -> None:
-        """It prefills a chunk this step: its aging starts over (step_policy.py)."""
-        self._live[request.request_id].starved = 0
 
     def take(self, request: Request, out: TokenOutput) -> None:
         """A sampled token, its text released later (`release`)."""

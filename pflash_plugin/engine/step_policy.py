@@ -2,15 +2,14 @@
 running requests, with nothing of llama.cpp in it, so a test drives it with plain values.
 
 Each step decodes one token for every generating request (up to the step's tokens), then fills the
-rest with prefill chunks: shortest remaining prefill first, aged by the steps a prompt was left out
-of since its last chunk, so a long prompt gets a chunk through a steady stream of short ones but,
-once served, does not stay ahead of every newcomer for the rest of its prefill; while requests
-decode, the prefill may be capped at `prefill_chunk` per prompt prefilling, or at `prefill_chunk` in
-all where `chunk_per_step` (the CPU's), so decode steps stay short; prompts that finish their
-prefill in this step go alone, so a long chunk never delays their first token. A prompt prefilling
-alone gets the whole step. On the CPU a step's time grows with its prefill tokens, whoever they
-belong to: per prompt, a request decoding beside 3 long prompts (demo model, 2 cores) had steps of
-384 and 256 prefill tokens, each its inter-token latency
+rest with prefill chunks: shortest remaining prefill first, aged so a long prompt gets through a
+steady stream of short ones (once aged past the step's budget, it takes what the prompts finishing
+in the step leave); while requests decode, the prefill may be capped at `prefill_chunk` per prompt
+prefilling, or at `prefill_chunk` in all where `chunk_per_step` (the CPU's), so decode steps stay
+short; prompts that finish their prefill in this step go alone, so a long chunk never delays their
+first token. A prompt prefilling alone gets the whole step. On the CPU a step's time grows with its
+prefill tokens, whoever they belong to: per prompt, a request decoding beside 3 long prompts (demo
+model, 2 cores) had steps of 384 and 256 prefill tokens, each its inter-token latency
 (bench/online_steps.py, docs/online.md). A GPU's explicit cap stays per prompt, as measured there
 (a step of 2,048 tokens costs it little more than one of 512: loader.step_chunks).
 
@@ -54,7 +53,7 @@ class Seat(NamedTuple, Generic[K]):
     key: K
     decoding: bool  # generating (else prefilling)
     prefill_left: int  # prompt tokens still to prefill
-    starved: int = 0  # steps it was left out of while prefilling, since its last chunk (aging)
+    starved: int = 0  # steps it was left out of while prefilling (aging)
     first_token_due: bool = False  # it has not had its first token yet
     piece_left: int = 0  # tokens to its prompt's next media edge, where a chunk ends (0: none; issue 46)
 
@@ -83,7 +82,7 @@ class StepPolicy:
 
     max_batch_tokens: int  # tokens of one step
     prefill_chunk: int | None = None  # prefill tokens per prompt prefilling while others decode (None: no cap)
-    aging: int = 128  # each step a prompt is left out of (since its last chunk) counts as this many fewer tokens left
+    aging: int = 128  # each step a prompt is left out of counts as this many fewer tokens left
     preempt_chunk: int | None = None  # a step prefilling past this many tokens is cut short for a newcomer
     chunk_per_step: bool = False  # prefill_chunk caps the step's prefill in all, however many prompts prefill
 
@@ -99,8 +98,12 @@ class StepPolicy:
         prefilling = sorted((s for s in seats if not s.decoding), key=self.urgency)
         if decode and self.prefill_chunk:  # others are decoding: keep their steps short
             budget = min(budget, self.prefill_chunk * (1 if self.chunk_per_step else len(prefilling)))
-        # those that finish their prefill now go alone: a long chunk would delay their first token
-        queue = [s for s in prefilling if self.urgency(s) <= budget] or prefilling
+        # those that finish their prefill now go alone (a long chunk would delay their first token), but
+        # for prompts aged as if they did, which take what they leave: first, an aged prompt kept the
+        # whole budget of every step for the rest of its prefill ahead of them
+        due = [s for s in prefilling if self.urgency(s) <= budget]
+        queue = [s for s in due if s.prefill_left <= budget] + [s for s in due if s.prefill_left > budget]
+        queue = queue or prefilling
         chunks: list[tuple[K, int]] = []
         for seat in queue:
             if budget <= 0:

@@ -77,7 +77,6 @@ class Steps:
             n, media = piece
             items.append(BatchItem(request, request.prefill_tokens[start : start + n], at, n == request.prefill_left,
                                    media=media))
-            self.text.served(request)
         items += self._text_after_media(items)
         for request in plan.left_out:
             self.text.left_out(request)
