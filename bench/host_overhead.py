@@ -102,6 +102,12 @@ class PhaseTimer:
         return parts
 
 
+def banned(args: argparse.Namespace) -> dict[int, float]:
+    """The logit_bias every request sends: `--ban` tokens at -100 (clients ban byte tokens so, as
+    bench/vision.py does; each row's bias is gathered by the host's sampler every step)."""
+    return {token: -100.0 for token in range(3, 3 + args.ban)}
+
+
 def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
     """The engine in this process (requests submitted together, sinks that count): tokens/s, and
     per step its wall ms, llama_decode's ms (on the CPU the decode runs inside the call), the
@@ -112,7 +118,8 @@ def engine_alone(model_path: Path, args: argparse.Namespace) -> dict:
     timer = PhaseTimer(engine)
     try:
         requests = [Request(model.tokenize(f"prompt {i} about the weather"),
-                            SamplingParams(max_tokens=args.tokens, temperature=args.temperature, min_tokens=args.tokens))
+                            SamplingParams(max_tokens=args.tokens, temperature=args.temperature, min_tokens=args.tokens,
+                                           logit_bias=banned(args)))
                     for i in range(args.slots)]
         steps = engine.steps
         wall = run_to_end(engine, requests, 600)
@@ -132,7 +139,7 @@ def engine_in(tree: Path, model_path: Path, args: argparse.Namespace) -> dict:
     """`engine_alone` on another tree's code, in a child process (its pflash_plugin first on the path;
     the native library copied in by `worktree`)."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--engine-arm", str(model_path), "--slots", str(args.slots),
-            "--tokens", str(args.tokens), "--temperature", str(args.temperature)]
+            "--tokens", str(args.tokens), "--temperature", str(args.temperature), "--ban", str(args.ban)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=True, timeout=900)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -140,7 +147,7 @@ def engine_in(tree: Path, model_path: Path, args: argparse.Namespace) -> dict:
 
 async def _one(client: httpx.AsyncClient, i: int, args: argparse.Namespace, stream: bool) -> int:
     body = {"prompt": f"prompt {i} about the weather", "max_tokens": args.tokens, "temperature": args.temperature,
-            "min_tokens": args.tokens, "stream": stream}
+            "min_tokens": args.tokens, "stream": stream, "logit_bias": {str(t): b for t, b in banned(args).items()}}
     if not stream:
         return (await client.post("/v1/completions", json=body)).json()["usage"]["completion_tokens"]
     chunks = 0
@@ -219,13 +226,15 @@ def run(args: argparse.Namespace) -> dict:
                                text=True).stdout.strip() or os.environ.get("PFLASH_TREE", "unknown")
     return {"rows": rows, "machine": at_start, "tree": this_tree, "load_at_end": os.getloadavg(), "clients": args.slots,
             "tokens": args.tokens, "baseline": args.baseline, "model": args.model, "temperature": args.temperature,
-            "vocab_extra": args.vocab_extra}
+            "vocab_extra": args.vocab_extra, "ban": args.ban}
 
 
 def doc_name(result: dict) -> str:
     name = DOCS[result["model"]]
     if result.get("vocab_extra"):
         name = name.replace(".md", f"_{(1341 + result['vocab_extra']) // 1000}k.md")
+    if result.get("ban"):
+        name = name.replace(".md", f"_ban{result['ban']}.md")
     return name.replace(".md", "_sampled.md") if result.get("temperature") else name
 
 
@@ -274,7 +283,9 @@ def write_docs(result: dict, command: str) -> None:
     ceiling = statistics.median(r["tok_s"] for r in result["rows"] if r["arm"] == "engine alone")
     lines = ["# Host overhead per decode step: the engine alone and behind HTTP", "",
              f"{result['clients']} slots, {result['clients']} clients x {result['tokens']} tokens (temperature "
-             f"{result['temperature']}, `min_tokens` = `max_tokens`), {model_words(result)} on 1 decode thread. "
+             f"{result['temperature']}, `min_tokens` = `max_tokens`"
+             + (f", {result['ban']} tokens banned by `logit_bias` in each" if result.get("ban") else "")
+             + f"), {model_words(result)} on 1 decode thread. "
              "Medians over reps; "
              f"arms interleaved per rep, each first in turn. This tree: {result.get('tree', 'unknown')}"
              + (f"; the baseline: {result['baseline']}." if result.get("baseline") else "."),
@@ -309,6 +320,8 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision whose engine and server run beside this one")
     parser.add_argument("--vocab-extra", dest="vocab_extra", type=int, default=0,
                         help="tokens added to the tiny model's 1,341 (127000: the H200 benches' 128K vocabulary)")
+    parser.add_argument("--ban", type=int, default=0,
+                        help="each request bans this many tokens by logit_bias -100 (ids 3..; bench/vision.py bans 256)")
     parser.add_argument("--engine-only", dest="engine_only", action="store_true", help="the engine arms alone")
     parser.add_argument("--engine-arm", dest="engine_arm", type=Path, help=argparse.SUPPRESS)  # engine_in's child
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "host_overhead.json")
