@@ -48,15 +48,15 @@ class RowParams:
 
         windows = [np.asarray(generated[-p.penalty_last_n:] if p.penalty_last_n > 0 and penalizes(p) else [],
                               dtype=np.int64) for _, p, generated, _ in entries]
-        biased = [(k, token, bias) for k, (_, p, _, _) in enumerate(entries) for token, bias in p.logit_bias.items()]
-        at, tokens, values = zip(*biased) if biased else ((), (), ())
+        biases = [p.bias_arrays for _, p, _, _ in entries]
+        at = np.repeat(np.arange(len(entries), dtype=np.int64), [tokens.size for tokens, _ in biases])
         return cls(rows=np.asarray([row for row, _, _, _ in entries], dtype=np.int64),
                    temperature=column("temperature", np.float32), top_k=column("top_k", np.int64),
                    top_p=column("top_p", np.float32), min_p=column("min_p", np.float32),
                    repeat=column("repeat_penalty", np.float32), frequency=column("frequency_penalty", np.float32),
                    presence=column("presence_penalty", np.float32), windows=windows,
-                   bias_at=np.asarray(at, dtype=np.int64), bias_tokens=np.asarray(tokens, dtype=np.int64),
-                   bias_values=np.asarray(values, dtype=np.float32),
+                   bias_at=at, bias_tokens=np.concatenate([t for t, _ in biases]) if biases else np.empty(0, np.int64),
+                   bias_values=np.concatenate([v for _, v in biases]) if biases else np.empty(0, np.float32),
                    generators=[rng for _, _, _, rng in entries])
 
 

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import cast
 
 import numpy as np
@@ -239,6 +240,15 @@ class SamplerParams:
     # clock, so that a machine loaded by other requests never refuses a schema (issue 49: a 3-field
     # pydantic model was refused at 1.53 s on the clock at load 10)
     max_grammar_step_s: float = 1.0
+
+    @cached_property
+    def bias_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """`logit_bias` as token (int64) and bias (float32) arrays, made once: the host's batch
+        sampler gathers every row's each step, and a request's bias never changes (parameters are
+        replaced, not mutated). As Python tuples, 32 rows banning 256 tokens each cost 1.4 ms a step
+        on 2 CPU cores (bench/vision.py's requests); arrays joined, 0.05 ms."""
+        return (np.fromiter(self.logit_bias.keys(), np.int64, len(self.logit_bias)),
+                np.fromiter(self.logit_bias.values(), np.float32, len(self.logit_bias)))
 
 
 class SamplerChain:
