@@ -75,12 +75,14 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
         options = model_options(model, slots=4, n_ctx=4 * 8192, gpu=False, n_batch=512, n_ubatch=512)
         out.append(Arm("upstream", UpstreamServer("online-upstream", [], log_dir=log_dir,
                                                   options={**options, "kv_unified": False}), "logit_bias", eog=eog))
-    if args.llama_server:
-        for label, extra in (("llama-server", []), ("llama-server-bs", ["-bs"])):
-            server = ServerProcess(f"online-{label}", ["-m", model, "--host", "127.0.0.1", "-c", str(4 * 8192),
-                                                       "-np", "4", "-fa", "on", *extra],
-                                   program=[args.llama_server], log_dir=log_dir, ready_paths=("/health",))
-            out.append(Arm(label, server, "ignore_eos"))
+    if args.llama_server:  # per slot count: llama-server and llama-server-bs at 4, llama-server-np8 ... at 8
+        for slots in args.llama_server_slots:
+            for base, extra in (("llama-server", []), ("llama-server-bs", ["-bs"])):
+                label = base if slots == 4 else f"{base}-np{slots}"
+                server = ServerProcess(f"online-{label}", ["-m", model, "--host", "127.0.0.1", "-c", str(slots * 8192),
+                                                           "-np", str(slots), "-fa", "on", *extra],
+                                       program=[args.llama_server], log_dir=log_dir, ready_paths=("/health",))
+                out.append(Arm(label, server, "ignore_eos"))
     return out
 
 
@@ -153,6 +155,8 @@ def main() -> int:
     parser.add_argument("--base-tree", help="another copy of the project: adds arm ours-base (PFlash off) run from it")
     parser.add_argument("--tables", type=Path, help="only print the tables of this data file (e.g. a --base-tree run's)")
     parser.add_argument("--llama-server", help="a llama-server binary: adds its arms (with and without -bs)")
+    parser.add_argument("--llama-server-slots", type=int, nargs="+", default=[4], metavar="N",
+                        help="llama-server's arms at each of these slot counts (-np N, 8,192 cells a slot)")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="each run's arrivals span about this long")
     parser.add_argument("--drain-s", type=float, default=DRAIN_S, help="a run's requests are cut this long after its last arrival")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="no run starts after this many seconds")
