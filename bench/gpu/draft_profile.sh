@@ -4,10 +4,6 @@
 set -u
 tiny=/tmp/models/drafter-tiny-10l.gguf  # 10 layers, 64-wide heads (what CUDA's flash attention takes), little arithmetic
 [ -f $tiny ] || python3 -c "import sys; from pflash_plugin.testing import write_tiny_llama as w; w(sys.argv[1], n_layer=10, n_embd=256, n_head=4, n_head_kv=2, n_ff=64, f16=True, n_ctx_train=262144)" $tiny
-# libcupti's file has an odd version suffix there (libcupti.so.2025.3.1): link by directory
-cupti_dir=$(dirname "$(find /usr/local /opt -name "libcupti.so*" 2>/dev/null | head -1)")
-cupti_inc=$(dirname "$(find /usr/local /opt -name cupti.h 2>/dev/null | head -1)")
-nvcc -shared -Xcompiler -fPIC -I"$cupti_inc" -L"$cupti_dir" -o /tmp/cupti_trace.so bench/gpu/cupti_trace.c -lcupti \
-  -Xlinker -rpath="$cupti_dir" || exit 1
+bash bench/gpu/cupti_build.sh || exit 1
 (cd bench/gpu && python3 draft_profile.py --model /tmp/models/drafter-0.6b-10l.gguf --tiny $tiny --layers 9 \
    --tokens 65536 --reps 3 --trace /tmp/cupti_trace.so --out $OUT/draft_profile.json)
