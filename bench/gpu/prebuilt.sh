@@ -55,8 +55,9 @@ pack() {  # the installed package (each library once, its other names as links) 
   local stage=/tmp/prebuilt-stage
   rm -rf "$stage" && mkdir -p "$stage/bin" .gpu-cuda
   python3 -m pip install -q --no-deps --no-compile --target "$stage/site" /tmp/prebuilt-wheel/*.whl
-  rm -rf "$stage/site/lib" "$stage/site/bin"  # the wheel's second copy of the libraries, and a llama-server
-  (cd "$stage/site/llama_cpp/lib" && for f in *.so.*.*.*; do  # without its libllama-server-impl
+  # the wheel's second copy of the libraries, and a llama-server without its libllama-server-impl
+  rm -rf "$stage/site/lib" "$stage/site/bin"
+  (cd "$stage/site/llama_cpp/lib" && for f in *.so.*.*.*; do
     base=${f%%.so.*}.so; major=${f#"$base".}; major=$base.${major%%.*}
     ln -sf "$f" "$major" && ln -sf "$f" "$base"; done)
   xz -T0 -6 -c "$stage/site/llama_cpp/lib/$CUDA_LIB" > ".gpu-cuda/$CUDA_LIB.xz" && rm "$stage/site/llama_cpp/lib/$CUDA_LIB"
