@@ -5,4 +5,4 @@
 # the same way, 39 of 64 requests): does it without them?
 set -eu
 GGML_CUDA_DISABLE_GRAPHS=1 bash bench/gpu/servers.sh bench/gpu/online_gpu.py --arms ours --rates 8 --reps 2 \
-  --budget-s 150 --out /tmp/queue/online_graphs_off_h100.json
+  --budget-s 150 --out /tmp/queue/online_graphs_off.json
