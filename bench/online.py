@@ -55,7 +55,7 @@ DRAIN_S = 20.0  # after the last arrival, a run may take this long before its re
 def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
     model, eog = demo_model_path(), eog_tokens(demo_model_path())
     tree = Path(args.ours_tree) if args.ours_tree else REPO
-    ours_args = ["--model", model, "--n_ctx", "8192", "--max_concurrency", "4"]
+    ours_args = ["--model", model, "--n_ctx", "8192", "--max_concurrency", str(args.slots)]
     out = [
         Arm("ours", ServerProcess("online-ours", ours_args, cwd=tree, log_dir=log_dir, ready_paths=("/health",)),
             "min_tokens"),
@@ -71,14 +71,14 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
     if args.base_tree:  # ours from another tree (PFlash off), beside this one's: a change's before and after
         out.append(Arm("ours-base", ServerProcess("online-ours-base", ours_args, cwd=Path(args.base_tree),
                                                   log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
-    if available():  # as serving.py runs it: 4 sequences of 8,192 cells, n_batch 512
-        options = model_options(model, slots=4, n_ctx=4 * 8192, gpu=False, n_batch=512, n_ubatch=512)
+    if available():  # as serving.py runs it: a sequence of 8,192 cells a slot, n_batch 512
+        options = model_options(model, slots=args.slots, n_ctx=args.slots * 8192, gpu=False, n_batch=512, n_ubatch=512)
         out.append(Arm("upstream", UpstreamServer("online-upstream", [], log_dir=log_dir,
                                                   options={**options, "kv_unified": False}), "logit_bias", eog=eog))
-    if args.llama_server:  # per slot count: llama-server and llama-server-bs at 4, llama-server-np8 ... at 8
-        for slots in args.llama_server_slots:
+    if args.llama_server:  # per slot count: llama-server and llama-server-bs at --slots, llama-server-npN ... at N
+        for slots in args.llama_server_slots or [args.slots]:
             for base, extra in (("llama-server", []), ("llama-server-bs", ["-bs"])):
-                label = base if slots == 4 else f"{base}-np{slots}"
+                label = base if slots == args.slots else f"{base}-np{slots}"
                 server = ServerProcess(f"online-{label}", ["-m", model, "--host", "127.0.0.1", "-c", str(slots * 8192),
                                                            "-np", str(slots), "-fa", "on", *extra],
                                        program=[args.llama_server], log_dir=log_dir, ready_paths=("/health",))
@@ -125,7 +125,7 @@ def measure(args: argparse.Namespace) -> None:
     meta: dict[str, Any] = {
         "bench": "online", "device": "cpu", "machine": machine(), "uptime_at_start": uptime(),
         "command": " ".join(["python", "bench/online.py", *sys.argv[1:]]), "commit": commit(Path(args.ours_tree or REPO)),
-        "mix": MIX.__dict__, "window_s": args.window_s, "min_requests": MIN_REQUESTS, "drain_s": args.drain_s,
+        "mix": MIX.__dict__, "slots": args.slots, "window_s": args.window_s, "min_requests": MIN_REQUESTS, "drain_s": args.drain_s,
         "model": "gemma-3-270m Q4_K_M (demo)",
     }
     sweep = Sweep(the_arms, args.rates, args.reps, items, OBJECTIVE, lambda last: last + args.drain_s, args.out, meta,
@@ -155,8 +155,9 @@ def main() -> int:
     parser.add_argument("--base-tree", help="another copy of the project: adds arm ours-base (PFlash off) run from it")
     parser.add_argument("--tables", type=Path, help="only print the tables of this data file (e.g. a --base-tree run's)")
     parser.add_argument("--llama-server", help="a llama-server binary: adds its arms (with and without -bs)")
-    parser.add_argument("--llama-server-slots", type=int, nargs="+", default=[4], metavar="N",
-                        help="llama-server's arms at each of these slot counts (-np N, 8,192 cells a slot)")
+    parser.add_argument("--slots", type=int, default=4, help="every server's slots, of 8,192 cells each")
+    parser.add_argument("--llama-server-slots", type=int, nargs="+", default=None, metavar="N",
+                        help="llama-server's arms at each of these slot counts (default: --slots)")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="each run's arrivals span about this long")
     parser.add_argument("--drain-s", type=float, default=DRAIN_S, help="a run's requests are cut this long after its last arrival")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="no run starts after this many seconds")
