@@ -49,19 +49,20 @@ OBJECTIVE = Objective(ttft_s=2.0, tpot_s=0.25)  # the CPU's scale of TTFT <= 1 s
 WINDOW_S = 40.0  # each run's arrivals span about this long (at least MIN_REQUESTS requests); at 20 s a run of a
 # dozen requests turned on one long prompt: the peak ratios over the example server moved 1.01x -> 1.26x between runs
 MIN_REQUESTS = 6
+SLOT_CELLS = 8192  # each slot's context in every server (ours' --n_ctx, the example server's and llama-server's per slot)
 DRAIN_S = 20.0  # after the last arrival, a run may take this long before its requests are cut
 
 
 def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
     model, eog = demo_model_path(), eog_tokens(demo_model_path())
     tree = Path(args.ours_tree) if args.ours_tree else REPO
-    ours_args = ["--model", model, "--n_ctx", "8192", "--max_concurrency", str(args.slots)]
+    ours_args = ["--model", model, "--n_ctx", str(SLOT_CELLS), "--max_concurrency", str(args.slots)]
     out = [
         Arm("ours", ServerProcess("online-ours", ours_args, cwd=tree, log_dir=log_dir, ready_paths=("/health",)),
             "min_tokens"),
         Arm("ours-pflash-auto", ServerProcess("online-ours-auto", [*ours_args, "--pflash", "auto"], cwd=tree,
                                               log_dir=log_dir, ready_paths=("/health",)), "min_tokens"),
-        Arm("stock", ServerProcess("online-stock", ["--model", model, "--n_ctx", "8192", "--interrupt_requests",
+        Arm("stock", ServerProcess("online-stock", ["--model", model, "--n_ctx", str(SLOT_CELLS), "--interrupt_requests",
                                                     "false"], module="llama_cpp.server", log_dir=log_dir), "min_tokens"),
     ]
     for arm in args.ours_arms:  # NAME=ITEMS: ours (PFlash off) with these flags and environment (harness.arm_items)
@@ -72,14 +73,14 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
         out.append(Arm("ours-base", ServerProcess("online-ours-base", ours_args, cwd=Path(args.base_tree),
                                                   log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
     if available():  # as serving.py runs it: a sequence of 8,192 cells a slot, n_batch 512
-        options = model_options(model, slots=args.slots, n_ctx=args.slots * 8192, gpu=False, n_batch=512, n_ubatch=512)
+        options = model_options(model, slots=args.slots, n_ctx=args.slots * SLOT_CELLS, gpu=False, n_batch=512, n_ubatch=512)
         out.append(Arm("upstream", UpstreamServer("online-upstream", [], log_dir=log_dir,
                                                   options={**options, "kv_unified": False}), "logit_bias", eog=eog))
     if args.llama_server:  # per slot count: llama-server and llama-server-bs at --slots, llama-server-npN ... at N
         for slots in args.llama_server_slots or [args.slots]:
             for base, extra in (("llama-server", []), ("llama-server-bs", ["-bs"])):
                 label = base if slots == args.slots else f"{base}-np{slots}"
-                server = ServerProcess(f"online-{label}", ["-m", model, "--host", "127.0.0.1", "-c", str(slots * 8192),
+                server = ServerProcess(f"online-{label}", ["-m", model, "--host", "127.0.0.1", "-c", str(slots * SLOT_CELLS),
                                                            "-np", str(slots), "-fa", "on", *extra],
                                        program=[args.llama_server], log_dir=log_dir, ready_paths=("/health",))
                 out.append(Arm(label, server, "ignore_eos"))
