@@ -18,6 +18,7 @@ from llama_cpp import llama_grammar
 from conftest import TINY_PFLASH, live_server
 from pflash_plugin.engine.loader import EngineConfig, load_engine
 from pflash_plugin.engine.request import ErrorEvent, FinishEvent, Request, SamplingParams
+from pflash_plugin.llama.sampler import SlowSteps
 from pflash_plugin.server.wire.protocol import RequestError
 from pflash_plugin.server.runtime.tokenizer_pool import TokenizerPool
 from pflash_plugin.server.preparation.tool_requests import plain_history
@@ -234,3 +235,27 @@ def test_a_loaded_machine_never_ends_a_schema_request(tiny_model):
         engine.stop()
     assert isinstance(ends[0], FinishEvent), ends[0]
     assert len(request.output_tokens) > 3
+
+
+def test_one_slow_grammar_step_is_a_pause_and_two_in_a_row_end_the_grammar():
+    """A garbage collection of the server's heap (or a hypervisor's steal) can put one step past the
+    bound; a grammar whose states grow runs past it on every later step."""
+    guard = SlowSteps(1.0)
+    assert [guard.over(took) for took in (1.34, 0.1, 1.2, 0.003, 1.5, 1.6, 2.4)] == [
+        False, False, False, False, False, True, True]
+
+
+def test_a_grammar_request_over_the_bound_at_every_step_gets_one_token_then_its_400(tiny_model):
+    grammar = llama_grammar.json_schema_to_gbnf(json.dumps(PERSON))
+    model, engine = load_engine(tiny_model, EngineConfig(n_slots=1, max_ctx=256, n_threads=1, n_threads_batch=1))
+    done, ends = threading.Event(), []
+    request = Request(model.tokenize("Person:"), SamplingParams(max_tokens=24, temperature=0, grammar=grammar,
+                                                                 max_grammar_step_s=1e-9))
+    request.sink = lambda event: isinstance(event, (FinishEvent, ErrorEvent)) and (ends.append(event), done.set())
+    try:
+        engine.submit(request)
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    assert isinstance(ends[0], ErrorEvent) and "the second in a row" in ends[0].message
+    assert len(request.output_tokens) == 1
