@@ -156,7 +156,8 @@ def main() -> int:
     parser.add_argument("--base-tree", help="another copy of the project: adds arm ours-base (PFlash off) run from it")
     parser.add_argument("--tables", type=Path, help="only print the tables of this data file (e.g. a --base-tree run's)")
     parser.add_argument("--llama-server", help="a llama-server binary: adds its arms (with and without -bs)")
-    parser.add_argument("--slots", type=int, default=4, help="every server's slots, of 8,192 cells each")
+    parser.add_argument("--slots", type=int, default=8, help="every server's slots, of 8,192 cells each (8: each "
+                        "server's best of 4, 8 and 16 on the 2-core CPU, docs/online.md)")
     parser.add_argument("--llama-server-slots", type=int, nargs="+", default=None, metavar="N",
                         help="llama-server's arms at each of these slot counts (default: --slots)")
     parser.add_argument("--window-s", type=float, default=WINDOW_S, help="each run's arrivals span about this long")

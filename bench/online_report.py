@@ -67,7 +67,7 @@ def verdict(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]]) 
     """Peak goodput per arm, ours over the best peer, and TTFT p99 against every peer at each rate."""
     arms = [a for a in data["arms"] if any(k[0] == a for k in med)]
     peak = {a: max((m["goodput"] or 0.0) for (arm, _), m in med.items() if arm == a) for a in arms}
-    peers = [a for a in arms if a not in OURS]
+    peers = [a for a in arms if not a.startswith("ours")]  # --ours-arms and --base-tree arms are ours too
     lines = ["Peak goodput (the best rate's median): " + ", ".join(f"{SHOWN.get(a, a)} {peak[a]:.3f}" for a in arms) + "."]
     if peers:
         best = max(peers, key=lambda a: peak[a])
@@ -177,8 +177,9 @@ Requests arriving at a rate (Poisson), ShareGPT's prompt and answer lengths plus
 rates swept to saturation; TTFT and inter-token latency (ITL) percentiles, throughput, and goodput under a
 stated objective, as `vllm bench serve` reports them. Arms: ours with PFlash off and with `--pflash auto`,
 llama-cpp-python's stock `llama_cpp.server`, its example server (`examples/server/server.py` of the pinned
-sdist, bench/upstream.py), and llama-server with and without `-bs` where one is built (the H200 run).
-All servers are up at once and driven one at a time, the arms side by side at each rate.
+sdist, bench/upstream.py), and llama-server with and without `-bs` (`--llama-server PATH` on the CPU).
+Every server gets the same slots (`--slots`, 8 on the CPU: each server's best of 4, 8 and 16 there) of 8,192
+cells each. All servers are up at once and driven one at a time, the arms side by side at each rate.
 
 Regenerate this page: `python bench/online.py --report` (data: docs/data/online_cpu.json, online_h200.json;
 measured by `python bench/online.py` and `bench/gpu/online_gpu.py`; a change's before and after from

@@ -70,13 +70,15 @@ def test_goodput_counts_requests_within_the_objective_and_cut_ones_fail():
 
 
 def test_page_shows_medians_over_reps_and_ours_over_the_best_peer(tmp_path, monkeypatch):
+    """An --ours-arms arm (ours-s16) is ours, not a peer."""
     pytest.importorskip("matplotlib")  # the bench extra's, not the dev extra's
     runs = [{"arm": arm, "rate": 0.5, "rep": rep, "requests": 6, "completed": 6, "ttft_censored": 0,
              "goodput": good, "p99_ttft_s": 1.0 + rep, "median_ttft_s": 0.5, "median_itl_s": 0.04, "p99_itl_s": 0.1,
              "output_throughput": 10.0 * good}
-            for arm, goods in (("ours", (0.3, 0.4, 0.2)), ("stock", (0.1, 0.3, 0.15)))
+            for arm, goods in (("ours", (0.3, 0.4, 0.2)), ("stock", (0.1, 0.3, 0.15)), ("ours-s16", (0.5, 0.5, 0.5)))
             for rep, good in enumerate(goods)]
-    data = {"device": "cpu", "arms": ["ours", "stock"], "objective": {"ttft_s": 2.0, "tpot_s": 0.25}, "runs": runs,
+    data = {"device": "cpu", "arms": ["ours", "stock", "ours-s16"], "objective": {"ttft_s": 2.0, "tpot_s": 0.25},
+            "runs": runs,
             "mix": {"output_scale": 0.25, "long_share": 0.1, "long_low": 1024, "long_high": 6144}, "window_s": 24,
             "drain_s": 30, "complete": True}
     path = tmp_path / "online_cpu.json"
