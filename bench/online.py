@@ -28,6 +28,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.append(sys.path.pop(0))
 
 import argparse
+import json
 import random
 import signal
 import subprocess
@@ -131,6 +132,11 @@ def measure(args: argparse.Namespace) -> None:
     }
     sweep = Sweep(the_arms, args.rates, args.reps, items, OBJECTIVE, lambda last: last + args.drain_s, args.out, meta,
                   budget_s=args.budget_s)
+    if args.resume:  # a sweep cut by its budget: its runs kept, the missing ones run (the same requests: seeded)
+        before = json.loads(args.resume.read_text())
+        sweep.rows = before["runs"]
+        meta.update(command=f"{before['command']}; resumed by {meta['command']}", uptime_at_start=before["uptime_at_start"],
+                    uptime_at_resume=meta["uptime_at_start"])
     try:
         for arm in the_arms:
             arm.server.launch()
@@ -164,11 +170,11 @@ def main() -> int:
     parser.add_argument("--drain-s", type=float, default=DRAIN_S, help="a run's requests are cut this long after its last arrival")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="no run starts after this many seconds")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--resume", type=Path, help="a sweep's data file that its budget cut: run only the runs it "
+                        "lacks (same arms, rates and reps), its own kept, all written to --out")
     parser.add_argument("--report", action="store_true", help="only write docs/online.md and its plots")
     args = parser.parse_args()
     if args.tables:
-        import json
-
         from online_report import medians, tables
 
         data = json.loads(args.tables.read_text())

@@ -101,11 +101,13 @@ class Sweep:
         os.replace(tmp, self.out)
 
     def run(self, say: Callable[[str], None]) -> None:
+        """Every (arm, rate, rep) not among `rows` yet (a sweep cut by its budget goes on where it stopped)."""
         start = time.perf_counter()
+        done = {(row["arm"], row["rate"], row["rep"]) for row in self.rows}
         for rep in range(self.reps):
             for rate in self.rates:
                 order = self.arms[rep % len(self.arms):] + self.arms[:rep % len(self.arms)]
-                for arm in order:
+                for arm in (a for a in order if (a.label, rate, rep) not in done):
                     if time.perf_counter() - start > self.budget_s:
                         say(f"budget of {self.budget_s:.0f} s spent: stopping before rep {rep} rate {rate} {arm.label}")
                         self.write(complete=False)

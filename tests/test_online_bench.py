@@ -110,3 +110,20 @@ def test_page_shows_a_changes_before_and_after_from_its_data_file(tmp_path, monk
     goodput, _, itl = tables(page)[:3]
     assert goodput[0] == {"rate (req/s)": "0.3", "ours, PFlash off": "0.250", "ours, PFlash off (base tree)": "0.200"}
     assert itl[0]["ours, PFlash off (base tree)"] == "30 / 400"
+
+
+def test_a_sweep_cut_by_its_budget_goes_on_with_only_the_runs_it_lacks(tmp_path, monkeypatch):
+    """`bench/online.py --resume F`: the rows F has are kept and not run again; the rest run in the
+    sweep's order (each rep's arms rotated), and the file says when it is complete."""
+    arms = [online_sweep.Arm(label, None, "min_tokens") for label in ("ours", "peer")]  # type: ignore[arg-type]
+    sweep = online_sweep.Sweep(arms, [0.5, 1.0], 2, lambda *_: [], None, lambda last: last,  # type: ignore[arg-type]
+                               tmp_path / "sweep.json", {})
+    monkeypatch.setattr(sweep, "write", lambda complete: setattr(sweep, "complete", complete))
+    sweep.rows = [{"arm": arm, "rate": rate, "rep": 0} for rate in (0.5, 1.0) for arm in ("ours", "peer")]
+    sweep.rows.append({"arm": "peer", "rate": 0.5, "rep": 1})
+    ran = []
+    monkeypatch.setattr(sweep, "one", lambda arm, rate, rep, say: ran.append((arm.label, rate, rep)) or
+                        {"arm": arm.label, "rate": rate, "rep": rep})
+    sweep.run(lambda message: None)
+    assert ran == [("ours", 0.5, 1), ("peer", 1.0, 1), ("ours", 1.0, 1)]
+    assert len(sweep.rows) == 8 and sweep.complete
