@@ -135,8 +135,8 @@ def measure(args: argparse.Namespace) -> None:
     if args.resume:  # a sweep cut by its budget: its runs kept, the missing ones run (the same requests: seeded)
         before = json.loads(args.resume.read_text())
         sweep.rows = before["runs"]
-        meta.update(command=f"{before['command']}; resumed by {meta['command']}", uptime_at_start=before["uptime_at_start"],
-                    uptime_at_resume=meta["uptime_at_start"])
+        meta.update(command=f"{before['command']}; resumed by {meta['command']}", commit=before["commit"],
+                    uptime_at_start=before["uptime_at_start"], uptime_at_resume=meta["uptime_at_start"])
     try:
         for arm in the_arms:
             arm.server.launch()
