@@ -74,12 +74,21 @@ def verdict(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]]) 
         for ours in (a for a in OURS if a in arms):
             ratio = "inf" if peak[best] == 0 else f"{peak[ours] / peak[best]:.2f}x"
             lines.append(f"{SHOWN[ours]} over the best peer ({SHOWN.get(best, best)}): **{ratio}** (target >= 1.3x).")
+        lines.append("Each rep's goodput at the arm's peak rate (the reps' spread): " + "; ".join(
+            per_rep(data, med, arm) for arm in (*(a for a in OURS if a in arms), best)) + ".")
         for ours in (a for a in OURS if a in arms):
             worse = [f"{rate:g}" for rate in sorted({k[1] for k in med})
                      if (ours, rate) in med and any((p, rate) in med and (med[(p, rate)]["p99_ttft_s"] or 0)
                                                     < (med[(ours, rate)]["p99_ttft_s"] or 0) for p in peers)]
             lines.append(f"{SHOWN[ours]}: TTFT p99 above some peer's at rates: {', '.join(worse) or 'none'}.")
     return "\n".join(f"- {line}" for line in lines)
+
+
+def per_rep(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]], arm: str) -> str:
+    """`arm`'s goodput in each rep at the rate of its best median, in rep order."""
+    rate = max((r for a, r in med if a == arm), key=lambda r: med[(arm, r)]["goodput"] or 0.0)
+    reps = sorted((run["rep"], run["goodput"]) for run in data["runs"] if run["arm"] == arm and run["rate"] == rate)
+    return f"{SHOWN.get(arm, arm)} {' / '.join(f'{good:.3f}' for _, good in reps)} ({rate:g} req/s)"
 
 
 def plot(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]], title: str, path: Path) -> None:

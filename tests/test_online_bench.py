@@ -89,6 +89,8 @@ def test_page_shows_medians_over_reps_and_ours_over_the_best_peer(tmp_path, monk
     goodput = tables(page)[0][0]
     assert goodput["ours, PFlash off"] == "0.300" and goodput["llama_cpp.server"] == "0.150"
     assert "over the best peer (llama_cpp.server): **2.00x**" in page
+    assert ("ours, PFlash off 0.300 / 0.400 / 0.200 (0.5 req/s); llama_cpp.server 0.100 / 0.300 / 0.150 (0.5 req/s)"
+            in page)
     assert (tmp_path / "online_cpu.png").stat().st_size > 0
 
 
