@@ -66,8 +66,9 @@ def tables(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]]) -
 def verdict(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]]) -> str:
     """Peak goodput per arm, ours over the best peer, and TTFT p99 against every peer at each rate."""
     arms = [a for a in data["arms"] if any(k[0] == a for k in med)]
-    peak = {a: max((m["goodput"] or 0.0) for (arm, _), m in med.items() if arm == a) for a in arms}
-    peers = [a for a in arms if not a.startswith("ours")]  # --ours-arms and --base-tree arms are ours too
+    at = {a: max((r for arm, r in med if arm == a), key=lambda r, a=a: med[(a, r)]["goodput"] or 0.0) for a in arms}
+    peak = {a: med[(a, at[a])]["goodput"] or 0.0 for a in arms}
+    peers = [a for a in arms if not is_ours(a)]
     lines = ["Peak goodput (the best rate's median): " + ", ".join(f"{SHOWN.get(a, a)} {peak[a]:.3f}" for a in arms) + "."]
     if peers:
         best = max(peers, key=lambda a: peak[a])
@@ -75,7 +76,7 @@ def verdict(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]]) 
             ratio = "inf" if peak[best] == 0 else f"{peak[ours] / peak[best]:.2f}x"
             lines.append(f"{SHOWN[ours]} over the best peer ({SHOWN.get(best, best)}): **{ratio}** (target >= 1.3x).")
         lines.append("Each rep's goodput at the arm's peak rate (the reps' spread): " + "; ".join(
-            per_rep(data, med, arm) for arm in (*(a for a in OURS if a in arms), best)) + ".")
+            per_rep(data, arm, at[arm]) for arm in (*(a for a in OURS if a in arms), best)) + ".")
         for ours in (a for a in OURS if a in arms):
             worse = [f"{rate:g}" for rate in sorted({k[1] for k in med})
                      if (ours, rate) in med and any((p, rate) in med and (med[(p, rate)]["p99_ttft_s"] or 0)
@@ -84,9 +85,13 @@ def verdict(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]]) 
     return "\n".join(f"- {line}" for line in lines)
 
 
-def per_rep(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]], arm: str) -> str:
-    """`arm`'s goodput in each rep at the rate of its best median, in rep order."""
-    rate = max((r for a, r in med if a == arm), key=lambda r: med[(arm, r)]["goodput"] or 0.0)
+def is_ours(arm: str) -> bool:
+    """Ours' two arms and its variants (--ours-arms, --base-tree): never a peer."""
+    return arm.startswith("ours")
+
+
+def per_rep(data: dict[str, Any], arm: str, rate: float) -> str:
+    """`arm`'s goodput in each rep at `rate` (its peak), in rep order."""
     reps = sorted((run["rep"], run["goodput"]) for run in data["runs"] if run["arm"] == arm and run["rate"] == rate)
     return f"{SHOWN.get(arm, arm)} {' / '.join(f'{good:.3f}' for _, good in reps)} ({rate:g} req/s)"
 
@@ -104,7 +109,7 @@ def plot(data: dict[str, Any], med: dict[tuple[str, float], dict[str, Any]], tit
         xs = [r for r in rates if (arm, r) in med]
         if not xs:
             continue
-        style = "-o" if arm in OURS else "--s"
+        style = "-o" if is_ours(arm) else "--s"
         left.plot(xs, [med[(arm, r)]["p99_ttft_s"] for r in xs], style, label=SHOWN.get(arm, arm))
         right.plot(xs, [med[(arm, r)]["goodput"] for r in xs], style, label=SHOWN.get(arm, arm))
     left.axhline(data["objective"]["ttft_s"], color="k", lw=0.8, ls=":", label="objective")
