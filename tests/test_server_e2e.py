@@ -264,8 +264,18 @@ def test_mirostat_min_tokens_and_seeded_sampling(tiny_server):
         forced = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 10, "logit_bias": eos}).json()
         held = client.post("/v1/completions",
                            json={"prompt": "x", "max_tokens": 10, "logit_bias": eos, "min_tokens": 3}).json()
+        # ignore_eos (llama-server's, vLLM's): held back to max_tokens, on every route that takes it
+        ignored = client.post("/v1/completions",
+                              json={"prompt": "x", "max_tokens": 10, "logit_bias": eos, "ignore_eos": True}).json()
+        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                         "max_tokens": 7, "logit_bias": eos, "ignore_eos": True}).json()
+        native = client.post("/completion", json={"prompt": "x", "n_predict": 5, "logit_bias": eos,
+                                                  "ignore_eos": True}).json()
     assert forced["usage"]["completion_tokens"] == 0 and forced["choices"][0]["finish_reason"] == "stop"
     assert held["usage"]["completion_tokens"] == 3
+    assert ignored["usage"]["completion_tokens"] == 10 and ignored["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"]["completion_tokens"] == 7 and chat["choices"][0]["finish_reason"] == "length"
+    assert native["tokens_predicted"] == 5 and native["generation_settings"]["ignore_eos"] is True
 
 
 def test_streams_get_keepalive_comments_while_they_wait(tiny_model):

@@ -32,6 +32,7 @@ class NativeSampling(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     grammar: Optional[str] = None
+    ignore_eos: bool = False
     stream: bool = False
     n_probs: int = Field(default=0, ge=0, description="Each token's probability and the n best alternatives "
                          "(`completion_probabilities`, log-probabilities from the model before sampling).")
@@ -61,7 +62,7 @@ class NativeSampling(BaseModel):
         """The request as /v1/completions of the prompt's tokens (and `more` of its fields)."""
         fields: dict[str, Any] = {name: getattr(self, name) for name in (
             "model", "temperature", "top_k", "top_p", "min_p", "typical_p", "stop", "repeat_penalty",
-            "presence_penalty", "frequency_penalty", "grammar", "stream", "lora")}
+            "presence_penalty", "frequency_penalty", "grammar", "ignore_eos", "stream", "lora")}
         fields["seed"] = None if self.seed is None or self.seed == -1 else self.seed
         fields["max_tokens"] = None if self.n_predict is None or self.n_predict < 0 else self.n_predict
         fields["logprobs"] = self.n_probs or None
@@ -70,7 +71,7 @@ class NativeSampling(BaseModel):
     def settings(self) -> dict[str, Any]:
         """llama-server's `generation_settings`: the fields of this request that we apply."""
         names = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "stop", "n_probs", "post_sampling_probs", "grammar", "stream")
+                 "frequency_penalty", "stop", "n_probs", "post_sampling_probs", "grammar", "ignore_eos", "stream")
         return {"n_predict": -1 if self.n_predict is None else self.n_predict,
                 "seed": -1 if self.seed is None else self.seed, **{name: getattr(self, name) for name in names}}
 

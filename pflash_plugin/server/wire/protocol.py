@@ -65,6 +65,8 @@ class _Extensions(NullIsDefault):
                               "server speculates: --draft_model); the text is the same either way for greedy requests.")
     lora: Optional[List[LoraScale]] = Field(default=None, description="llama-server's per-request LoRA scales "
                                             "([{id, scale}], the unlisted 0): only the server's own are served here.")
+    ignore_eos: bool = Field(default=False, description="llama-server's and vLLM's field: end-of-generation tokens "
+                             "are held back until max_tokens (min_tokens = max_tokens); stop strings still stop.")
 
 
 @functools.cache
@@ -348,7 +350,7 @@ def sampling_params(
         logit_bias=logit_bias,
         logprobs=logprobs,
         grammar=grammar,
-        min_tokens=body.min_tokens,
+        min_tokens=max_tokens if body.ignore_eos else body.min_tokens,
         speculative=body.speculative,
         mirostat=body.mirostat_mode,
         mirostat_tau=body.mirostat_tau,
