@@ -274,12 +274,17 @@ def run_arms(args: argparse.Namespace, arms: list[ServerProcess], slots: int, si
 
 def summary(rows: list[dict[str, Any]]) -> str:
     """Per arm and client count: the median rep's requests/s, tokens/s and TTFTs, and that rep's
-    phases; requests/s compares arms only where each request generated its max_tokens."""
-    lines = ["arm | clients | req/s (median) | tok/s | tokens a request | image TTFT s | text TTFT beside s | phases of that rep"]
+    phases. Requests/s compares arms only where each request generated its max_tokens (a server that
+    ends answers early does less work): the median is of those reps, and `full reps` says how many."""
+    lines = ["arm | clients | req/s (median) | full reps | tok/s | tokens a request | image TTFT s | text TTFT beside s "
+             "| phases of that rep"]
+    most = max(r["tokens_per_request"][1] for r in rows)
     for key in dict.fromkeys((r["arm"], r["clients"]) for r in rows):
         reps = sorted((r for r in rows if (r["arm"], r["clients"]) == key), key=lambda r: r["requests_per_s"])
-        mid = reps[len(reps) // 2]
-        lines.append(f"{key[0]} | {key[1]} | {mid['requests_per_s']} | {mid['tokens_per_s']} | {mid['tokens_per_request']} | "
+        full = [r for r in reps if r["tokens_per_request"][0] == most]
+        mid = (full or reps)[len(full or reps) // 2]
+        lines.append(f"{key[0]} | {key[1]} | {mid['requests_per_s']} | {len(full)}/{len(reps)} | {mid['tokens_per_s']} | "
+                     f"{mid['tokens_per_request']} | "
                      f"{mid['mean_ttft_s']} | {mid['text_ttft_beside_s']} | {json.dumps(mid['phases'])}")
     return "\n".join(lines)
 
