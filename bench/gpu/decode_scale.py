@@ -245,7 +245,8 @@ def engine_contexts(args: argparse.Namespace, mode: str, contexts: int) -> dict[
             "graph_reuses_per_step": round(sum(reused) / sum(steps), 3)}
 
 
-SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream", "ours-lookup", "ours-gil")
+SERVERS = ("ours", "ours-host-sampling", "llama-server", "llama-server-bs", "upstream", "ours-lookup", "ours-gil",
+           "ours-graphs-off")
 
 
 def side_by_side(args: argparse.Namespace, record: Record) -> None:
@@ -258,7 +259,8 @@ def side_by_side(args: argparse.Namespace, record: Record) -> None:
                     llama_server("llama-server-bs", args.port + 3, args, "-bs")]
     servers += [upstream("upstream", args.port + 4, args),
                 ours("ours-lookup", args.port + 5, args, "off", "--draft_model", "prompt-lookup-decoding"),
-                ours("ours-gil", args.port + 6, args, "off", "--gil_switch_ms", "0.5")]
+                ours("ours-gil", args.port + 6, args, "off", "--gil_switch_ms", "0.5"),
+                ours("ours-graphs-off", args.port + 7, args, "off", "--cuda_graphs", "off")]
     servers = [server for server in servers if server.label in args.servers]
     cells = [(mode, clients) for mode in args.modes for clients in args.clients]
     if args.one_at_a_time:

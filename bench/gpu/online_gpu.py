@@ -37,13 +37,13 @@ OBJECTIVE = Objective(ttft_s=1.0, tpot_s=0.1)
 LONG_SHARE = 0.1
 
 
-def ours(args: argparse.Namespace) -> Server:
-    return Server("ours", [
+def ours(args: argparse.Namespace, label: str = "ours", offset: int = 0, *extra: str) -> Server:
+    return Server(label, [
         "--model", args.target, "--n_gpu_layers", str(args.gpu_layers), "--n_ctx", str(args.long[1] + 4096),
         "--kv_pool_tokens", str(args.pool), "--max_concurrency", str(args.slots), "--max_queue", "4096",
         "--n_batch", "2048", "--n_ubatch", "512", "--flash_attn", "true",
-        "--pflash", "auto", "--pflash_drafter", args.drafter,
-    ], port=args.port, log_dir=log_dir(args), ours=True)
+        "--pflash", "auto", "--pflash_drafter", args.drafter, *extra,
+    ], port=args.port + offset, log_dir=log_dir(args), ours=True)
 
 
 def peers(args: argparse.Namespace) -> list[tuple[str, Server | UpstreamServer, str]]:
@@ -62,11 +62,19 @@ def peers(args: argparse.Namespace) -> list[tuple[str, Server | UpstreamServer, 
     return out
 
 
+# ours with CUDA graphs off (a second server of ours): only where --arms names them
+ON_REQUEST = ("ours-graphs-off", "ours-graphs-off-pflash-auto")
+
+
 def arms(args: argparse.Namespace) -> list[Arm]:
-    server, eog = ours(args), eog_tokens(args.target)
-    out = [Arm("ours", server, "min_tokens", {"pflash": {"mode": "off"}}), Arm("ours-pflash-auto", server, "min_tokens")]
+    eog = eog_tokens(args.target)
+    out = []
+    for server in (ours(args), ours(args, "ours-graphs-off", 5, "--cuda_graphs", "off")):
+        out += [Arm(server.label, server, "min_tokens", {"pflash": {"mode": "off"}}),
+                Arm(f"{server.label}-pflash-auto", server, "min_tokens")]
     out += [Arm(label, peer, force, eog=eog) for label, peer, force in peers(args)]
-    return [arm for arm in out if not args.arms or arm.label in args.arms]
+    return [arm for arm in out if arm.label in args.arms] if args.arms else \
+        [arm for arm in out if arm.label not in ON_REQUEST]
 
 
 def servers_of(the_arms: list[Arm]) -> list:
