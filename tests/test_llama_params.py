@@ -270,18 +270,19 @@ def test_n_batch_defaults_to_llama_servers_on_a_gpu(monkeypatch, given, gpu_laye
 
 
 @pytest.mark.parametrize("given, env_before, expected", [
-    ({"max_concurrency": 128}, None, "1"),  # past 64 slots, flash attention llama.cpp's auto (on with a GPU)
+    ({"max_concurrency": 128}, None, "1"),  # flash attention llama.cpp's auto (on with a GPU)
     ({"max_concurrency": 128, "flash_attn": True}, None, "1"),
-    ({"max_concurrency": 64}, None, None),  # what ran clean with CUDA graphs
-    ({"max_concurrency": 128, "flash_attn": False}, None, None),  # the hang needs flash attention
+    ({"max_concurrency": 32}, None, "1"),  # where the online load aborted ours and llama-server with them
+    ({"max_concurrency": 31}, None, None),  # fewer slots: no run failed with CUDA graphs
+    ({"max_concurrency": 128, "flash_attn": False}, None, None),  # the failures need flash attention
     ({"max_concurrency": 128, "cuda_graphs": "on"}, None, None),  # the operator's choice
     ({"max_concurrency": 4, "cuda_graphs": "off"}, None, "1"),
     ({"max_concurrency": 128, "n_gpu_layers": 0}, None, None),  # no layers on the GPU: no graphs to turn off
     ({"max_concurrency": 128}, "0", "0"),  # the environment decided already: kept
 ])
 def test_cuda_graphs_go_off_where_they_hung(monkeypatch, given, env_before, expected):
-    """CUDA graphs hung a 128-slot server with flash attention (llama/cuda_graphs.py): auto turns
-    them off for the process past 64 slots, through ggml's own switch, before any weights load."""
+    """CUDA graphs aborted or hung servers with flash attention from 32 slots (llama/cuda_graphs.py):
+    auto turns them off for the process there, through ggml's own switch, before any weights load."""
     from pflash_plugin.llama.cuda_graphs import DISABLE_ENV
     from pflash_plugin.server.config import llama_params
 

@@ -1,16 +1,16 @@
-"""Whether ggml's CUDA backend replays its decode graphs as CUDA graphs: off past 64 slots with flash
-attention, where they hang.
+"""Whether ggml's CUDA backend replays its decode graphs as CUDA graphs: off from 32 slots with
+flash attention, where servers with them aborted or hung under load.
 
-Measured (bench/gpu/hang_diag.py, tree 94b4cb4, an H100; docs/deployment.md): one server with 128
-slots, a KV stream each and flash attention, alone on the device, 128 clients x 2 greedy requests
-answered about half, then its engine thread waited in llama_get_logits -> cudaStreamSynchronize for
-good with the GPU at 100% (at 0193d94 too). The same load ran to the end with
-GGML_CUDA_DISABLE_GRAPHS=1 (3,136 tok/s), with flash attention off (1,343 tok/s) and with
-CUDA_LAUNCH_BLOCKING=1 (3,536 tok/s: CUDA graphs still on, each launch waited for); one unified KV
-stream hung too. 64 slots ran clean on every run since the hang was first seen. So a kernel of the
-captured 128-row step with flash attention never ends (the clean run with each launch waited for
-suggests it needs the host to launch ahead of it); which kernel is not known (a suspect: ggml
-launches kernels with programmatic dependent launch on Hopper, GGML_CUDA_PDL=0 turns it off).
+Measured (docs/deployment.md): a 128-slot server, 128 clients x 2 greedy requests, hung with its
+engine thread in llama_get_logits -> cudaStreamSynchronize and the GPU at 100% (bench/gpu/hang_diag.py,
+H100 and H200); the same load ran to the end with GGML_CUDA_DISABLE_GRAPHS=1, with flash attention off
+or with CUDA_LAUNCH_BLOCKING=1. At 32 slots under the online benchmark's load (long prompts beside
+answers, 8 req/s; bench/gpu/online_gpu.py) servers with graphs failed in 5 of 6 runs at 50dc092 on an
+H100 ("CUDA error: an illegal instruction was encountered" in cudaStreamSynchronize, or a hang), as
+at 1f4ca1a (H100) and 8ada373 (H200), and **llama-server with its default graphs aborted the same way
+in 3 of 3**; with graphs off, 5 of 5 ran to the end. So it is ggml's (at this pin), and the fewest
+slots it was seen at is 32; below that no run failed (fewer were made). Graphs off cost a 32-slot
+server 4% of its 1-client greedy decode and 9% at 32 clients (H100, one rep).
 ggml reads GGML_CUDA_DISABLE_GRAPHS once per process, at its first graph: the decision is the
 process's, taken before any weights load (server/config/llama_params.bring_up).
 """
@@ -20,7 +20,7 @@ import os
 from typing import Literal
 
 DISABLE_ENV = "GGML_CUDA_DISABLE_GRAPHS"  # set at all (any value): ggml captures no CUDA graph
-SAFE_SLOTS = 64  # the most slots measured clean with CUDA graphs and flash attention
+FAILED_AT_SLOTS = 32  # the fewest slots where a server with CUDA graphs and flash attention failed
 
 Setting = Literal["auto", "on", "off"]
 
@@ -32,9 +32,9 @@ def graphs_off_reason(setting: Setting, n_slots: int, flash_attn: bool | None, o
         return None
     if setting == "off":
         return "--cuda_graphs off"
-    if n_slots > SAFE_SLOTS and flash_attn is not False:
-        return (f"{n_slots} slots with flash attention: CUDA graphs hung past {SAFE_SLOTS} slots "
-                "(docs/deployment.md; --cuda_graphs on keeps them)")
+    if n_slots >= FAILED_AT_SLOTS and flash_attn is not False:
+        return (f"{n_slots} slots with flash attention: ggml's CUDA graphs aborted or hung servers from "
+                f"{FAILED_AT_SLOTS} slots under load (docs/deployment.md; --cuda_graphs on keeps them)")
     return None
 
 

@@ -73,8 +73,8 @@ class ModelSettings(StockModelSettings):
     )
     cuda_graphs: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="ggml's CUDA graphs (process-wide: ggml reads the choice at the first decode); auto: off past 64 "
-        "slots with flash attention on a GPU, where they hung (docs/deployment.md).",
+        description="ggml's CUDA graphs (process-wide: ggml reads the choice at the first decode); auto: off from 32 "
+        "slots with flash attention on a GPU, where servers with them aborted or hung (docs/deployment.md).",
     )
     constraint_engine: Literal["llguidance", "llama"] = Field(
         default="llguidance",
