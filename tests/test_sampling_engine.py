@@ -102,6 +102,14 @@ def test_device_greedy_tokens_equal_the_host_s_on_the_demo_model(demo_model):
     assert outputs["on"] == outputs["off"]
 
 
+def test_the_end_of_generation_tokens_are_found_when_the_engine_is_built(engine):
+    """One pass over the vocabulary (90 ms at 262K tokens), made as the engine is built, not on the
+    engine thread when a request first holds end-of-generation back (min_tokens, ignore_eos)."""
+    model, _ = engine
+    assert "eog_tokens" in vars(model)  # functools.cached_property: computed already
+    assert model.eog_tokens == [t for t in range(model.n_vocab) if model.is_eog(t)] and model.eog_tokens
+
+
 def test_end_of_generation_waits_for_min_tokens_in_each_row_of_a_step(engine):
     """Every row's logits favour the end-of-generation token (a bias of +50): rows short of their
     min_tokens get exactly that many tokens, the others end at once, whichever rows share a step."""

@@ -124,7 +124,7 @@ class Sampling:
         self.penalty_last_n = penalty_last_n
         self.device = device
         self._slots: dict[int, _Bound] = {}
-        self._eog_tokens: list[int] | None = None  # found on first use
+        self._eog_tokens = model.eog_tokens  # the scan of the vocabulary, at build
         # device chains let go while a decode that runs them is in flight: freed once it has landed
         self._retired: list[SamplerChain] | None = None  # None: no decode in flight
         self.constraints = Constraints(model)  # llguidance's matchers, by slot
@@ -318,8 +318,6 @@ class Sampling:
         return True
 
     def _eog(self) -> list[int]:
-        if self._eog_tokens is None:
-            self._eog_tokens = [t for t in range(self.model.n_vocab) if self.model.is_eog(t)]
         return self._eog_tokens
 
 

@@ -50,7 +50,7 @@ class _VocabTokenizer:
         self.model = model
         buffer = ctypes.create_string_buffer(1024)
         self.pieces = [_piece(model, token, buffer) for token in range(model.n_vocab)]
-        special = [token for token in range(model.n_vocab) if model.is_eog(token)]
+        special = list(model.eog_tokens)
         self.special_token_ids = special
         self.tokens = list(self.pieces)
         for token in special:

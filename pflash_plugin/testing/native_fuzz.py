@@ -128,7 +128,7 @@ def vocab_facts(model: Path) -> tuple[int, list[int]]:
 
     loaded = Model(model)
     try:
-        return loaded.n_vocab, [t for t in range(loaded.n_vocab) if loaded.is_eog(t)]
+        return loaded.n_vocab, loaded.eog_tokens
     finally:
         loaded.close()
 
