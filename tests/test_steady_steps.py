@@ -1,4 +1,4 @@
-"""engine/steps.py's steady decode steps (Steps.steady: on a GPU with a KV stream per slot): filler
+"""engine/steps.py's steady decode steps (Steps.steady: wherever each slot has a KV stream): filler
 rows in idle slots keep a decode step's slots one run, and its shape while rows end, so llama.cpp
 decodes the step as one ubatch on the graph it built before; the fillers' writes are dropped, the
 real rows' tokens are those of steps without fillers."""
@@ -20,13 +20,14 @@ def slot_runs(slots: list[int]) -> int:
     return 1 + sum(b != a + 1 for a, b in zip(slots, slots[1:]))
 
 
-def decode_steps(steady: bool, lengths: list[int]) -> tuple[list[list[tuple[int, bool]]], list[list[int]]]:
+def decode_steps(steady: bool, lengths: list[int], filler_logits: bool = True
+                 ) -> tuple[list[list[tuple[int, bool]]], list[list[int]]]:
     """Requests of these lengths, one per slot, stepped to the end over the mock runner: each
     decode step's (slot, filler) rows, and each request's tokens. The KV is checked after every step."""
     sched, runner = make_scheduler(n_slots=len(lengths), per_slot=True, n_pages=8, page_size=4,
                                    max_batch_tokens=64, check_every_step=False)
     runner.require_active = False  # filler rows belong to no started request
-    sched.steps.steady = steady
+    sched.steps.steady, sched.steps.filler_logits = steady, filler_logits
     requests = [make_request([1 + i, 2 + i, 3 + i], max_tokens=n) for i, n in enumerate(lengths)]
     sched.submit(*requests)
     seen = []
@@ -37,6 +38,7 @@ def decode_steps(steady: bool, lengths: list[int]) -> tuple[list[list[tuple[int,
         check_scheduler(sched, runner)  # every filler's write dropped: each slot's KV is its tokens
         if all(len(item.tokens) == 1 for item in step.items):
             seen.append([(item.request.held_slot, item.filler) for item in step.items])
+            assert all(item.wants_logits == (filler_logits or not item.filler) for item in step.items)
     return seen, [r.output_tokens for r in requests]
 
 
@@ -53,6 +55,13 @@ def test_a_decode_step_keeps_its_slots_one_run_while_rows_end_and_its_tokens():
         assert all(filler == (slot not in real) for slot, filler in rows)
     # once 2 of the 6 decode (slots 0 and 3), the shape is let go for the run between them
     assert steady[-1] == [(0, False), (1, True), (2, True), (3, False)]
+
+
+def test_on_the_cpu_the_fillers_ask_for_no_logits_and_the_steps_and_tokens_stay_the_same():
+    """Steps.filler_logits False (the CPU's: a filler's logits would cost its row of the output
+    projection, 8 ms at a 262K vocabulary): the same rows and tokens, no filler asks for logits."""
+    lengths = [8, 2, 4, 8, 3, 3]
+    assert decode_steps(True, lengths, filler_logits=False) == decode_steps(True, lengths)
 
 
 def test_decode_step_fillers_never_take_a_slot_a_request_holds_and_a_new_request_reuses_a_filled_slot_exactly():
@@ -133,9 +142,10 @@ def test_a_step_that_fails_after_its_write_drops_its_fillers_cells_too():
     check_scheduler(sched, runner)
 
 
-def test_the_flag_sets_the_engine_s_steady_steps_and_auto_leaves_them_off_on_the_cpu(tiny_model):
+def test_the_flag_sets_the_engine_s_steady_steps_and_auto_keeps_them_with_logit_free_fillers_on_the_cpu(tiny_model):
     """--steady_decode on/off/auto becomes EngineConfig.steady_decode True/False/None; None (auto) is
-    on only where the runner overlaps a GPU, so off here."""
+    on wherever each slot has a KV stream; on the CPU its filler rows ask for no logits (each would cost
+    its row of the output projection), on a GPU they do (the step keeps its outputs and its graph)."""
     from pflash_plugin.llama import ModelParams
     from pflash_plugin.server.config.llama_params import engine_config
     from pflash_plugin.server.config.settings import ModelSettings
@@ -143,11 +153,12 @@ def test_the_flag_sets_the_engine_s_steady_steps_and_auto_leaves_them_off_on_the
     chosen = {value: engine_config(ModelSettings(model=str(tiny_model), steady_decode=value), ModelParams(),
                                    256).steady_decode for value in ("on", "off", "auto")}
     assert chosen == {"on": True, "off": False, "auto": None}
-    for value, steady in ((None, False), (True, True)):
+    for value, steady in ((None, True), (True, True), (False, False)):
         model, engine = load_engine(tiny_model, EngineConfig(n_slots=2, max_ctx=256, n_threads=1, n_threads_batch=1,
                                                              steady_decode=value))
         try:
             assert engine.scheduler.steps.steady is steady
+            assert engine.scheduler.steps.filler_logits is False  # no GPU here
         finally:
             engine.stop()
             engine.close()

@@ -1,7 +1,7 @@
 """A step's rows from the step policy's plan (step_policy.py): the mechanism between the running
 requests, their slots' KV and the batch a runner decodes.
 
-Where `Steps.steady` is set (a GPU, a KV stream per slot: engine/loader.py), a decode step's slots
+Where `Steps.steady` is set (a KV stream per slot: engine/loader.py), a decode step's slots
 are one run, and keep the last step's while its rows end: an idle slot among them gets a filler row
 (a real row's token, one cell past its KV; its logits unread) whose write the scheduler drops, as
 for any row of a request that ended (Scheduler.update). With a KV stream per slot, llama.cpp puts
@@ -9,7 +9,8 @@ only consecutive sequences in one ubatch (llama_batch_allocr::split_equal, `sequ
 left among 64 slots by answers that ended at random decoded as a dozen ubatches, each reading all
 the weights, and their alternating shapes defeat graph reuse (llm_graph_params::allow_reuse), so
 ggml-cuda ran each kernel by kernel (docs/speculation.md). Filler rows cost a GPU little beside a
-step's own (the weights are read once a ubatch); the last step's shape is let go when fewer than
+step's own (the weights are read once a ubatch), and the CPU little where they ask for no logits
+(`filler_logits`, off there: docs/sampling.md); the last step's shape is let go when fewer than
 half of its rows are real, for the run between the first and last real rows."""
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ class Steps:
         self.policy, self.cache, self.text = policy, cache, text
         self.speculation: Speculation | None = None
         self.steady = False  # decode steps' slots one run, kept while rows end (filler rows; module docstring)
+        # a decode step's filler rows ask for logits: on a GPU the step keeps its outputs and so its CUDA
+        # graph; on the CPU each would cost its row of the output projection (8 ms at the demo's 262K)
+        self.filler_logits = True
         self._shape: set[int] = set()  # the last decode step's slots, fillers' included
         self._stand_ins: dict[int, Request] = {}  # each slot's filler rows' request (one that has ended)
 
@@ -125,7 +129,8 @@ class Steps:
         if real <= last and 2 * len(real) >= len(last):
             span |= last
         token = items[0].tokens[0]
-        fillers = [self._filler(index, token) for index in sorted(span - real) if self._fills(index)]
+        gaps = [index for index in sorted(span - real) if self._fills(index)]
+        fillers = [self._filler(index, token, self.filler_logits) for index in gaps]
         self._shape = real | {item.request.held_slot for item in fillers}
         return items + fillers
 

@@ -68,8 +68,8 @@ class ModelSettings(StockModelSettings):
     steady_decode: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Decode steps keep their slots one run, and their shape while requests end, with filler rows in "
-        "idle slots, so llama.cpp decodes a step as one ubatch on the graph it built before; auto: where the output "
-        "layer runs on a GPU and each slot has a KV stream (docs/sampling.md).",
+        "idle slots, so llama.cpp decodes a step as one ubatch on the graph it built before; auto: where each slot "
+        "has a KV stream, the fillers asking for no logits on the CPU (docs/sampling.md).",
     )
     cuda_graphs: Literal["auto", "on", "off"] = Field(
         default="auto",
