@@ -302,7 +302,7 @@ class Model:
 
     @functools.cached_property
     def eog_tokens(self) -> list[int]:
-        """The vocabulary's end-of-generation tokens: a call per token (90 ms at 262K), made once per
+        """The vocabulary's end-of-generation tokens: a call per token (99 ms at the demo's 262K), once per
         model (the engine's sampling asks at build, not at a request's first min_tokens)."""
         return [token for token in range(self.n_vocab) if self.is_eog(token)]
 
