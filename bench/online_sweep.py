@@ -47,8 +47,7 @@ def eog_tokens(model_path: str) -> tuple[int, ...]:
     """The model's end-of-generation tokens (its vocabulary only)."""
     from pflash_plugin.llama.model import Model
 
-    model = Model(model_path, vocab_only=True)
-    return tuple(t for t in range(model.n_vocab) if model.is_eog(t))
+    return tuple(Model(model_path, vocab_only=True).eog_tokens)
 
 
 def wait_idle(arm: Arm, timeout_s: float) -> float | None:

@@ -282,7 +282,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
     for key in dict.fromkeys((r["arm"], r["clients"]) for r in rows):
         reps = sorted((r for r in rows if (r["arm"], r["clients"]) == key), key=lambda r: r["requests_per_s"])
         full = [r for r in reps if r["tokens_per_request"][0] == most]
-        mid = (full or reps)[len(full or reps) // 2]
+        counted = full or reps
+        mid = counted[len(counted) // 2]
         lines.append(f"{key[0]} | {key[1]} | {mid['requests_per_s']} | {len(full)}/{len(reps)} | {mid['tokens_per_s']} | "
                      f"{mid['tokens_per_request']} | "
                      f"{mid['mean_ttft_s']} | {mid['text_ttft_beside_s']} | {json.dumps(mid['phases'])}")
