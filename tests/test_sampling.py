@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from pflash_plugin.llama import Dry, DynaTemp, Xtc
 from pflash_plugin.engine.request import SamplingParams
 from pflash_plugin.engine.sampling import (BATCH_FIELDS, CHAIN_FIELDS, DEVICE_FIELDS, NEUTRAL, PATHS,
                                            SCHEDULER_FIELDS, asked_fields, choose_path)
@@ -16,7 +17,8 @@ def _changed(field: dataclasses.Field) -> object:
     """A value other than the field's default (and its neutral value), by the default's type."""
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
     special = {"seed": 5, "grammar": 'root ::= "a"', "logprobs": 2, "logit_bias": {3: 1.5}, "stop": ["x"],
-               "mirostat": 2, "constraint": '{"grammars": []}'}
+               "mirostat": 2, "constraint": '{"grammars": []}', "dry": Dry(0.8), "xtc": Xtc(0.5), "top_n_sigma": 1.0,
+               "dynatemp": DynaTemp(0.5), "stop_token_ids": frozenset({7})}
     if field.name in special:
         return special[field.name]
     if isinstance(default, bool):

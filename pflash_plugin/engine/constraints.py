@@ -87,6 +87,14 @@ def compile_gbnf(gbnf: str) -> str:
         raise ConstraintError(f"llguidance cannot read it ({error})") from None
 
 
+def compile_regex(regex: str) -> str:
+    """A regular expression the whole output matches, as llguidance grammar text."""
+    try:
+        return llguidance.LLMatcher.grammar_from_regex(regex)
+    except ValueError as error:
+        raise ConstraintError(f"llguidance cannot read it ({error})") from None
+
+
 def check_constraint(model: Model, grammar: str) -> None:
     """Raise ConstraintError unless llguidance builds a matcher of `grammar` for this model; the
     matcher built is kept for the engine's `Constraints.bind` of the same grammar (PREBUILT)."""

@@ -54,7 +54,8 @@ class Intake:
                 return
 
     def _one(self, request: Request, out: TokenOutput) -> bool:
-        """One sampled token: end of generation, the reasoning budget, max_tokens; False: it ended."""
+        """One sampled token: end of generation, the reasoning budget, a stop token id (kept in the
+        text, as vLLM keeps it), max_tokens; False: it ended."""
         if request.thinking is not None:  # past its reasoning budget, the closing tag in place of its token
             token = request.thinking.next_token(out.token, self.text.piece)
             out = out if token == out.token else TokenOutput(token)
@@ -63,9 +64,12 @@ class Intake:
             return False
         request.output_tokens.append(out.token)
         self.text.take(request, out)
-        if len(request.output_tokens) >= request.params.max_tokens:
+        n, p = len(request.output_tokens), request.params
+        stop_id = out.token in p.stop_token_ids and n >= p.min_tokens
+        if stop_id or n >= p.max_tokens:
             stopped = self.text.release(request)
-            self.finish(request, self._ended_by_text(request) if stopped else RequestStatus.FINISHED_LENGTH)
+            self.finish(request, self._ended_by_text(request) if stopped
+                        else RequestStatus.FINISHED_STOP if stop_id else RequestStatus.FINISHED_LENGTH)
             return False
         return True
 

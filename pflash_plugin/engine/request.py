@@ -61,6 +61,8 @@ class SamplingParams(SamplerParams):
     speculative: bool = True  # False: never draft tokens for it (where the engine speculates at all)
     # llguidance grammar text (engine/constraints.py) the output follows; `grammar` is llama.cpp's GBNF instead
     constraint: str | None = None
+    # vLLM's: a generated token among these ends the request (stop), its text kept, once min_tokens are out
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -32,19 +32,20 @@ from .speculation.verifier import Verifier
 
 # Which path serves which field of SamplingParams: positive lists. A field missing from every
 # list (a new parameter) sends its requests nowhere: `choose_path` raises, and so does the test
-# that walks SamplingParams' fields.
-SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "reasoning_budget", "speculative"})  # the scheduler's, not sampling
+# that walks SamplingParams' fields. SCHEDULER_FIELDS are the scheduler's, not sampling's.
+SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "reasoning_budget", "speculative", "stop_token_ids"})
 DEVICE_FIELDS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty",
                            "frequency_penalty", "repeat_penalty", "penalty_last_n", "logit_bias", "min_tokens"})
 BATCH_FIELDS = DEVICE_FIELDS | {"logprobs", "constraint"}
 CHAIN_FIELDS = BATCH_FIELDS | {"typical_p", "grammar", "mirostat", "mirostat_tau", "mirostat_eta",
-                               "max_grammar_step_s"}
+                               "max_grammar_step_s", "dry", "xtc", "top_n_sigma", "dynatemp"}
 PATHS = (("device", DEVICE_FIELDS), ("batch", BATCH_FIELDS), ("chain", CHAIN_FIELDS))
 # A field at its neutral value asks nothing of a path; a field with no neutral value always asks.
 NEUTRAL: dict[str, object] = {
     "seed": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_penalty": 1.0, "logit_bias": {},
     "min_tokens": 0, "logprobs": None, "constraint": None, "typical_p": 1.0, "grammar": None, "mirostat": 0,
-    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "max_grammar_step_s": 1.0,
+    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "max_grammar_step_s": 1.0, "dry": None, "xtc": None,
+    "top_n_sigma": None, "dynatemp": None,
 }
 
 
@@ -136,7 +137,8 @@ class Sampling:
         seed = p.seed if p.seed is not None else self._seeds.getrandbits(32)
         params = dataclasses.replace(p, seed=seed, penalty_last_n=self.penalty_last_n)
         path = choose_path(p, self.device == "all" or (self.device == "sampled" and p.temperature > 0))
-        bound = _Bound(request, params, path, SamplerChain(self.model, params), np.random.default_rng(seed))
+        chain = SamplerChain(self.model, params, history=request.prompt_tokens if p.dry else ())
+        bound = _Bound(request, params, path, chain, np.random.default_rng(seed))
         self.unbind(slot)
         if p.constraint:
             try:

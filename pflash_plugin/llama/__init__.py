@@ -3,7 +3,9 @@ from .backend import init_backend
 from .batch import Batch
 from .context import Context, ContextConfig, DecodeError
 from .model import Model, ModelParams, RopeParams
-from .sampler import GrammarError, GrammarExhausted, GrammarTooSlow, SamplerChain, SamplerParams, check_grammar
+from .sampler import DRY_TEMPLATES, Dry, DynaTemp, GrammarError, GrammarExhausted, GrammarTooSlow, SamplerChain, \
+    SamplerParams, Xtc, check_grammar
 
-__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "GrammarError", "GrammarExhausted", "GrammarTooSlow",
-           "Model", "ModelParams", "RopeParams", "SamplerChain", "SamplerParams", "check_grammar", "init_backend"]
+__all__ = ["Batch", "Context", "ContextConfig", "DecodeError", "DRY_TEMPLATES", "Dry", "DynaTemp", "GrammarError",
+           "GrammarExhausted", "GrammarTooSlow", "Model", "ModelParams", "RopeParams", "SamplerChain", "SamplerParams",
+           "Xtc", "check_grammar", "init_backend"]

@@ -20,11 +20,13 @@ from ...engine.media_prompt import MediaSpan
 from ...engine.reasoning_budget import ReasoningBudget
 from ...engine.request import Request as EngineRequest
 from ...engine.request import SamplingParams
+from ...llama import DRY_TEMPLATES
 from ...pflash.planning import MAX_EXPLICIT_QUERY, PlanError, PromptFacts
 from ..runtime.generation import Generation
 from ..runtime.models import ServedModel
 from ..runtime.prompts import ChatPrompt, count_prompts
 from ..wire.chat_content import chat_messages
+from ..wire.peer_fields import Guide, guide_of
 from ..wire.protocol import (
     MAX_N,
     ChatCompletionRequest,
@@ -36,6 +38,7 @@ from ..wire.protocol import (
 )
 from ..wire.responses import ChatChoice, CompletionChoice, new_id
 from .constraint import Constrained, constrained
+from .guided import guided
 from .fim import completion_prompts, wants_fim
 from .format_cache import format_key, formats
 from .lora import refuse_request_scales
@@ -93,7 +96,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest, fill_in: bo
         raise RequestError(400, f"{n_prompts} prompts x n={body.n} is over {MAX_N} choices", param="n")
     prompts = _completion_prompts(served, body)
     bias = served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens")
-    grammar = format_grammar(served, body.response_format, body.grammar)
+    grammar = format_grammar(served, body.response_format, body.grammar, guide_of(body))
     facts = PromptFacts(json_format=bool(grammar), fill_in=fill_in or wants_fim(served, body.suffix))
     requests: list[EngineRequest] = []
     choices: list[CompletionChoice] = []
@@ -102,6 +105,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest, fill_in: bo
         params = sampling_params(body, max_tokens=_max_tokens(body.max_tokens, tokens, served),
                                  logprobs=body.logprobs, grammar=grammar.grammar, logit_bias=bias)
         params.constraint = grammar.constraint
+        _check_peer_samplers(served, params)
         for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash, facts, body.priority):
             requests.append(request)
             choices.append(CompletionChoice(len(choices), served.model.piece, echo,
@@ -128,17 +132,28 @@ def _chat_grammar(served: ServedModel, body: ChatCompletionRequest, tools: ToolR
     is written outside it); response_format json_object or json_schema (strict or not: the
     grammar enforces the schema either way); otherwise the request's own grammar, if any."""
     forced = tools.grammar(_closing(served, rendered)) if tools else None
+    guide = guide_of(body)
     if forced:
-        if body.grammar or body.response_format is not None and body.response_format.type != "text":
+        if body.grammar or guide or body.response_format is not None and body.response_format.type != "text":
             raise RequestError(400, "a required or named tool_choice constrains the answer to a tool call: it "
-                               "cannot be combined with response_format or grammar", param="tool_choice")
+                               "cannot be combined with response_format, grammar or guided decoding",
+                               param="tool_choice")
         return constrained(served, forced, "tools")
-    return format_grammar(served, body.response_format, body.grammar)
+    return format_grammar(served, body.response_format, body.grammar, guide)
 
 
-def format_grammar(served: ServedModel, response_format: ResponseFormat | None, grammar: str | None) -> Constrained:
+def format_grammar(served: ServedModel, response_format: ResponseFormat | None, grammar: str | None,
+                   guide: Guide | None = None) -> Constrained:
     """response_format json_object or json_schema as a constraint (strict or not: it enforces the
-    schema either way), for chat and completions alike; otherwise the request's own grammar."""
+    schema either way), for chat and completions alike; a peer's guided decoding (guided.py);
+    otherwise the request's own grammar."""
+    if guide is not None:
+        other = "grammar" if grammar else "response_format" \
+            if response_format is not None and response_format.type != "text" else None
+        if other:
+            raise RequestError(400, f"{other} and {guide.param} both constrain the output: send one",
+                               param=guide.param)
+        return guided(served, guide)
     if response_format is None or response_format.type == "text":
         return constrained(served, grammar, "grammar")
 
@@ -151,6 +166,17 @@ def format_grammar(served: ServedModel, response_format: ResponseFormat | None, 
     if kept and constraint.constraint:  # checked before: this request's own matcher, built beside
         prebuild(served.model, constraint.constraint)
     return constraint
+
+
+def _check_peer_samplers(served: ServedModel, params: SamplingParams) -> None:
+    """Stop token ids within the vocabulary; DRY's breakers found here rather than on the engine
+    thread (a pass over the vocabulary: DRY_TEMPLATES)."""
+    outside = sorted(t for t in params.stop_token_ids if not 0 <= t < served.model.n_vocab)
+    if outside:
+        raise RequestError(400, f"stop_token_ids: token id {outside[0]} is outside the vocabulary "
+                           f"(0..{served.model.n_vocab - 1})", param="stop_token_ids")
+    if params.dry is not None:
+        DRY_TEMPLATES.warm(served.model, params.dry)
 
 
 def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
@@ -243,6 +269,7 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
         logit_bias=served.prompts.logit_bias(body.logit_bias, body.logit_bias_type == "tokens"),
     )
     params.constraint = grammar.constraint
+    _check_peer_samplers(served, params)
     params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
     params.reasoning_budget = _budget(served, body.thinking_budget_tokens, rendered, grammar)
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple, TypeVar, Union
 from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
 
 from ...engine.request import TokenOutput
+from .peer_fields import LlamaServerFields
 from .protocol import MAX_LOGPROBS, CompletionRequest, LoraScale, RequestError
 from .responses import CompletionChoice, Piece, chat_logprobs
 
@@ -16,7 +17,7 @@ Mixed = Union[str, List[Union[StrictInt, str]]]  # text, or texts and token ids 
 Body = TypeVar("Body", bound="NativeSampling")
 
 
-class NativeSampling(BaseModel):
+class NativeSampling(LlamaServerFields):
     model: Optional[str] = None
     n_predict: Optional[int] = Field(
         default=None, ge=-1, validation_alias=AliasChoices("n_predict", "max_tokens", "max_completion_tokens"),
@@ -62,7 +63,8 @@ class NativeSampling(BaseModel):
         """The request as /v1/completions of the prompt's tokens (and `more` of its fields)."""
         fields: dict[str, Any] = {name: getattr(self, name) for name in (
             "model", "temperature", "top_k", "top_p", "min_p", "typical_p", "stop", "repeat_penalty",
-            "presence_penalty", "frequency_penalty", "grammar", "ignore_eos", "stream", "lora")}
+            "presence_penalty", "frequency_penalty", "grammar", "ignore_eos", "stream", "lora",
+            *LlamaServerFields.model_fields)}
         fields["seed"] = None if self.seed is None or self.seed == -1 else self.seed
         fields["max_tokens"] = None if self.n_predict is None or self.n_predict < 0 else self.n_predict
         fields["logprobs"] = self.n_probs or None
@@ -71,7 +73,8 @@ class NativeSampling(BaseModel):
     def settings(self) -> dict[str, Any]:
         """llama-server's `generation_settings`: the fields of this request that we apply."""
         names = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "stop", "n_probs", "post_sampling_probs", "grammar", "ignore_eos", "stream")
+                 "frequency_penalty", "stop", "n_probs", "post_sampling_probs", "grammar", "ignore_eos", "stream",
+                 *LlamaServerFields.model_fields)
         return {"n_predict": -1 if self.n_predict is None else self.n_predict,
                 "seed": -1 if self.seed is None else self.seed, **{name: getattr(self, name) for name in names}}
 

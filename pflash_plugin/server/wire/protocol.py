@@ -15,6 +15,8 @@ from typing_extensions import NotRequired, TypedDict
 
 from ...chat.switches import reserved_keys, template_kwargs
 from ...engine.request import SamplingParams
+from .peer_fields import LlamaServerFields, VllmFields
+from .request_error import RequestError
 from .schema_shape import first_shape_error
 
 
@@ -55,7 +57,7 @@ class LoraScale(BaseModel):
     scale: float = 0.0
 
 
-class _Extensions(NullIsDefault):
+class _Extensions(NullIsDefault, LlamaServerFields, VllmFields):
     stream_options: Optional[StreamOptions] = None
     typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
     pflash: Optional[PflashOverride] = None
@@ -274,17 +276,6 @@ class EmbeddingRequest(BaseModel):
     user: Optional[str] = None
 
 
-class RequestError(Exception):
-    """A bad request caught after validation: becomes an OpenAI error body. `counted`: already in
-    pflash_errors_total (a model's refusal is counted where it is made)."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, counted: bool = False) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.counted = counted
-
-
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -346,7 +337,7 @@ def sampling_params(
         stop=stop,
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
-        repeat_penalty=body.repeat_penalty,
+        repeat_penalty=_repeat_penalty(body),
         logit_bias=logit_bias,
         logprobs=logprobs,
         grammar=grammar,
@@ -355,4 +346,16 @@ def sampling_params(
         mirostat=body.mirostat_mode,
         mirostat_tau=body.mirostat_tau,
         mirostat_eta=body.mirostat_eta,
+        stop_token_ids=frozenset(body.stop_token_ids or ()),
+        **body.peer_samplers(),
     )
+
+
+def _repeat_penalty(body: CompletionRequest | ChatCompletionRequest) -> float:
+    """repeat_penalty, or vLLM's repetition_penalty where the client sent that name instead."""
+    if body.repetition_penalty is None:
+        return body.repeat_penalty
+    if "repeat_penalty" in body.model_fields_set and body.repeat_penalty != body.repetition_penalty:
+        raise RequestError(400, f"repeat_penalty ({body.repeat_penalty}) and repetition_penalty "
+                           f"({body.repetition_penalty}) differ: send one", param="repetition_penalty")
+    return body.repetition_penalty
