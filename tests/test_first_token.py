@@ -213,7 +213,8 @@ def test_the_usage_clock_marks_each_stage_on_the_host_s_clock(tiny_model):
             assert "clock" not in timings
             continue
         marks = timings["clock"]
-        way = ["received", "body_read", "arrival", "admitted", "first_token", "first_released", "first_written"]
+        way = ["received", "body_read", "arrival", "admitted", "scheduled", "prefill_done", "first_token",
+               "first_released", "first_written"]
         assert list(marks) == [*way, "finished"]
         at = [marks[mark] for mark in way]
         assert sent <= at[0] and at == sorted(at) and at[-1] <= got  # the engine may finish before its text is out

@@ -126,11 +126,41 @@ def test_llama_server_json_schema_on_its_own_route(tiny_server):
     ({"dry_multiplier": 1.0, "dry_sequence_breakers": ["x" * 41]}, "dry_sequence_breakers.0"),
     ({"dry_penalty_last_n": 1 << 30}, "dry_penalty_last_n"),
     ({"xtc_probability": 1.5}, "xtc_probability"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"skip_special_tokens": False}, "skip_special_tokens"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ({"bad_words": ["x"]}, "bad_words"),
+    ({"truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
 ])
 def test_bad_peer_fields_are_400s(tiny_server, body, param):
     with tiny_server.client() as client:
         reply = client.post("/v1/chat/completions", json={**CHAT, **body})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+def test_vllm_fields_that_ask_nothing_are_accepted(tiny_server):
+    neutral = {"use_beam_search": False, "skip_special_tokens": True, "truncate_prompt_tokens": 400, "best_of": 2,
+               "n": 2}
+    with tiny_server.client() as client:
+        chat = client.post("/v1/chat/completions", json={**CHAT, **neutral})
+        more = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "best_of": 3, "n": 2})
+    assert chat.status_code == 200, chat.text
+    assert more.status_code == 400 and more.json()["error"]["param"] == "best_of"
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(tiny_server):
+    body = {"prompt": "one two", "max_tokens": 24, "temperature": 0}
+    with tiny_server.client() as client:
+        full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        stop = full[5:8]
+        kept = client.post("/v1/completions", json={**body, "stop": [stop], "include_stop_str_in_output": True}).json()
+        streamed = client.post("/v1/completions", json={**body, "stop": [stop], "include_stop_str_in_output": True,
+                                                        "stream": True}).text
+    end = full.index(stop) + len(stop)
+    assert kept["choices"][0]["text"] == full[:end] and kept["choices"][0]["finish_reason"] == "stop"
+    pieces = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in pieces if c["choices"]) == full[:end]
 
 
 def test_dry_samplers_are_cloned_from_one_template(tiny_model):

@@ -18,7 +18,8 @@ def _changed(field: dataclasses.Field) -> object:
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
     special = {"seed": 5, "grammar": 'root ::= "a"', "logprobs": 2, "logit_bias": {3: 1.5}, "stop": ["x"],
                "mirostat": 2, "constraint": '{"grammars": []}', "dry": Dry(0.8), "xtc": Xtc(0.5), "top_n_sigma": 1.0,
-               "dynatemp": DynaTemp(0.5), "stop_token_ids": frozenset({7})}
+               "dynatemp": DynaTemp(0.5), "stop_token_ids": frozenset({7}),
+               "kept_stops": frozenset({"x"})}
     if field.name in special:
         return special[field.name]
     if isinstance(default, bool):

@@ -43,7 +43,7 @@ class LiveText:
 
     def start(self, request: Request) -> None:
         limits = request.line_limits
-        self._live[request.request_id] = _Live(TextStream(request.params.stop),
+        self._live[request.request_id] = _Live(TextStream(request.params.stop, request.params.kept_stops),
                                                lines=LineRule(limits) if limits else None)
 
     def starved(self, request: Request) -> int:

@@ -55,6 +55,7 @@ class SamplingParams(SamplerParams):
 
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
+    kept_stops: frozenset[str] = frozenset()  # of `stop`, those the text keeps (vLLM's include_stop_str_in_output)
     logprobs: int | None = None  # None: off; k >= 0: chosen token plus top-k alternatives
     min_tokens: int = 0
     reasoning_budget: ReasoningBudget | None = None  # the thinking's tokens at most (reasoning_budget.py)
@@ -93,6 +94,7 @@ class Timings:
     handed: float | None = None  # to the compression thread
     resumed: float | None = None  # back from it
     admitted: float | None = None
+    scheduled: float | None = None  # the step carrying its first prefill chunk was composed
     prefill_done: float | None = None
     first_token: float | None = None
     finished: float | None = None
@@ -119,8 +121,8 @@ class Timings:
     def clock(self) -> dict[str, float]:
         """The marks set, as time.perf_counter seconds (the host's monotonic clock on Linux: a
         client on the same host places them on its own timeline, issue 48)."""
-        marks = ("received", "body_read", "arrival", "admitted", "first_token", "first_released", "first_written",
-                 "finished")
+        marks = ("received", "body_read", "arrival", "admitted", "scheduled", "prefill_done", "first_token",
+                 "first_released", "first_written", "finished")
         return {mark: round(at, 6) for mark in marks if (at := getattr(self, mark)) is not None}
 
 

@@ -33,7 +33,8 @@ from .speculation.verifier import Verifier
 # Which path serves which field of SamplingParams: positive lists. A field missing from every
 # list (a new parameter) sends its requests nowhere: `choose_path` raises, and so does the test
 # that walks SamplingParams' fields. SCHEDULER_FIELDS are the scheduler's, not sampling's.
-SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "reasoning_budget", "speculative", "stop_token_ids"})
+SCHEDULER_FIELDS = frozenset({"max_tokens", "stop", "kept_stops", "reasoning_budget", "speculative",
+                              "stop_token_ids"})
 DEVICE_FIELDS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty",
                            "frequency_penalty", "repeat_penalty", "penalty_last_n", "logit_bias", "min_tokens"})
 BATCH_FIELDS = DEVICE_FIELDS | {"logprobs", "constraint"}

@@ -227,7 +227,12 @@ class Scheduler:
             error = media_failure(request.media, request.n_prefilled)
             if error is not None:  # its media failed to encode: it alone fails
                 self.fail(request, error, "encoding its media")
-        return self.steps.compose(self.running)
+        step = self.steps.compose(self.running)
+        now = None
+        for item in step.items:  # each prompt's first chunk: when the step carrying it was composed
+            if item.request.timings.scheduled is None and item.request.status is RequestStatus.PREFILLING:
+                item.request.timings.scheduled = now = now or self.clock()
+        return step
 
     def update(self, step: Step, outputs: dict[int, TokenOutput | Exception], release: bool = True) -> None:
         """Apply a successful decode: extend the slots, take the sampled tokens, finish some.

@@ -47,8 +47,10 @@ def _prefix_function(s: str) -> list[int]:
 
 
 class TextStream:
-    def __init__(self, stop: list[str]) -> None:
+    def __init__(self, stop: list[str], kept: frozenset[str] = frozenset()) -> None:
+        """`kept`: the stop strings that stay at the end of the text (vLLM's include_stop_str_in_output)."""
         self._stops = [StopMatcher(s) for s in dict.fromkeys(s for s in stop if s)]
+        self._kept = kept
         self._bytes = b""
         self._held = ""  # the text that may start a stop string: at most the longest stop's length
         self.stop_hit: str | None = None  # the stop string that ended the text, once one has
@@ -66,7 +68,7 @@ class TextStream:
             self._held = ""
             found = ((held.find(matcher.stop), matcher.stop) for matcher in self._stops)
             cut, self.stop_hit = min((at, stop) for at, stop in found if at >= 0)
-            return held[:cut]
+            return held[:cut + len(self.stop_hit)] if self.stop_hit in self._kept else held[:cut]
         keep = max((stop.matched for stop in self._stops), default=0)
         self._held = held[len(held) - keep:]
         return held[:len(held) - keep]

@@ -106,6 +106,7 @@ def prepare_completion(served: ServedModel, body: CompletionRequest, fill_in: bo
                                  logprobs=body.logprobs, grammar=grammar.grammar, logit_bias=bias)
         params.constraint = grammar.constraint
         _check_peer_samplers(served, params)
+        _check_untruncated(body.truncate_prompt_tokens, tokens)
         for request in _sample_requests(served, tokens, params, body.n or 1, body.pflash, facts, body.priority):
             requests.append(request)
             choices.append(CompletionChoice(len(choices), served.model.piece, echo,
@@ -177,6 +178,14 @@ def _check_peer_samplers(served: ServedModel, params: SamplingParams) -> None:
                            f"(0..{served.model.n_vocab - 1})", param="stop_token_ids")
     if params.dry is not None:
         DRY_TEMPLATES.warm(served.model, params.dry)
+
+
+def _check_untruncated(limit: int | None, tokens: list[int]) -> None:
+    """vLLM's truncate_prompt_tokens where it cuts nothing; a prompt it would cut is a 400 (a prompt
+    cut from the left loses its template's start and this server's PFlash spans and media places)."""
+    if limit is not None and limit >= 0 and len(tokens) > limit:
+        raise RequestError(400, f"truncate_prompt_tokens: the prompt is {len(tokens):,} tokens, over {limit:,}; "
+                           "cutting it is not served here: send a shorter prompt", param="truncate_prompt_tokens")
 
 
 def _reader(tools: ToolRequest | None) -> ToolCallReader | None:
@@ -270,6 +279,7 @@ def prepare_chat(served: ServedModel, body: ChatCompletionRequest) -> Generation
     )
     params.constraint = grammar.constraint
     _check_peer_samplers(served, params)
+    _check_untruncated(body.truncate_prompt_tokens, rendered.tokens)
     params.stop = params.stop + [s for s in rendered.stop if s not in params.stop]
     params.reasoning_budget = _budget(served, body.thinking_budget_tokens, rendered, grammar)
     facts = PromptFacts(rendered.last_user, rendered.system, has_tools=bool(body.tools or body.functions),

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, StrictInt, field_validator
+from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
 
 from ...llama import Dry, DynaTemp, Xtc
 from .request_error import RequestError
@@ -87,6 +87,36 @@ class VllmFields(BaseModel):
     guided_choice: Optional[List[str]] = Field(default=None, min_length=1)
     guided_grammar: Optional[str] = Field(default=None, description="A GBNF grammar, as `grammar`.")
     structured_outputs: Optional[StructuredOutputs] = None
+    include_stop_str_in_output: bool = Field(default=False, description="The stop string that ended the text "
+                                             "stays at its end.")
+    truncate_prompt_tokens: Optional[int] = Field(default=None, ge=-1, description="A prompt longer than this is "
+                                                  "a 400 (vLLM cuts it from the left; -1: the context's length).")
+    # vLLM's fields this server does not serve: accepted where they ask for nothing, else a 400 (_UNSERVED)
+    use_beam_search: bool = False
+    skip_special_tokens: bool = True
+    prompt_logprobs: Optional[int] = None
+    allowed_token_ids: Optional[List[int]] = None
+    bad_words: Optional[List[str]] = None
+
+    @model_validator(mode="after")
+    def _refuse_unserved(self) -> VllmFields:
+        for name, (neutral, why) in _UNSERVED.items():
+            if getattr(self, name) != neutral:
+                raise RequestError(400, f"{name}: {why}", param=name)
+        best_of = getattr(self, "best_of", None)  # OpenAI's legacy completions field (stock's type has it)
+        if best_of is not None and best_of > (getattr(self, "n", None) or 1):
+            raise RequestError(400, "best_of: choosing the best of more samples than n is not served here; "
+                               "send n and choose on the client", param="best_of")
+        return self
+
+
+_UNSERVED: dict[str, tuple[Any, str]] = {
+    "use_beam_search": (False, "beam search is not served here (sampling only)"),
+    "skip_special_tokens": (True, "special tokens' text is not written into answers here"),
+    "prompt_logprobs": (None, "the prompt's log-probabilities are not served here"),
+    "allowed_token_ids": (None, "not served here: a grammar (guided_grammar) or logit_bias constrains the tokens"),
+    "bad_words": (None, "not served here: logit_bias bans a word's tokens"),
+}
 
 
 Kind = Literal["json", "regex", "choice", "grammar"]

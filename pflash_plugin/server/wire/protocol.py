@@ -322,6 +322,7 @@ def sampling_params(
     logit_bias: dict[int, float],
 ) -> SamplingParams:
     stop = _stop_strings(body)
+    kept = frozenset(stop) if body.include_stop_str_in_output else frozenset()
     _check_sampling_numbers(body, logit_bias)
     if logprobs is not None and logprobs > MAX_LOGPROBS:  # each token would carry that many alternatives
         param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
@@ -335,6 +336,7 @@ def sampling_params(
         typical_p=body.typical_p,
         seed=body.seed,
         stop=stop,
+        kept_stops=kept,
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         repeat_penalty=_repeat_penalty(body),
