@@ -238,6 +238,9 @@ class MockRunner:
         self.ops.append(("end", slot))
         self.active.pop(slot, None)  # tolerated after a start_request that raised, like LlamaRunner
 
+    def arm_abort(self, armed: bool) -> None:
+        self.armed = armed
+
     def set_abort(self, should_abort: Callable[[], bool]) -> None:
         """llama.cpp's abort callback: the mock never polls it (tests that do replace this)."""
 

@@ -7,7 +7,7 @@ from typing import Callable
 from ..llama import Batch, Context, Model
 from ..llama.media import MediaDecoder, MediaPiece
 from ..llama.ubatches import UbatchCounts
-from .request import Request, RequestStatus, TokenOutput
+from .request import Request, TokenOutput
 from .sampling import Sampling
 from .scheduler import Step
 from .threads import DecodeThreads
@@ -89,6 +89,12 @@ class LlamaRunner:
         as its last ubatch computes, and host work put after it would wait out the step."""
         return self.overlaps and step.n_tokens <= self.ctx.n_ubatch
 
+    def arm_abort(self, armed: bool) -> None:
+        """Whether llama.cpp polls the abort callback in the next launch: only in a step that may be
+        cut short for a newcomer (Steps.preemptible). Each poll takes the GIL inside llama_decode,
+        ~800 a CPU step of the demo model, each waiting its turn while other threads run Python."""
+        self.ctx.arm_abort(armed)
+
     def launch(self, step: Step) -> None:
         """One llama_decode for the whole step (on a GPU it returns while the device computes).
         Raises DecodeError; the engine decides whom it fails."""
@@ -96,9 +102,6 @@ class LlamaRunner:
         batch.clear()
         self._rows = []
         self._drafts = {}
-        # llama.cpp polls the abort callback only in a step with prefill chunks, the one kind cut short
-        # for a newcomer (Steps.preemptible)
-        self.ctx.arm_abort(any(item.request.status is RequestStatus.PREFILLING for item in step.items))
         self._decode_media(step)
         for item in step.items:
             if item.media is not None:  # decoded above

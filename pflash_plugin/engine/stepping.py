@@ -69,6 +69,7 @@ class Stepping:
         if self.runner.overlaps and not beside:
             self.release_last()  # a short request's first token would wait out a long chunk's ubatches
         self._preemptible = steps.preemptible(step)
+        self.runner.arm_abort(self._preemptible)
         steps.started(step)
         try:
             self.runner.launch(step)
