@@ -142,6 +142,10 @@ def test_flags_from_the_seats():
     assert flags([decoding("a")]) == Flags(False, True)
     assert flags([prefilling("p", 10)]) == Flags(True, False)
     assert flags([decoding("a"), prefilling("p", 10)]) == Flags(True, True)
+    # a first token a step away (the prompt's rest fits the step) is told apart from a long prefill's
+    assert flags([prefilling("p", 10)], step_tokens=64).first_token_next
+    assert not flags([prefilling("p", 800)], step_tokens=64).first_token_next
+    assert not flags([decoding("a")], step_tokens=64).first_token_next
 
 
 @pytest.fixture

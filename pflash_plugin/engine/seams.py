@@ -44,6 +44,10 @@ class Activity:
         """Requests with a slot wait for their first token: background work steps aside."""
         return self._flags.interactive_waiting
 
+    def first_token_next(self) -> bool:
+        """A request's first token comes from the next step: a large request's preparation waits."""
+        return self._flags.first_token_next
+
     def slots_decoding(self) -> bool:
         """Slots are decoding: background work shares the device."""
         return self._flags.slots_decoding

@@ -74,6 +74,9 @@ class Flags:
 
     interactive_waiting: bool = False  # a request with a slot awaits its first token: step aside
     slots_decoding: bool = False  # slots generate: share the device (short chunks, a duty cycle)
+    # a request's first token comes from the next step (the rest of its prompt fits it): a large request's
+    # preparation waits, its Python beside the engine thread's (server/runtime/polite.py)
+    first_token_next: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,11 +132,12 @@ class StepPolicy:
         return self.preempt_chunk is not None and prompt_tokens <= self.max_batch_tokens
 
 
-def flags(seats: Sequence[Seat[K]]) -> Flags:
+def flags(seats: Sequence[Seat[K]], step_tokens: int = 0) -> Flags:
     """What background work is told about these running requests (queued ones count for nothing:
-    they wait for a slot, which the device does not give them sooner)."""
+    they wait for a slot, which the device does not give them sooner); `step_tokens`: a step's."""
     return Flags(interactive_waiting=any(s.first_token_due for s in seats),
-                 slots_decoding=any(s.decoding for s in seats))
+                 slots_decoding=any(s.decoding for s in seats),
+                 first_token_next=any(s.first_token_due and s.prefill_left <= step_tokens for s in seats))
 
 
 def arrival_order(messages: Sequence[M], prompt_tokens: Callable[[M], int | None]) -> list[M]:

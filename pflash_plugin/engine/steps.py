@@ -202,7 +202,7 @@ class Steps:
 
     def flags(self, running: Sequence[Request]) -> Flags:
         """What background work is told now, from the requests the steps serve (step_policy.flags)."""
-        return flags(self.seats(running))
+        return flags(self.seats(running), self.policy.max_batch_tokens)
 
     def keep(self, item: BatchItem, out: TokenOutput | Exception | None) -> None:
         """A row decoded: its tokens go into its slot, but drafts the target rejected, whose KV

@@ -11,8 +11,9 @@ from ..output.dispatch import respond
 from ..preparation.format_cache import formats
 from ..preparation.inline import inline
 from ..preparation.prepare import prepare_chat, prepare_completion
-from ..runtime.media_prepare import prepared
 from ..runtime.context import ServerContext, get_context
+from ..runtime.media_prepare import prepared
+from ..runtime.polite import after_first_tokens
 from ..wire.errors import OpenAIRoute
 from ..wire.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RequestError
 from ..wire.responses import (
@@ -33,8 +34,11 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI V1"], responses=ERROR_
 @router.post("/v1/engines/copilot-codex/completions", response_model=CompletionResponse, include_in_schema=False)
 async def create_completion(http: Request, body: CompletionRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     served = ctx.models.get(body.model)
-    generation = prepare_completion(served, body) if inline(body, formats(served)) else await run_in_threadpool(
-        prepare_completion, served, body)
+    if inline(body, formats(served)):
+        generation = prepare_completion(served, body)
+    else:
+        await after_first_tokens(served.engine.activity)
+        generation = await run_in_threadpool(prepare_completion, served, body)
     return await respond(http, ctx, generation, body.stream)
 
 
@@ -42,8 +46,11 @@ async def create_completion(http: Request, body: CompletionRequest, ctx: ServerC
 async def create_chat_completion(http: Request, body: ChatCompletionRequest,
                                  ctx: ServerContext = Depends(get_context)) -> Any:
     served = ctx.models.get(body.model)
-    generation = prepare_chat(served, body) if inline(body, formats(served)) else await prepared(
-        http, served.media_preparation, body, prepare_chat, served, body)
+    if inline(body, formats(served)):
+        generation = prepare_chat(served, body)
+    else:
+        await after_first_tokens(served.engine.activity)
+        generation = await prepared(http, served.media_preparation, body, prepare_chat, served, body)
     return await respond(http, ctx, generation, body.stream)
 
 
