@@ -250,6 +250,10 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
             gil = ours("ours-4-gil", args.port + 8, args, SLOTS, "--gil_switch_ms", "0.5")
             first.servers.append(gil)
             first.arms += [Arm("full-gil", gil, "off"), Arm("pflash-gil", gil, "always")]
+        if args.polite_arm:  # beside ours-4: large requests' preparation waiting for a first token a step away
+            polite = ours("ours-4-polite", args.port + 9, args, SLOTS, "--polite_prepare_ms", "100")
+            first.servers.append(polite)
+            first.arms += [Arm("full-polite", polite, "off")]
         if group == "seed":
             serial = ours_serial(args)
             phases.append(Phase([four, serial], [Arm("serial-pflash", serial, "always")]))
@@ -290,6 +294,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
+    parser.add_argument("--polite_arm", action="store_true",
+                        help="a second ours-4 with --polite_prepare_ms 100 (full prefill): fits an H100 with "
+                        "--llama_server_apart and --slot_ctx 22560, as --gil_arm")
     parser.add_argument("--gil_arm", action="store_true",
                         help="seed and peer: ours-4 with --gil_switch_ms 0.5 beside ours-4 (arms full-gil, pflash-gil)")
     parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")

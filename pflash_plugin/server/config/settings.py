@@ -262,6 +262,12 @@ class ServerSettings(StockServerSettings):
         "a decode or the device's wait (which run without the GIL), waits up to this long for the GIL while the event "
         "loop or a preparation thread runs Python. Unset: Python's 5 ms.",
     )
+    polite_prepare_ms: float = Field(
+        default=0.0, ge=0.0, le=1000.0,
+        description="A large request's preparation (prompts prepared off the event loop) waits up to this long while "
+        "another request's first token comes from the engine's next step, so that its GIL-holding Python does not "
+        "slow that step (server/runtime/polite.py). 0: never waits. Not measured on a GPU yet.",
+    )
     usage_clock: bool = Field(
         default=False,
         description="usage.timings.clock: each request's marks (headers in, body read, engine arrival, admitted, "

@@ -3,20 +3,22 @@ from the engine's next step. Parsing and preparing a prompt of 22K token ids is 
 C holding the GIL, wherever it runs; the engine thread, back from each GIL-free call of its step,
 waits its turn for the GIL meanwhile. Beside four such bodies mix8's short requests' step of 4 x 32
 tokens took 19-26 ms on an H100 where the weights take ~5 ms to read (docs/first_token_cpu.md). A long
-prompt's own first token is seconds away: a wait of one step costs it nothing it would notice."""
+prompt's own first token is seconds away: a wait of one step costs it little. Off by default
+(`--polite_prepare_ms 0`) until a GPU run measures it beside mix8 and the online load."""
 from __future__ import annotations
 
 import asyncio
 
 from ...engine.seams import Activity
 
-POLITE_MAX_S = 0.1  # the longest wait: a step at most, should one take long
 POLL_S = 0.001
 
 
-async def after_first_tokens(activity: Activity, bound_s: float = POLITE_MAX_S) -> None:
+async def after_first_tokens(activity: Activity, bound_s: float) -> None:
     """Return once no request's first token is a step away (Activity.first_token_next), or after
-    `bound_s`."""
+    `bound_s` (0: at once)."""
+    if bound_s <= 0:
+        return
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
     while activity.first_token_next() and loop.time() < deadline:
