@@ -26,6 +26,7 @@ from ..api.openai_api import router as openai_router
 from ..api.responses_api import router as responses_router
 from ..api.slots_api import router as slots_router
 from ..config.settings import ModelSettings, ServerSettings
+from ..operations.gc_heap import frozen_heap
 from ..operations.received import ReceivedAt
 from ..operations.security import install_security
 from ..operations.shutdown_cut import ShutdownCut
@@ -53,7 +54,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         drain_on_signal(context.models, server_settings.shutdown_grace_s)
-        yield
+        with frozen_heap():
+            yield
         context.close()
 
     app = FastAPI(title="pflash-plugin: concurrent llama.cpp server", lifespan=lifespan,
