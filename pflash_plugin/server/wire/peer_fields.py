@@ -1,7 +1,9 @@
 """The request fields of the peers' APIs that stock llama_cpp has no name for: llama-server's samplers
 (DRY, XTC, top-n-sigma, dynamic temperature) and its `json_schema`, vLLM's `stop_token_ids`,
-`repetition_penalty` and guided decoding (`guided_*`, `structured_outputs`). Each is applied, by
-llama.cpp's own samplers and the server's constraint engines; none is accepted and ignored.
+`repetition_penalty`, guided decoding (`guided_*`, `structured_outputs`) and
+`include_stop_str_in_output`. Each is applied, by llama.cpp's own samplers and the server's
+constraint engines; vLLM's fields that ask for what is not served here (beam search, the prompt's
+log-probabilities, ...) are a 400. None is accepted and ignored.
 """
 from __future__ import annotations
 
