@@ -22,20 +22,20 @@ def _waited(activity: Activity, bound_s: float, clear_after_s: float | None = No
 
 def test_preparation_waits_for_a_first_token_a_step_away_and_no_longer_than_its_bound():
     activity = Activity()
-    assert _waited(activity, 1.0) < 0.05  # nothing imminent: no wait
+    assert _waited(activity, 2.0) < 0.25  # nothing imminent: no wait
     activity.publish(Flags(interactive_waiting=True))  # a long prompt's first token, seconds away: no wait
-    assert _waited(activity, 1.0) < 0.05
+    assert _waited(activity, 2.0) < 0.25
     activity.publish(Flags(interactive_waiting=True, first_token_next=True))
-    assert 0.03 <= _waited(activity, 1.0, clear_after_s=0.03) < 0.5  # until the first token's step is done
+    assert 0.3 <= _waited(activity, 2.0, clear_after_s=0.3) < 1.5  # until the first token's step is done
     activity.publish(Flags(interactive_waiting=True, first_token_next=True))
-    assert 0.05 <= _waited(activity, 0.05) < 0.5  # a step that takes long: the bound
+    assert 0.3 <= _waited(activity, 0.3) < 1.5  # a step that takes long: the bound
 
 
 def test_a_large_request_waits_over_http_and_a_short_one_does_not(tiny_server):
     ctx = tiny_server.app.state.pflash
     activity = ctx.models.get(None).engine.activity
     activity.first_token_next = lambda: True  # as if another request's first token were always a step away
-    ctx.settings.polite_prepare_ms = 100.0  # the shared server's setting, put back below
+    ctx.settings.polite_prepare_ms = 600.0  # the shared server's setting, put back below
     try:
         with tiny_server.client() as client:
             def took(body: dict) -> float:
@@ -50,4 +50,4 @@ def test_a_large_request_waits_over_http_and_a_short_one_does_not(tiny_server):
     finally:
         del activity.first_token_next
         ctx.settings.polite_prepare_ms = 0.0
-    assert short < 0.09 <= large and off < 0.09
+    assert short < 0.5 and large >= 0.6 and off < 0.5
