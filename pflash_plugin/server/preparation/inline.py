@@ -6,7 +6,7 @@ beside the long prompts' preparation (the GIL) and behind them in the pool. Besi
 bodies on 2 CPU cores the hop took 7 ms (median) of a short request's way to the engine (issue 48)."""
 from __future__ import annotations
 
-from ..wire.peer_fields import guide_of
+from ..wire.peer_fields import asks_guide
 from ..wire.protocol import ChatCompletionRequest, CompletionRequest
 from .format_cache import FormatCache, format_key
 
@@ -18,7 +18,7 @@ INLINE_MESSAGES = 32
 def inline(body: CompletionRequest | ChatCompletionRequest, prepared: FormatCache) -> bool:
     """Whether `body` is prepared on the event loop (its preparation is bounded and small): a
     JSON response_format only where `prepared` holds that schema (format_cache.py)."""
-    if (body.n or 1) != 1 or body.grammar or body.logit_bias or body.dry_multiplier or guide_of(body):
+    if (body.n or 1) != 1 or body.grammar or body.logit_bias or body.dry_multiplier or asks_guide(body):
         return False
     if body.response_format is not None and body.response_format.type != "text" \
             and format_key(body.response_format) not in prepared:

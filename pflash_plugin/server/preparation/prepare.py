@@ -172,10 +172,7 @@ def format_grammar(served: ServedModel, response_format: ResponseFormat | None, 
 def _check_peer_samplers(served: ServedModel, params: SamplingParams) -> None:
     """Stop token ids within the vocabulary; DRY's breakers found here rather than on the engine
     thread (a pass over the vocabulary: DRY_TEMPLATES)."""
-    outside = sorted(t for t in params.stop_token_ids if not 0 <= t < served.model.n_vocab)
-    if outside:
-        raise RequestError(400, f"stop_token_ids: token id {outside[0]} is outside the vocabulary "
-                           f"(0..{served.model.n_vocab - 1})", param="stop_token_ids")
+    served.prompts.token_ids(sorted(params.stop_token_ids), "stop_token_ids")
     if params.dry is not None:
         DRY_TEMPLATES.warm(served.model, params.dry)
 

@@ -191,14 +191,15 @@ class Prompts:
         if isinstance(prompt, str):
             return [(self.tokenize(prompt, param), prompt)]
         if not prompt or isinstance(prompt[0], int):
-            return [(self._token_ids(prompt, param), None)]
+            return [(self.token_ids(prompt, param), None)]
         return [item for one in prompt for item in self.tokenize_prompts(one, param)]
 
     def prompt_text(self, tokens: list[int], text: str | None) -> str:
         """A prompt's text as `tokenize_prompts` gave it, written from its tokens where it had none."""
         return text if text is not None else self.model.detokenize(tokens)
 
-    def _token_ids(self, tokens: list[int], param: str) -> list[int]:
+    def token_ids(self, tokens: list[int], param: str) -> list[int]:
+        """`tokens` copied, or a 400 naming `param` for the first id outside the vocabulary."""
         for token in tokens:
             if not 0 <= token < self.model.n_vocab:
                 raise RequestError(400, f"{param}: token id {token} is outside the vocabulary "

@@ -136,6 +136,11 @@ class Guide:
 _KINDS: tuple[Kind, ...] = ("json", "regex", "choice", "grammar")
 
 
+def asks_guide(body: BaseModel) -> bool:
+    """Whether any peer's field names a guide (checked and parsed by `guide_of`, where it is prepared)."""
+    return any(guide.value is not None for guide in _guides(body))
+
+
 def guide_of(body: BaseModel) -> Guide | None:
     """The request's guided decoding, from whichever peer's field names it; two are a 400."""
     given = [guide for guide in _guides(body) if guide.value is not None]
