@@ -27,7 +27,7 @@ class LlamaServerFields(BaseModel):
     """llama-server's fields (tools/server/server-schema.cpp), its defaults and rules."""
 
     dry_multiplier: Finite = Field(default=0.0, ge=0.0, description="DRY penalty's multiplier (0: off).")
-    dry_base: Finite = Field(default=1.75, description="DRY's base (below 1: 1.75, as llama-server).")
+    dry_base: Finite = Field(default=Dry.base, description=f"DRY's base (below 1: {Dry.base}, as llama-server).")
     dry_allowed_length: int = Field(default=2, ge=0, description="Repeats longer than this are penalized.")
     dry_penalty_last_n: int = Field(default=64, ge=0, le=MAX_DRY_WINDOW,
                                     description="Tokens DRY scans, the prompt's included (0: off).")
@@ -53,7 +53,7 @@ class LlamaServerFields(BaseModel):
 
     def peer_samplers(self) -> dict[str, Any]:
         """The SamplerParams fields of these samplers, None where llama.cpp would leave one out."""
-        dry = Dry(self.dry_multiplier, self.dry_base if self.dry_base >= 1.0 else 1.75, self.dry_allowed_length,
+        dry = Dry(self.dry_multiplier, self.dry_base if self.dry_base >= 1.0 else Dry.base, self.dry_allowed_length,
                   self.dry_penalty_last_n, tuple(self.dry_sequence_breakers))
         return {"dry": dry if self.dry_multiplier > 0 and self.dry_penalty_last_n > 0 else None,
                 "xtc": Xtc(self.xtc_probability, self.xtc_threshold)
