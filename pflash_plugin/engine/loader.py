@@ -230,25 +230,7 @@ def build_engine(
     layout = kv_layout(config, pool_tokens(config, model.kv_bytes_per_token()) if pool is None else pool)
     spec = config.speculation
     on_device = device_sampling(config.backend_sampling, model)
-    ctx = Context(
-        model,
-        ContextConfig(
-            n_ctx=layout.slot_tokens * config.n_slots if layout.per_slot else layout.slot_tokens,
-            kv_unified=not layout.per_slot,
-            n_batch=config.n_batch,
-            n_ubatch=config.n_ubatch,
-            n_seq_max=config.n_slots,
-            # one logits row per slot per step (saves n_batch x n_vocab floats), and one per draft token
-            n_outputs_max=config.n_slots + (spec.max_step_drafts(config.n_slots) if spec else 0),
-            n_threads=config.n_threads,
-            n_threads_batch=config.n_threads_batch,
-            flash_attn=config.flash_attn,
-            offload_kqv=config.offload_kqv,
-            swa_full=config.swa_full,
-            type_k=config.type_k,
-            type_v=config.type_v,
-        ),
-    )
+    ctx = engine_context(model, config, layout)
     runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n,
                          backend_sampling=on_device)
     chunks = step_chunks(config.prefill_chunk, on_gpu=gpu_count() > 0 and model.n_gpu_layers != 0)
@@ -278,6 +260,27 @@ def build_engine(
     engine = Engine(scheduler, runner, name=name, compressor=compressor, max_step_s=config.max_step_s, media=media)
     engine.start()
     return engine
+
+
+def engine_context(model: Model, config: EngineConfig, layout: KVLayout) -> Context:
+    """The llama.cpp context of the slots: a KV stream per slot (or one unified pool) and one logits
+    row per slot a step (saves n_batch x n_vocab floats), plus one per speculative draft token."""
+    spec = config.speculation
+    return Context(model, ContextConfig(
+        n_ctx=layout.slot_tokens * config.n_slots if layout.per_slot else layout.slot_tokens,
+        kv_unified=not layout.per_slot,
+        n_batch=config.n_batch,
+        n_ubatch=config.n_ubatch,
+        n_seq_max=config.n_slots,
+        n_outputs_max=config.n_slots + (spec.max_step_drafts(config.n_slots) if spec else 0),
+        n_threads=config.n_threads,
+        n_threads_batch=config.n_threads_batch,
+        flash_attn=config.flash_attn,
+        offload_kqv=config.offload_kqv,
+        swa_full=config.swa_full,
+        type_k=config.type_k,
+        type_v=config.type_v,
+    ))
 
 
 def media_encoder(model: Model, config: EngineConfig) -> MediaEncoder | None:
