@@ -62,14 +62,18 @@ def peers(args: argparse.Namespace) -> list[tuple[str, Server | UpstreamServer, 
     return out
 
 
-# ours with CUDA graphs off (a second server of ours): only where --arms names them
-ON_REQUEST = ("ours-graphs-off", "ours-graphs-off-pflash-auto")
+# more servers of ours, each with flags of its own, run only where --arms names them (and their -pflash-auto arms):
+# CUDA graphs off; a prefill cap of 512 tokens per prompt beside decoding answers (a GPU has none by default:
+# loader.step_chunks), against the objective's TPOT
+EXTRA_OURS = {"ours-graphs-off": ("--cuda_graphs", "off"), "ours-c512": ("--prefill_chunk", "512")}
+ON_REQUEST = tuple(label + tail for label in EXTRA_OURS for tail in ("", "-pflash-auto"))
 
 
 def arms(args: argparse.Namespace) -> list[Arm]:
     eog = eog_tokens(args.target)
+    extra = [ours(args, label, 5 + i, *flags) for i, (label, flags) in enumerate(EXTRA_OURS.items())]
     out = []
-    for server in (ours(args), ours(args, "ours-graphs-off", 5, "--cuda_graphs", "off")):
+    for server in (ours(args), *extra):
         out += [Arm(server.label, server, "min_tokens", {"pflash": {"mode": "off"}}),
                 Arm(f"{server.label}-pflash-auto", server, "min_tokens")]
     out += [Arm(label, peer, force, eog=eog) for label, peer, force in peers(args)]
