@@ -104,7 +104,6 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
             mailbox.stage(events, (i, client_event(event)))
 
         request.sink, request.flush = sink, mailbox.wake
-    ctx.small_first.leave(http.scope.get("state", {}))  # prepared: a large body may be read now
     try:
         await ctx.submit(gen.served, gen.requests, "messages" if gen.object == "chat.completion" else "prompt")
     except RequestError:
