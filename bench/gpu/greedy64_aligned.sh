@@ -5,8 +5,7 @@
 # docs/decode_scale.md). Ours (the default: host sampling) against llama-server -bs at 64 greedy clients, 3 reps,
 # at 128,256 tokens; the result is named by the card.
 set -euo pipefail
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-if [ "$mib" -gt 102400 ]; then card=h200; else card=h100; fi
+card=$(bash bench/gpu/card.sh)
 VOCAB_EXTRA=126915 bash bench/gpu/servers.sh bench/gpu/decode_scale.py --drafter none --arms servers \
   --servers ours-host-sampling llama-server-bs --modes greedy --clients 64 --reps 3 --limit-s 40 \
   --out "/tmp/queue/decode_scale_aligned_64_$card.json"

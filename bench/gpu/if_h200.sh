@@ -4,8 +4,8 @@
 # it checks (issue 46's image chats, issue 48's online goodput and 5,500 tok/s) were measured already: the
 # device minutes go to what the H100 has not answered, and a later call can try again for an H200.
 set -euo pipefail
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-if [ "$mib" -le 102400 ]; then echo "skipped on a card of $mib MiB (not an H200): $*"; exit 0; fi
+card=$(bash bench/gpu/card.sh)
+if [ "$card" != h200 ]; then echo "skipped on an $card (not an H200): $*"; exit 0; fi
 case "$1" in
   *.sh) exec bash "$@" ;;
   *) exec bash bench/gpu/servers.sh "$@" ;;

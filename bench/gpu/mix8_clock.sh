@@ -4,8 +4,8 @@
 # a card of over 100 GiB (the H200); an H100's 80 GB takes the line without it (session 63's s63.txt).
 # The result is named by the card, so the two never overwrite each other.
 set -euo pipefail
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-if [ "$mib" -gt 102400 ]; then card=h200 gil=--gil_arm; else card=h100 gil=; fi
+card=$(bash bench/gpu/card.sh)
+if [ "$card" = h200 ]; then gil=--gil_arm; else gil=; fi
 # shellcheck disable=SC2086  # $gil is one word or none
 bash bench/gpu/servers.sh bench/gpu/concurrent_gpu.py --groups peer --workloads mix8 --reps 3 --first_rep 15 \
   $gil --slot_ctx 22560 --out "/tmp/queue/concurrent_mix8_clock_$card.json"
