@@ -34,6 +34,14 @@ and how many prompts PFlash compressed. Ours runs with `--usage_clock`: its rows
 request on the client's clock, ms after the workload's start: `sent`, `client_first` (its first text
 read) and the server's marks (`received` ... `first_written`, `finished`; issue 48: where mix8's
 short requests wait, and where the long ones are meanwhile).
+`--spy MODE...` records ours' server with py-spy (bundled in .gpu/wheels) over each rep's mix8 on the
+`full` arm, the modes taking turns per rep: `idle` (every thread, waiting or not, 2 kHz, the process
+left running) and `native` (every thread with its C frames, 1 kHz, the process paused per sample: a
+thread waiting for the GIL shows as a condition wait under the call it returns from), each a chrometrace
+timeline in `spy/` beside the results, read by bench/gpu/spy_report.py (issue 48 item 4: what holds the
+event loop for ~13 ms after the first long body is read on a GPU host, which the CPU does not reproduce).
+(py-spy's `--gil` is no use here: a timeline merges a thread's samples across the gaps where it
+did not hold the GIL.)
 Arm `decode64`: 64 clients x 2 requests of 128 tokens, ours (64 slots) against llama-server
 (`-np 64 --cache-ram 0`), interleaved reps; run it with the models of a 128K-token vocabulary.
 """
@@ -41,13 +49,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
+import shutil
 import statistics
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from multi_gpu import (Record, Server, body, client, log_dir, models_parser, run_arms, start_all, stream_times,
                        streamed, throughput, token_ids)
@@ -198,6 +208,35 @@ def gpu_mib_used() -> list[int] | None:
     return [int(line) for line in out.split()] or None
 
 
+SPY_FLAGS = {"idle": ["--idle", "--nonblocking", "--rate", "2000"], "native": ["--idle", "--native", "--rate", "1000"]}
+
+
+@contextlib.contextmanager
+def spied(server: Server, mode: str, out: Path) -> Iterator[dict[str, Any]]:
+    """py-spy recording `server` (4 s, a chrometrace timeline) while the block runs; yields
+    the row's keys: the file, and the wall clock when py-spy was started and when the block began
+    (py-spy's timestamps count from its own start, give or take its attach)."""
+    assert server.proc is not None
+    spy = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    launched = time.time()
+    proc = subprocess.Popen([spy, "record", "--pid", str(server.proc.pid), "--duration", "4",
+                             "--threads", "--format", "chrometrace", "--output", str(out), *SPY_FLAGS[mode]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # attached and sampling before the first request
+    keys = {"spy": out.name, "spy_mode": mode, "spy_launched": launched, "spy_block": time.time()}
+    try:
+        yield keys
+    finally:
+        try:
+            _, err = proc.communicate(timeout=30)
+            if proc.returncode:
+                keys["spy_error"] = err.decode(errors="replace")[-500:]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            keys["spy_error"] = "py-spy did not end"
+
+
 def run_phases(phases: list[Phase], args: argparse.Namespace, record: Record) -> None:
     """Per rep and phase, the phase's servers up, then per workload each of its arms in turn, their
     order rotated per rep."""
@@ -209,7 +248,12 @@ def run_phases(phases: list[Phase], args: argparse.Namespace, record: Record) ->
                 turn = rep % len(phase.arms)
                 for name in args.workloads:
                     for arm in phase.arms[turn:] + phase.arms[:turn]:
-                        record.add({"arm": arm.name, "rep": rep, **asyncio.run(workload(arm, name, rep, args.scale))})
+                        spy = args.spy and arm.name == "full" and name == "mix8"
+                        mode = args.spy[rep % len(args.spy)] if spy else ""
+                        with (spied(arm.server, mode, args.out.parent / "spy" / f"mix8_{rep}_{mode}.json")
+                              if spy else contextlib.nullcontext({})) as keys:
+                            row = asyncio.run(workload(arm, name, rep, args.scale))
+                        record.add({"arm": arm.name, "rep": rep, **row, **keys})
     finally:
         for server in up.values():
             server.stop()
@@ -302,6 +346,8 @@ def main() -> None:
     parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")
     parser.add_argument("--llama_server_apart", action="store_true",
                         help="seed: llama-server in a phase of its own (should ours-4 and it not fit the GPU together)")
+    parser.add_argument("--spy", nargs="*", default=[], choices=list(SPY_FLAGS),
+                        help="py-spy over mix8 on the full arm, these modes taking turns per rep (timelines in spy/)")
     parser.add_argument("--port", type=int, default=8400)
     parser.add_argument("--scale", type=float, default=1.0, help="prompt and output sizes times this (a CPU smoke test)")
     parser.add_argument("--slot_ctx", type=int, default=None,

@@ -48,7 +48,7 @@ case "${1:-}" in
     end=$(( SECONDS + ${2:-570} ))
     # results and logs copied every 10 s, so a call cut off by the device budget still brings back
     # what finished (at most 8 files come back: the results and logs as one, the servers' logs too)
-    keep() { tar czf "$OUT/queue-results.tar.gz" -C "$DIR" $(cd "$DIR" && ls -d ./*.json ./*.log ./logs 2>/dev/null) 2>/dev/null || true; }
+    keep() { tar czf "$OUT/queue-results.tar.gz" -C "$DIR" $(cd "$DIR" && ls -d ./*.json ./*.log ./logs ./spy 2>/dev/null) 2>/dev/null || true; }
     until [ -f "$DIR/rc" ] || [ $SECONDS -ge $end ]; do sleep 10; keep; done
     keep
     cat "$DIR/queue.log"
