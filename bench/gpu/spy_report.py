@@ -52,7 +52,7 @@ def runs(events: list[dict]) -> list[Run]:
 
 def label(stack: tuple[str, ...], depth: int) -> str:
     """The thread's name (py-spy's root frame `thread (ID): NAME`) and the innermost `depth` frames."""
-    name = next((frame.split(": ", 1)[1].split(" (")[0][-24:] for frame in stack[:1] if frame.startswith("thread (")),
+    name = next((frame.partition(": ")[2].split(" (")[0][-24:] for frame in stack[:1] if frame.startswith("thread (")),
                 "")
     return f"[{name}] " + " < ".join(reversed(stack[-depth:]))
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.random  # noqa: F401  numpy imports it at first use: here, not in a first request's bind on the engine thread
 
 from ..llama import Context, GrammarExhausted, GrammarTooSlow, Model, SamplerChain, native
 from .batch_sampling import RowParams, bias_rows, greedy_rows, penalize_rows, penalizes, sample_rows

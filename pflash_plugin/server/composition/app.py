@@ -32,6 +32,7 @@ from ..operations.security import install_security
 from ..operations.shutdown_cut import ShutdownCut
 from ..runtime.context import ServerContext, attach
 from ..runtime.models import ModelRegistry
+from ..runtime.warmup import warm_request_path
 from ..wire.errors import http_error
 from .shutdown import drain_on_signal
 
@@ -54,6 +55,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         drain_on_signal(context.models, server_settings.shutdown_grace_s)
+        await warm_request_path()
         with frozen_heap():
             yield
         context.close()

@@ -242,6 +242,12 @@ class ModelSettings(StockModelSettings):
         "only where PFlash won by pflash_min_speedup (auto: when the model runs on a GPU; a CPU measurement "
         "takes minutes).",
     )
+    warmup: bool = Field(
+        default=True,
+        description="At start, one short request through the engine (a ubatch on a GPU, where CUDA loads each kernel "
+        "at its first launch), its prompt then forgotten: the first clients do not pay for it, as with llama-server's "
+        "warm-up (false: skip, as its --no-warmup).",
+    )
     pflash_min_speedup: float = Field(
         default=1.2, gt=0.0, description="Speedup PFlash must show at start for --pflash auto to use it."
     )

@@ -6,12 +6,10 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-import numpy as np
-
 from ...llama import Model
 from ...pflash.compressor import PflashConfig
 from ...pflash.payoff import Calibration, effective_threshold
-from .inprocess import Run, Target
+from .inprocess import Run, Target, random_prompt
 
 
 class Calibrated(Target, Protocol):
@@ -49,19 +47,13 @@ def calibration_length(threshold: int, max_ctx: int) -> int | None:
     return n if n > threshold else None
 
 
-def random_prompt(served: Calibrated, n_tokens: int, seed: int) -> list[int]:
-    """Random token ids after the BOS: prefill time does not depend on what the tokens say."""
-    rng = np.random.default_rng(seed)
-    return [served.model.bos] + [int(t) for t in rng.integers(0, served.model.n_vocab, n_tokens - 1)]
-
-
 def measure(served: Calibrated, n_tokens: int) -> Calibration:
     """Warm both paths up, then time a full prefill and a PFlash prefill of different prompts (the
     prefix cache must serve neither)."""
-    Run(served, random_prompt(served, WARMUP_TOKENS, 0), "off").wait()
-    Run(served, random_prompt(served, WARMUP_TOKENS, 1), "always").wait()
-    full = Run(served, random_prompt(served, n_tokens, 2), "off").wait()
-    fast = Run(served, random_prompt(served, n_tokens, 3), "always").wait()
+    Run(served, random_prompt(served.model, WARMUP_TOKENS, 0), "off").wait()
+    Run(served, random_prompt(served.model, WARMUP_TOKENS, 1), "always").wait()
+    full = Run(served, random_prompt(served.model, n_tokens, 2), "off").wait()
+    fast = Run(served, random_prompt(served.model, n_tokens, 3), "always").wait()
     return Calibration(n_tokens, full.ttft_s, fast.ttft_s)
 
 

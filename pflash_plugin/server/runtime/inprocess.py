@@ -5,8 +5,11 @@ import threading
 import time
 from typing import Protocol
 
+import numpy as np
+
 from ...engine.engine import Engine
 from ...engine.request import ErrorEvent, Event, FinishEvent, Request, SamplingParams, TextEvent
+from ...llama import Model
 from ...pflash.planning import Planner
 from ..wire.protocol import PflashMode, PflashOverride
 from ..wire.usage import openai_usage, totals
@@ -22,11 +25,18 @@ class Target(Protocol):
     def planner(self) -> Planner: ...
 
 
+def random_prompt(model: Model, n_tokens: int, seed: int) -> list[int]:
+    """Random token ids after the BOS: prefill time does not depend on what the tokens say."""
+    rng = np.random.default_rng(seed)
+    return [model.bos] + [int(t) for t in rng.integers(0, model.n_vocab, n_tokens - 1)]
+
+
 class Run:
     """Wall time to the request's first token (or its end), its text and its usage (as OpenAI's
     usage object: what the benchmarks record)."""
 
-    def __init__(self, served: Target, tokens: list[int], mode: PflashMode, max_tokens: int = 1) -> None:
+    def __init__(self, served: Target, tokens: list[int], mode: PflashMode, max_tokens: int = 1,
+                 speculative: bool = True) -> None:
         self.first = threading.Event()
         self.done = threading.Event()
         self.token_times: list[float] = []
@@ -35,8 +45,8 @@ class Run:
         self.error: str | None = None
         self.start = time.perf_counter()
         plan = served.planner.plan(tokens, PflashOverride(mode=mode))
-        self.request = Request.planned(tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0), plan,
-                                       self._on_event)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=speculative)
+        self.request = Request.planned(tokens, params, plan, self._on_event)
         served.engine.submit(self.request)
 
     def _on_event(self, event: Event) -> None:

@@ -19,6 +19,7 @@ from .assembly import assemble
 from .calibrate import calibrate
 from .media_prepare import MediaPreparation
 from .media_reader import MediaLimits, MediaReader, media_kinds
+from .warmup import warm_engine, warmup_tokens
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class ServedModel:
                         "reinstall with a C++17 compiler, pip install --no-build-isolation -e . (its build warning "
                         "says what failed)", self.name)
         self.calibration = self._calibrate(parts.on_gpu) if self.plan.pflash.mode == "auto" else None
+        if settings.warmup:
+            on_gpu = gpu_count() > 0 and self.model.n_gpu_layers != 0
+            warm_engine(self, self.model, warmup_tokens(on_gpu, self.plan.engine.n_ubatch, self.max_ctx))
         if settings.constraint_engine == "llguidance":
             # llguidance's tokenizer of the vocabulary (262K tokens: ~4.5 s), built before a schema waits for it
             threading.Thread(target=guidance_tokenizer, args=(self.model,), name="llguidance-vocab",
