@@ -1,6 +1,7 @@
 """Start-up warm-up (server/runtime/warmup.py): the engine runs one request before the server listens
 and forgets its prompt; the first requests import nothing (AnyIO's asyncio backend and numpy.random
-were loaded at start, not on the event loop and the engine thread of a first request)."""
+were loaded at start, not on the event loop and the engine thread of a first request) and start no
+thread (the request path's threads were started with the server: wire/offload.py)."""
 from __future__ import annotations
 
 import json
@@ -10,8 +11,9 @@ import time
 
 import pytest
 
-# A server of the tiny model in this process (uvicorn on a thread, port 0), the modules loaded once it is
-# up, then a streamed and a plain completion over HTTP: what they imported is printed as JSON.
+# A server of the tiny model in this process (uvicorn on a thread, port 0), the modules loaded and the threads
+# running once it is up, then a burst of 6 completions over HTTP (streamed and plain): what the burst imported and
+# which threads it started, as JSON.
 FIRST_REQUESTS = r"""
 import encodings.idna, http.client, json, sys, threading, time  # idna: http.client's own, at its first request
 import uvicorn
@@ -27,15 +29,26 @@ threading.Thread(target=server.run, daemon=True).start()
 while not server.started:
     time.sleep(0.05)
 port = server.servers[0].sockets[0].getsockname()[1]
-before = set(sys.modules)
-for stream in (True, False):
+modules, threads = set(sys.modules), {t.ident for t in threading.enumerate()}
+
+
+def complete(stream):
     http_client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = json.dumps({"prompt": [1, 5, 9, 13], "max_tokens": 3, "stream": stream})
+    # a logit_bias is prepared on a worker thread (preparation/inline.py), as a long prompt would be
+    body = json.dumps({"prompt": [1, 5, 9, 13], "max_tokens": 3, "stream": stream, "logit_bias": {"7": 1.0}})
     http_client.request("POST", "/v1/completions", body, {"content-type": "application/json"})
     response = http_client.getresponse()
     assert response.status == 200, response.read()
     response.read()
-print(json.dumps(sorted(set(sys.modules) - before)))
+
+
+clients = [threading.Thread(target=complete, args=(i % 2 == 0,), name="client") for i in range(6)]  # a burst
+for client in clients:
+    client.start()
+for client in clients:
+    client.join()
+started = sorted(t.name for t in threading.enumerate() if t.ident not in threads and t.name != "client")
+print(json.dumps({"imported": sorted(set(sys.modules) - modules), "threads_started": started}))
 server.should_exit = True
 """
 
@@ -89,9 +102,12 @@ def test_warmup_prompt_length(n_ubatch, max_ctx, on_gpu, expected):
 
 
 @pytest.mark.parametrize("engine_warmup", ["true", "false"])  # without the engine's: numpy.random imported anyway
-def test_first_requests_import_nothing(tiny_model, engine_warmup):
+def test_first_requests_import_nothing_and_start_no_thread(tiny_model, engine_warmup):
     done = subprocess.run([sys.executable, "-c", FIRST_REQUESTS, str(tiny_model), engine_warmup], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    imported = json.loads(done.stdout.strip().splitlines()[-1])
-    assert imported == [], f"the first requests imported {imported}"
+    burst = json.loads(done.stdout.strip().splitlines()[-1])
+    assert burst["imported"] == [], f"the first requests imported {burst['imported']}"
+    # their preparation ran on threads started with the server (wire/offload.py), not on new ones each
+    # holding the event loop until it took the GIL
+    assert burst["threads_started"] == [], f"the first requests started threads {burst['threads_started']}"

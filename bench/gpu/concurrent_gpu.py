@@ -280,6 +280,13 @@ def decode64(args: argparse.Namespace, record: Record) -> None:
             server.stop()
 
 
+BESIDE = {  # --NAME_arm: a second ours-4 beside ours-4 (group seed and peer): its port offset, flags, arms
+    "gil": (8, ["--gil_switch_ms", "0.5"], [("full", "off"), ("pflash", "always")]),  # a 0.5 ms switch interval
+    "polite": (9, ["--polite_prepare_ms", "100"], [("full", "off")]),  # preparation waiting for a first token
+    "cold": (10, ["--warmup", "false"], [("full", "off")]),  # no start-up warm-up (the first burst pays it)
+}
+
+
 def one_server(server: Server, *arms: tuple[str, str]) -> list[Phase]:
     return [Phase([server], [Arm(name, server, mode) for name, mode in arms])]
 
@@ -290,14 +297,11 @@ def groups(args: argparse.Namespace, group: str) -> list[Phase]:
         four = ours("ours-4", args.port, args, SLOTS)
         first = Phase([four], [Arm("full", four, "off"), Arm("pflash", four, "always")])
         phases = [first]
-        if args.gil_arm:  # beside ours-4: the same with a 0.5 ms thread switch interval (--gil_switch_ms)
-            gil = ours("ours-4-gil", args.port + 8, args, SLOTS, "--gil_switch_ms", "0.5")
-            first.servers.append(gil)
-            first.arms += [Arm("full-gil", gil, "off"), Arm("pflash-gil", gil, "always")]
-        if args.polite_arm:  # beside ours-4: large requests' preparation waiting for a first token a step away
-            polite = ours("ours-4-polite", args.port + 9, args, SLOTS, "--polite_prepare_ms", "100")
-            first.servers.append(polite)
-            first.arms += [Arm("full-polite", polite, "off")]
+        for name, (port, flags, modes) in BESIDE.items():
+            if getattr(args, f"{name}_arm"):
+                second = ours(f"ours-4-{name}", args.port + port, args, SLOTS, *flags)
+                first.servers.append(second)
+                first.arms += [Arm(f"{mode_name}-{name}", second, mode) for mode_name, mode in modes]
         if group == "seed":
             serial = ours_serial(args)
             phases.append(Phase([four, serial], [Arm("serial-pflash", serial, "always")]))
@@ -343,6 +347,9 @@ def main() -> None:
                         "--llama_server_apart and --slot_ctx 22560, as --gil_arm")
     parser.add_argument("--gil_arm", action="store_true",
                         help="seed and peer: ours-4 with --gil_switch_ms 0.5 beside ours-4 (arms full-gil, pflash-gil)")
+    parser.add_argument("--cold_arm", action="store_true",
+                        help="seed and peer: ours-4 with --warmup false beside ours-4 (arm full-cold; with "
+                        "--llama_server_apart every rep is a fresh server's first burst)")
     parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")
     parser.add_argument("--llama_server_apart", action="store_true",
                         help="seed: llama-server in a phase of its own (should ours-4 and it not fit the GPU together)")

@@ -6,7 +6,6 @@ import json
 from typing import Any, Callable, Coroutine
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from ..output.anthropic_presenter import MessagesPresenter
@@ -16,6 +15,7 @@ from ..runtime.models import ServedModel
 from ..wire.anthropic_errors import error_body
 from ..wire.anthropic_protocol import ERROR_RESPONSES, CountTokensRequest, MessagesRequest, chat_request
 from ..wire.errors import OpenAIRoute
+from ..wire.offload import offload
 from ..wire.protocol import ChatCompletionRequest
 from .anthropic_checks import check_body
 from .bridge import answer
@@ -47,7 +47,7 @@ router = APIRouter(route_class=AnthropicRoute, tags=["Anthropic Messages"], resp
 @router.post("/v1/messages")
 async def create_message(http: Request, body: MessagesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     stops = body.stop_sequences or []
-    chat = await run_in_threadpool(converted, ctx.models.get(body.model), body)  # off the event loop
+    chat = await offload(converted, ctx.models.get(body.model), body)  # off the event loop
     return await answer(http, ctx, chat, lambda generation: MessagesPresenter(generation, stops),
                         {"response_format": "output_config.format", "stop": "stop_sequences"})
 

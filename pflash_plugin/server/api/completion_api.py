@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 
 from ..output.dispatch import respond
 from ..output.native_presenter import NativePresenter, NativeShape, unrun
@@ -14,6 +13,7 @@ from ..preparation.native import prepare_native
 from ..runtime.context import ServerContext, get_context
 from ..wire.native import NativeCompletionRequest
 from ..wire.native_errors import NativeRoute
+from ..wire.offload import offload
 from ..wire.responses import ERROR_RESPONSES
 
 router = APIRouter(route_class=NativeRoute, tags=["llama-server"], responses=ERROR_RESPONSES)
@@ -24,7 +24,7 @@ router = APIRouter(route_class=NativeRoute, tags=["llama-server"], responses=ERR
 async def completion(http: Request, body: NativeCompletionRequest, ctx: ServerContext = Depends(get_context)) -> Any:
     """A completion of each prompt: one answer object, or a list of them for a list of prompts."""
     served = ctx.models.get(body.model)
-    prepared = await run_in_threadpool(prepare_native, served, body)
+    prepared = await offload(prepare_native, served, body)
     shape = NativeShape(body.response_fields, body.settings(), prepared.texts)
     if prepared.generation is None:  # n_predict 0: nothing to generate
         return unrun(served.name, [len(tokens) for tokens in prepared.prompts], shape, body.stream)

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ...engine.embedder import Embedder
@@ -19,6 +18,7 @@ from ...engine.scheduler import AdmissionError
 from ..output.dispatch import client_gone
 from ..runtime.context import ServerContext
 from ..runtime.models import ServedModel
+from ..wire.offload import offload
 from ..wire.protocol import EmbeddingRequest, RequestError
 from ..wire.responses import Embedding, EmbeddingResponse
 
@@ -26,7 +26,7 @@ from ..wire.responses import Embedding, EmbeddingResponse
 async def embed(http: Request, ctx: ServerContext, served: ServedModel, body: EmbeddingRequest) -> Any:
     if served.embedder is None:
         raise RequestError(400, f"the model {served.name!r} is not served with embedding: true", param="model")
-    inputs = await run_in_threadpool(_inputs, served, served.embedder, body)
+    inputs = await offload(_inputs, served, served.embedder, body)
     started = time.perf_counter()
     try:
         vectors = await _vectors(http, served.embedder, inputs)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 
 from ..output.dispatch import respond
 from ..preparation.format_cache import formats
@@ -15,6 +14,7 @@ from ..runtime.context import ServerContext, get_context
 from ..runtime.media_prepare import prepared
 from ..runtime.polite import after_first_tokens
 from ..wire.errors import OpenAIRoute
+from ..wire.offload import offload
 from ..wire.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RequestError
 from ..wire.responses import (
     ERROR_RESPONSES,
@@ -38,7 +38,7 @@ async def create_completion(http: Request, body: CompletionRequest, ctx: ServerC
         generation = prepare_completion(served, body)
     else:
         await after_first_tokens(served.engine.activity, ctx.settings.polite_prepare_ms / 1000)
-        generation = await run_in_threadpool(prepare_completion, served, body)
+        generation = await offload(prepare_completion, served, body)
     return await respond(http, ctx, generation, body.stream)
 
 

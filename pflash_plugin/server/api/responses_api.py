@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 
 from ..output.responses_presenter import ResponsesPresenter
 from ..runtime.context import ServerContext, get_context
 from ..runtime.models import ServedModel
 from ..wire.errors import OpenAIRoute
+from ..wire.offload import offload
 from ..wire.protocol import ChatCompletionRequest, RequestError
 from ..wire.responses import ERROR_RESPONSES
 from ..wire.responses_protocol import ResponsesRequest, chat_request
@@ -22,7 +22,7 @@ router = APIRouter(route_class=OpenAIRoute, tags=["OpenAI Responses"], responses
 
 @router.post("/v1/responses")
 async def create_response(http: Request, body: ResponsesRequest, ctx: ServerContext = Depends(get_context)) -> Any:
-    chat = await run_in_threadpool(_converted, ctx.models.get(body.model), body)  # off the event loop
+    chat = await offload(_converted, ctx.models.get(body.model), body)  # off the event loop
     return await answer(http, ctx, chat, lambda generation: ResponsesPresenter(generation, body),
                         {"response_format": "text.format", "max_tokens": "max_output_tokens",
                          "messages": "input"})

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 
 from ...engine.stats import rounded
 from ..operations.received import body_read, received
 from ..wire.media_parts import CHAT_MEDIA, MediaPart
+from ..wire.offload import offload
 from ..wire.protocol import ChatCompletionRequest
 
 T = TypeVar("T")
@@ -132,7 +132,7 @@ class MediaPreparation:
 async def prepared(http: Request, media: MediaPreparation | None, body: ChatCompletionRequest,
                    prepare: Callable[..., T], *args: Any) -> T:
     """`prepare(*args)` for a chat: a media chat's on the media pool (where the model has one),
-    another's on starlette's shared pool."""
+    another's on the request path's threads (wire/offload.py)."""
     if media is not None and carries_media(body):
         return await media.run(http, prepare, *args)
-    return await run_in_threadpool(prepare, *args)
+    return await offload(prepare, *args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.concurrency import run_in_threadpool
 
 from ...llama import Model
+from ..wire import offload
 from .inprocess import Run, Target, random_prompt
 
 CPU_TOKENS = 8  # a CPU has no kernels to load: a prompt that runs prefill and decode once is enough
@@ -34,6 +35,8 @@ def warmup_tokens(on_gpu: bool, n_ubatch: int, max_ctx: int) -> int:
 
 
 async def warm_request_path() -> None:
-    """AnyIO's asyncio backend imported (at the first request's hand-off to a thread, starlette's
-    run_in_threadpool, it held the event loop while 20 modules loaded) and one worker of its pool started."""
+    """The request path's threads started (wire/offload.py), and AnyIO's asyncio backend imported (at
+    a first request's first use, starlette's streaming or thread hand-off, it held the event loop while
+    20 modules loaded)."""
+    offload.start()
     await run_in_threadpool(lambda: None)

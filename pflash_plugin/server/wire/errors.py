@@ -13,7 +13,6 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -23,6 +22,7 @@ from ...engine.request import ErrorEvent, ErrorKind, Event, FinishEvent
 from ...engine.scheduler import SHUTTING_DOWN
 from .anthropic_errors import error_body as anthropic_error
 from .anthropic_errors import under_messages
+from .offload import offload
 from .protocol import RequestError, error_body
 
 
@@ -235,7 +235,7 @@ async def _parsed(request: Request, raw: bytes) -> Any:
     Request.json caches it in `_json`). A large one of many values is parsed on a worker thread: on
     the event loop, mix8's 4 bodies of 22K token ids (1 ms each on 2 CPU cores) held back the short
     requests sent with them (issue 48)."""
-    request._json = checked_json(raw) if parsed_on_loop(raw) else await run_in_threadpool(checked_json, raw)
+    request._json = checked_json(raw) if parsed_on_loop(raw) else await offload(checked_json, raw)
     return request._json
 
 
