@@ -1,8 +1,8 @@
 """--prefill_chunk by where the model runs (engine/loader.py, step_chunks, measured on each): on the
 CPU 128 per step while others decode, however many prompts prefill, and a lone prefill step past
-128 tokens cut short for a newcomer; with the layers on a GPU no cap (the step's whole budget after
-the decode rows, as llama-server), an explicit one per prompt prefilling, and the cut past 512. An
-explicit value is the cap everywhere, and the threshold where it is the smaller."""
+128 tokens cut short for a newcomer; with the layers on a GPU 512 per prompt prefilling (an explicit
+value as large as n_batch: the step's whole budget after the decode rows, llama-server's rule), and
+the cut past 512. An explicit value is the cap everywhere, and the threshold where it is the smaller."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +14,7 @@ from pflash_plugin.llama import ModelParams
 
 @pytest.mark.parametrize("gpus, layers, chunk, expected", [
     (0, 0, None, (128, 128, True)), (0, -1, None, (128, 128, True)),  # a CPU build: -1 asks for layers no GPU takes
-    (1, -1, None, (None, 512, False)), (1, 0, None, (128, 128, True)),  # a GPU, but the layers left on the CPU
+    (1, -1, None, (512, 512, False)), (1, 0, None, (128, 128, True)),  # a GPU, but the layers left on the CPU
     (1, -1, 64, (64, 64, False)), (1, -1, 2048, (2048, 512, False)), (0, 0, 1024, (1024, 128, True)),
 ])
 def test_the_step_chunks_follow_the_layers(tiny_model, monkeypatch, gpus, layers, chunk, expected):

@@ -115,8 +115,8 @@ def test_a_step_of_decode_rows_and_several_prompts_chunks_is_preemptible_in_the_
 
 
 def test_with_no_cap_a_prefill_takes_the_whole_step_after_the_decode_rows():
-    """The GPU's default (loader.step_chunks): llama-server's rule, one long chunk beside the
-    decoding rows rather than a 512-token one per step."""
+    """No cap (a prefill_chunk as large as the step; the GPU's default before 512, loader.step_chunks):
+    llama-server's rule, one long chunk beside the decoding rows rather than a 512-token one per step."""
     seats = [decoding("a"), decoding("b"), prefilling("long", 20_000)]
     assert StepPolicy(max_batch_tokens=2048).plan(seats).chunks == (("long", 2046),)
     assert StepPolicy(max_batch_tokens=2048, prefill_chunk=512).plan(seats).chunks == (("long", 512),)

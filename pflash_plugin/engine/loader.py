@@ -203,16 +203,17 @@ def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
     newcomer aborts it. On the CPU (2 cores) each prefill token's time adds to every decoding
     request's step: 128 for both, the cap on the step's prefill in all, however many prompts
     prefill (per prompt, a request decoding beside 3 long prompts had steps of 384 prefill tokens:
-    step_policy.py). On a GPU an explicit cap is per prompt prefilling and, by default, no cap:
-    the step's whole budget after the decode rows, as llama-server does. On an H200 (issue 28,
-    docs/concurrent_gpu.md) a cap of 128 made the seed's cd4 (4 x 84K prompts, full prefill) take
-    1.28x llama-server's time; 512 left mix8, qa8 and cd4 1.03-1.06x behind it; the whole step
-    (2,048) brought all three within 1.04x, at llama-server's time per token for the decoding
-    answers. A step prefilling past 512 tokens is cut short for a newcomer (a 512-token step costs
-    little on a GPU); an explicit chunk below that is the threshold too."""
+    step_policy.py). On a GPU 512 per prompt prefilling (a prompt prefilling alone takes the whole
+    step). The online benchmark on an H100 (docs/online.md, 3 reps at 2 and 4 req/s, 8B model):
+    goodput 1.07x and 1.24x the whole step's (2,048, llama-server's rule, the default before), ITL p99
+    0.12-0.15 s against 0.21-0.36 s; closed bursts lose a little: on an H200 (issue 28,
+    docs/concurrent_gpu.md) 512 left the seed's mix8, qa8 and cd4 1.03-1.06x behind llama-server,
+    the whole step within 1.04x (128 made cd4 1.28x). A step prefilling past 512 tokens is cut short
+    for a newcomer (a 512-token step costs little on a GPU); an explicit chunk below that is the
+    threshold too."""
     interactive = 512 if on_gpu else 128
-    prefill = prefill_chunk or (None if on_gpu else interactive)
-    return StepChunks(prefill, min(prefill or interactive, interactive), not on_gpu)
+    prefill = prefill_chunk or interactive
+    return StepChunks(prefill, min(prefill, interactive), not on_gpu)
 
 
 def build_engine(
