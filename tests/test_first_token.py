@@ -16,6 +16,7 @@ from pflash_plugin.server.preparation.format_cache import MAX_CHARS, MAX_NODES, 
 from pflash_plugin.server.preparation.inline import INLINE_CHARS, INLINE_IDS
 from pflash_plugin.server.preparation.inline import inline as on_loop
 from pflash_plugin.server.wire.errors import LOOP_PARSE_BYTES
+from pflash_plugin.server.wire.offload import THREADS
 from pflash_plugin.server.wire.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 
 
@@ -65,12 +66,12 @@ def test_a_short_request_is_answered_while_a_long_body_is_being_parsed(tiny_serv
 
 
 def test_a_route_needs_no_worker_thread_to_find_its_context(tiny_server, monkeypatch):
-    """The routes' dependency (get_context) runs on the event loop: with every thread of the pool
-    holding a long body's parse (anyio's default: 40), a route that has no blocking work of its
-    own still answers."""
+    """The routes' dependency (get_context) runs on the event loop: with every thread of the request
+    path's pool holding a long body's parse (wire/offload.py), a route that has no blocking work of
+    its own still answers."""
     held = HeldParse(monkeypatch)
-    with ThreadPoolExecutor(40) as pool:
-        pending = held.send(pool, tiny_server.url, 40)
+    with ThreadPoolExecutor(THREADS) as pool:
+        pending = held.send(pool, tiny_server.url, THREADS)
         try:
             models = httpx.get(tiny_server.url + "/v1/models", timeout=30)
             answered_while_held = not held.gate.is_set()
@@ -96,11 +97,11 @@ def test_a_long_body_parsed_off_the_loop_keeps_the_body_checks(tiny_server):
 
 
 def test_a_short_request_is_prepared_without_a_worker_thread(tiny_server, monkeypatch):
-    """A short completion and a short chat need no thread of the pool: with all 40 holding long
+    """A short completion and a short chat need no thread of the pool: with all of them holding long
     bodies' parses, both are answered (in full, streamed)."""
     held = HeldParse(monkeypatch)
-    with ThreadPoolExecutor(40) as pool:
-        pending = held.send(pool, tiny_server.url, 40)
+    with ThreadPoolExecutor(THREADS) as pool:
+        pending = held.send(pool, tiny_server.url, THREADS)
         try:
             with httpx.Client(base_url=tiny_server.url, timeout=30) as http:
                 completion = http.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 3, "min_tokens": 3})
