@@ -19,6 +19,7 @@ from .composition.startup import START_ERRORS, listen_socket, log_summary, start
 from .config.cli import build_parser
 from .config.settings import ConfigFileSettings, ModelSettings, ServerSettings
 from .operations.connections import ConnectionLimits, default_max_connections, guarded_protocol, log_limit
+from .operations.log_handoff import hand_off_logging, write_out
 
 
 def read_config_file(path: str) -> ConfigFileSettings:
@@ -89,7 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         timeout_graceful_shutdown=SHUTDOWN_MARGIN_S,  # type: ignore[arg-type]
         http=guarded_protocol(limits),
     )
-    _BoundServer(config).run(sockets=[sock])
+    hand_off_logging()  # after uvicorn's Config set its loggers up
+    try:
+        _BoundServer(config).run(sockets=[sock])
+    finally:
+        write_out()
 
 
 class _BoundServer(uvicorn.Server):

@@ -24,6 +24,7 @@ from typing import Any
 
 from sse_starlette.sse import AppStatus
 
+from ..operations.log_handoff import write_out
 from ..runtime.models import ModelRegistry
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -37,6 +38,7 @@ def exit_now(status: int, why: str) -> None:
     """End the process at once, whatever its threads and connections are doing (logs flushed)."""
     try:
         log.error("%s: exiting now", why)
+        write_out()  # the records queued for the log's thread (operations/log_handoff.py)
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stdout.flush()
