@@ -111,3 +111,13 @@ def test_first_requests_import_nothing_and_start_no_thread(tiny_model, engine_wa
     # their preparation ran on threads started with the server (wire/offload.py), not on new ones each
     # holding the event loop until it took the GIL
     assert burst["threads_started"] == [], f"the first requests started threads {burst['threads_started']}"
+
+
+@pytest.mark.parametrize("bos, head", [(1, [1]), (-1, [])])  # -1: llama.cpp's LLAMA_TOKEN_NULL, no BOS
+def test_the_random_prompt_starts_with_the_bos_where_there_is_one(bos, head):
+    from types import SimpleNamespace
+
+    from pflash_plugin.server.runtime.inprocess import random_prompt
+
+    prompt = random_prompt(SimpleNamespace(bos=bos, n_vocab=50), 16, seed=0)
+    assert len(prompt) == 16 and prompt[:len(head)] == head and all(0 <= token < 50 for token in prompt)

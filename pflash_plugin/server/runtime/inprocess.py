@@ -26,9 +26,11 @@ class Target(Protocol):
 
 
 def random_prompt(model: Model, n_tokens: int, seed: int) -> list[int]:
-    """Random token ids after the BOS: prefill time does not depend on what the tokens say."""
+    """Random token ids after the BOS (where the vocabulary has one): prefill time does not depend on
+    what the tokens say."""
     rng = np.random.default_rng(seed)
-    return [model.bos] + [int(t) for t in rng.integers(0, model.n_vocab, n_tokens - 1)]
+    head = [model.bos] if model.bos >= 0 else []
+    return head + [int(t) for t in rng.integers(0, model.n_vocab, n_tokens - len(head))]
 
 
 class Run:
