@@ -2,9 +2,10 @@
 what a server's first requests would otherwise pay on their clients' clock.
 
 On an H100 (docs/first_token_cpu.md) mix8's short requests answered in 38-43 ms where they were a
-freshly started server's first burst, against 27-32 ms where it had served one before. On this
-project's CPU the first request imported 26 modules (AnyIO's asyncio backend on the event loop,
-numpy.random on the engine thread) and took 80 ms against the second's 19 ms.
+freshly started server's first burst, against 27-32 ms where it had served one before, their bodies
+read 22-32 ms into the burst against 9.5-14.4; with the warm-up a fresh server read them at 14-16 ms
+(d028491). On this project's CPU the first request imported 26 modules (AnyIO's asyncio backend on
+the event loop, numpy.random on the engine thread) and took 80 ms against the second's 19 ms.
 """
 from __future__ import annotations
 
