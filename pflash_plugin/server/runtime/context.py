@@ -28,7 +28,7 @@ class ServerContext:
 
     @classmethod
     def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:
-        metrics = Metrics(lambda: {name: m.engine.stats() for name, m in models.models.items()})
+        metrics = Metrics(lambda: {name: m.served_stats() for name, m in models.models.items()})
         threads = settings.tokenizer_threads or max(1, (os.cpu_count() or 1) // 8)
         return cls(settings, models, metrics, TokenizerPool(threads, settings.tokenizer_queue))
 

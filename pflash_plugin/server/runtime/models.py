@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from ...chat.reasoning import requested_tags, think_tags
 from ...engine.runner import LlamaRunner
+from ...engine.stats import SchedulerStats
 from ...llama.devices import gpu_count
 from ...llama.guidance import guidance_tokenizer
 from ...pflash.payoff import Calibration
@@ -51,9 +52,12 @@ class ServedModel:
                         "reinstall with a C++17 compiler, pip install --no-build-isolation -e . (its build warning "
                         "says what failed)", self.name)
         self.calibration = self._calibrate(parts.on_gpu) if self.plan.pflash.mode == "auto" else None
-        if settings.warmup:
+        # not where it speculates: speculation's budget prices drafts against the plain steps it measured,
+        # and a warm-up's steps (the draft model still cold) left a first request drafting nothing
+        if settings.warmup and self.plan.engine.speculation is None:
             on_gpu = gpu_count() > 0 and self.model.n_gpu_layers != 0
             warm_engine(self, self.model, warmup_tokens(on_gpu, self.plan.engine.n_ubatch, self.max_ctx))
+        self.warmup_steps = self.engine.steps
         if settings.constraint_engine == "llguidance":
             # llguidance's tokenizer of the vocabulary (262K tokens: ~4.5 s), built before a schema waits for it
             threading.Thread(target=guidance_tokenizer, args=(self.model,), name="llguidance-vocab",
@@ -72,6 +76,12 @@ class ServedModel:
         self.pflash = outcome.config
         self.planner = Planner(self.pflash, self.model, enabled=self.compression is not None)
         return outcome.calibration
+
+    def served_stats(self) -> SchedulerStats:
+        """The engine's stats with its steps counted from the end of the warm-up (llama-server's
+        n_decode_total leaves its warm-up out too)."""
+        stats = self.engine.stats()
+        return replace(stats, steps=stats.steps - self.warmup_steps)
 
     def status(self) -> dict[str, Any]:
         """This model's entry in /status: its engine's last stats, its limits and what runs PFlash."""
