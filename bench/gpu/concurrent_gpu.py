@@ -38,8 +38,8 @@ short requests wait, and where the long ones are meanwhile).
 `full` arm, the modes taking turns per rep: `idle` (every thread, waiting or not, 2 kHz, the process
 left running) and `native` (every thread with its C frames, 1 kHz, the process paused per sample: a
 thread waiting for the GIL shows as a condition wait under the call it returns from), each a chrometrace
-timeline in `spy/` beside the results, read by bench/gpu/spy_report.py (issue 48 item 4: what holds the
-event loop for ~13 ms after the first long body is read on a GPU host, which the CPU does not reproduce).
+timeline in `spy/` beside the results, read by bench/gpu/spy_report.py (issue 48 item 4: where the short
+requests' first token waits on a GPU host; docs/first_token_cpu.md).
 (py-spy's `--gil` is no use here: a timeline merges a thread's samples across the gaps where it
 did not hold the GIL.)
 Arm `decode64`: 64 clients x 2 requests of 128 tokens, ours (64 slots) against llama-server

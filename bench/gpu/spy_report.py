@@ -3,7 +3,9 @@ as runs of the same stack (by function, lines left out), from the first sample w
 `--start` (default: the first request's bytes read), for `--ms` milliseconds. In `native` traces a thread
 waiting for the GIL shows a condition wait (pthread_cond_timedwait) under the call it returns from.
 
-    python bench/gpu/spy_report.py docs/data/spy/mix8_40_native.json [--ms 40] [--start data_received]
+    python bench/gpu/spy_report.py spy/mix8_42_idle.json [--ms 40] [--start data_received]
+
+(session 68's traces: spy/ in docs/data/logs/queue_s68_d028491_h100.tar.gz)
 """
 from __future__ import annotations
 
