@@ -5,7 +5,9 @@ On an H100 (docs/first_token_cpu.md) mix8's short requests answered in 38-43 ms 
 freshly started server's first burst, against 27-32 ms where it had served one before, their bodies
 read 22-32 ms into the burst against 9.5-14.4; with the warm-up a fresh server read them at 14-16 ms
 (d028491). On this project's CPU the first request imported 26 modules (AnyIO's asyncio backend on
-the event loop, numpy.random on the engine thread) and took 80 ms against the second's 19 ms.
+the event loop, numpy.random on the engine thread) and took 58-81 ms against the second's 16-21 ms
+(26-53 against 15-24 with the warm-up); a fresh server's first mix8 burst (tiny model, --scale 0.1)
+answered its short requests in 344 ms before, 33 ms after.
 """
 from __future__ import annotations
 

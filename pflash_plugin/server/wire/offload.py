@@ -4,9 +4,9 @@ server and kept.
 Starlette's `run_in_threadpool` hands work to AnyIO's pool, which starts a thread when none is idle and,
 at a later hand-off, stops those idle for 10 s: a burst after a pause started a thread per request it
 carried, and each `Thread.start` holds the event loop until the new thread has taken the GIL once.
-In mix8 on this project's 2 CPU cores (8 requests at once, py-spy's timeline of the server), a warmed
-server's first burst spent 55 ms of its event loop starting threads; these threads are started at
-start-up (`start`) and never stopped."""
+In mix8 on this project's 2 CPU cores (8 requests at once, py-spy's timeline of the server), a fresh
+server's first burst spent 14 ms of its event loop starting threads (140 ms with the cores shared by two
+other busy processes); these threads are started at start-up (`start`) and never stopped."""
 from __future__ import annotations
 
 import asyncio
