@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflash_plugin.engine import loader
+from pflash_plugin.llama import model as model_module
 from pflash_plugin.engine.loader import EngineConfig, build_engine, load_model
 from pflash_plugin.llama import ModelParams
 
@@ -18,7 +18,7 @@ from pflash_plugin.llama import ModelParams
     (1, -1, 64, (64, 64, False)), (1, -1, 2048, (2048, 512, False)), (0, 0, 1024, (1024, 128, True)),
 ])
 def test_the_step_chunks_follow_the_layers(tiny_model, monkeypatch, gpus, layers, chunk, expected):
-    monkeypatch.setattr(loader, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(model_module, "gpu_count", lambda: gpus)  # Model.layers_on_gpu reads it
     config = EngineConfig(n_slots=1, max_ctx=256, prefill_chunk=chunk, n_threads=1, n_threads_batch=1,
                           model=ModelParams(n_gpu_layers=layers))
     model = load_model(tiny_model, config)

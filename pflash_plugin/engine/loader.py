@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..llama import Context, ContextConfig, Model, ModelParams
-from ..llama.devices import gpu_count
 from ..llama.media import Projector
 from .engine import Engine
 from .host_cache import HostCache
@@ -234,7 +233,7 @@ def build_engine(
     ctx = engine_context(model, config, layout)
     runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n,
                          backend_sampling=on_device)
-    chunks = step_chunks(config.prefill_chunk, on_gpu=gpu_count() > 0 and model.n_gpu_layers != 0)
+    chunks = step_chunks(config.prefill_chunk, on_gpu=model.layers_on_gpu)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
                              chunk_per_step=chunks.per_step,
@@ -290,7 +289,7 @@ def media_encoder(model: Model, config: EngineConfig) -> MediaEncoder | None:
     if config.mmproj is None:
         return None
     mmproj = config.mmproj
-    count = config.media_encoders or (MEDIA_ENCODERS_GPU if model.n_gpu_layers != 0 and gpu_count() > 0 else 1)
+    count = config.media_encoders or (MEDIA_ENCODERS_GPU if model.layers_on_gpu else 1)
     projectors: list[Projector] = []
     try:
         for _ in range(count):  # the context's n_ubatch, as Context sets it

@@ -194,6 +194,12 @@ class Model:
         return self.meta("general.architecture") or "unknown"
 
     @property
+    def layers_on_gpu(self) -> bool:
+        """Whether any layer is computed on a GPU (where CUDA loads kernels at first launch, and a
+        step's prefill costs the decoding rows little)."""
+        return gpu_count() > 0 and self.n_gpu_layers != 0
+
+    @property
     def output_on_gpu(self) -> bool:
         """Whether the output layer (so the logits) is computed on a GPU: llama_decode then returns
         before its outputs are there, and reading them waits for the device. Elsewhere the decode

@@ -55,8 +55,8 @@ class ServedModel:
         # not where it speculates: speculation's budget prices drafts against the plain steps it measured,
         # and a warm-up's steps (the draft model still cold) left a first request drafting nothing
         if settings.warmup and self.plan.engine.speculation is None:
-            on_gpu = gpu_count() > 0 and self.model.n_gpu_layers != 0
-            warm_engine(self, self.model, warmup_tokens(on_gpu, self.plan.engine.n_ubatch, self.max_ctx))
+            warm_engine(self, self.model, warmup_tokens(self.model.layers_on_gpu, self.plan.engine.n_ubatch,
+                                                         self.max_ctx))
         self.warmup_steps = self.engine.steps
         if settings.constraint_engine == "llguidance":
             # llguidance's tokenizer of the vocabulary (262K tokens: ~4.5 s), built before a schema waits for it
