@@ -22,6 +22,7 @@ THREADS = 16  # requests prepared at once; their work mostly holds the GIL, so m
 _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="pflash-request")
 
 
+@functools.cache  # once a process: its threads are never stopped (an app's second start, a test's, waits for none)
 def start() -> None:
     """Every thread of the pool started now: each waits at a barrier until all are up, so none is
     reused before the next one starts."""
