@@ -3,8 +3,10 @@ from the engine's next step. Parsing and preparing a prompt of 22K token ids is 
 C holding the GIL, wherever it runs; the engine thread, back from each GIL-free call of its step,
 waits its turn for the GIL meanwhile. Beside four such bodies mix8's short requests' step of 4 x 32
 tokens took 19-26 ms on an H100 where the weights take ~5 ms to read (docs/first_token_cpu.md); with
-this wait, 13.8 ms against 15.6 (e134a6b). A long prompt's own first token is seconds away: a wait
-of one step costs it little. Off by default (`--polite_prepare_ms 0`): the client's TTFT moved 1 ms."""
+this wait, 13.8 ms against 15.6 (e134a6b); with the request path's threads kept (wire/offload.py), 14.6-17.4
+ms against 22.6-35.0 and the client's TTFT 36.8-39.2 ms against 47.7-53.9 (855a6fd). A long prompt's own
+first token is seconds away: a wait of one step costs it little. Off by default (`--polite_prepare_ms 0`)
+until the online benchmark shows what it costs large requests under arrivals."""
 from __future__ import annotations
 
 import asyncio
