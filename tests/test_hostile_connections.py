@@ -8,18 +8,23 @@ import time
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
+from pflash_plugin.server.config import settings as settings_module
+from pflash_plugin.server.config.settings import ServerSettings
+from pflash_plugin.server.operations.connections import ConnectionLimits, guarded_protocol
 from pflash_plugin.testing.native_fuzz import COMPLETIONS, server_process
 
 PARTIAL_HEADERS = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 BODY = b'{"prompt": "hi", "max_tokens": 2}'
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def server(request, tiny_model, tmp_path_factory):
+    """The limits hold over either of uvicorn's parsers (`--http`; httptools is the default)."""
     log = tmp_path_factory.mktemp("connections") / "server.log"
     with server_process(tiny_model, log, "--header_timeout_s", "1", "--body_timeout_s", "1",
-                        "--max_connections", "20") as server:
+                        "--max_connections", "20", "--http", request.param) as server:
         yield server
 
 
@@ -102,3 +107,21 @@ def test_connections_over_max_connections_are_closed_at_once_and_logged_at_a_bou
     assert 1 <= log.count("closed a new connection") <= 2 and "Traceback" not in log, log[-2000:]
     # said at start, as a warning: a burst of clients meets so low a limit (--max_connections here)
     assert "WARNING uvicorn.error: at most 20 connections open at once (--max_connections)" in log
+
+
+@pytest.mark.parametrize("http, parser", [("h11", "H11Protocol"), ("httptools", "HttpToolsProtocol"),
+                                          ("auto", "HttpToolsProtocol")])
+def test_http_picks_uvicorns_parser_under_the_limits(http, parser):
+    limits = ConnectionLimits(1.0, 1.0, 20)
+    protocol = guarded_protocol(limits, http)
+    assert [cls.__name__ for cls in protocol.__mro__[1:3]] == ["_Guarded", parser]
+    assert protocol.LIMITS is limits
+
+
+@pytest.mark.parametrize("key", ["http", "loop"])
+def test_a_parser_or_loop_not_installed_is_a_settings_error(key, monkeypatch):
+    name = {"http": "httptools", "loop": "uvloop"}[key]
+    monkeypatch.setattr(settings_module, "find_spec", lambda module: None)
+    with pytest.raises(ValidationError, match=f"pip install {name}"):
+        ServerSettings(**{key: name})
+    assert getattr(ServerSettings(**{key: "auto"}), key) == "auto"

@@ -284,6 +284,7 @@ BESIDE = {  # --NAME_arm: a second ours-4 beside ours-4 (group seed and peer): i
     "gil": (8, ["--gil_switch_ms", "0.5"], [("full", "off"), ("pflash", "always")]),  # a 0.5 ms switch interval
     "polite": (9, ["--polite_prepare_ms", "100"], [("full", "off")]),  # preparation waiting for a first token
     "cold": (10, ["--warmup", "false"], [("full", "off")]),  # no start-up warm-up (the first burst pays it)
+    "classic": (11, ["--http", "h11", "--loop", "asyncio"], [("full", "off")]),  # uvicorn's pure-Python parser, asyncio
 }
 
 
@@ -350,6 +351,9 @@ def main() -> None:
     parser.add_argument("--cold_arm", action="store_true",
                         help="seed and peer: ours-4 with --warmup false beside ours-4 (arm full-cold; with "
                         "--llama_server_apart every rep is a fresh server's first burst)")
+    parser.add_argument("--classic_arm", action="store_true",
+                        help="seed and peer: ours-4 with --http h11 --loop asyncio beside ours-4 (arm full-classic: "
+                        "the server before httptools and uvloop)")
     parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")
     parser.add_argument("--llama_server_apart", action="store_true",
                         help="seed: llama-server in a phase of its own (should ours-4 and it not fit the GPU together)")

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         ssl_keyfile=server_settings.ssl_keyfile,
         ssl_certfile=server_settings.ssl_certfile,
         timeout_graceful_shutdown=SHUTDOWN_MARGIN_S,  # type: ignore[arg-type]
-        http=guarded_protocol(limits),
+        http=guarded_protocol(limits, server_settings.http),
+        loop=server_settings.loop,
     )
     hand_off_logging()  # after uvicorn's Config set its loggers up
     try:

@@ -5,6 +5,7 @@ Subclassing keeps every stock flag, environment variable and config-file key wor
 """
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import List, Literal, Optional
 
 from llama_cpp.server.settings import ModelSettings as StockModelSettings
@@ -303,6 +304,12 @@ class ServerSettings(StockServerSettings):
     max_connections: Optional[int] = Field(
         default=None, ge=1, description="Open connections at most; more are closed as soon as accepted. Default: "
         "the open-file limit less 128 (python -m pflash_plugin.server only).")
+    http: Literal["auto", "h11", "httptools"] = Field(
+        default="auto", description="uvicorn's HTTP/1.1 parser: httptools (C, where installed: auto) or h11 "
+        "(pure Python) (python -m pflash_plugin.server only).")
+    loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        default="auto", description="The event loop: uvloop (where installed: auto) or asyncio's own "
+        "(python -m pflash_plugin.server only).")
     tokenizer_threads: Optional[int] = Field(
         default=None, ge=1, description="Threads for the routes that only tokenize (count_tokens, /extras/tokenize, "
         "/extras/detokenize), apart from generation. Default: one per 8 CPU cores, at least one.")
@@ -320,6 +327,14 @@ class ServerSettings(StockServerSettings):
             if not route.startswith("/"):
                 raise ValueError(f"public route {route!r} must be a path starting with '/'")
         return routes
+
+    @field_validator("http", "loop")
+    @classmethod
+    def _installed(cls, name: str) -> str:
+        """httptools and uvloop are optional: naming one that is missing is a start error, not a traceback."""
+        if name in ("httptools", "uvloop") and find_spec(name) is None:
+            raise ValueError(f"{name} is not installed (pip install {name})")
+        return name
 
 
 class Settings(ServerSettings, ModelSettings):

@@ -12,13 +12,12 @@ refusals are logged at most once per LOG_EVERY_S seconds, with a count.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import resource
 import time
 from dataclasses import dataclass
 from typing import Any
-
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 log = logging.getLogger("uvicorn.error")
 
@@ -71,15 +70,21 @@ _refusals = _BoundedLog()
 _timeouts = _BoundedLog()
 
 
-class _Guarded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]  # h11 or httptools, as uvicorn picks
+class _Guarded(asyncio.Protocol):
+    """The limits, over uvicorn's h11 or httptools protocol (the class after this one in the MRO)."""
+
     LIMITS: ConnectionLimits
+    cycle: Any
+    connections: set[Any]
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._read_timer: asyncio.TimerHandle | None = None
         self._waiting_for: str | None = None  # "headers" or "body" while the timer runs
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's
         super().connection_made(transport)
         if len(self.connections) > self.LIMITS.max_connections:
             _refusals.warning(f"closed a new connection: {len(self.connections) - 1} are open "
@@ -97,7 +102,7 @@ class _Guarded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]  # h11 or ht
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]  # uvicorn's protocol, after this class
         self._stop_timer()  # idle now: uvicorn's keep-alive timeout takes over
 
     def _watch(self, data_arrived: bool = False) -> None:
@@ -129,6 +134,15 @@ class _Guarded(AutoHTTPProtocol):  # type: ignore[misc, valid-type]  # h11 or ht
         self.transport.close()
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
-    """uvicorn's `http` protocol class, with `limits`."""
-    return type("GuardedHTTPProtocol", (_Guarded,), {"LIMITS": limits})
+PROTOCOLS = {  # --http: uvicorn's protocol classes, as its own `--http` names them
+    "auto": "uvicorn.protocols.http.auto:AutoHTTPProtocol",  # httptools where installed, else h11
+    "h11": "uvicorn.protocols.http.h11_impl:H11Protocol",
+    "httptools": "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol",
+}
+
+
+def guarded_protocol(limits: ConnectionLimits, http: str = "auto") -> type[asyncio.Protocol]:
+    """uvicorn's `http` protocol class (`--http`), with `limits`."""
+    module, name = PROTOCOLS[http].split(":")
+    base = getattr(importlib.import_module(module), name)  # httptools' needs httptools installed: a start error
+    return type("GuardedHTTPProtocol", (_Guarded, base), {"LIMITS": limits})
