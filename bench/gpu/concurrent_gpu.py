@@ -282,7 +282,7 @@ def decode64(args: argparse.Namespace, record: Record) -> None:
 
 BESIDE = {  # --NAME_arm: a second ours-4 beside ours-4 (group seed and peer): its port offset, flags, arms
     "gil": (8, ["--gil_switch_ms", "0.5"], [("full", "off"), ("pflash", "always")]),  # a 0.5 ms switch interval
-    "polite": (9, ["--polite_prepare_ms", "100"], [("full", "off")]),  # preparation waiting for a first token
+    "eager": (9, ["--polite_prepare_ms", "0"], [("full", "off")]),  # preparation not waiting for a first token
     "cold": (10, ["--warmup", "false"], [("full", "off")]),  # no start-up warm-up (the first burst pays it)
     "classic": (11, ["--http", "h11", "--loop", "asyncio"], [("full", "off")]),  # uvicorn's pure-Python parser, asyncio
 }
@@ -343,9 +343,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--first_rep", type=int, default=0, help="the first rep's number: a later run's new prompts")
-    parser.add_argument("--polite_arm", action="store_true",
-                        help="a second ours-4 with --polite_prepare_ms 100 (full prefill): fits an H100 with "
-                        "--llama_server_apart and --slot_ctx 22560, as --gil_arm")
+    parser.add_argument("--eager_arm", action="store_true",
+                        help="a second ours-4 with --polite_prepare_ms 0 (full prefill; the default was 0 before "
+                        "session 69): fits an H100 with --llama_server_apart and --slot_ctx 22560, as --gil_arm")
     parser.add_argument("--gil_arm", action="store_true",
                         help="seed and peer: ours-4 with --gil_switch_ms 0.5 beside ours-4 (arms full-gil, pflash-gil)")
     parser.add_argument("--cold_arm", action="store_true",

@@ -65,9 +65,10 @@ def peers(args: argparse.Namespace) -> list[tuple[str, Server | UpstreamServer, 
 # more servers of ours, each with flags of its own, run only where --arms names them (and their -pflash-auto arms):
 # CUDA graphs off; the whole step for a prefill beside decoding answers (2,048: the GPU default before 512,
 # loader.step_chunks; its A/B as ours-c512 at d028491, docs/online.md); large requests' preparation held back
-# while a first token is a step away (--polite_prepare_ms, off by default: what it costs them under arrivals)
+# while a first token is a step away or not (--polite_prepare_ms, 100 by default since e20e45d's A/B: ours-eager is
+# the server before it; docs/online.md)
 EXTRA_OURS = {"ours-graphs-off": ("--cuda_graphs", "off"), "ours-whole-step": ("--prefill_chunk", "2048"),
-              "ours-polite": ("--polite_prepare_ms", "100")}
+              "ours-eager": ("--polite_prepare_ms", "0")}
 ON_REQUEST = tuple(label + tail for label in EXTRA_OURS for tail in ("", "-pflash-auto"))
 
 
