@@ -37,7 +37,7 @@ async def create_completion(http: Request, body: CompletionRequest, ctx: ServerC
     if inline(body, formats(served)):
         generation = prepare_completion(served, body)
     else:
-        await after_first_tokens(served.engine.activity, ctx.settings.polite_prepare_ms / 1000)
+        await after_first_tokens(served.engine.activity, ctx.polite_s())
         generation = await offload(prepare_completion, served, body)
     return await respond(http, ctx, generation, body.stream)
 
@@ -49,7 +49,7 @@ async def create_chat_completion(http: Request, body: ChatCompletionRequest,
     if inline(body, formats(served)):
         generation = prepare_chat(served, body)
     else:
-        await after_first_tokens(served.engine.activity, ctx.settings.polite_prepare_ms / 1000)
+        await after_first_tokens(served.engine.activity, ctx.polite_s())
         generation = await prepared(http, served.media_preparation, body, prepare_chat, served, body)
     return await respond(http, ctx, generation, body.stream)
 

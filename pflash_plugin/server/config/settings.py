@@ -271,11 +271,12 @@ class ServerSettings(StockServerSettings):
     )
     polite_prepare_ms: float = Field(
         default=100.0, ge=0.0, le=1000.0,
-        description="A large request's preparation (prompts prepared off the event loop) waits up to this long while "
-        "another request's first token comes from the engine's next step, so that its GIL-holding Python does not "
-        "slow that step (server/runtime/polite.py). 0: never waits. On an H100 (mix8, 855a6fd) the short requests' "
-        "step took 14.6-17.4 ms with 100 against 22.6-35.0, their TTFT 36.8-39.2 ms against 47.7-53.9; under "
-        "arrivals (online_gpu.py, e20e45d) goodput was the same within the reps' spread.",
+        description="A large request waits up to this long, twice: before its body is read, while a request with a "
+        "small body (up to 64 KB) is between its headers and its first token (server/operations/small_first.py); "
+        "before its preparation (prompts prepared off the event loop), while another request's first token comes "
+        "from the engine's next step (server/runtime/polite.py). Its parse and Python hold the GIL and would slow "
+        "both. 0: never waits. On an H100 (mix8, 20ec299) the second wait alone took the short requests' TTFT from "
+        "48.1 to 35.5 ms (llama-server 26.4); under arrivals it left goodput the same (online_gpu.py, e20e45d).",
     )
     usage_clock: bool = Field(
         default=False,

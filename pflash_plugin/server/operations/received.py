@@ -4,18 +4,25 @@ tokenized), the part of a client's TTFT that the engine's own `ttft_ms` leaves o
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .small_first import SmallFirst
 
 
 class ReceivedAt:
     """ASGI middleware, ahead of the body's reading: stamps `scope["state"]["received"]` (time.perf_counter)
     and, as its last part is read, `scope["state"]["body_read"]` (a media request's preparation
-    splits its time there: the upload, then the parse)."""
+    splits its time there: the upload, then the parse). A request with a large body then waits, up to
+    `bound_s()`, for the small ones' first tokens (small_first.py)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, small_first: SmallFirst | None = None,
+                 bound_s: Callable[[], float] = lambda: 0.0) -> None:
         self.app = app
+        self.small_first = small_first or SmallFirst()
+        self.bound_s = bound_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -30,7 +37,13 @@ class ReceivedAt:
                 state.setdefault("body_read", time.perf_counter())
             return message
 
-        await self.app(scope, marked, send)
+        large = scope["method"] == "POST" and self.small_first.enter(state, scope["headers"])
+        try:
+            if large:
+                await self.small_first.after_small(self.bound_s())
+            await self.app(scope, marked, send)
+        finally:
+            self.small_first.leave(state)
 
 
 def received(http: Request) -> float | None:

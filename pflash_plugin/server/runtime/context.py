@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 
@@ -13,6 +13,7 @@ from ...engine.request import Request as EngineRequest
 from ...engine.scheduler import AdmissionError
 from ..config.settings import ServerSettings
 from ..operations.metrics import Metrics
+from ..operations.small_first import SmallFirst
 from ..wire.errors import http_of
 from ..wire.protocol import RequestError
 from .models import ModelRegistry, ServedModel
@@ -25,6 +26,12 @@ class ServerContext:
     models: ModelRegistry
     metrics: Metrics
     tokenizer: TokenizerPool  # the routes that only tokenize
+    small_first: SmallFirst = field(default_factory=SmallFirst)  # small requests' bodies ahead of large ones'
+
+    def polite_s(self) -> float:
+        """How long a large request may wait at the front door, and again before its preparation
+        (--polite_prepare_ms)."""
+        return self.settings.polite_prepare_ms / 1000
 
     @classmethod
     def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:
