@@ -16,13 +16,15 @@ class ReceivedAt:
     """ASGI middleware, ahead of the body's reading: stamps `scope["state"]["received"]` (time.perf_counter)
     and, as its last part is read, `scope["state"]["body_read"]` (a media request's preparation
     splits its time there: the upload, then the parse). A request with a large body then waits, up to
-    `bound_s()`, for the small ones' first tokens (small_first.py)."""
+    `bound_s()`, for the small ones to reach their engines and for first tokens a step away
+    (`first_token_next`, small_first.py)."""
 
     def __init__(self, app: ASGIApp, small_first: SmallFirst | None = None,
-                 bound_s: Callable[[], float] = lambda: 0.0) -> None:
+                 bound_s: Callable[[], float] = lambda: 0.0,
+                 first_token_next: Callable[[], bool] = lambda: False) -> None:
         self.app = app
         self.small_first = small_first or SmallFirst()
-        self.bound_s = bound_s
+        self.bound_s, self.first_token_next = bound_s, first_token_next
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -40,7 +42,7 @@ class ReceivedAt:
         large = scope["method"] == "POST" and self.small_first.enter(state, scope["headers"])
         try:
             if large:
-                await self.small_first.after_small(self.bound_s())
+                await self.small_first.after_small(self.bound_s(), self.first_token_next)
             await self.app(scope, marked, send)
         finally:
             self.small_first.leave(state)

@@ -1,6 +1,6 @@
 """Small requests through the front door before large ones: a request whose body is large waits, a
 bounded time (`--polite_prepare_ms`), before its body is read, while a request with a small body is
-between its headers and its first token.
+between its headers and its engine, or while a request's first token comes from the engine's next step.
 
 One process reads, parses and prepares every request beside the engine thread, and a large body's
 work holds the GIL wherever it runs (json.loads, pydantic's validation, the token-id checks of 22K
@@ -8,21 +8,20 @@ ids: ~3 ms a body on 2 CPU cores). In mix8 on an H100 (4 bodies of 22K token ids
 requests, sent together; docs/first_token_cpu.md) the short requests' tiny bodies were read 4-7 ms
 after their headers and waited up to 18 ms for the engine thread to admit them, while the long bodies
 were parsed: the GIL, not the work, set their first token. A large request's own first token is
-seconds of prefill away: a wait of a step costs it little. The wait ends at the small requests'
-first tokens, not their submission: between the two the engine thread runs their step.
+seconds of prefill away: a wait of a step costs it little. A small request counts until the engine
+has it (admitted or queued: one queued for a slot is not worth a wait); from there the engine's own
+flag says whether its first token is a step away (runtime/polite.py waits on the same flag).
 
-b97d6c3 tried a wait that ended at the submission, before the request path's threads were kept
-(wire/offload.py): thread starts on the event loop then set the short requests' time, and it gained
-nothing measurable."""
+b97d6c3 tried the first half alone, before the request path's threads were kept (wire/offload.py):
+thread starts on the event loop then set the short requests' time, and it gained nothing measurable."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from typing import MutableMapping
+from typing import Callable, MutableMapping
 
 SMALL_BYTES = 64 * 1024  # a body up to this is parsed on the event loop in one piece (wire/errors.py)
 PENDING = "small_pending"  # the request's state key while it counts
-POLL_S = 0.001  # a first token is counted off on the engine thread: polled, as runtime/polite.py polls
+POLL_S = 0.001  # the engine's flag is published on its thread: polled, as runtime/polite.py polls
 
 
 def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
@@ -37,12 +36,11 @@ def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
 
 
 class SmallFirst:
-    """Counts the small requests without a first token yet; large ones wait for none to be left.
-    `enter` and `after_small` run on the event loop, `leave` on it or on an engine thread."""
+    """Counts the small requests not yet handed to an engine; large ones wait for none to be left
+    and no first token to be a step away. Used on the event loop's thread only."""
 
     def __init__(self) -> None:
         self.pending = 0
-        self._lock = threading.Lock()
 
     def enter(self, state: MutableMapping[str, object], headers: list[tuple[bytes, bytes]]) -> bool:
         """Count a request whose body is small (a Content-Length up to SMALL_BYTES); True where
@@ -53,22 +51,20 @@ class SmallFirst:
         if length > SMALL_BYTES:
             return True
         state[PENDING] = True
-        with self._lock:
-            self.pending += 1
+        self.pending += 1
         return False
 
     def leave(self, state: MutableMapping[str, object]) -> None:
-        """The request has its first token, or is answered: it counts no longer. Idempotent
-        (dict.pop is one step under the GIL: of two threads, one takes the mark)."""
+        """The request is with its engine (or answered): it counts no longer. Idempotent."""
         if state.pop(PENDING, False):
-            with self._lock:
-                self.pending -= 1
+            self.pending -= 1
 
-    async def after_small(self, bound_s: float) -> None:
-        """Return once no small request is pending, or after `bound_s` (0: at once)."""
+    async def after_small(self, bound_s: float, first_token_next: Callable[[], bool]) -> None:
+        """Return once no small request is pending and no first token is a step away
+        (`first_token_next`), or after `bound_s` (0: at once)."""
         if bound_s <= 0:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + bound_s
-        while self.pending and loop.time() < deadline:
+        while (self.pending or first_token_next()) and loop.time() < deadline:
             await asyncio.sleep(POLL_S)

@@ -92,23 +92,21 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
     mailbox = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue = asyncio.Queue()
     gen.clock = ctx.settings.usage_clock
-    state = http.scope.setdefault("state", {})
     for index, request in enumerate(gen.requests):
         request.timings.received, request.timings.body_read = received(http), body_read(http)
         def sink(event: Event, i: int = index) -> None:  # on the engine thread
             if isinstance(event, (FinishEvent, ErrorEvent)):  # counted whether or not the client still listens
                 _count(ctx, gen, event)
-                ctx.small_first.leave(state)
             if isinstance(event, FinishEvent) and event.reason == "cancelled" and i not in gen.done:
                 ctx.metrics.cut_at_shutdown.labels("engine").inc()  # the engine cut it: the HTTP side did not
             elif isinstance(event, TextEvent) and gen.requests[i].timings.first_released is None:
                 gen.requests[i].timings.first_released = time.perf_counter()  # usage's timings.release_ms
-                ctx.small_first.leave(state)  # its first token: a large body may be read now (small_first.py)
             mailbox.stage(events, (i, client_event(event)))
 
         request.sink, request.flush = sink, mailbox.wake
     try:
         await ctx.submit(gen.served, gen.requests, "messages" if gen.object == "chat.completion" else "prompt")
+        ctx.small_first.leave(http.scope.get("state", {}))  # with its engine: its flags say the rest (small_first.py)
     except RequestError:
         gen.done.update(range(len(gen.requests)))  # refused, all of them: nothing to cancel
         raise

@@ -28,6 +28,10 @@ class ServerContext:
     tokenizer: TokenizerPool  # the routes that only tokenize
     small_first: SmallFirst = field(default_factory=SmallFirst)  # small requests' bodies ahead of large ones'
 
+    def first_token_next(self) -> bool:
+        """Whether a request's first token comes from an engine's next step (a large body waits)."""
+        return any(served.engine.activity.first_token_next() for served in self.models.models.values())
+
     def polite_s(self) -> float:
         """How long a large request may wait at the front door, and again before its preparation
         (--polite_prepare_ms)."""
