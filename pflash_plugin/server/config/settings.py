@@ -272,7 +272,8 @@ class ServerSettings(StockServerSettings):
     polite_prepare_ms: float = Field(
         default=100.0, ge=0.0, le=1000.0,
         description="A large request waits up to this long, twice: before its body is read, while a request with a "
-        "small body (up to 64 KB) is between its headers and its first token (server/operations/small_first.py); "
+        "small body (up to 64 KB) is between its headers and its engine, or a first token is a step away "
+        "(server/operations/small_first.py); "
         "before its preparation (prompts prepared off the event loop), while another request's first token comes "
         "from the engine's next step (server/runtime/polite.py). Its parse and Python hold the GIL and would slow "
         "both. 0: never waits. On an H100 (mix8, 20ec299) the second wait alone took the short requests' TTFT from "
