@@ -60,8 +60,8 @@ def test_over_http_a_large_body_waits_for_a_small_request_ahead_of_its_engine_an
     small = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
     large = {"prompt": "hi", "max_tokens": 1, "user": "x" * 100_000}  # over 64 KB, prepared on the loop (no 2nd wait)
     with tiny_server.client() as client:
-        def took(bound_ms: float, release_after_s: float | None, withheld: bool = True) -> float:
-            ctx.settings.polite_prepare_ms = bound_ms
+        def took(bound_ms: float, release_after_s: float | None, withheld: bool = True, door: bool = True) -> float:
+            ctx.settings.polite_prepare_ms, ctx.settings.polite_door = bound_ms, door
             sock = _withheld(tiny_server.port, small) if withheld else None
             try:
                 time.sleep(0.2)  # its headers read: it counts
@@ -79,12 +79,13 @@ def test_over_http_a_large_body_waits_for_a_small_request_ahead_of_its_engine_an
             held = took(1000.0, None)  # the small one never sends its body: the bound
             released = took(3000.0, 0.3)  # it does, 0.3 s on: the large one goes once its engine has it
             off = took(0.0, None)
+            closed = took(1000.0, None, door=False)  # --polite_door false (the default): no wait at the door
             activity.first_token_next = lambda: True  # as if a first token were always a step away
             flagged = took(600.0, None, withheld=False)
         finally:
             del activity.first_token_next
-            ctx.settings.polite_prepare_ms = 100.0
-    assert held >= 1.0 and 0.3 <= released < 2.5 and off < 0.8 and flagged >= 0.6
+            ctx.settings.polite_prepare_ms, ctx.settings.polite_door = 100.0, False
+    assert held >= 1.0 and 0.3 <= released < 2.5 and off < 0.8 and closed < 0.8 and flagged >= 0.6
 
 
 def test_a_small_request_counts_until_its_engine_has_it_even_queued_for_a_slot(tiny_model):

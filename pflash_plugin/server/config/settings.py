@@ -271,13 +271,17 @@ class ServerSettings(StockServerSettings):
     )
     polite_prepare_ms: float = Field(
         default=100.0, ge=0.0, le=1000.0,
-        description="A large request waits up to this long, twice: before its body is read, while a request with a "
-        "small body (up to 64 KB) is between its headers and its engine, or a first token is a step away "
-        "(server/operations/small_first.py); "
-        "before its preparation (prompts prepared off the event loop), while another request's first token comes "
-        "from the engine's next step (server/runtime/polite.py). Its parse and Python hold the GIL and would slow "
-        "both. 0: never waits. On an H100 (mix8, 20ec299) the second wait alone took the short requests' TTFT from "
-        "48.1 to 35.5 ms (llama-server 26.4); under arrivals it left goodput the same (online_gpu.py, e20e45d).",
+        description="A large request's preparation (prompts prepared off the event loop) waits up to this long while "
+        "another request's first token comes from the engine's next step, so that its GIL-holding Python does not "
+        "slow that step (server/runtime/polite.py). 0: never waits. On an H100 (mix8, 20ec299) the short requests' "
+        "TTFT 35.5 ms with 100 against 48.1 with 0 (llama-server 26.4); under arrivals goodput was the same within "
+        "the reps' spread (online_gpu.py, e20e45d).",
+    )
+    polite_door: bool = Field(
+        default=False,
+        description="A request with a body over 64 KB also waits, up to --polite_prepare_ms, before its body is "
+        "read: while a request with a small body is between its headers and its engine, or a first token is a step "
+        "away (server/operations/small_first.py). Off until measured on a GPU (bench/gpu/queues/next.txt).",
     )
     usage_clock: bool = Field(
         default=False,

@@ -1,6 +1,7 @@
-"""Small requests through the front door before large ones: a request whose body is large waits, a
-bounded time (`--polite_prepare_ms`), before its body is read, while a request with a small body is
-between its headers and its engine, or while a request's first token comes from the engine's next step.
+"""Small requests through the front door before large ones (`--polite_door`, off by default until
+measured on a GPU): a request whose body is large waits, a bounded time (`--polite_prepare_ms`), before
+its body is read, while a request with a small body is between its headers and its engine, or while a
+request's first token comes from the engine's next step.
 
 One process reads, parses and prepares every request beside the engine thread, and a large body's
 work holds the GIL wherever it runs (json.loads, pydantic's validation, the token-id checks of 22K

@@ -33,9 +33,12 @@ class ServerContext:
         return any(served.engine.activity.first_token_next() for served in self.models.models.values())
 
     def polite_s(self) -> float:
-        """How long a large request may wait at the front door, and again before its preparation
-        (--polite_prepare_ms)."""
+        """How long a large request's preparation may wait (--polite_prepare_ms)."""
         return self.settings.polite_prepare_ms / 1000
+
+    def door_s(self) -> float:
+        """How long a large body may wait before it is read (--polite_door; 0 where off)."""
+        return self.polite_s() if self.settings.polite_door else 0.0
 
     @classmethod
     def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:
