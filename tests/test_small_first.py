@@ -15,7 +15,7 @@ from pflash_plugin.server.operations.small_first import SmallFirst
 
 from conftest import live_server
 
-SMALL = [(b"content-length", b"120")]
+SMALL = 120  # a Content-Length
 
 
 def test_a_large_body_waits_until_the_small_ones_have_left_and_no_longer_than_its_bound():
@@ -23,8 +23,8 @@ def test_a_large_body_waits_until_the_small_ones_have_left_and_no_longer_than_it
         gate, idle = SmallFirst(), lambda: False
         small: dict[str, object] = {}
         assert not gate.enter(small, SMALL)  # counted, and not one that waits
-        assert gate.enter({}, [(b"Content-Length", b"200000")])  # a large one: waits
-        assert not gate.enter({}, [])  # a chunked body: neither
+        assert gate.enter({}, 200_000)  # a large one: waits
+        assert not gate.enter({}, None)  # a chunked body: neither
         assert gate.pending == 1
         asyncio.get_running_loop().call_later(0.3, gate.leave, small)
         start = time.perf_counter()

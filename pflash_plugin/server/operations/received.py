@@ -9,6 +9,7 @@ from typing import Callable
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .security import declared_length
 from .small_first import SmallFirst
 
 
@@ -19,11 +20,9 @@ class ReceivedAt:
     `bound_s()`, for the small ones to reach their engines and for first tokens a step away
     (`first_token_next`, small_first.py)."""
 
-    def __init__(self, app: ASGIApp, small_first: SmallFirst | None = None,
-                 bound_s: Callable[[], float] = lambda: 0.0,
-                 first_token_next: Callable[[], bool] = lambda: False) -> None:
-        self.app = app
-        self.small_first = small_first or SmallFirst()
+    def __init__(self, app: ASGIApp, small_first: SmallFirst, bound_s: Callable[[], float],
+                 first_token_next: Callable[[], bool]) -> None:
+        self.app, self.small_first = app, small_first
         self.bound_s, self.first_token_next = bound_s, first_token_next
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -39,7 +38,7 @@ class ReceivedAt:
                 state.setdefault("body_read", time.perf_counter())
             return message
 
-        large = scope["method"] == "POST" and self.small_first.enter(state, scope["headers"])
+        large = scope["method"] == "POST" and self.small_first.enter(state, declared_length(scope))
         try:
             if large:
                 await self.small_first.after_small(self.bound_s(), self.first_token_next)

@@ -20,20 +20,21 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, MutableMapping
 
-SMALL_BYTES = 64 * 1024  # a body up to this is parsed on the event loop in one piece (wire/errors.py)
+from ..wire.errors import LOOP_PARSE_BYTES
+
 PENDING = "small_pending"  # the request's state key while it counts
-POLL_S = 0.001  # the engine's flag is published on its thread: polled, as runtime/polite.py polls
+POLL_S = 0.001  # the engine's flag is published on its thread: polled
 
 
-def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The request's Content-Length, None where it has none (a chunked body) or a bad one."""
-    for name, value in headers:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+async def wait_while(busy: Callable[[], bool], bound_s: float) -> None:
+    """Return once `busy()` is false, or after `bound_s` (0: at once): the polite waits' one loop
+    (this door's, runtime/polite.py's)."""
+    if bound_s <= 0:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while busy() and loop.time() < deadline:
+        await asyncio.sleep(POLL_S)
 
 
 class SmallFirst:
@@ -43,13 +44,12 @@ class SmallFirst:
     def __init__(self) -> None:
         self.pending = 0
 
-    def enter(self, state: MutableMapping[str, object], headers: list[tuple[bytes, bytes]]) -> bool:
-        """Count a request whose body is small (a Content-Length up to SMALL_BYTES); True where
-        it is large (a Content-Length over that), the kind that waits."""
-        length = content_length(headers)
+    def enter(self, state: MutableMapping[str, object], length: int | None) -> bool:
+        """Count a request whose body is small (a Content-Length up to LOOP_PARSE_BYTES: parsed on
+        the event loop); True where it is large (a Content-Length over that), the kind that waits."""
         if length is None:
             return False
-        if length > SMALL_BYTES:
+        if length > LOOP_PARSE_BYTES:
             return True
         state[PENDING] = True
         self.pending += 1
@@ -63,9 +63,4 @@ class SmallFirst:
     async def after_small(self, bound_s: float, first_token_next: Callable[[], bool]) -> None:
         """Return once no small request is pending and no first token is a step away
         (`first_token_next`), or after `bound_s` (0: at once)."""
-        if bound_s <= 0:
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + bound_s
-        while (self.pending or first_token_next()) and loop.time() < deadline:
-            await asyncio.sleep(POLL_S)
+        await wait_while(lambda: bool(self.pending) or first_token_next(), bound_s)
