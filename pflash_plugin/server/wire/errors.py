@@ -9,6 +9,7 @@ import json
 import re
 from typing import Any, Callable, Coroutine, Iterator, NamedTuple, Sequence
 
+import orjson
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -198,11 +199,23 @@ class BodyRefused(Exception):
         self.message, self.param = message, param
 
 
+def loads(raw: bytes) -> Any:
+    """The body's JSON as json.loads reads it, through orjson where orjson can: 0.57 ms against 1.63
+    for a prompt of 22K token ids on 2 CPU cores, time the parse holds the GIL from the engine thread
+    (issue 48). orjson refuses some of what json.loads takes (NaN, 1e400, lone surrogates, UTF-16,
+    over 1024 levels); those are read by json.loads, so its value and its error are the answer. An
+    integer past 64 bits is read as a float (every integer field here is far below: a 400 either way)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 def checked_json(raw: bytes) -> Any:
     """The body's JSON once it passes the checks (BodyRefused if not; ValueError where it is not
     JSON): one piece of CPU work, run on the event loop or a worker thread as a whole."""
     try:
-        body = json.loads(raw)
+        body = loads(raw)
     except RecursionError:  # Python's parser ran out of stack: deeper still
         raise BodyRefused(f"the body nests JSON over {MAX_JSON_DEPTH} levels deep") from None
     # the walks only where the raw bytes allow a find: a prompt of 22K token ids cost 8 ms of the
