@@ -15,26 +15,27 @@ import pytest
 from pflash_plugin.server.preparation.format_cache import MAX_CHARS, MAX_NODES, FormatCache, format_key, formats
 from pflash_plugin.server.preparation.inline import INLINE_CHARS, INLINE_IDS
 from pflash_plugin.server.preparation.inline import inline as on_loop
+from pflash_plugin.server.wire import errors
 from pflash_plugin.server.wire.errors import LOOP_PARSE_BYTES
 from pflash_plugin.server.wire.offload import THREADS
 from pflash_plugin.server.wire.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 
 
 class HeldParse:
-    """json.loads held at a gate for bodies over LOOP_PARSE_BYTES (as FastAPI and the body checks
-    call it): the long bodies' parse, wherever it runs, waits there until `release`."""
+    """The body checks' parse (wire/errors.loads) held at a gate for bodies over LOOP_PARSE_BYTES:
+    the long bodies' parse, wherever it runs, waits there until `release`."""
 
     def __init__(self, monkeypatch) -> None:
         self.gate, self.entered = threading.Event(), threading.Semaphore(0)
-        loads = json.loads
+        loads = errors.loads
 
-        def held(text, *args, **kwargs):
-            if len(text) > LOOP_PARSE_BYTES:
+        def held(raw: bytes):
+            if len(raw) > LOOP_PARSE_BYTES:
                 self.entered.release()
                 self.gate.wait(60)
-            return loads(text, *args, **kwargs)
+            return loads(raw)
 
-        monkeypatch.setattr(json, "loads", held)
+        monkeypatch.setattr(errors, "loads", held)
 
     def send(self, pool: ThreadPoolExecutor, url: str, n: int) -> list:
         """`n` long bodies sent at once; returns once each is held in its parse."""
