@@ -35,7 +35,7 @@ def test_a_large_request_waits_over_http_and_a_short_one_does_not(tiny_server):
     ctx = tiny_server.app.state.pflash
     activity = ctx.models.get(None).engine.activity
     activity.first_token_next = lambda: True  # as if another request's first token were always a step away
-    ctx.settings.polite_prepare_ms = 600.0  # the shared server's setting, put back below
+    before, ctx.settings.polite_prepare_ms = ctx.settings.polite_prepare_ms, 600.0  # the shared server's: put back
     try:
         with tiny_server.client() as client:
             def took(body: dict) -> float:
@@ -49,5 +49,5 @@ def test_a_large_request_waits_over_http_and_a_short_one_does_not(tiny_server):
             off = took({"prompt": list(range(5, 305)), "n": 2})
     finally:
         del activity.first_token_next
-        ctx.settings.polite_prepare_ms = 0.0
+        ctx.settings.polite_prepare_ms = before
     assert short < 0.5 and large >= 0.6 and off < 0.5

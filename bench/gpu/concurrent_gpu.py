@@ -284,7 +284,6 @@ BESIDE = {  # --NAME_arm: a second ours-4 beside ours-4 (group seed and peer): i
     "gil": (8, ["--gil_switch_ms", "0.5"], [("full", "off"), ("pflash", "always")]),  # a 0.5 ms switch interval
     "eager": (9, ["--polite_prepare_ms", "0"], [("full", "off")]),  # preparation not waiting for a first token
     "cold": (10, ["--warmup", "false"], [("full", "off")]),  # no start-up warm-up (the first burst pays it)
-    "door": (12, ["--polite_door", "true"], [("full", "off")]),  # large bodies wait at the door too (small_first.py)
     "classic": (11, ["--http", "h11", "--loop", "asyncio"], [("full", "off")]),  # uvicorn's pure-Python parser, asyncio
 }
 
@@ -352,8 +351,6 @@ def main() -> None:
     parser.add_argument("--cold_arm", action="store_true",
                         help="seed and peer: ours-4 with --warmup false beside ours-4 (arm full-cold; with "
                         "--llama_server_apart every rep is a fresh server's first burst)")
-    parser.add_argument("--door_arm", action="store_true",
-                        help="seed and peer: ours-4 with --polite_door true beside ours-4 (arm full-door)")
     parser.add_argument("--classic_arm", action="store_true",
                         help="seed and peer: ours-4 with --http h11 --loop asyncio beside ours-4 (arm full-classic: "
                         "the server before httptools and uvloop)")

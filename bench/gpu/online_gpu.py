@@ -68,7 +68,7 @@ def peers(args: argparse.Namespace) -> list[tuple[str, Server | UpstreamServer, 
 # while a first token is a step away or not (--polite_prepare_ms, 100 by default since e20e45d's A/B: ours-eager is
 # the server before it; docs/online.md)
 EXTRA_OURS = {"ours-graphs-off": ("--cuda_graphs", "off"), "ours-whole-step": ("--prefill_chunk", "2048"),
-              "ours-eager": ("--polite_prepare_ms", "0"), "ours-door": ("--polite_door", "true")}
+              "ours-eager": ("--polite_prepare_ms", "0")}
 ON_REQUEST = tuple(label + tail for label in EXTRA_OURS for tail in ("", "-pflash-auto"))
 
 

@@ -67,9 +67,7 @@ def create_app(
                            allow_credentials="*" not in server_settings.cors_origins, allow_headers=["*"])
     app.add_exception_handler(StarletteHTTPException, http_error)  # 404, 405: OpenAI's error shape
     install_security(app, server_settings)
-    # usage's timings.prepare_ms counts from its mark (nothing ahead of it waits); large bodies after small ones
-    app.add_middleware(ReceivedAt, small_first=context.small_first, bound_s=context.door_s,
-                       first_token_next=context.first_token_next)
+    app.add_middleware(ReceivedAt)  # usage's timings.prepare_ms counts from its mark (nothing ahead of it waits)
     app.add_middleware(ShutdownCut, metrics=context.metrics)  # outermost: a request cut at shutdown gets a 503
     attach(app, context)
     for api in (*ROUTERS, *extra_routers):

@@ -277,12 +277,6 @@ class ServerSettings(StockServerSettings):
         "TTFT 35.5 ms with 100 against 48.1 with 0 (llama-server 26.4); under arrivals goodput was the same within "
         "the reps' spread (online_gpu.py, e20e45d).",
     )
-    polite_door: bool = Field(
-        default=False,
-        description="A request with a body over 64 KB also waits, up to --polite_prepare_ms, before its body is "
-        "read: while a request with a small body is between its headers and its engine, or a first token is a step "
-        "away (server/operations/small_first.py). Off until measured on a GPU (bench/gpu/queues/next.txt).",
-    )
     usage_clock: bool = Field(
         default=False,
         description="usage.timings.clock: each request's marks (headers in, body read, engine arrival, admitted, "

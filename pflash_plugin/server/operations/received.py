@@ -4,26 +4,18 @@ tokenized), the part of a client's TTFT that the engine's own `ttft_ms` leaves o
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from .security import declared_length
-from .small_first import SmallFirst
 
 
 class ReceivedAt:
     """ASGI middleware, ahead of the body's reading: stamps `scope["state"]["received"]` (time.perf_counter)
     and, as its last part is read, `scope["state"]["body_read"]` (a media request's preparation
-    splits its time there: the upload, then the parse). A request with a large body then waits, up to
-    `bound_s()`, for the small ones to reach their engines and for first tokens a step away
-    (`first_token_next`, small_first.py)."""
+    splits its time there: the upload, then the parse)."""
 
-    def __init__(self, app: ASGIApp, small_first: SmallFirst, bound_s: Callable[[], float],
-                 first_token_next: Callable[[], bool]) -> None:
-        self.app, self.small_first = app, small_first
-        self.bound_s, self.first_token_next = bound_s, first_token_next
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,13 +30,7 @@ class ReceivedAt:
                 state.setdefault("body_read", time.perf_counter())
             return message
 
-        large = scope["method"] == "POST" and self.small_first.enter(state, declared_length(scope))
-        try:
-            if large:
-                await self.small_first.after_small(self.bound_s(), self.first_token_next)
-            await self.app(scope, marked, send)
-        finally:
-            self.small_first.leave(state)
+        await self.app(scope, marked, send)
 
 
 def received(http: Request) -> float | None:

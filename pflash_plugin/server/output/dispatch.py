@@ -106,7 +106,6 @@ async def respond(http: Request, ctx: ServerContext, gen: Generation, stream: bo
         request.sink, request.flush = sink, mailbox.wake
     try:
         await ctx.submit(gen.served, gen.requests, "messages" if gen.object == "chat.completion" else "prompt")
-        ctx.small_first.leave(http.scope.get("state", {}))  # with its engine: its flags say the rest (small_first.py)
     except RequestError:
         gen.done.update(range(len(gen.requests)))  # refused, all of them: nothing to cancel
         raise

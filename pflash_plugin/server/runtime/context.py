@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 
@@ -13,7 +13,6 @@ from ...engine.request import Request as EngineRequest
 from ...engine.scheduler import AdmissionError
 from ..config.settings import ServerSettings
 from ..operations.metrics import Metrics
-from ..operations.small_first import SmallFirst
 from ..wire.errors import http_of
 from ..wire.protocol import RequestError
 from .models import ModelRegistry, ServedModel
@@ -26,19 +25,10 @@ class ServerContext:
     models: ModelRegistry
     metrics: Metrics
     tokenizer: TokenizerPool  # the routes that only tokenize
-    small_first: SmallFirst = field(default_factory=SmallFirst)  # small requests' bodies ahead of large ones'
-
-    def first_token_next(self) -> bool:
-        """Whether a request's first token comes from an engine's next step (a large body waits)."""
-        return any(served.engine.activity.first_token_next() for served in self.models.models.values())
 
     def polite_s(self) -> float:
         """How long a large request's preparation may wait (--polite_prepare_ms)."""
         return self.settings.polite_prepare_ms / 1000
-
-    def door_s(self) -> float:
-        """How long a large body may wait before it is read (--polite_door; 0 where off)."""
-        return self.polite_s() if self.settings.polite_door else 0.0
 
     @classmethod
     def build(cls, settings: ServerSettings, models: ModelRegistry) -> ServerContext:

@@ -9,11 +9,19 @@ first token is seconds away: a wait of one step costs it little, and under arriv
 e20e45d, 2 and 4 req/s) goodput was the same with it as without. 100 ms by default; 0 never waits."""
 from __future__ import annotations
 
+import asyncio
+
 from ...engine.seams import Activity
-from ..operations.small_first import wait_while
+
+POLL_S = 0.001
 
 
 async def after_first_tokens(activity: Activity, bound_s: float) -> None:
     """Return once no request's first token is a step away (Activity.first_token_next), or after
     `bound_s` (0: at once)."""
-    await wait_while(activity.first_token_next, bound_s)
+    if bound_s <= 0:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while activity.first_token_next() and loop.time() < deadline:
+        await asyncio.sleep(POLL_S)
