@@ -28,6 +28,7 @@ from ..api.slots_api import router as slots_router
 from ..config.settings import ModelSettings, ServerSettings
 from ..operations.gc_heap import frozen_heap
 from ..operations.received import ReceivedAt
+from ..operations.root_path import RootPath
 from ..operations.security import install_security
 from ..operations.shutdown_cut import ShutdownCut
 from ..runtime.context import ServerContext, attach
@@ -60,15 +61,16 @@ def create_app(
             yield
         context.close()
 
-    app = FastAPI(title="pflash-plugin: concurrent llama.cpp server", lifespan=lifespan,
-                  root_path=server_settings.root_path)
+    app = FastAPI(title="pflash-plugin: concurrent llama.cpp server", lifespan=lifespan)
     if server_settings.cors_origins:  # stock echoes any origin with credentials allowed: here only listed ones get them
         app.add_middleware(CORSMiddleware, allow_origins=server_settings.cors_origins, allow_methods=["*"],
                            allow_credentials="*" not in server_settings.cors_origins, allow_headers=["*"])
     app.add_exception_handler(StarletteHTTPException, http_error)  # 404, 405: OpenAI's error shape
     install_security(app, server_settings)
     app.add_middleware(ReceivedAt)  # usage's timings.prepare_ms counts from its mark (nothing ahead of it waits)
-    app.add_middleware(ShutdownCut, metrics=context.metrics)  # outermost: a request cut at shutdown gets a 503
+    app.add_middleware(ShutdownCut, metrics=context.metrics)  # a request cut at shutdown gets a 503
+    if server_settings.root_path:  # outermost, as FastAPI's own root_path was: everything after sees it
+        app.add_middleware(RootPath, root_path=server_settings.root_path)
     attach(app, context)
     for api in (*ROUTERS, *extra_routers):
         app.include_router(api)
