@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from pflash_plugin.engine.batch_sampling import sample_row, top_k_candidates
+from pflash_plugin.engine.batch_sampling import RowParams, sample_row, top_k_candidates
 from pflash_plugin.llama import Model, SamplerChain, SamplerParams
 
 DRAWS = 40_000
@@ -71,3 +72,13 @@ def test_top_k_of_a_masked_row_is_its_allowed_tokens_alone():
     row = np.full(50_000, -np.inf, dtype=np.float32)
     row[[7, 40_000, 123]] = [0.5, 2.0, -1.0]
     assert top_k_candidates(row, 40, 2.0).tolist() == [40_000, 7, 123]
+
+
+def test_a_parameter_past_float32_is_inf_without_a_warning():
+    """The APIs bound neither temperature nor repeat_penalty above (stock's fields): 1e300 is inf in
+    float32, as llama.cpp's C float takes it; the cast warned on every step of such a request."""
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = RowParams.of([(0, SamplerParams(temperature=1e300, repeat_penalty=1e300), [3], rng)])
+    assert math.isinf(rows.temperature[0]) and math.isinf(rows.repeat[0])

@@ -44,7 +44,8 @@ class RowParams:
     def of(cls, entries: list[tuple[int, SamplerParams, list[int], np.random.Generator]]) -> RowParams:
         """From (logits row, parameters, generated tokens, generator) per row."""
         def column(name: str, dtype: type) -> np.ndarray:
-            return np.asarray([getattr(p, name) for _, p, _, _ in entries], dtype=dtype)
+            with np.errstate(over="ignore"):  # past float32 (a temperature of 1e300): inf, as llama.cpp's C float
+                return np.asarray([getattr(p, name) for _, p, _, _ in entries], dtype=dtype)
 
         windows = [np.asarray(generated[-p.penalty_last_n:] if p.penalty_last_n > 0 and penalizes(p) else [],
                               dtype=np.int64) for _, p, generated, _ in entries]
