@@ -129,3 +129,13 @@ def test_a_sweep_cut_by_its_budget_goes_on_with_only_the_runs_it_lacks(tmp_path,
     sweep.run(lambda message: None)
     assert ran == [("ours", 0.5, 1), ("peer", 1.0, 1), ("ours", 1.0, 1)]
     assert len(sweep.rows) == 8 and sweep.complete
+
+
+def test_the_committed_page_is_what_the_report_writes(tmp_path, monkeypatch):
+    """docs/online.md is `python bench/online.py --report`'s from docs/data: a section written by hand
+    beside it (session 69's) was lost at the next regeneration; its data file now carries its title and
+    notes (online_change_*.json) as every change's does."""
+    (tmp_path / "data").symlink_to(REPO / "docs" / "data")
+    monkeypatch.setattr(online_report, "DOCS", tmp_path)
+    monkeypatch.setattr(online_report, "plot", lambda *args: None)  # the PNGs: compared by eye, not here
+    assert online_report.write_page().read_text() == (REPO / "docs" / "online.md").read_text()
