@@ -112,8 +112,8 @@ def test_loads_reads_what_json_loads_reads(raw):
 
 
 def test_an_integer_past_64_bits_is_read_as_a_float():
-    """orjson's one difference that parses: every integer field of the APIs is far below 2**64 (a 400
-    either way), and llguidance reads a schema's numbers as 64-bit too."""
+    """orjson's one difference that parses: a seed past 2**64 is rounded (ids and counts that large are a
+    400 either way), and llguidance reads a schema's numbers as 64-bit too."""
     assert loads(b"[123456789012345678901234567890, 18446744073709551615]") == [1.2345678901234568e+29,
                                                                                 18446744073709551615]
 

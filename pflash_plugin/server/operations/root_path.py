@@ -1,5 +1,5 @@
-"""`--root_path` as stock's `FastAPI(root_path=...)` applies it, without that parameter (deprecated
-since FastAPI 0.12x: its removal would stop the server at start). FastAPI's own `__call__` sets the
+"""`--root_path` as stock's `FastAPI(root_path=...)` applies it, without that parameter (FastAPI
+0.165 warns that it is deprecated: its removal would stop the server at start). FastAPI's own `__call__` sets the
 scope's root_path before anything else runs: this middleware, outermost, does the same, so a route
 answers at `/api/v1/models` (a proxy that keeps the prefix) and at `/v1/models` (one that strips it),
 and the OpenAPI page lists the prefix as its server, as stock's do."""
