@@ -244,3 +244,13 @@ def test_a_draft_past_its_bound_no_longer_steps_aside(deep_model, monkeypatch):
     assert now[0] - fresh.started == pytest.approx(2.0, abs=0.01)  # stepped aside up to the bound, no longer
     assert chunks == [1024, 1200]  # then as if alone
     np.testing.assert_allclose(got.mass, expected.mass, rtol=1e-4, atol=1e-9)
+
+
+def test_pieces_read_as_piece_reads_them_and_media_ids_are_empty(deep_model):
+    """Model.pieces, the PFlash plan's reading of a prompt (one dict lookup a token where all are
+    cached), gives what `piece` gives, before and after the tokens are cached; a media pseudo-id
+    (negative) reads as no text."""
+    tokens = [5, 900, 17, 5, 1200]
+    fresh = deep_model.pieces(tokens)  # some not cached yet: the one-by-one path
+    assert fresh == [deep_model.piece(t) for t in tokens] == deep_model.pieces(tokens)
+    assert deep_model.pieces([-3, 17]) == [b"", deep_model.piece(17)]

@@ -16,6 +16,9 @@ class WordModel:
     def piece(self, token: int) -> bytes:
         return f" w{token}".encode()
 
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        return [self.piece(t) if t >= 0 else b"" for t in tokens]
+
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return list(range(len(text.split())))
 
