@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import math
 import time
 
 import pytest
@@ -107,8 +106,7 @@ def test_loads_reads_what_json_loads_reads(raw):
             loads(raw)
         return
     got = loads(raw)
-    assert repr(got) == repr(expected) or (isinstance(got, list) and all(map(math.isnan, got[:1])))
-    assert json.dumps(got) == json.dumps(expected)
+    assert repr(got) == repr(expected)  # NaN too: the repr compares what == cannot
 
 
 def test_an_integer_past_64_bits_is_read_as_a_float():

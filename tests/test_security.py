@@ -1,6 +1,7 @@
 """API key on every private route, public routes by setting, and the request-body limit (real server)."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Iterator
 
@@ -158,17 +159,14 @@ def test_public_routes_match_behind_a_root_path(tiny_model):
     Set as stock's FastAPI(root_path=...) set it, without that deprecated parameter (operations/root_path.py):
     the prefixed and the bare path both answer, and the OpenAPI page names the prefix."""
     model = {"model": str(tiny_model), "n_ctx": 128, "max_concurrency": 1, "n_threads": 1, "n_threads_batch": 1}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*root_path")  # FastAPI's deprecation of its parameter
-        serving = live_server([model], api_key=KEY, root_path="/api")
-        server = serving.__enter__()
-    try:
-        with server.client() as client:
-            assert client.get("/api/health").status_code == 200
-            assert client.get("/health").status_code == 200  # a proxy that strips the prefix
-            assert_401(client.get("/api/status"))
-            authorized = {"Authorization": f"Bearer {KEY}"}
-            assert client.get("/api/status", headers=authorized).status_code == 200
-            assert client.get("/api/openapi.json", headers=authorized).json()["servers"] == [{"url": "/api"}]
-    finally:
-        serving.__exit__(None, None, None)
+    with contextlib.ExitStack() as stack:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*root_path")  # FastAPI's deprecation of its parameter
+            server = stack.enter_context(live_server([model], api_key=KEY, root_path="/api"))
+        client = stack.enter_context(server.client())
+        assert client.get("/api/health").status_code == 200
+        assert client.get("/health").status_code == 200  # a proxy that strips the prefix
+        assert_401(client.get("/api/status"))
+        authorized = {"Authorization": f"Bearer {KEY}"}
+        assert client.get("/api/status", headers=authorized).status_code == 200
+        assert client.get("/api/openapi.json", headers=authorized).json()["servers"] == [{"url": "/api"}]
