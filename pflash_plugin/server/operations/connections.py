@@ -12,12 +12,14 @@ refusals are logged at most once per LOG_EVERY_S seconds, with a count.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import resource
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 
 log = logging.getLogger("uvicorn.error")
 
@@ -134,15 +136,7 @@ class _Guarded(asyncio.Protocol):
         self.transport.close()
 
 
-PROTOCOLS = {  # --http: uvicorn's protocol classes, as its own `--http` names them
-    "auto": "uvicorn.protocols.http.auto:AutoHTTPProtocol",  # httptools where installed, else h11
-    "h11": "uvicorn.protocols.http.h11_impl:H11Protocol",
-    "httptools": "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol",
-}
-
-
 def guarded_protocol(limits: ConnectionLimits, http: str = "auto") -> type[asyncio.Protocol]:
-    """uvicorn's `http` protocol class (`--http`), with `limits`."""
-    module, name = PROTOCOLS[http].split(":")
-    base = getattr(importlib.import_module(module), name)  # httptools' needs httptools installed: a start error
+    """uvicorn's `http` protocol class (`--http`, looked up as uvicorn's own `--http` is), with `limits`."""
+    base = import_from_string(HTTP_PROTOCOLS[http])  # httptools' needs httptools installed: a start error
     return type("GuardedHTTPProtocol", (_Guarded, base), {"LIMITS": limits})
