@@ -47,12 +47,6 @@ def _header(scope: Scope, name: bytes) -> bytes:
     return next((value for key, value in scope["headers"] if key == name), b"")
 
 
-def declared_length(scope: Scope) -> int | None:
-    """The body's Content-Length, None where it declares none (a chunked body) or no number."""
-    declared = _header(scope, b"content-length")
-    return int(declared) if declared.isdigit() else None
-
-
 class ApiKeyMiddleware:
     """401 unless `Authorization: Bearer <api_key>` (the scheme of stock llama_cpp.server) or
     `x-api-key: <api_key>` (Anthropic's), compared in constant time; the paths in `public_paths`
@@ -88,8 +82,8 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = declared_length(scope)
-        if declared is not None and declared > self.max_bytes:
+        declared = _header(scope, b"content-length")
+        if declared.isdigit() and int(declared) > self.max_bytes:
             await self.too_large(scope, receive, send)
             return
         body = bytearray()
