@@ -58,7 +58,7 @@ def one_prompt(served: ServedModel, arms: dict[str, Compressor], n: int, kind: s
                keep: float) -> dict:
     """Both arms on one prompt, in an order that alternates with the seed."""
     tokens, code = fit(served, n, kind, depth, seed)
-    plan = plan_query([served.model.piece(t) for t in tokens], served.pflash.query_tokens,
+    plan = plan_query(len(tokens), served.pflash.query_tokens,
                       min_head=served.pflash.segment_min)
     row: dict = {"tokens": n, "prompt_tokens": len(tokens), "kind": kind, "depth": depth, "code": code}
     kept: dict[str, set[int]] = {}

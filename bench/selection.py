@@ -91,7 +91,7 @@ def planning(tokens: list[int], pieces: list[bytes]) -> Callable[[], object]:
     prompt_pieces = [pieces[t] for t in tokens]
     system = b"".join(prompt_pieces[1:HEAD]).decode()
     last_user = b"".join(prompt_pieces[HEAD + 4 : len(tokens) - QUERY]).decode()
-    return lambda: plan_query(prompt_pieces, QUERY, last_user=last_user, system=system)
+    return lambda: plan_query(len(prompt_pieces), QUERY, pieces=prompt_pieces, last_user=last_user, system=system)
 
 
 def main() -> None:

@@ -163,7 +163,7 @@ def test_cancelled_request_stops_its_compression(engine_with_fake):
 def test_worker_stops_drafting_a_cancelled_job():
     model = Model(cached_tiny_llama())
     tokens = model.tokenize("word " * 600)[:600]
-    job_ = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.25)
+    job_ = CompressionJob(tokens, plan_query(len(tokens), 8), 0.25)
 
     class CancelledAfterOneChunk(Drafter):
         def run(self, toks, *args, progress, **kw):
@@ -177,7 +177,7 @@ def test_worker_stops_drafting_a_cancelled_job():
     delivered = []
     done = threading.Event()
     worker.submit(job_, Alone(), lambda result: (delivered.append(result), done.set()))
-    follow = CompressionJob(tokens[:100], plan_query([model.piece(t) for t in tokens[:100]], 8), 0.5)
+    follow = CompressionJob(tokens[:100], plan_query(100, 8), 0.5)
     worker.submit(follow, Alone(), lambda result: (delivered.append(result), done.set()))
     assert done.wait(TIMEOUT)
     worker.stop()

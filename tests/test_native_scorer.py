@@ -119,7 +119,7 @@ def test_stopping_the_worker_cancels_the_job_in_flight_then_frees_the_drafter(ti
         PflashConfig(), model.piece, lambda: Drafter(model, [1], 2048, DraftOptions(n_batch=64)), persistent=True
     )
     worker = CompressionWorker(compressor)
-    job = CompressionJob(tokens, plan_query([model.piece(t) for t in tokens], 8), 0.2)
+    job = CompressionJob(tokens, plan_query(len(tokens), 8), 0.2)
     worker.submit(job, Alone(), delivered.append)
     assert started.wait(10)
     worker.stop()

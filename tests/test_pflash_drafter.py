@@ -135,7 +135,7 @@ def test_non_finite_scores_fall_back_to_full_prefill(deep_model):
     tokens = prompt_tokens(deep_model, 200)
     compressor = Compressor(PflashConfig(segment_min=4, segment_max=16), deep_model.piece,
                             lambda: _NaNDrafter(deep_model, [1], 256), persistent=False)
-    plan = plan_query([deep_model.piece(t) for t in tokens], 8)
+    plan = plan_query(len(tokens), 8)
     result = compressor.compress(CompressionJob(tokens, plan, 0.3))
     assert result.report.status == "fallback" and "non-finite" in result.report.reason
     assert result.tokens == tokens
@@ -145,7 +145,7 @@ def test_compressor_keeps_budget_head_and_query(deep_model):
     tokens = prompt_tokens(deep_model, 400)
     compressor = Compressor(PflashConfig(segment_min=4, segment_max=16), deep_model.piece,
                             lambda: Drafter(deep_model, [1], 512), persistent=True)
-    plan = plan_query([deep_model.piece(t) for t in tokens], 8, min_head=4)
+    plan = plan_query(len(tokens), 8, min_head=4)
     result = compressor.compress(CompressionJob(tokens, plan, 0.25))
     report = result.report
     assert report.status == "compressed"
@@ -153,7 +153,7 @@ def test_compressor_keeps_budget_head_and_query(deep_model):
     assert result.tokens[:4] == tokens[:4] and result.tokens[-8:] == tokens[-8:]
     assert report.segments_kept < report.segments_total and report.layers_run == 2
     # a budget smaller than the mandatory spans: no compression
-    head_too_long = plan_query([deep_model.piece(t) for t in tokens], 8, min_head=200)
+    head_too_long = plan_query(len(tokens), 8, min_head=200)
     skipped = compressor.compress(CompressionJob(tokens, head_too_long, 0.25))
     assert skipped.report.status == "skipped" and skipped.tokens == tokens
 
@@ -161,12 +161,12 @@ def test_compressor_keeps_budget_head_and_query(deep_model):
 def test_plan_query_finds_the_last_user_message():
     pieces = [b"<s>", b"<sys>", b"Be brief.", b"</sys>", b"<user>", b"Some", b" long", b" document", b".", b" Who",
               b" wrote", b" it", b"?", b"</user>", b"<assistant>"]
-    plan = plan_query(pieces, 3, last_user="Some long document. Who wrote it?", system="Be brief.")
+    plan = plan_query(len(pieces), 3, pieces=pieces, last_user="Some long document. Who wrote it?", system="Be brief.")
     assert (plan.query_start, plan.query_end) == (10, 13)  # " wrote it ?": the question's end
     assert plan.head_end == 3  # through the system prompt
-    tail = plan_query(pieces, 4)
+    tail = plan_query(len(pieces), 4, pieces=pieces)
     assert (tail.query_start, tail.query_end) == (11, 15)
-    explicit = plan_query(pieces, 4, explicit=[7, 8])
+    explicit = plan_query(len(pieces), 4, explicit=[7, 8])
     assert (explicit.query_start, explicit.query_end, explicit.extra_query) == (15, 17, (7, 8))
 
 

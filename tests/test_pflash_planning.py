@@ -74,3 +74,27 @@ def test_an_explicit_query_over_the_limit_is_refused_naming_the_field():
     assert error.value.param == "pflash.query"
     job = planner().plan(PROMPT, ask(mode="always", query="when does it open")).job
     assert job is not None and job.plan.extra_query == (0, 1, 2, 3)
+
+
+class CountingWordModel(WordModel):
+    def __init__(self) -> None:
+        self.read: list[int] = []
+
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        self.read.append(len(tokens))
+        return super().pieces(tokens)
+
+
+def test_pieces_are_read_only_to_find_a_chat_s_messages():
+    """A completion's plan is the prompt's tail: its bytes are not read (~1 ms a 22K-token prompt
+    on the request's thread); a chat's plan finds the last user message and the system prompt in them."""
+    model = CountingWordModel()
+    config = PflashConfig(mode="auto", threshold=100, keep_ratio=0.25, query_tokens=8)
+    completion = Planner(config, model, True).plan(PROMPT, None).job  # type: ignore[arg-type]
+    assert completion is not None and model.read == []
+    assert (completion.plan.query_start, completion.plan.query_end) == (392, 400)
+    facts = PromptFacts(last_user=" ".join(f"w{i}" for i in range(380, 396)),
+                        system=" ".join(f"w{i}" for i in range(1, 21)))
+    chat = Planner(config, model, True).plan(PROMPT, None, facts).job  # type: ignore[arg-type]
+    assert chat is not None and model.read == [len(PROMPT)]
+    assert (chat.plan.query_start, chat.plan.query_end, chat.plan.head_end) == (388, 396, 21)

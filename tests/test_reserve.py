@@ -30,12 +30,11 @@ windows = DraftWindows(window, 64, causal_max=0)
 model = Model(path, use_mmap=False)  # weights resident before the baseline
 tokens = model.tokenize(needle_prompt(n, 0.5, 1)[0])[:n]
 layers = scoring_layers(model, None)
-pieces = [model.piece(t) for t in tokens]
 base = status("VmRSS:")
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
 options = DraftOptions(n_batch=512, windows=windows)
 compressor = Compressor(PflashConfig(), model.piece, lambda: Drafter(model, layers, n, options), persistent=False)
-report = compressor.compress(CompressionJob(tokens, plan_query(pieces, 8), 0.2)).report
+report = compressor.compress(CompressionJob(tokens, plan_query(len(tokens), 8), 0.2)).report
 reserve = drafter_reserve(model, layers, 512, separate_weights=False)
 formula = reserve.bytes_for(n, windows.context_tokens(n))
 print(json.dumps({"peak": status("VmHWM:") - base, "formula": formula, "status": report.status}))

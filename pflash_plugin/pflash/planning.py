@@ -76,8 +76,10 @@ class Planner:
         if budget_for(n, ratio) >= n:  # a 1-token prompt, a keep ratio of 1: a draft would change nothing
             return Plan(report=PflashReport.skipped(n, f"a keep ratio of {ratio:g} keeps all {n} tokens", "keeps_all"))
         explicit = self._explicit_query(ask.query if ask else None)
-        query = plan_query(self.model.pieces(tokens), self.config.query_tokens, last_user=facts.last_user,
-                           system=facts.system, explicit=explicit, min_head=self.config.segment_min)
+        located = facts.system or facts.last_user
+        query = plan_query(n, self.config.query_tokens, pieces=self.model.pieces(tokens) if located else None,
+                           last_user=facts.last_user, system=facts.system, explicit=explicit,
+                           min_head=self.config.segment_min)
         if not query.fits(n, budget_for(n, ratio)):
             return Plan(report=PflashReport.skipped(n, MANDATORY_OVER_BUDGET, "over_budget"))
         return Plan(job=CompressionJob(tokens, query, ratio))
