@@ -3,11 +3,13 @@ token ids with what the checks look for: they skip the ids, not what sits among 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from pydantic import ValidationError
 
-from pflash_plugin.server.wire.errors import MAX_JSON_DEPTH, may_hold_lone_surrogate, deeper_than, unencodable_field
+from pflash_plugin.server.wire.errors import (COUNT_WINDOW, MAX_JSON_DEPTH, may_hold_lone_surrogate, deeper_than,
+                                              more_than, unencodable_field)
 from pflash_plugin.server.wire.protocol import CompletionRequest
 
 
@@ -55,3 +57,18 @@ def test_a_bad_prompt_of_many_token_ids_is_one_error_per_union_member_not_one_pe
     with pytest.raises(ValidationError) as refused:
         CompletionRequest.model_validate({"prompt": list(range(5000)) + [None]})
     assert refused.value.error_count() <= 4
+
+
+def test_more_than_counts_dense_and_sparse_bytes_alike():
+    """more_than counts a window from each byte it finds: the same answer as counting them all,
+    at every density and at the windows' edges."""
+    rng = random.Random(7)
+    bodies = [b",".join(b"x" * gap for _ in range(n)) for gap, n in
+              ((0, 3000), (1, 2000), (COUNT_WINDOW - 1, 40), (COUNT_WINDOW, 40), (COUNT_WINDOW + 1, 40))]
+    bodies += [bytes(rng.choice(b",[{a") if rng.random() < p else 97 for _ in range(rng.randrange(20000)))
+               for p in (0.0, 0.001, 0.05, 0.5) for _ in range(25)]
+    for raw in bodies:
+        for chars in (b",", b"[{"):
+            total = sum(raw.count(bytes([c])) for c in chars)
+            for limit in {0, 1, total - 1, total, total + 1, 1024} - {-1}:
+                assert more_than(raw, chars, limit) == (total > limit), (len(raw), chars, limit, total)

@@ -154,6 +154,19 @@ def test_a_prompt_of_mixed_shapes_names_the_shapes(server):
     assert error["param"] == "prompt" and "a list of token ids" in error["message"], error
 
 
+@pytest.mark.parametrize("prompt, bad, param", [
+    ([1, 2, -3, 4, -5], -3, "prompt"),
+    ([1, 10**9, 3, 10**6], 10**9, "prompt"),
+    ([[1, 2], [3, 10**6]], 10**6, "prompt"),
+])
+def test_a_token_id_outside_the_vocabulary_is_named(server, prompt, bad, param):
+    """The first id outside the vocabulary is named (the bounds are read with min and max)."""
+    error = openai_error(server, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    assert error["param"] == param and f"token id {bad} is outside the vocabulary" in error["message"], error
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200, ok.text
+
+
 def test_an_anthropic_text_block_without_text_names_its_text(server):
     message = anthropic_error(server, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})
     assert message.startswith("messages.0.content.0.text:"), message

@@ -199,11 +199,14 @@ class Prompts:
         return text if text is not None else self.model.detokenize(tokens)
 
     def token_ids(self, tokens: list[int], param: str) -> list[int]:
-        """`tokens` copied, or a 400 naming `param` for the first id outside the vocabulary."""
-        for token in tokens:
-            if not 0 <= token < self.model.n_vocab:
-                raise RequestError(400, f"{param}: token id {token} is outside the vocabulary "
-                                   f"(0..{self.model.n_vocab - 1})", param=param)
+        """`tokens` copied, or a 400 naming `param` for the first id outside the vocabulary. The
+        bounds are read with min and max, in C: a test per id in Python held the GIL 1.4 ms for
+        22K ids on 2 CPU cores (0.8 this way), beside the engine thread and the other requests."""
+        n_vocab = self.model.n_vocab
+        if tokens and (min(tokens) < 0 or max(tokens) >= n_vocab):
+            token = next(t for t in tokens if not 0 <= t < n_vocab)
+            raise RequestError(400, f"{param}: token id {token} is outside the vocabulary (0..{n_vocab - 1})",
+                               param=param)
         return list(tokens)
 
     def logit_bias(self, raw: dict[str, float] | None, as_tokens: bool) -> dict[int, float]:

@@ -177,17 +177,22 @@ def may_hold_lone_surrogate(raw: bytes) -> bool:
     return b"\xed" in raw or b"\x00" in raw or b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None
 
 
+COUNT_WINDOW = 512  # bytes more_than counts from a found one
+
+
 def more_than(raw: bytes, chars: bytes, limit: int) -> bool:
-    """Whether `raw` holds over `limit` of `chars` (single bytes), counted with find (memchr) up to
-    limit + 1: bytes.count of two brackets took 0.25 ms of the event loop on a 450 KB image body."""
+    """Whether `raw` holds over `limit` of `chars` (single bytes): each found with find (memchr)
+    and counted from there a window at a time, so that sparse ones (an image's base64) cost a few
+    finds and dense ones (a prompt's token ids) a few counts: bytes.count of two brackets over a
+    whole 450 KB image body took 0.25 ms of the event loop, a find per comma of 22K token ids 0.19."""
     seen = 0
     for char in chars:
         at = raw.find(char)
         while at >= 0:
-            seen += 1
+            seen += raw.count(char, at, at + COUNT_WINDOW)
             if seen > limit:
                 return True
-            at = raw.find(char, at + 1)
+            at = raw.find(char, at + COUNT_WINDOW)
     return False
 
 
