@@ -254,3 +254,16 @@ def test_pieces_read_as_piece_reads_them_and_media_ids_are_empty(deep_model):
     fresh = deep_model.pieces(tokens)  # some not cached yet: the one-by-one path
     assert fresh == [deep_model.piece(t) for t in tokens] == deep_model.pieces(tokens)
     assert deep_model.pieces([-3, 17]) == [b"", deep_model.piece(17)]
+
+
+def test_detokenize_reads_as_piece_reads_and_refuses_an_id_outside_the_vocabulary(deep_model):
+    """Model.detokenize (a token-id prompt's text, /detokenize) joins what `piece` gives, cached or
+    not; an id outside the vocabulary raises as `piece` does (llama.cpp would abort on it)."""
+    tokens = [7, 1300, 42, 7]
+    expected = b"".join(deep_model.piece(t) for t in tokens).decode("utf-8", errors="replace")
+    assert deep_model.detokenize([11, 1301]) == (deep_model.piece(11) + deep_model.piece(1301)).decode(
+        "utf-8", errors="replace")
+    assert deep_model.detokenize(tokens) == expected == deep_model.detokenize(tokens)
+    for bad in (-1, deep_model.n_vocab):
+        with pytest.raises(ValueError, match="not in the vocabulary"):
+            deep_model.detokenize([7, bad])

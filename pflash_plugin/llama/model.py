@@ -311,7 +311,13 @@ class Model:
         return found
 
     def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+        """The tokens' text; an id outside the vocabulary raises, as `piece` does. Where every token
+        was seen before, one dict lookup a token in C (as `pieces`)."""
+        try:
+            joined = b"".join(map(self._pieces.__getitem__, tokens))
+        except KeyError:  # a token not seen yet (cached now), or one outside the vocabulary
+            joined = b"".join(map(self.piece, tokens))
+        return joined.decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
         return bool(_is_eog_held(self.vocab, token))
