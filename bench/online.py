@@ -16,6 +16,7 @@ times 0.25 (median 35 tokens), long prompts 1-6K tokens (the field's 4-32K over 
     python bench/online.py --report                                                 # -> docs/online.md + PNGs
     python bench/online.py --arms ours ours-base --base-tree DIR --out F; python bench/online.py --tables F
                                                             # a change's before (DIR) and after, interleaved
+                                                            # (ours-pflash-auto-base: the base with --pflash auto)
 """
 from __future__ import annotations
 
@@ -70,9 +71,10 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
         name, extra, env = arm_items(arm)
         out.append(Arm(f"ours-{name}", ServerProcess(f"online-ours-{name}", [*ours_args, *extra], env=env, cwd=tree,
                                                      log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
-    if args.base_tree:  # ours from another tree (PFlash off), beside this one's: a change's before and after
-        out.append(Arm("ours-base", ServerProcess("online-ours-base", ours_args, cwd=Path(args.base_tree),
-                                                  log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
+    if args.base_tree:  # ours from another tree, beside this one's: a change's before and after (PFlash off, auto)
+        for name, extra in (("ours-base", []), ("ours-pflash-auto-base", ["--pflash", "auto"])):
+            out.append(Arm(name, ServerProcess(f"online-{name}", [*ours_args, *extra], cwd=Path(args.base_tree),
+                                               log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
     if available():  # as serving.py runs it: a sequence of 8,192 cells a slot, n_batch 512
         options = model_options(model, slots=args.slots, n_ctx=args.slots * SLOT_CELLS, gpu=False, n_batch=512, n_ubatch=512)
         out.append(Arm("upstream", UpstreamServer("online-upstream", [], log_dir=log_dir,
@@ -159,7 +161,8 @@ def main() -> int:
     parser.add_argument("--ours-tree", help="a copy of the project to run ours from (e.g. `git archive HEAD`)")
     parser.add_argument("--ours-arms", dest="ours_arms", nargs="*", default=[], metavar="NAME=FLAGS",
                         help="also ours (PFlash off) with these flags, an arm each: u8=--max_concurrency,8,--kv_layout,unified")
-    parser.add_argument("--base-tree", help="another copy of the project: adds arm ours-base (PFlash off) run from it")
+    parser.add_argument("--base-tree", help="another copy of the project: adds arms ours-base "
+                        "(PFlash off) and ours-pflash-auto-base run from it (--arms picks)")
     parser.add_argument("--tables", type=Path, help="only print the tables of this data file (e.g. a --base-tree run's)")
     parser.add_argument("--llama-server", help="a llama-server binary: adds its arms (with and without -bs)")
     parser.add_argument("--slots", type=int, default=8, help="every server's slots, of 8,192 cells each (8: each "

@@ -15,7 +15,8 @@ SOURCES = (("cpu", "CPU, demo model", DOCS / "data" / "online_cpu.json"),
            ("h200", "H200, 128K vocabulary", DOCS / "data" / "online_h200.json"))
 OURS = ("ours", "ours-pflash-auto")
 SHOWN = {"ours": "ours, PFlash off", "ours-pflash-auto": "ours, --pflash auto",
-         "ours-base": "ours, PFlash off (base tree)", "stock": "llama_cpp.server",
+         "ours-base": "ours, PFlash off (base tree)", "ours-pflash-auto-base": "ours, --pflash auto (base tree)",
+         "stock": "llama_cpp.server",
          "upstream": "example server", "llama-server": "llama-server", "llama-server-bs": "llama-server -bs"}
 
 
