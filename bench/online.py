@@ -52,6 +52,9 @@ WINDOW_S = 40.0  # each run's arrivals span about this long (at least MIN_REQUES
 # dozen requests turned on one long prompt: the peak ratios over the example server moved 1.01x -> 1.26x between runs
 MIN_REQUESTS = 6
 SLOT_CELLS = 8192  # each slot's context in every server (ours' --n_ctx, the example server's and llama-server's per slot)
+# ours' arms ask for the usage chunk, whose timings say where a request's TTFT went on the server's side
+# (online_load.SERVER_MARKS); the peers' requests stay as they were
+OURS_FIELDS = {"stream_options": {"include_usage": True}}
 DRAIN_S = 20.0  # after the last arrival, a run may take this long before its requests are cut
 
 
@@ -61,20 +64,20 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
     ours_args = ["--model", model, "--n_ctx", str(SLOT_CELLS), "--max_concurrency", str(args.slots)]
     out = [
         Arm("ours", ServerProcess("online-ours", ours_args, cwd=tree, log_dir=log_dir, ready_paths=("/health",)),
-            "min_tokens"),
+            "min_tokens", OURS_FIELDS),
         Arm("ours-pflash-auto", ServerProcess("online-ours-auto", [*ours_args, "--pflash", "auto"], cwd=tree,
-                                              log_dir=log_dir, ready_paths=("/health",)), "min_tokens"),
+                                              log_dir=log_dir, ready_paths=("/health",)), "min_tokens", OURS_FIELDS),
         Arm("stock", ServerProcess("online-stock", ["--model", model, "--n_ctx", str(SLOT_CELLS), "--interrupt_requests",
                                                     "false"], module="llama_cpp.server", log_dir=log_dir), "min_tokens"),
     ]
     for arm in args.ours_arms:  # NAME=ITEMS: ours (PFlash off) with these flags and environment (harness.arm_items)
         name, extra, env = arm_items(arm)
         out.append(Arm(f"ours-{name}", ServerProcess(f"online-ours-{name}", [*ours_args, *extra], env=env, cwd=tree,
-                                                     log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
+                                                     log_dir=log_dir, ready_paths=("/health",)), "min_tokens", OURS_FIELDS))
     if args.base_tree:  # ours from another tree, beside this one's: a change's before and after (PFlash off, auto)
         for name, extra in (("ours-base", []), ("ours-pflash-auto-base", ["--pflash", "auto"])):
             out.append(Arm(name, ServerProcess(f"online-{name}", [*ours_args, *extra], cwd=Path(args.base_tree),
-                                               log_dir=log_dir, ready_paths=("/health",)), "min_tokens"))
+                                               log_dir=log_dir, ready_paths=("/health",)), "min_tokens", OURS_FIELDS))
     if available():  # as serving.py runs it: a sequence of 8,192 cells a slot, n_batch 512
         options = model_options(model, slots=args.slots, n_ctx=args.slots * SLOT_CELLS, gpu=False, n_batch=512, n_ubatch=512)
         out.append(Arm("upstream", UpstreamServer("online-upstream", [], log_dir=log_dir,

