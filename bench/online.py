@@ -62,22 +62,25 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
     model, eog = demo_model_path(), eog_tokens(demo_model_path())
     tree = Path(args.ours_tree) if args.ours_tree else REPO
     ours_args = ["--model", model, "--n_ctx", str(SLOT_CELLS), "--max_concurrency", str(args.slots)]
+
+    def ours(label: str, log_label: str, extra: list[str], cwd: Path = tree, env: dict[str, str] | None = None) -> Arm:
+        """Ours with these flags, run from `cwd`, asking for its usage chunk (OURS_FIELDS)."""
+        server = ServerProcess(log_label, [*ours_args, *extra], env=env or {}, cwd=cwd, log_dir=log_dir,
+                               ready_paths=("/health",))
+        return Arm(label, server, "min_tokens", OURS_FIELDS)
+
     out = [
-        Arm("ours", ServerProcess("online-ours", ours_args, cwd=tree, log_dir=log_dir, ready_paths=("/health",)),
-            "min_tokens", OURS_FIELDS),
-        Arm("ours-pflash-auto", ServerProcess("online-ours-auto", [*ours_args, "--pflash", "auto"], cwd=tree,
-                                              log_dir=log_dir, ready_paths=("/health",)), "min_tokens", OURS_FIELDS),
+        ours("ours", "online-ours", []),
+        ours("ours-pflash-auto", "online-ours-auto", ["--pflash", "auto"]),
         Arm("stock", ServerProcess("online-stock", ["--model", model, "--n_ctx", str(SLOT_CELLS), "--interrupt_requests",
                                                     "false"], module="llama_cpp.server", log_dir=log_dir), "min_tokens"),
     ]
     for arm in args.ours_arms:  # NAME=ITEMS: ours (PFlash off) with these flags and environment (harness.arm_items)
         name, extra, env = arm_items(arm)
-        out.append(Arm(f"ours-{name}", ServerProcess(f"online-ours-{name}", [*ours_args, *extra], env=env, cwd=tree,
-                                                     log_dir=log_dir, ready_paths=("/health",)), "min_tokens", OURS_FIELDS))
+        out.append(ours(f"ours-{name}", f"online-ours-{name}", extra, env=env))
     if args.base_tree:  # ours from another tree, beside this one's: a change's before and after (PFlash off, auto)
         for name, extra in (("ours-base", []), ("ours-pflash-auto-base", ["--pflash", "auto"])):
-            out.append(Arm(name, ServerProcess(f"online-{name}", [*ours_args, *extra], cwd=Path(args.base_tree),
-                                               log_dir=log_dir, ready_paths=("/health",)), "min_tokens", OURS_FIELDS))
+            out.append(ours(name, f"online-{name}", extra, cwd=Path(args.base_tree)))
     if available():  # as serving.py runs it: a sequence of 8,192 cells a slot, n_batch 512
         options = model_options(model, slots=args.slots, n_ctx=args.slots * SLOT_CELLS, gpu=False, n_batch=512, n_ubatch=512)
         out.append(Arm("upstream", UpstreamServer("online-upstream", [], log_dir=log_dir,
