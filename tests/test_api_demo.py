@@ -43,3 +43,13 @@ def test_a_message_whole_and_streamed_with_a_stop_sequence(server):
     with client.messages.stream(stop_sequences=[" code"], **kw) as stream:
         final = stream.get_final_message()
     assert final.content[0].text == cut.content[0].text and final.stop_sequence == " code"
+
+
+def test_the_constraint_vocabulary_is_built_before_the_server_is_ready(server):
+    """llguidance's tokenizer of the 262K vocabulary holds the GIL for seconds while it is built: built
+    after the server said it was ready, it froze the first requests (a 5-token prompt's first token
+    3.4-4.0 s late on 2 cores). The live server is serving here, so the build is behind it."""
+    from pflash_plugin.llama import guidance
+
+    served = server.app.state.models.get("demo")
+    assert served.model in guidance._TOKENIZERS

@@ -11,7 +11,6 @@ from ...chat.reasoning import requested_tags, think_tags
 from ...engine.runner import LlamaRunner
 from ...engine.stats import SchedulerStats
 from ...llama.devices import gpu_count
-from ...llama.guidance import guidance_tokenizer
 from ...pflash.payoff import Calibration
 from ...pflash.planning import Planner
 from ..config.settings import ModelSettings
@@ -58,10 +57,8 @@ class ServedModel:
             warm_engine(self, self.model, warmup_tokens(self.model.layers_on_gpu, self.plan.engine.n_ubatch,
                                                          self.max_ctx))
         self.warmup_steps = self.engine.steps
-        if settings.constraint_engine == "llguidance":
-            # llguidance's tokenizer of the vocabulary (262K tokens: ~4.5 s), built before a schema waits for it
-            threading.Thread(target=guidance_tokenizer, args=(self.model,), name="llguidance-vocab",
-                             daemon=True).start()
+        if parts.vocabulary is not None:  # built beside the context's creation and the warm-up (assemble)
+            parts.vocabulary.join()
 
     def _calibrate(self, on_gpu: bool) -> Calibration | None:
         """Whether compression pays here, measured once at start (by default on a GPU only: a long
