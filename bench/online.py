@@ -39,7 +39,7 @@ from typing import Any
 
 from harness import REPO, ServerProcess, arm_items, demo_model_path, machine, uptime
 from online_data import Item, Mix, demo_counter, long_length, scaled, sharegpt_pairs
-from online_load import Objective
+from online_load import OURS_FIELDS, Objective
 from online_sweep import Arm, Sweep, eog_tokens, wait_idle
 from upstream import UpstreamServer, available, model_options
 
@@ -52,9 +52,6 @@ WINDOW_S = 40.0  # each run's arrivals span about this long (at least MIN_REQUES
 # dozen requests turned on one long prompt: the peak ratios over the example server moved 1.01x -> 1.26x between runs
 MIN_REQUESTS = 6
 SLOT_CELLS = 8192  # each slot's context in every server (ours' --n_ctx, the example server's and llama-server's per slot)
-# ours' arms ask for the usage chunk, whose timings say where a request's TTFT went on the server's side
-# (online_load.SERVER_MARKS); the peers' requests stay as they were
-OURS_FIELDS = {"stream_options": {"include_usage": True}}
 DRAIN_S = 20.0  # after the last arrival, a run may take this long before its requests are cut
 
 
@@ -64,7 +61,7 @@ def arms(args: argparse.Namespace, log_dir: Path) -> list[Arm]:
     ours_args = ["--model", model, "--n_ctx", str(SLOT_CELLS), "--max_concurrency", str(args.slots)]
 
     def ours(label: str, log_label: str, extra: list[str], cwd: Path = tree, env: dict[str, str] | None = None) -> Arm:
-        """Ours with these flags, run from `cwd`, asking for its usage chunk (OURS_FIELDS)."""
+        """Ours with these flags, run from `cwd`, asking for its usage chunk (online_load.OURS_FIELDS)."""
         server = ServerProcess(log_label, [*ours_args, *extra], env=env or {}, cwd=cwd, log_dir=log_dir,
                                ready_paths=("/health",))
         return Arm(label, server, "min_tokens", OURS_FIELDS)

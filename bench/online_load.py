@@ -68,6 +68,8 @@ def arrivals(n: int, rate: float, seed: int) -> list[float]:
 
 
 SERVER_MARKS = ("prepare_ms", "queue_ms", "compress_ms", "prefill_ms", "ttft_ms")  # of ours' usage.timings
+# what ours' arms add to a request for those marks: the usage chunk (the peers' requests stay as they were)
+OURS_FIELDS = {"stream_options": {"include_usage": True}}
 
 
 def fold_chunk(outcome: Outcome, payload: str, sent: float, last: list[float]) -> None:

@@ -26,7 +26,7 @@ def test_client_measures_every_forced_token_at_poisson_offsets(tiny_model):
     items = [online_data.Item(f"Request {i} asks about the harbor.", 8, n, "sharegpt") for i, n in enumerate((5, 9, 3))]
     model = {"model": str(tiny_model), "n_ctx": 1024, "max_concurrency": 2, "n_threads": 1, "n_threads_batch": 1}
     with live_server([model]) as server:
-        arm = online_sweep.Arm("ours", server, "min_tokens", {"stream_options": {"include_usage": True}})  # type: ignore[arg-type]
+        arm = online_sweep.Arm("ours", server, "min_tokens", online_load.OURS_FIELDS)  # type: ignore[arg-type]
         outcomes, duration = asyncio.run(online_load.run_point(
             server.url, items, [arm.body(item) for item in items], rate=20.0, seed=3, limit_s=60.0))
     assert [o.sent_s for o in outcomes] == online_load.arrivals(3, 20.0, 3)
