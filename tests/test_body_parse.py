@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import time
+from typing import Callable
 
 import pytest
 
@@ -54,17 +55,32 @@ def test_backslashes_without_a_surrogate_escape_skip_the_walk():
     assert may_hold_lone_surrogate(b'{"prompt": "a\\n\\udcff"}')
 
 
-def test_the_scans_of_a_large_image_body_take_microseconds():
-    """Before: `b"\\ud" in raw`, `b"\\uD" in raw` and two bytes.count took 0.9 ms of the event loop on
-    this 450 KB body (measured on 2 CPU cores), for every image chat."""
-    raw = json.dumps(image_chat(text="line one\nline two")).encode()  # a backslash: the escape search runs
+def best_of(runs: int, scan: Callable[[], None]) -> float:
+    """The fastest of `runs` calls (s): the least disturbed by the host."""
     took = []
-    for _ in range(20):
+    for _ in range(runs):
         start = time.perf_counter()
+        scan()
+        took.append(time.perf_counter() - start)
+    return min(took)
+
+
+def test_the_scans_of_a_large_image_body_take_a_fraction_of_whole_body_searches():
+    """Before: `b"\\ud" in raw`, `b"\\uD" in raw` and two bytes.count took 0.9 ms of the event loop on
+    this 450 KB body (measured on 2 CPU cores), for every image chat; the scans now ~0.13 ms. Timed
+    against those searches on the same body in the same process, so a slow host slows both."""
+    raw = json.dumps(image_chat(text="line one\nline two")).encode()  # a backslash: the escape search runs
+
+    def scans() -> None:
         may_hold_lone_surrogate(raw)
         more_than(raw, b"[{", MAX_JSON_DEPTH)
-        took.append(time.perf_counter() - start)
-    assert min(took) < 0.0004, min(took)  # the fastest of 20: measured ~0.13 ms (the escape search's regex)
+
+    def whole_body() -> None:
+        _ = b"\\ud" in raw or b"\\uD" in raw
+        _ = raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+
+    ours, before = zip(*((best_of(5, scans), best_of(5, whole_body)) for _ in range(4)))
+    assert min(ours) < 0.5 * min(before), (min(ours), min(before))
 
 
 def test_where_each_large_body_is_parsed_over_http(tiny_server, monkeypatch):
