@@ -30,3 +30,22 @@ def test_the_step_chunks_follow_the_layers(tiny_model, monkeypatch, gpus, layers
         engine.shutdown(0.0)
         engine.close()
         model.close()
+
+
+def test_prefill_per_answer_reaches_the_step_policy(tiny_model):
+    """--prefill_per_answer from the server's settings to the policy that composes the steps."""
+    from pflash_plugin.server.config.llama_params import engine_config
+    from pflash_plugin.server.config.settings import ModelSettings
+
+    settings = ModelSettings(model=str(tiny_model), prefill_per_answer=2048, n_threads=1, n_threads_batch=1)
+    config = engine_config(settings, ModelParams(n_gpu_layers=0), 256)
+    model = load_model(tiny_model, config)
+    engine = build_engine(model, config)
+    try:
+        policy = engine.scheduler.steps.policy
+        assert (policy.prefill_chunk, policy.prefill_cap(1), policy.prefill_cap(2), policy.prefill_cap(64)) == (
+            128, 2048, 1024, 128)
+    finally:
+        engine.shutdown(0.0)
+        engine.close()
+        model.close()

@@ -52,6 +52,22 @@ def test_a_cap_per_step_bounds_the_steps_prefill_however_many_prompts_prefill():
     assert policy.plan(longs).chunks == (("p2k", 512),)  # nothing decodes: the whole step
 
 
+def test_the_cap_grows_while_few_answers_decode():
+    """`prefill_per_answer`: a long prompt beside one answer gets that many tokens a step, beside two
+    half, and never less than `prefill_chunk`; per prompt on a GPU, in all where chunk_per_step."""
+    policy = StepPolicy(max_batch_tokens=4096, prefill_chunk=512, prefill_per_answer=2048)
+    answers = [decoding(f"d{i}") for i in range(8)]
+    chunk = {n: policy.plan([*answers[:n], prefilling("long", 16000)]).chunks for n in (1, 2, 3, 4, 8)}
+    assert chunk == {1: (("long", 2048),), 2: (("long", 1024),), 3: (("long", 682),), 4: (("long", 512),),
+                     8: (("long", 512),)}
+    two = policy.plan([answers[0], prefilling("a", 9000), prefilling("b", 16000)])
+    assert two.chunks == (("a", 4095),)  # 2 x 2,048, the step's 4,096 less the decode row, to the shortest
+    cpu = StepPolicy(max_batch_tokens=512, prefill_chunk=128, chunk_per_step=True, prefill_per_answer=256)
+    assert cpu.plan([answers[0], prefilling("a", 900), prefilling("b", 900)]).chunks == (("a", 256),)
+    assert cpu.plan([*answers[:3], prefilling("a", 900)]).chunks == (("a", 128),)
+    assert StepPolicy(4096, 512).prefill_cap(1) == 512  # 0: the cap does not grow
+
+
 def test_a_step_holds_at_most_its_tokens_of_decode_rows():
     plan = StepPolicy(max_batch_tokens=2).plan([decoding("a"), decoding("b"), decoding("c"), prefilling("p", 5)])
     assert plan == Plan(("a", "b"), (), ("p",))

@@ -55,6 +55,7 @@ class EngineConfig:
     page_size: int = 32
     prefill_chunk: int | None = None  # while requests decode: prefill tokens per step (on a GPU times the
     # prompts prefilling); None: step_chunks' default for where the model's layers run
+    prefill_per_answer: int = 0  # SchedulerConfig.prefill_per_answer (0: the cap does not grow)
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
     n_batch: int = 512
     n_ubatch: int = 512
@@ -236,7 +237,7 @@ def build_engine(
     chunks = step_chunks(config.prefill_chunk, on_gpu=model.layers_on_gpu)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
-                             chunk_per_step=chunks.per_step,
+                             chunk_per_step=chunks.per_step, prefill_per_answer=config.prefill_per_answer,
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
                              swa_window=0 if config.swa_full else model.n_swa,

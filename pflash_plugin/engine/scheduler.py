@@ -76,6 +76,7 @@ class SchedulerConfig:
     # and the decoding ones keep their latency (None: no cap)
     prefill_chunk: int | None = None
     chunk_per_step: bool = False
+    prefill_per_answer: int = 0  # the cap grows to this over the answers decoding where that is more (StepPolicy)
     # a step prefilling more tokens than this (one prompt or several) is aborted for a newcomer
     # whose prompt fits a step, so its first token need not wait for the whole step (None: never)
     preempt_chunk: int | None = None
@@ -124,8 +125,8 @@ class Scheduler:
         self.outbox = Outbox(lambda request, error: self.fail(request, error, "delivering its output"))
         self.text = LiveText(piece, self.outbox)
         self.intake = Intake(self.text, is_eog, self.finish, self.fail)
-        self.steps = Steps(StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging,
-                                      config.preempt_chunk, config.chunk_per_step), self.cache, self.text)
+        self.steps = Steps(StepPolicy(config.max_batch_tokens, config.prefill_chunk, config.aging, config.preempt_chunk,
+                                      config.chunk_per_step, config.prefill_per_answer), self.cache, self.text)
         self.running: list[Request] = []
         # the queue's tiers and the compressing requests, under the names tests and stats read
         self.waiting, self.prepared = self.queue.waiting, self.queue.prepared

@@ -6,8 +6,9 @@ rest with prefill chunks: shortest remaining prefill first, aged so a long promp
 steady stream of short ones (once aged past the step's budget, it takes what the prompts finishing
 in the step leave); while requests decode, the prefill may be capped at `prefill_chunk` per prompt
 prefilling, or at `prefill_chunk` in all where `chunk_per_step` (the CPU's), so decode steps stay
-short; prompts that finish their prefill in this step go alone, so a long chunk never delays their
-first token. A prompt prefilling alone gets the whole step. On the CPU a step's time grows with its
+short (while few answers decode the cap may grow to `prefill_per_answer` over their number);
+prompts that finish their prefill in this step go alone, so a long chunk never delays their first
+token. A prompt prefilling alone gets the whole step. On the CPU a step's time grows with its
 prefill tokens, whoever they belong to: per prompt, a request decoding beside 3 long prompts (demo
 model, 2 cores) had steps of 384 and 256 prefill tokens, each its inter-token latency
 (bench/online_steps.py, docs/online.md). A GPU's explicit cap stays per prompt, as measured there
@@ -88,6 +89,14 @@ class StepPolicy:
     aging: int = 128  # each step a prompt is left out of counts as this many fewer tokens left
     preempt_chunk: int | None = None  # a step prefilling past this many tokens is cut short for a newcomer
     chunk_per_step: bool = False  # prefill_chunk caps the step's prefill in all, however many prompts prefill
+    prefill_per_answer: int = 0  # while few answers decode, the cap grows to this many tokens over their number
+
+    def prefill_cap(self, decoding: int) -> int:
+        """The prefill cap (per prompt, or per step where chunk_per_step) beside `decoding` answers:
+        `prefill_chunk`, or more while few decode: a step's decode rows cost a GPU about as much for
+        one answer as for several, so each chunk a long prompt is cut into costs its first token a
+        step for the sake of few tokens, and a longer step's time falls on few answers."""
+        return max(self.prefill_chunk or 0, self.prefill_per_answer // max(decoding, 1))
 
     def urgency(self, seat: Seat[K]) -> int:
         """Tokens left to prefill, fewer for every step the prompt was left out of."""
@@ -100,7 +109,7 @@ class StepPolicy:
         # shortest remaining prefill first (a short prompt beside a long one starts at once), aged
         prefilling = sorted((s for s in seats if not s.decoding), key=self.urgency)
         if decode and self.prefill_chunk:  # others are decoding: keep their steps short
-            budget = min(budget, self.prefill_chunk * (1 if self.chunk_per_step else len(prefilling)))
+            budget = min(budget, self.prefill_cap(len(decode)) * (1 if self.chunk_per_step else len(prefilling)))
         # those that finish their prefill now go alone (a long chunk would delay their first token), but
         # for prompts aged as if they did, which take what they leave: first, an aged prompt kept the
         # whole budget of every step for the rest of its prefill ahead of them

@@ -327,6 +327,7 @@ def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> Engine
         host_cache_bytes=s.cache_size if s.cache else 0,
         page_size=s.kv_page_size,
         prefill_chunk=s.prefill_chunk,
+        prefill_per_answer=s.prefill_per_answer,
         reuse_compressed=s.pflash_reuse_compressed,
         n_batch=n_batch(s),
         n_ubatch=s.n_ubatch,

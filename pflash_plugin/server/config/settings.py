@@ -88,8 +88,14 @@ class ModelSettings(StockModelSettings):
         default=None, ge=1,
         description="While requests decode, a step prefills at most this many tokens, shortest prompt first (so "
         "decode steps stay short): on the CPU in all, where the model's layers run on a GPU times the prompts "
-        "waiting for their first token; default: 128 on the CPU, on a GPU no cap (the step's whole n_batch after "
-        "the decode rows, as llama-server).",
+        "waiting for their first token; default: 128 on the CPU, 512 on a GPU (give it n_batch for llama-server's "
+        "rule: the step's whole n_batch after the decode rows).",
+    )
+    prefill_per_answer: int = Field(
+        default=0, ge=0,
+        description="While few answers decode, the prefill_chunk cap grows to this many tokens over the number "
+        "decoding (2048 on a GPU: 2,048 tokens beside one answer, 1,024 beside two, 682 beside three, then "
+        "prefill_chunk's 512); 0: it does not grow.",
     )
     swa_full: bool = Field(
         default=True,
