@@ -2,7 +2,9 @@
 CPU 128 per step while others decode, however many prompts prefill, and a lone prefill step past
 128 tokens cut short for a newcomer; with the layers on a GPU 512 per prompt prefilling (an explicit
 value as large as n_batch: the step's whole budget after the decode rows, llama-server's rule), and
-the cut past 512. An explicit value is the cap everywhere, and the threshold where it is the smaller."""
+the cut past 512. An explicit value is the cap everywhere, and the threshold where it is the smaller.
+On a GPU the cap grows to 2,048 over the answers decoding while few do (--prefill_per_answer), on the
+CPU not."""
 from __future__ import annotations
 
 import pytest
@@ -13,9 +15,9 @@ from pflash_plugin.llama import ModelParams
 
 
 @pytest.mark.parametrize("gpus, layers, chunk, expected", [
-    (0, 0, None, (128, 128, True)), (0, -1, None, (128, 128, True)),  # a CPU build: -1 asks for layers no GPU takes
-    (1, -1, None, (512, 512, False)), (1, 0, None, (128, 128, True)),  # a GPU, but the layers left on the CPU
-    (1, -1, 64, (64, 64, False)), (1, -1, 2048, (2048, 512, False)), (0, 0, 1024, (1024, 128, True)),
+    (0, 0, None, (128, 128, True, 0)), (0, -1, None, (128, 128, True, 0)),  # a CPU build: -1 asks for layers none takes
+    (1, -1, None, (512, 512, False, 2048)), (1, 0, None, (128, 128, True, 0)),  # a GPU, but the layers left on the CPU
+    (1, -1, 64, (64, 64, False, 2048)), (1, -1, 2048, (2048, 512, False, 2048)), (0, 0, 1024, (1024, 128, True, 0)),
 ])
 def test_the_step_chunks_follow_the_layers(tiny_model, monkeypatch, gpus, layers, chunk, expected):
     monkeypatch.setattr(model_module, "gpu_count", lambda: gpus)  # Model.layers_on_gpu reads it
@@ -25,7 +27,8 @@ def test_the_step_chunks_follow_the_layers(tiny_model, monkeypatch, gpus, layers
     engine = build_engine(model, config)
     try:
         limits = engine.scheduler.config
-        assert (limits.prefill_chunk, limits.preempt_chunk, limits.chunk_per_step) == expected
+        chunks = (limits.prefill_chunk, limits.preempt_chunk, limits.chunk_per_step, limits.prefill_per_answer)
+        assert chunks == expected
     finally:
         engine.shutdown(0.0)
         engine.close()

@@ -55,7 +55,7 @@ class EngineConfig:
     page_size: int = 32
     prefill_chunk: int | None = None  # while requests decode: prefill tokens per step (on a GPU times the
     # prompts prefilling); None: step_chunks' default for where the model's layers run
-    prefill_per_answer: int = 0  # SchedulerConfig.prefill_per_answer (0: the cap does not grow)
+    prefill_per_answer: int | None = None  # SchedulerConfig.prefill_per_answer; None: step_chunks' default
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
     n_batch: int = 512
     n_ubatch: int = 512
@@ -196,9 +196,10 @@ class StepChunks(NamedTuple):
     prefill: int | None  # SchedulerConfig.prefill_chunk
     preempt: int  # SchedulerConfig.preempt_chunk
     per_step: bool  # SchedulerConfig.chunk_per_step
+    per_answer: int  # SchedulerConfig.prefill_per_answer
 
 
-def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
+def step_chunks(prefill_chunk: int | None, on_gpu: bool, per_answer: int | None = None) -> StepChunks:
     """The prefill a step gives while others decode, and the step's prefill past which a
     newcomer aborts it. On the CPU (2 cores) each prefill token's time adds to every decoding
     request's step: 128 for both, the cap on the step's prefill in all, however many prompts
@@ -210,10 +211,16 @@ def step_chunks(prefill_chunk: int | None, on_gpu: bool) -> StepChunks:
     docs/concurrent_gpu.md) 512 left the seed's mix8, qa8 and cd4 1.03-1.06x behind llama-server,
     the whole step within 1.04x (128 made cd4 1.28x). A step prefilling past 512 tokens is cut short
     for a newcomer (a 512-token step costs little on a GPU); an explicit chunk below that is the
-    threshold too."""
+    threshold too. While few answers decode, a GPU's cap grows to 2,048 over their number
+    (StepPolicy.prefill_cap): on an H200 (session 74, docs/online.md, 3 reps) TTFT p99 1.30 s
+    against 1.36 at 2 req/s, goodput 1.01-1.03x. On the CPU it does not grow: there 512 over
+    their number (online bench, 0.15-0.2 req/s) left goodput as it was and made a step of one
+    ubatch, which no newcomer can cut, ~2 s long: a 6-token request sent during one had its
+    first token in 2.93 s against 0.45."""
     interactive = 512 if on_gpu else 128
     prefill = prefill_chunk or interactive
-    return StepChunks(prefill, min(prefill, interactive), not on_gpu)
+    grown = (4 * interactive if on_gpu else 0) if per_answer is None else per_answer
+    return StepChunks(prefill, min(prefill, interactive), not on_gpu, grown)
 
 
 def build_engine(
@@ -234,10 +241,10 @@ def build_engine(
     ctx = engine_context(model, config, layout)
     runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n,
                          backend_sampling=on_device)
-    chunks = step_chunks(config.prefill_chunk, on_gpu=model.layers_on_gpu)
+    chunks = step_chunks(config.prefill_chunk, on_gpu=model.layers_on_gpu, per_answer=config.prefill_per_answer)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
-                             chunk_per_step=chunks.per_step, prefill_per_answer=config.prefill_per_answer,
+                             chunk_per_step=chunks.per_step, prefill_per_answer=chunks.per_answer,
                              reuse_compressed=config.reuse_compressed,
                              min_copy_tokens=layout.slot_tokens // MIN_COPY_FRACTION if layout.per_slot else 0,
                              swa_window=0 if config.swa_full else model.n_swa,

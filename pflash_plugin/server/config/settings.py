@@ -91,11 +91,11 @@ class ModelSettings(StockModelSettings):
         "waiting for their first token; default: 128 on the CPU, 512 on a GPU (give it n_batch for llama-server's "
         "rule: the step's whole n_batch after the decode rows).",
     )
-    prefill_per_answer: int = Field(
-        default=0, ge=0,
+    prefill_per_answer: Optional[int] = Field(
+        default=None, ge=0,
         description="While few answers decode, the prefill_chunk cap grows to this many tokens over the number "
-        "decoding (2048 on a GPU: 2,048 tokens beside one answer, 1,024 beside two, 682 beside three, then "
-        "prefill_chunk's 512); 0: it does not grow.",
+        "decoding (default 2048 on a GPU: 2,048 tokens beside one answer, 1,024 beside two, 682 beside three, "
+        "then prefill_chunk's 512; on the CPU 0); 0: it does not grow.",
     )
     swa_full: bool = Field(
         default=True,
