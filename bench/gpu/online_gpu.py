@@ -68,11 +68,11 @@ def peers(args: argparse.Namespace) -> list[tuple[str, Server | UpstreamServer, 
 # while a first token is a step away or not (--polite_prepare_ms, 100 by default since e20e45d's A/B: ours-eager is
 # the server before it; docs/online.md); 1,024 prefill tokens a step beside decoding answers, between the two
 # (session 70: at 2 req/s ours' long prompts reached their first token 20-40% after llama-server's, its TTFT p99 above);
-# the 512 cap grown while few answers decode (2,048 beside one, 1,024 beside two: session 73's c1024 helped the long
-# prompts at 2 req/s and cost 19% of the goodput at 4, where more answers decode beside them)
+# the 512 cap not grown while few answers decode (--prefill_per_answer 0: the default before session 74, whose H200
+# A/B of the growth is in docs/online.md)
 EXTRA_OURS = {"ours-graphs-off": ("--cuda_graphs", "off"), "ours-whole-step": ("--prefill_chunk", "2048"),
               "ours-eager": ("--polite_prepare_ms", "0"), "ours-c1024": ("--prefill_chunk", "1024"),
-              "ours-pa2048": ("--prefill_per_answer", "2048")}
+              "ours-pa0": ("--prefill_per_answer", "0")}
 ON_REQUEST = tuple(label + tail for label in EXTRA_OURS for tail in ("", "-pflash-auto"))
 
 
