@@ -219,7 +219,7 @@ def step_chunks(prefill_chunk: int | None, on_gpu: bool, per_answer: int | None 
     first token in 2.93 s against 0.45."""
     interactive = 512 if on_gpu else 128
     prefill = prefill_chunk or interactive
-    grown = (4 * interactive if on_gpu else 0) if per_answer is None else per_answer
+    grown = (2048 if on_gpu else 0) if per_answer is None else per_answer
     return StepChunks(prefill, min(prefill, interactive), not on_gpu, grown)
 
 
