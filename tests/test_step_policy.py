@@ -82,6 +82,23 @@ def test_prompts_that_finish_their_prefill_go_alone():
     assert both == Plan((), (("c2", 40), ("c1", 100)), ("long",))
 
 
+def test_a_step_finishing_short_prompts_takes_other_chunks_only_up_to_the_preempt_chunk():
+    """Beside a short prompt finishing (one a newcomer's cut is for), another prompt's last long
+    chunk or an aged prompt fills the step only up to `preempt_chunk`, so the short one's first
+    token does not wait for it; short prompts together keep the whole budget."""
+    gpu = StepPolicy(max_batch_tokens=2048, prefill_chunk=512, preempt_chunk=512)
+    assert gpu.plan([prefilling("rest", 1500), prefilling("tiny", 6)]).chunks == (("tiny", 6), ("rest", 506))
+    assert gpu.plan([prefilling("rest", 1500)]).chunks == (("rest", 1500),)  # alone: the whole step
+    chats = [prefilling(f"c{i}", 200) for i in range(4)]
+    assert gpu.plan([*chats, prefilling("rest", 1500)]).chunks == tuple((f"c{i}", 200) for i in range(4))
+    cpu = StepPolicy(max_batch_tokens=512, prefill_chunk=128, preempt_chunk=128, chunk_per_step=True)
+    assert cpu.plan([prefilling("rest", 439), prefilling("tiny", 6)]).chunks == (("tiny", 6), ("rest", 122))
+    aged = prefilling("aged", 400, starved=4)  # 400 - 4 x 128 < 6: ahead of the tiny one by urgency
+    assert cpu.plan([aged, prefilling("tiny", 6)]).chunks == (("tiny", 6), ("aged", 122))
+    assert StepPolicy(max_batch_tokens=512).plan([prefilling("rest", 439), prefilling("tiny", 6)]).chunks == (
+        ("tiny", 6), ("rest", 439))  # no preemption: no bound
+
+
 def test_aging_moves_a_long_prompt_ahead_of_newer_short_ones():
     policy = StepPolicy(max_batch_tokens=64, aging=128)
     fresh = policy.plan([prefilling("long", 1000), prefilling("short", 100)])
