@@ -137,10 +137,11 @@ class StepPolicy:
         bound; 10 interleaved reps). Short prompts together keep the whole budget."""
         if not self.preempt_chunk:
             return queue, budget
-        short = [s for s in queue if s.prefill_left <= min(budget, self.preempt_chunk)]
+        bound = min(budget, self.preempt_chunk)
+        short = [s for s in queue if s.prefill_left <= bound]
         if not short:
             return queue, budget
-        rest = [s for s in queue if s not in short]
+        rest = [s for s in queue if s.prefill_left > bound]
         return short + rest, min(budget, max(sum(s.prefill_left for s in short), self.preempt_chunk))
 
     def preemptible(self, prefill_chunks: Sequence[int]) -> bool:
