@@ -285,6 +285,8 @@ BESIDE = {  # --NAME_arm: a second ours-4 beside ours-4 (group seed and peer): i
     "eager": (9, ["--polite_prepare_ms", "0"], [("full", "off")]),  # preparation not waiting for a first token
     "cold": (10, ["--warmup", "false"], [("full", "off")]),  # no start-up warm-up (the first burst pays it)
     "classic": (11, ["--http", "h11", "--loop", "asyncio"], [("full", "off")]),  # uvicorn's pure-Python parser, asyncio
+    # the prefill cap not grown while few answers decode (the GPU's rule before session 74's --prefill_per_answer)
+    "pa0": (12, ["--prefill_per_answer", "0"], [("full", "off")]),
 }
 
 
@@ -354,6 +356,9 @@ def main() -> None:
     parser.add_argument("--classic_arm", action="store_true",
                         help="seed and peer: ours-4 with --http h11 --loop asyncio beside ours-4 (arm full-classic: "
                         "the server before httptools and uvloop)")
+    parser.add_argument("--pa0_arm", action="store_true",
+                        help="seed and peer: ours-4 with --prefill_per_answer 0 beside ours-4 (arm full-pa0: the "
+                        "512 cap not grown while few answers decode, the GPU's rule before session 74)")
     parser.add_argument("--prefill_chunk", type=int, default=None, help="ours' --prefill_chunk (default: the server's)")
     parser.add_argument("--llama_server_apart", action="store_true",
                         help="seed: llama-server in a phase of its own (should ours-4 and it not fit the GPU together)")
