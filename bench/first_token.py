@@ -175,8 +175,9 @@ def engine_rep(seed: str, slots: int, gap_ms: float, busy: bool = False) -> list
     from pflash_plugin.engine.request import FinishEvent, Request, SamplingParams, TextEvent
 
     chunks = loader.step_chunks
-    loader.step_chunks = lambda chunk, on_gpu: chunks(chunk, True)  # type: ignore[assignment]
-    config = loader.EngineConfig(max_ctx=LONG_IDS + 64, n_slots=slots, n_batch=2048, n_ubatch=512, prefill_chunk=2048,
+    loader.step_chunks = lambda chunk, on_gpu, **kw: chunks(chunk, True, **kw)  # type: ignore[assignment]
+    # the GPU's step chunks as loader.step_chunks gives them (prefill_chunk 2,048 here until session 74's defaults)
+    config = loader.EngineConfig(max_ctx=LONG_IDS + 64, n_slots=slots, n_batch=2048, n_ubatch=512,
                                  n_threads=1, n_threads_batch=1)
     _, engine = loader.load_engine(cached_tiny_llama(n_ctx_train=131072), config)
     engine.runner.overlaps = True
