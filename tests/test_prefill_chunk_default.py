@@ -4,7 +4,7 @@ CPU 128 per step while others decode, however many prompts prefill, and a lone p
 value as large as n_batch: the step's whole budget after the decode rows, llama-server's rule), and
 the cut past 512. An explicit value is the cap everywhere, and the threshold where it is the smaller.
 On a GPU the cap grows to 2,048 over the answers decoding while few do (--prefill_per_answer), on the
-CPU not."""
+CPU not. --prefill_chunk_per_step sets whether the cap is the step's in all or each prompt's."""
 from __future__ import annotations
 
 import pytest
@@ -48,6 +48,30 @@ def test_prefill_per_answer_reaches_the_step_policy(tiny_model):
         policy = engine.scheduler.steps.policy
         assert (policy.prefill_chunk, policy.prefill_cap(1), policy.prefill_cap(2), policy.prefill_cap(64)) == (
             128, 2048, 1024, 128)
+    finally:
+        engine.shutdown(0.0)
+        engine.close()
+        model.close()
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_prefill_chunk_per_step_reaches_the_step_policy(tiny_model, per_step):
+    """--prefill_chunk_per_step from the server's settings to the policy: with three prompts prefilling
+    beside a decoding answer, a step prefills 128 tokens in all, or 128 for each of them (shortest first)."""
+    from pflash_plugin.engine.step_policy import Seat
+    from pflash_plugin.server.config.llama_params import engine_config
+    from pflash_plugin.server.config.settings import ModelSettings
+
+    settings = ModelSettings(model=str(tiny_model), prefill_chunk_per_step=per_step, n_threads=1, n_threads_batch=1)
+    config = engine_config(settings, ModelParams(n_gpu_layers=0), 256)
+    model = load_model(tiny_model, config)
+    engine = build_engine(model, config)
+    try:
+        policy = engine.scheduler.steps.policy
+        seats = [Seat("answer", decoding=True, prefill_left=0)] + [
+            Seat(f"prompt{i}", decoding=False, prefill_left=1000) for i in range(3)]
+        plan = policy.plan(seats)
+        assert sum(n for _, n in plan.chunks) == (128 if per_step else 3 * 128)
     finally:
         engine.shutdown(0.0)
         engine.close()

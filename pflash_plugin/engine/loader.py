@@ -56,6 +56,7 @@ class EngineConfig:
     prefill_chunk: int | None = None  # while requests decode: prefill tokens per step (on a GPU times the
     # prompts prefilling); None: step_chunks' default for where the model's layers run
     prefill_per_answer: int | None = None  # SchedulerConfig.prefill_per_answer; None: step_chunks' default
+    prefill_chunk_per_step: bool | None = None  # SchedulerConfig.chunk_per_step; None: step_chunks' default
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed
     n_batch: int = 512
     n_ubatch: int = 512
@@ -199,7 +200,8 @@ class StepChunks(NamedTuple):
     per_answer: int  # SchedulerConfig.prefill_per_answer
 
 
-def step_chunks(prefill_chunk: int | None, on_gpu: bool, per_answer: int | None = None) -> StepChunks:
+def step_chunks(prefill_chunk: int | None, on_gpu: bool, per_answer: int | None = None,
+                per_step: bool | None = None) -> StepChunks:
     """The prefill a step gives while others decode, and the step's prefill past which a
     newcomer aborts it. On the CPU (2 cores) each prefill token's time adds to every decoding
     request's step: 128 for both, the cap on the step's prefill in all, however many prompts
@@ -216,11 +218,14 @@ def step_chunks(prefill_chunk: int | None, on_gpu: bool, per_answer: int | None 
     against 1.36 at 2 req/s, goodput 1.01-1.03x. On the CPU it does not grow: there 512 over
     their number (online bench, 0.15-0.2 req/s) left goodput as it was and made a step of one
     ubatch, which no newcomer can cut, ~2 s long: a 6-token request sent during one had its
-    first token in 2.93 s against 0.45."""
+    first token in 2.93 s against 0.45. `per_step` None: in all on the CPU, per prompt on a GPU,
+    where several long prompts at 512 each made steps that cost answers beside them a 100 ms TPOT
+    (H200 online load, session 74's data: 13-16 of 96 requests at 4 req/s); in all is not measured
+    there yet."""
     interactive = 512 if on_gpu else 128
     prefill = prefill_chunk or interactive
     grown = (2048 if on_gpu else 0) if per_answer is None else per_answer
-    return StepChunks(prefill, min(prefill, interactive), not on_gpu, grown)
+    return StepChunks(prefill, min(prefill, interactive), not on_gpu if per_step is None else per_step, grown)
 
 
 def build_engine(
@@ -241,7 +246,8 @@ def build_engine(
     ctx = engine_context(model, config, layout)
     runner = LlamaRunner(model, ctx, seed=config.seed, penalty_last_n=config.penalty_last_n,
                          backend_sampling=on_device)
-    chunks = step_chunks(config.prefill_chunk, on_gpu=model.layers_on_gpu, per_answer=config.prefill_per_answer)
+    chunks = step_chunks(config.prefill_chunk, on_gpu=model.layers_on_gpu, per_answer=config.prefill_per_answer,
+                         per_step=config.prefill_chunk_per_step)
     limits = SchedulerConfig(n_slots=config.n_slots, max_batch_tokens=config.n_batch, max_ctx=config.max_ctx,
                              max_queue=config.max_queue, prefill_chunk=chunks.prefill, preempt_chunk=chunks.preempt,
                              chunk_per_step=chunks.per_step, prefill_per_answer=chunks.per_answer,

@@ -30,8 +30,9 @@ _MODEL_KEYS = {"model", "model_alias", "chat_format", "chat_template_kwargs", "n
                "media_hosts", "media_max_bytes", "media_max_items", "media_max_pixels", "media_fetch_timeout_s",
                "media_cache_mb", "media_encoders", "spm_infill"}
 _CONCURRENCY_KEYS = {"max_concurrency", "max_queue", "kv_pool_tokens", "kv_layout", "max_ctx", "kv_page_size",
-                     "prefill_chunk", "prefill_per_answer", "schedule_policy", "max_step_s", "n_ctx", "n_batch",
-                     "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "swa_full", "cuda_graphs"}
+                     "prefill_chunk", "prefill_per_answer", "prefill_chunk_per_step", "schedule_policy", "max_step_s",
+                     "n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "swa_full",
+                     "cuda_graphs"}
 NO_EFFECT = {
     "interrupt_requests": "requests run together in slots: none interrupts another",
     **ALWAYS_SO,

@@ -328,6 +328,7 @@ def engine_config(s: ModelSettings, target: ModelParams, max_ctx: int) -> Engine
         page_size=s.kv_page_size,
         prefill_chunk=s.prefill_chunk,
         prefill_per_answer=s.prefill_per_answer,
+        prefill_chunk_per_step=s.prefill_chunk_per_step,
         reuse_compressed=s.pflash_reuse_compressed,
         n_batch=n_batch(s),
         n_ubatch=s.n_ubatch,

@@ -97,6 +97,12 @@ class ModelSettings(StockModelSettings):
         "decoding (default 2048 on a GPU: 2,048 tokens beside one answer, 1,024 beside two, 682 beside three, "
         "then prefill_chunk's 512; on the CPU 0); 0: it does not grow.",
     )
+    prefill_chunk_per_step: Optional[bool] = Field(
+        default=None,
+        description="Whether prefill_chunk caps a step's prefill in all while requests decode (true: however many "
+        "prompts prefill, as vLLM's and SGLang's step budgets) or per prompt prefilling (false); default: in all on "
+        "the CPU, per prompt on a GPU.",
+    )
     swa_full: bool = Field(
         default=True,
         description="Sliding-window models (Gemma 2/3, gpt-oss, Cohere2): keep every SWA layer's cells (true) or "
