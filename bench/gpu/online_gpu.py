@@ -69,10 +69,11 @@ def peers(args: argparse.Namespace) -> list[tuple[str, Server | UpstreamServer, 
 # the server before it; docs/online.md); 1,024 prefill tokens a step beside decoding answers, between the two
 # (session 70: at 2 req/s ours' long prompts reached their first token 20-40% after llama-server's, its TTFT p99 above);
 # the 512 cap not grown while few answers decode (--prefill_per_answer 0: the default before session 74, whose H200
-# A/B of the growth is in docs/online.md)
+# A/B of the growth is in docs/online.md); the cap in all a step however many prompts prefill, as on the CPU (on a GPU
+# it is per prompt: several long prompts at 512 each cost the answers beside them a 100 ms TPOT, session 74's data)
 EXTRA_OURS = {"ours-graphs-off": ("--cuda_graphs", "off"), "ours-whole-step": ("--prefill_chunk", "2048"),
               "ours-eager": ("--polite_prepare_ms", "0"), "ours-c1024": ("--prefill_chunk", "1024"),
-              "ours-pa0": ("--prefill_per_answer", "0")}
+              "ours-pa0": ("--prefill_per_answer", "0"), "ours-per-step": ("--prefill_chunk_per_step", "true")}
 ON_REQUEST = tuple(label + tail for label in EXTRA_OURS for tail in ("", "-pflash-auto"))
 
 
