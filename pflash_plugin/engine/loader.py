@@ -54,7 +54,7 @@ class EngineConfig:
     host_cache_min_tokens: int = 256  # shorter sequences are not saved, nor restored for a smaller gain
     page_size: int = 32
     prefill_chunk: int | None = None  # while requests decode: prefill tokens per step (on a GPU times the
-    # prompts prefilling); None: step_chunks' default for where the model's layers run
+    # prompts prefilling, prefill_chunk_per_step aside); None: step_chunks' default for where the model's layers run
     prefill_per_answer: int | None = None  # SchedulerConfig.prefill_per_answer; None: step_chunks' default
     prefill_chunk_per_step: bool | None = None  # SchedulerConfig.chunk_per_step; None: step_chunks' default
     reuse_compressed: bool = False  # SchedulerConfig.reuse_compressed

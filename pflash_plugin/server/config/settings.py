@@ -88,8 +88,8 @@ class ModelSettings(StockModelSettings):
         default=None, ge=1,
         description="While requests decode, a step prefills at most this many tokens, shortest prompt first (so "
         "decode steps stay short): on the CPU in all, where the model's layers run on a GPU times the prompts "
-        "waiting for their first token; default: 128 on the CPU, 512 on a GPU (give it n_batch for llama-server's "
-        "rule: the step's whole n_batch after the decode rows).",
+        "waiting for their first token (prefill_chunk_per_step); default: 128 on the CPU, 512 on a GPU (give it "
+        "n_batch for llama-server's rule: the step's whole n_batch after the decode rows).",
     )
     prefill_per_answer: Optional[int] = Field(
         default=None, ge=0,
