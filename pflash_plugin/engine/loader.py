@@ -216,12 +216,12 @@ def step_chunks(prefill_chunk: int | None, on_gpu: bool, per_answer: int | None 
     threshold too. While few answers decode, a GPU's cap grows to 2,048 over their number
     (StepPolicy.prefill_cap): on an H200 (session 74, docs/online.md, 3 reps) TTFT p99 1.30 s
     against 1.36 at 2 req/s, goodput 1.01-1.03x. On the CPU it does not grow: there 512 over
-    their number (online bench, 0.15-0.2 req/s) left goodput as it was and made a step of one
-    ubatch, which no newcomer can cut, ~2 s long: a 6-token request sent during one had its
-    first token in 2.93 s against 0.45. `per_step` None: in all on the CPU, per prompt on a GPU,
-    where several long prompts at 512 each made steps that cost answers beside them a 100 ms TPOT
-    (H200 online load, session 74's data: 13-16 of 96 requests at 4 req/s); in all is not measured
-    there yet."""
+    their number (online bench, 0.15-0.2 req/s) left goodput as it was and made steps of one
+    ubatch ~2 s long (a 6-token request sent during one had its first token in 2.93 s against
+    0.45; again after short_first, session 75: TTFT p99 not lower, ITL p99 1.34 s). `per_step`
+    None: in all on the CPU, per prompt on a GPU, where several long prompts at 512 each made
+    steps that cost answers beside them a 100 ms TPOT (H200 online load, session 74's data: 13-16
+    of 96 requests at 4 req/s); in all is not measured there yet."""
     interactive = 512 if on_gpu else 128
     prefill = prefill_chunk or interactive
     grown = (2048 if on_gpu else 0) if per_answer is None else per_answer
